@@ -1,0 +1,109 @@
+"""The error hierarchy: everything a user can act on is a ``StepstreamError``.
+
+Internal control-flow signals derive from ``BaseException`` so that a workflow's
+``except Exception`` can never swallow them.
+"""
+
+from __future__ import annotations
+
+
+class StepstreamError(Exception):
+    """Base of every error stepstream raises to users."""
+
+    retriable: bool = False
+
+
+class UnknownWorkflow(StepstreamError):
+    """No worker has a workflow registered under that name (and version)."""
+
+
+class InvalidPayload(StepstreamError):
+    """Input, event payload or result that the payload codec cannot encode or decode."""
+
+
+class PayloadTooLarge(StepstreamError):
+    """An encoded payload is over the configured size limit."""
+
+
+class UnknownInstance(StepstreamError):
+    """No instance with that id exists."""
+
+
+class InstanceFinished(StepstreamError):
+    """The instance already completed, failed or was cancelled."""
+
+
+class WorkflowFailed(StepstreamError):
+    """The workflow raised, or a step failed and the workflow did not handle it."""
+
+    def __init__(self, message: str, *, instance_id: str = "", error_type: str = "") -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+        self.error_type = error_type
+
+
+class WorkflowCancelled(StepstreamError):
+    """The instance was cancelled before it finished."""
+
+    def __init__(self, message: str, *, instance_id: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+        self.reason = reason
+
+
+class ResultTimeout(StepstreamError, TimeoutError):
+    """``Client.result`` gave up waiting; the instance is still running."""
+
+    retriable = True
+
+
+class ConnectionFailed(StepstreamError):
+    """The client could not reach the engine at the given address."""
+
+    retriable = True
+
+
+class UndecodableRecord(StepstreamError):
+    """Bytes on a topic that are not a record this version of stepstream can read."""
+
+
+class HistoryDiverged(StepstreamError):
+    """The recorded history of an instance no longer matches what the code does."""
+
+    def __init__(self, message: str, *, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class NonRetryableError(Exception):
+    """Raise from a step body to fail the step at once, without further attempts."""
+
+
+class StepFailed(StepstreamError):
+    """A step used up its attempts (or raised NonRetryableError). Raised into the
+    workflow at the ``await ctx.step(...)``; the workflow may catch it."""
+
+    def __init__(
+        self, message: str, *, key: str = "", attempts: int = 0, error_type: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.key = key
+        self.attempts = attempts
+        self.error_type = error_type
+
+
+class StepTimeout(StepstreamError, TimeoutError):
+    """One attempt of a step ran longer than its ``timeout``."""
+
+
+class EventTimeout(StepstreamError, TimeoutError):
+    """``ctx.wait_for_event`` reached its timeout before the event arrived."""
+
+    def __init__(self, message: str, *, key: str = "", event_name: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+        self.event_name = event_name
+
+
+class Evicted(BaseException):
+    """Raised into a workflow coroutine being discarded from the cache; never user-visible."""

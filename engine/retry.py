@@ -1,0 +1,33 @@
+"""Retry policy of a step: how many attempts, and how long to back off between them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff: attempt n waits ``initial_interval * backoff**(n-1)`` seconds,
+    capped at ``max_interval``, before attempt n+1. ``max_attempts`` counts the first one."""
+
+    max_attempts: int = 3
+    initial_interval: float = 0.1
+    backoff: float = 2.0
+    max_interval: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("RetryPolicy.max_attempts must be at least 1")
+        if self.initial_interval < 0 or self.max_interval < 0:
+            raise ValueError("RetryPolicy intervals must not be negative")
+        if self.backoff < 1:
+            raise ValueError("RetryPolicy.backoff must be at least 1.0")
+
+    def delay_ms(self, failed_attempt: int) -> int:
+        """Milliseconds to wait after attempt ``failed_attempt`` (1-based) failed."""
+        seconds = self.initial_interval * self.backoff ** (failed_attempt - 1)
+        return math.ceil(min(seconds, self.max_interval) * 1000)
+
+
+DEFAULT_RETRY = RetryPolicy()

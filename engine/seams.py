@@ -1,0 +1,102 @@
+"""The seams between the engine and a backend: clock, log source, state store, commit.
+
+The engine never imports Kafka or RocksDB. A backend (embedded, Kafka) provides, per
+owned partition, a ``Source`` of records to consume, a ``StateStore`` to read state, and a
+``commit`` that makes a ``CommitBatch`` durable: appended records first, then state
+changes together with the source offsets they cover, in one atomic write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now_ms(self) -> int: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One record as a log holds it: where it is, and its raw key and value."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Append:
+    """A record to append: ``kind`` is a topic kind from ``engine.topics``; the partition
+    is the instance's partition unless given (fence records, dead letters)."""
+
+    kind: str
+    key: bytes
+    value: bytes
+    partition: int | None = None
+
+
+class Source(Protocol):
+    """Records of one topic partition, in offset order, from where this owner resumes."""
+
+    async def fetch(self, max_records: int, timeout: float) -> list[LogEntry]: ...
+
+
+class StateStore(Protocol):
+    """Committed state of one partition (keys are local to the partition)."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+
+
+@dataclass(slots=True)
+class CommitBatch:
+    appends: list[Append] = field(default_factory=list)
+    puts: dict[bytes, bytes] = field(default_factory=dict)
+    deletes: set[bytes] = field(default_factory=set)
+    # topic kind -> next offset to consume from it, applied with the state changes
+    offsets: dict[str, int] = field(default_factory=dict)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self.deletes.discard(key)
+        self.puts[key] = value
+
+    def delete(self, key: bytes) -> None:
+        self.puts.pop(key, None)
+        self.deletes.add(key)
+
+    def __bool__(self) -> bool:
+        return bool(self.appends or self.puts or self.deletes or self.offsets)
+
+
+class PartitionBackend(Protocol):
+    """What one partition's processor (or timer service) needs from a backend."""
+
+    partition: int
+    partitions: int
+    epoch: int
+
+    @property
+    def store(self) -> StateStore: ...
+
+    def source(self, kind: str) -> Source: ...
+
+    def committed_offset(self, kind: str) -> int: ...
+
+    async def commit(self, batch: CommitBatch) -> None: ...
