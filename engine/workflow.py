@@ -6,7 +6,7 @@ import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from engine.errors import UnknownWorkflow
 
@@ -39,7 +39,7 @@ def workflow(name: str, *, version: str = "1") -> Callable[[F], F]:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"workflow {name!r}: {fn.__qualname__} must be an 'async def'")
         setattr(fn, _DEFINITION_ATTR, WorkflowDefinition(name, str(version), fn))
-        return fn
+        return cast(F, fn)
 
     return mark
 

@@ -1,0 +1,20 @@
+"""The embedded backend: one process, one RocksDB holding the log and every partition's
+state, so a commit is one atomic, fsynced WriteBatch."""
+
+from consumers.embedded.db import DEFAULT_PARTITIONS, Durability, EmbeddedDB
+from consumers.embedded.errors import DataDirInUse, PartitionCountMismatch, StorageFailed
+from consumers.embedded.log import EmbeddedLog
+from consumers.embedded.partition import EmbeddedPartition, EmbeddedSource, EmbeddedStore
+
+__all__ = [
+    "DEFAULT_PARTITIONS",
+    "DataDirInUse",
+    "Durability",
+    "EmbeddedDB",
+    "EmbeddedLog",
+    "EmbeddedPartition",
+    "EmbeddedSource",
+    "EmbeddedStore",
+    "PartitionCountMismatch",
+    "StorageFailed",
+]

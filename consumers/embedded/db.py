@@ -1,0 +1,423 @@
+"""The embedded backend's one RocksDB: who owns the data directory, and durable writes.
+
+One process owns a data directory (an ``flock`` on ``stepstream.lock``); every open bumps
+a durable fencing epoch. The log and every partition's state live in one RocksDB, so a
+commit (appended records + state changes + consumed offsets) is one atomic WriteBatch.
+
+Writes are group-committed: callers queue a write and await it; one writer coroutine
+takes everything queued while the previous batch was being made durable, merges it into
+one WriteBatch, and hands that to one dedicated thread that writes and fsyncs it. Log
+offsets are assigned by the writer, so records appended by different callers to the same
+topic partition never collide, and readers see a record only once it is durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import fcntl
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from consumers.embedded import keys
+from consumers.embedded.errors import DataDirInUse, PartitionCountMismatch, StorageFailed
+from consumers.embedded.log import EmbeddedLog
+from consumers.embedded.wal import WalSync
+from engine.seams import Append
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PARTITIONS = 4
+LOCK_FILE = "stepstream.lock"
+ROCKSDB_DIR = "rocksdb"
+
+
+class Durability(enum.Enum):
+    """How a group commit is made durable before its callers are answered."""
+
+    # RocksDB writes the WAL without syncing; the writer thread then fsyncs the WAL files
+    # itself, with the GIL released, so the event loop keeps running during the fsync.
+    FSYNC_WAL = "fsync-wal"
+    # WriteOptions.sync=True: RocksDB fsyncs, but rocksdict holds the GIL meanwhile.
+    ROCKSDB_SYNC = "rocksdb-sync"
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """One caller's share of a group commit."""
+
+    appends: Sequence[Append]
+    puts: Sequence[tuple[bytes, bytes]]
+    deletes: Sequence[bytes]
+
+
+@dataclass(slots=True)
+class _Queued:
+    write: _Write
+    done: asyncio.Future[list[tuple[int, int]]]
+
+
+@dataclass(slots=True)
+class _Handles:
+    """Everything that keeps RocksDB open; dropped together on close."""
+
+    db: Any
+    cfs: dict[str, Any] = field(default_factory=dict)
+    handles: dict[str, Any] = field(default_factory=dict)
+
+
+class EmbeddedDB:
+    """Open with ``await EmbeddedDB.open(path)``; close with ``await db.close()`` (or use
+    ``async with``). Not thread-safe: use it from the event loop that opened it."""
+
+    def __init__(
+        self,
+        *,
+        path: str,
+        partitions: int,
+        epoch: int,
+        durability: Durability,
+        rocks: _Handles,
+        lock_fd: int,
+        wal: WalSync | None,
+    ) -> None:
+        self.path = path
+        self.partitions = partitions
+        self.epoch = epoch
+        self.durability = durability
+        # Counters: batches written is the number of fsyncs made for callers' writes.
+        self.batches_written = 0
+        self.writes_committed = 0
+        self._rocks: _Handles | None = rocks
+        self._lock_fd = lock_fd
+        self._wal = wal
+        self._write_options = WriteOptions()
+        self._write_options.sync = durability is Durability.ROCKSDB_SYNC
+        self._queue: list[_Queued] = []
+        self._wakeup = asyncio.Event()
+        self._failure: StorageFailed | None = None
+        self._closing = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="stepstream-embedded-writer")
+        self.log = EmbeddedLog(self)
+        self._writer = asyncio.get_running_loop().create_task(
+            self._run_writer(), name=f"stepstream-embedded-writer:{path}"
+        )
+
+    @classmethod
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        partitions: int | None = None,
+        *,
+        durability: Durability = Durability.FSYNC_WAL,
+    ) -> EmbeddedDB:
+        """Open (creating if needed) the data directory ``path``. ``partitions`` defaults
+        to the directory's own count, or ``DEFAULT_PARTITIONS`` for a new one."""
+        if partitions is not None and partitions < 1:
+            raise ValueError(f"partitions must be at least 1, got {partitions}")
+        data_dir = os.fspath(path)
+        opened = await asyncio.to_thread(_open_sync, data_dir, partitions, durability)
+        rocks, lock_fd, count, epoch, wal = opened
+        db = cls(
+            path=data_dir,
+            partitions=count,
+            epoch=epoch,
+            durability=durability,
+            rocks=rocks,
+            lock_fd=lock_fd,
+            wal=wal,
+        )
+        log.info(
+            "embedded data directory opened path=%s partitions=%d epoch=%d durability=%s",
+            data_dir,
+            count,
+            epoch,
+            durability.value,
+        )
+        return db
+
+    async def __aenter__(self) -> EmbeddedDB:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._rocks is None
+
+    async def write(
+        self,
+        *,
+        appends: Sequence[Append] = (),
+        puts: Sequence[tuple[bytes, bytes]] = (),
+        deletes: Sequence[bytes] = (),
+    ) -> list[tuple[int, int]]:
+        """Make one atomic write durable; return the (partition, offset) of each append.
+
+        ``appends`` must have their partition resolved (``EmbeddedLog.resolve``); ``puts``
+        and ``deletes`` are full keys of the state column family (deletes apply first).
+        If the awaiting task is cancelled before the writer takes the write, it is not
+        written; once taken, it is written whether or not anyone still waits."""
+        self._check_writable()
+        done: asyncio.Future[list[tuple[int, int]]] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Queued(_Write(appends, puts, deletes), done))
+        self._wakeup.set()
+        return await done
+
+    def get(self, cf: str, key: bytes) -> bytes | None:
+        value: bytes | None = self._cf(cf).get(key)
+        return value
+
+    def scan(
+        self, cf: str, prefix: bytes, start: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Keys of ``cf`` that start with ``prefix``, from ``start`` (default: the prefix)
+        on, in key order. Exhaust or drop the iterator: a live one keeps RocksDB open."""
+        it = self._cf(cf).iter()
+        it.seek(prefix if start is None else start)
+        while it.valid():
+            key: bytes = it.key()
+            if not key.startswith(prefix):
+                return
+            value: bytes = it.value()
+            yield key, value
+            it.next()
+
+    def last(self, cf: str, prefix: bytes) -> tuple[bytes, bytes] | None:
+        """The greatest key of ``cf`` that starts with ``prefix``, and its value."""
+        it = self._cf(cf).iter()
+        successor = _successor(prefix)
+        if successor is None:
+            it.seek_to_last()
+        else:
+            it.seek(successor)
+            if it.valid():
+                it.prev()
+            else:
+                it.seek_to_last()
+        if not it.valid():
+            return None
+        key: bytes = it.key()
+        if not key.startswith(prefix):
+            return None
+        value: bytes = it.value()
+        return key, value
+
+    async def close(self) -> None:
+        """Finish queued writes, then release RocksDB and the directory lock."""
+        if self._rocks is None:
+            return
+        self._closing = True
+        self._wakeup.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._writer
+        self.log.close()
+        await asyncio.to_thread(self._release)
+        self._executor.shutdown(wait=True)
+        log.info("embedded data directory closed path=%s", self.path)
+
+    def _release(self) -> None:
+        rocks, self._rocks = self._rocks, None
+        if self._wal is not None:
+            self._wal.close()
+        if rocks is not None:
+            rocks.handles.clear()
+            for cf in rocks.cfs.values():
+                cf.close()
+            rocks.cfs.clear()
+            rocks.db.close()
+        _unlock(self._lock_fd)
+
+    def _cf(self, name: str) -> Any:
+        if self._rocks is None:
+            raise RuntimeError(f"embedded data directory {self.path} is closed")
+        return self._rocks.cfs[name]
+
+    def _check_writable(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        if self._closing or self._rocks is None:
+            raise RuntimeError(f"embedded data directory {self.path} is closed")
+
+    async def _run_writer(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._queue:
+                if self._closing:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            taken = [queued for queued in self._queue if not queued.done.cancelled()]
+            self._queue = []
+            if not taken:
+                continue
+            assert self._rocks is not None
+            batch = WriteBatch(raw_mode=True)
+            log_cf = self._rocks.handles[keys.LOG_CF]
+            state_cf = self._rocks.handles[keys.STATE_CF]
+            staged: dict[tuple[str, int], int] = {}
+            positions = []
+            for queued in taken:
+                write = queued.write
+                positions.append(self.log.stage(batch, log_cf, write.appends, staged))
+                for key in write.deletes:
+                    batch.delete(key, state_cf)
+                for key, value in write.puts:
+                    batch.put(key, value, state_cf)
+            try:
+                await loop.run_in_executor(self._executor, self._write_durably, batch)
+            except Exception as exc:
+                self._fail(exc, taken)
+                continue
+            self.batches_written += 1
+            self.writes_committed += len(taken)
+            self.log.publish(staged)
+            for queued, written in zip(taken, positions, strict=True):
+                if not queued.done.done():
+                    queued.done.set_result(written)
+
+    def _write_durably(self, batch: Any) -> None:
+        """Runs on the writer thread."""
+        assert self._rocks is not None
+        self._rocks.db.write(batch, self._write_options)
+        if self._wal is not None:
+            self._wal.sync()
+
+    def _fail(self, exc: Exception, taken: list[_Queued]) -> None:
+        failure = StorageFailed(
+            f"writing to the embedded data directory {self.path} failed ({exc}); "
+            "nothing after this write was acknowledged: fix the disk, then restart"
+        )
+        self._failure = failure
+        log.error("embedded write failed path=%s error=%s", self.path, exc)
+        for queued in [*taken, *self._queue]:
+            if not queued.done.done():
+                queued.done.set_exception(failure)
+        self._queue = []
+
+
+def _open_sync(
+    data_dir: str, partitions: int | None, durability: Durability
+) -> tuple[_Handles, int, int, int, WalSync | None]:
+    os.makedirs(data_dir, exist_ok=True)
+    lock_fd = _lock(data_dir)
+    rocks: _Handles | None = None
+    try:
+        rocks = _open_rocks(data_dir)
+        count, epoch = _claim(rocks, data_dir, partitions)
+        wal = None
+        if durability is Durability.FSYNC_WAL:
+            wal = WalSync(os.path.join(data_dir, ROCKSDB_DIR))
+        return rocks, lock_fd, count, epoch, wal
+    except BaseException:
+        if rocks is not None:
+            rocks.handles.clear()
+            for cf in rocks.cfs.values():
+                cf.close()
+            rocks.db.close()
+        _unlock(lock_fd)
+        raise
+
+
+def _in_use(data_dir: str, holder: str = "") -> DataDirInUse:
+    return DataDirInUse(
+        f"data directory {data_dir} is in use by another stepstream process{holder}; "
+        "stop it or pass another --data"
+    )
+
+
+def _lock(data_dir: str) -> int:
+    fd = os.open(os.path.join(data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise _in_use(data_dir, f" (pid {holder})" if holder.isdigit() else "") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def _unlock(fd: int) -> None:
+    # Closing the descriptor releases the flock; the file stays (unlinking it would race).
+    os.close(fd)
+
+
+def _open_rocks(data_dir: str) -> _Handles:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    options.create_missing_column_families(True)
+    options.set_keep_log_file_num(4)
+    families = {name: Options(raw_mode=True) for name in keys.COLUMN_FAMILIES}
+    try:
+        db = Rdict(os.path.join(data_dir, ROCKSDB_DIR), options, column_families=families)
+    except Exception as exc:
+        if "lock" in str(exc).lower():
+            # Our flock is free, so the holder is this process: an earlier EmbeddedDB that
+            # was not closed, or an iterator that outlived it.
+            raise _in_use(data_dir, " (this process: close the earlier EmbeddedDB)") from exc
+        raise StorageFailed(f"cannot open the embedded data directory {data_dir}: {exc}") from exc
+    rocks = _Handles(db)
+    for name in keys.COLUMN_FAMILIES:
+        rocks.cfs[name] = db.get_column_family(name)
+        rocks.handles[name] = db.get_column_family_handle(name)
+    return rocks
+
+
+def _claim(rocks: _Handles, data_dir: str, partitions: int | None) -> tuple[int, int]:
+    """Check the directory's format and partition count, and bump the fencing epoch."""
+    meta = rocks.cfs[keys.META_CF]
+    stored_format: bytes | None = meta.get(keys.META_FORMAT)
+    if stored_format is not None and keys.decode_u64(stored_format) != keys.FORMAT_VERSION:
+        raise StorageFailed(
+            f"data directory {data_dir} has embedded format {keys.decode_u64(stored_format)}; "
+            f"this stepstream reads format {keys.FORMAT_VERSION}"
+        )
+    stored_count: bytes | None = meta.get(keys.META_PARTITIONS)
+    if stored_count is None:
+        count = DEFAULT_PARTITIONS if partitions is None else partitions
+    else:
+        count = keys.decode_u64(stored_count)
+        if partitions is not None and partitions != count:
+            raise PartitionCountMismatch(
+                f"data directory {data_dir} was created with {count} partitions and cannot "
+                f"be opened with {partitions}: pass --partitions {count}, or another --data"
+            )
+    stored_epoch: bytes | None = meta.get(keys.META_EPOCH)
+    epoch = (0 if stored_epoch is None else keys.decode_u64(stored_epoch)) + 1
+    batch = WriteBatch(raw_mode=True)
+    handle = rocks.handles[keys.META_CF]
+    batch.put(keys.META_FORMAT, keys.encode_u64(keys.FORMAT_VERSION), handle)
+    batch.put(keys.META_PARTITIONS, keys.encode_u64(count), handle)
+    batch.put(keys.META_EPOCH, keys.encode_u64(epoch), handle)
+    sync = WriteOptions()
+    sync.sync = True
+    rocks.db.write(batch, sync)
+    return count, epoch
+
+
+def _successor(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key that starts with ``prefix``."""
+    trimmed = prefix.rstrip(b"\xff")
+    if not trimmed:
+        return None
+    return trimmed[:-1] + bytes((trimmed[-1] + 1,))

@@ -1,0 +1,22 @@
+"""Errors of the embedded backend: each one names the data directory and what to do."""
+
+from __future__ import annotations
+
+from engine.errors import StepstreamError
+
+
+class DataDirInUse(StepstreamError):
+    """Another stepstream process (or another open in this one) owns the data directory."""
+
+    retriable = True
+
+
+class PartitionCountMismatch(StepstreamError):
+    """The data directory was created with a different number of partitions."""
+
+
+class StorageFailed(StepstreamError):
+    """A durable write failed; nothing after it is accepted until the directory is reopened.
+
+    After a failed fsync the OS may have dropped the dirty pages, so retrying the write in
+    the same process could acknowledge data that never reached the disk."""

@@ -1,0 +1,162 @@
+"""A host of partitions: the processors and timer services of the partitions this
+process owns, the step executor they share, reads routed to the owning partition, and
+waiters that are woken by commits (never by polling)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+from engine.serde import RecordSerde
+
+from consumers.partition import Committed, PartitionProcessor, ProcessorConfig
+from consumers.steps import StepExecutor
+from consumers.timers import TimerService
+from engine.codec import PayloadCodec
+from engine.errors import UnknownInstance
+from engine.records import HistoryRecord
+from engine.seams import Clock, PartitionBackend
+from engine.state import InstanceState
+from engine.topics import partition_for
+from engine.workflow import Registry, WorkflowDefinition
+
+log = logging.getLogger("stepstream.host")
+
+
+@dataclass(slots=True)
+class _Owned:
+    processor: PartitionProcessor
+    timers: TimerService
+
+
+class PartitionHost:
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        partitions: int,
+        serde: RecordSerde,
+        codec: PayloadCodec,
+        clock: Clock,
+        max_payload_bytes: int,
+        config: ProcessorConfig | None = None,
+    ) -> None:
+        self.registry = registry
+        self.partitions = partitions
+        self.serde = serde
+        self.codec = codec
+        self.clock = clock
+        self.executor = StepExecutor(codec, max_payload_bytes=max_payload_bytes)
+        self._config = config
+        self._owned: dict[int, _Owned] = {}
+        self._settled: dict[str, asyncio.Future[str | None]] = {}
+        self._finished: defaultdict[str, list[asyncio.Future[InstanceState]]] = defaultdict(list)
+
+    # ---- ownership ------------------------------------------------------------------
+
+    async def assign(self, backend: PartitionBackend) -> None:
+        processor = PartitionProcessor(
+            backend,
+            self.registry,
+            serde=self.serde,
+            codec=self.codec,
+            clock=self.clock,
+            executor=self.executor,
+            on_commit=self._committed,
+            config=self._config,
+        )
+        timers = TimerService(backend, serde=self.serde, clock=self.clock)
+        await processor.start()
+        await timers.start()
+        self._owned[backend.partition] = _Owned(processor, timers)
+
+    async def revoke(self, partition: int) -> None:
+        owned = self._owned.pop(partition, None)
+        if owned is not None:
+            await owned.timers.stop()
+            await owned.processor.stop()
+
+    async def close(self) -> None:
+        for partition in list(self._owned):
+            await self.revoke(partition)
+        self.executor.shutdown()
+
+    @property
+    def owned(self) -> list[int]:
+        return sorted(self._owned)
+
+    @property
+    def timers_pending(self) -> int:
+        return sum(o.timers.pending for o in self._owned.values())
+
+    def owns(self, instance_id: str) -> bool:
+        return partition_for(instance_id, self.partitions) in self._owned
+
+    def _processor(self, instance_id: str) -> PartitionProcessor:
+        partition = partition_for(instance_id, self.partitions)
+        owned = self._owned.get(partition)
+        if owned is None:
+            raise LookupError(f"partition {partition} of instance {instance_id} is not owned here")
+        return owned.processor
+
+    # ---- waiters --------------------------------------------------------------------
+
+    def _committed(self, committed: Committed) -> None:
+        for command_id, reason in committed.commands.items():
+            fut = self._settled.pop(command_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(reason)
+        for state in committed.instances:
+            if state.status.finished:
+                for fut in self._finished.pop(state.instance_id, ()):
+                    if not fut.done():
+                        fut.set_result(state)
+
+    def settled(self, command_id: str) -> asyncio.Future[str | None]:
+        """Resolves once the command is applied (None) or dead-lettered (the reason).
+        Register before publishing the command."""
+        fut = self._settled.get(command_id)
+        if fut is None:
+            fut = self._settled[command_id] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def forget(self, command_id: str) -> None:
+        self._settled.pop(command_id, None)
+
+    async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
+        fut: asyncio.Future[InstanceState] = asyncio.get_running_loop().create_future()
+        self._finished[instance_id].append(fut)
+        state = self.read_state(instance_id)
+        if state.status.finished:
+            return state
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            waiters = self._finished.get(instance_id)
+            if waiters is not None and fut in waiters:
+                waiters.remove(fut)
+                if not waiters:
+                    del self._finished[instance_id]
+
+    # ---- reads ----------------------------------------------------------------------
+
+    def resolve(self, workflow: str) -> WorkflowDefinition:
+        return self.registry.resolve(workflow)
+
+    def read_state(self, instance_id: str) -> InstanceState:
+        state = self._processor(instance_id).read_state(instance_id)
+        if state is None:
+            raise UnknownInstance(f"no instance {instance_id!r}; check the id, or start it first")
+        return state
+
+    def read_history(self, instance_id: str) -> list[HistoryRecord]:
+        self.read_state(instance_id)
+        return self._processor(instance_id).read_history(instance_id)
+
+    def list_instances(self) -> list[InstanceState]:
+        found: list[InstanceState] = []
+        for owned in self._owned.values():
+            found.extend(owned.processor.list_instances())
+        return found

@@ -1,0 +1,364 @@
+"""The partition processor: owns one partition of commands and its instances.
+
+For each batch of inputs (commands from the log, step outcomes from the executor): load
+or reuse the instance runtime, let it decide records, then make everything durable in
+one commit (history and timer records appended, state and the consumed offset written
+together). Only after that commit are step bodies launched and waiters told. Inputs that
+arrive while a commit is in flight form the next batch: that is the group commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.serde import RecordSerde
+
+from consumers import state_keys as keys
+from consumers.steps import StepExecutor
+from engine.codec import PayloadCodec
+from engine.errors import UndecodableRecord, UnknownWorkflow
+from engine.records import (
+    Command,
+    DeadLetter,
+    HistoryRecord,
+    PartitionFenced,
+    StartWorkflow,
+    TimerFired,
+)
+from engine.runtime import InstanceRuntime, Output, StepOutcome
+from engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend, StateStore
+from engine.state import InstanceState, entry_json
+from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS
+from engine.workflow import Registry, WorkflowDefinition
+
+log = logging.getLogger("stepstream.partition")
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessorConfig:
+    max_batch: int = 1000
+    cache_size: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What one commit changed, for waiters: instances touched and commands settled
+    (command id -> None when applied, or the reason it was dead-lettered)."""
+
+    instances: list[InstanceState]
+    commands: dict[str, str | None]
+
+
+def load_state(store: StateStore, instance_id: str) -> InstanceState | None:
+    meta = store.get(keys.meta(instance_id))
+    if meta is None:
+        return None
+    prefix = keys.entry_prefix(instance_id)
+    entries = [(k[len(prefix) :].decode(), v) for k, v in store.scan(prefix)]
+    return InstanceState.from_storage(instance_id, meta, entries)
+
+
+class PartitionProcessor:
+    def __init__(
+        self,
+        backend: PartitionBackend,
+        registry: Registry,
+        *,
+        serde: RecordSerde,
+        codec: PayloadCodec,
+        clock: Clock,
+        executor: StepExecutor,
+        on_commit: Callable[[Committed], None],
+        config: ProcessorConfig | None = None,
+    ) -> None:
+        self.backend = backend
+        self.partition = backend.partition
+        self._registry = registry
+        self._serde = serde
+        self._codec = codec
+        self._clock = clock
+        self._executor = executor
+        self._on_commit = on_commit
+        self._config = config or ProcessorConfig()
+        self._cache: OrderedDict[str, InstanceRuntime] = OrderedDict()
+        self._outcomes: list[StepOutcome] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._fetch: asyncio.Task[list[LogEntry]] | None = None
+        self._source = backend.source(COMMANDS)
+        self._missing_versions: set[tuple[str, str]] = set()
+
+    # ---- lifecycle ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Fence the partition, resume unfinished instances, then start consuming."""
+        out = Output()
+        batch = CommitBatch()
+        fence = PartitionFenced(
+            instance_id="",
+            time_ms=self._clock.now_ms(),
+            command_id=f"fence:{self.backend.epoch}",
+            epoch=self.backend.epoch,
+            partition=self.partition,
+        )
+        batch.appends.append(Append(HISTORY, b"", self._serde.encode(fence), self.partition))
+        touched: dict[str, InstanceRuntime] = {}
+        for key, _ in list(self.backend.store.scan(keys.ACTIVE)):
+            instance_id = key[len(keys.ACTIVE) :].decode()
+            runtime = self._load(instance_id)
+            if runtime is None:
+                continue
+            runtime.recover(out)
+            touched[instance_id] = runtime
+        self._persist(out, touched, batch)
+        await self.backend.commit(batch)
+        self._after_commit(out, touched, {})
+        if touched:
+            log.info("partition=%d resumed %d unfinished instances", self.partition, len(touched))
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        for task in (self._task, self._fetch):
+            if task is not None:
+                task.cancel()
+        for task in (self._task, self._fetch):
+            if task is not None:
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+        for runtime in self._cache.values():
+            runtime.close()
+        self._cache.clear()
+
+    def deliver(self, outcome: StepOutcome) -> None:
+        self._outcomes.append(outcome)
+        self._wake.set()
+
+    # ---- the loop -------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        wake_task: asyncio.Task[bool] | None = None
+        while True:
+            if self._fetch is None:
+                self._fetch = loop.create_task(self._source.fetch(self._config.max_batch, 1.0))
+            if not self._outcomes and not self._fetch.done():
+                if wake_task is None or wake_task.done():
+                    self._wake.clear()
+                    wake_task = loop.create_task(self._wake.wait())
+                await asyncio.wait({self._fetch, wake_task}, return_when=asyncio.FIRST_COMPLETED)
+            entries: list[LogEntry] = []
+            if self._fetch.done():
+                entries = self._fetch.result()
+                self._fetch = None
+            outcomes, self._outcomes = self._outcomes, []
+            if entries or outcomes:
+                await self._process(entries, outcomes)
+
+    async def _process(self, entries: list[LogEntry], outcomes: list[StepOutcome]) -> None:
+        out = Output()
+        batch = CommitBatch()
+        touched: dict[str, InstanceRuntime] = {}
+        settled: dict[str, str | None] = {}
+        for entry in entries:
+            command_id, reason = self._apply_command(entry, out, touched)
+            if reason is not None:
+                batch.appends.append(self._dead_letter(entry, reason))
+            if command_id:
+                settled[command_id] = reason
+        for outcome in outcomes:
+            runtime = self._cache.get(outcome.instance_id)
+            if runtime is None:
+                continue  # the instance finished or was dropped; a late outcome changes nothing
+            self._guarded(runtime, outcome, out, touched)
+        if entries:
+            batch.offsets[COMMANDS] = entries[-1].offset + 1
+        self._persist(out, touched, batch)
+        await self.backend.commit(batch)
+        self._after_commit(out, touched, settled)
+
+    def _apply_command(
+        self, entry: LogEntry, out: Output, touched: dict[str, InstanceRuntime]
+    ) -> tuple[str, str | None]:
+        try:
+            record = self._serde.decode(entry.value)
+        except UndecodableRecord as exc:
+            return "", f"undecodable record: {exc}"
+        if not isinstance(record, Command):
+            return record.command_id, f"{record.type} is not a command"
+        runtime = touched.get(record.instance_id) or self._cache.get(record.instance_id)
+        if runtime is None:
+            runtime = self._load(record.instance_id)
+        if runtime is None:
+            if isinstance(record, TimerFired):
+                return record.command_id, None  # timer of an instance that is gone: harmless
+            if not isinstance(record, StartWorkflow):
+                return record.command_id, (
+                    f"unknown instance {record.instance_id!r}: {record.type} needs an "
+                    "instance started with this id"
+                )
+            try:
+                definition = self._registry.resolve(record.workflow, record.version)
+            except UnknownWorkflow as exc:
+                return record.command_id, str(exc)
+            runtime = self._new_runtime(InstanceState(record.instance_id), definition)
+        error = self._guarded(runtime, record, out, touched)
+        return record.command_id, error
+
+    def _guarded(
+        self,
+        runtime: InstanceRuntime,
+        msg: Command | StepOutcome,
+        out: Output,
+        touched: dict[str, InstanceRuntime],
+    ) -> str | None:
+        marks = (len(out.history), len(out.timers), len(out.launches))
+        try:
+            runtime.handle(msg, out)
+        except Exception as exc:
+            # A bug, not user code (user exceptions stay inside the workflow task). Undo
+            # this input's decisions and forget the runtime; its stored state is intact.
+            log.exception(
+                "partition=%d instance=%s: internal error",
+                self.partition,
+                runtime.state.instance_id,
+            )
+            del out.history[marks[0] :], out.timers[marks[1] :], out.launches[marks[2] :]
+            self._cache.pop(runtime.state.instance_id, None)
+            touched.pop(runtime.state.instance_id, None)
+            runtime.close()
+            return f"internal error while applying {type(msg).__name__}: {exc!r}"
+        touched[runtime.state.instance_id] = runtime
+        return None
+
+    # ---- persistence ----------------------------------------------------------------
+
+    def _persist(
+        self, out: Output, touched: dict[str, InstanceRuntime], batch: CommitBatch
+    ) -> None:
+        encode = self._serde.encode
+        appends = batch.appends
+        for record in out.history:
+            value = encode(record)
+            instance = record.instance_id.encode()
+            appends.append(Append(HISTORY, instance, value, self.partition))
+            batch.put(keys.history(record.instance_id, record.seq), value)
+        for timer in out.timers:
+            appends.append(
+                Append(TIMERS, timer.instance_id.encode(), encode(timer), self.partition)
+            )
+        for instance_id, runtime in touched.items():
+            state = runtime.state
+            batch.put(keys.meta(instance_id), state.meta_json())
+            for key in state.dirty_entries:
+                batch.put(keys.entry(instance_id, key), entry_json(state.entries[key]))
+            state.dirty_entries.clear()
+            if state.status.finished:
+                batch.delete(keys.active(instance_id))
+            else:
+                batch.put(keys.active(instance_id), b"")
+
+    def _after_commit(
+        self,
+        out: Output,
+        touched: dict[str, InstanceRuntime],
+        settled: dict[str, str | None],
+    ) -> None:
+        for launch in out.launches:
+            self._executor.launch(launch, self.deliver)
+        for instance_id, runtime in touched.items():
+            if runtime.state.status.finished and not runtime.busy:
+                self._cache.pop(instance_id, None)
+        self._evict()
+        self._on_commit(Committed([rt.state for rt in touched.values()], settled))
+
+    def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
+        log.warning(
+            "partition=%d offset=%d: command sent to dead-letters: %s",
+            self.partition,
+            entry.offset,
+            reason,
+        )
+        letter = DeadLetter(
+            instance_id=entry.key.decode(errors="replace"),
+            time_ms=self._clock.now_ms(),
+            epoch=self.backend.epoch,
+            source_topic=entry.topic,
+            partition=entry.partition,
+            offset=entry.offset,
+            key=entry.key,
+            value=entry.value,
+            reason=reason,
+        )
+        return Append(DEAD_LETTERS, entry.key, self._serde.encode(letter), self.partition)
+
+    # ---- the instance cache ---------------------------------------------------------
+
+    def _definition(self, state: InstanceState) -> WorkflowDefinition | None:
+        try:
+            return self._registry.resolve(state.workflow, state.version)
+        except UnknownWorkflow as exc:
+            if (state.workflow, state.version) not in self._missing_versions:
+                self._missing_versions.add((state.workflow, state.version))
+                log.error(
+                    "partition=%d: instances of %s v%s cannot advance: %s",
+                    self.partition,
+                    state.workflow,
+                    state.version,
+                    exc,
+                )
+            return None
+
+    def _new_runtime(
+        self, state: InstanceState, definition: WorkflowDefinition | None
+    ) -> InstanceRuntime:
+        runtime = InstanceRuntime(
+            state, definition, codec=self._codec, clock=self._clock, epoch=self.backend.epoch
+        )
+        self._cache[state.instance_id] = runtime
+        return runtime
+
+    def _load(self, instance_id: str) -> InstanceRuntime | None:
+        state = load_state(self.backend.store, instance_id)
+        if state is None:
+            return None
+        return self._new_runtime(state, self._definition(state))
+
+    def _evict(self) -> None:
+        excess = len(self._cache) - self._config.cache_size
+        if excess <= 0:
+            return
+        for instance_id in list(self._cache)[: excess * 2]:
+            runtime = self._cache[instance_id]
+            if not runtime.busy:
+                runtime.close()
+                del self._cache[instance_id]
+                excess -= 1
+                if excess <= 0:
+                    return
+
+    # ---- reads (committed state only) -----------------------------------------------
+
+    def read_state(self, instance_id: str) -> InstanceState | None:
+        return load_state(self.backend.store, instance_id)
+
+    def read_history(self, instance_id: str) -> list[HistoryRecord]:
+        records = []
+        for _, value in self.backend.store.scan(keys.history_prefix(instance_id)):
+            record = self._serde.decode(value)
+            assert isinstance(record, HistoryRecord)
+            records.append(record)
+        return records
+
+    def list_instances(self) -> list[InstanceState]:
+        found = []
+        for key, _ in self.backend.store.scan(keys.META):
+            state = self.read_state(key[len(keys.META) :].decode())
+            if state is not None:
+                found.append(state)
+        return found

@@ -1,0 +1,59 @@
+"""Every reserved key of a partition's state store, in one place.
+
+Layout (all keys local to one partition):
+  m\\0<instance>              instance meta (engine.state JSON)
+  e\\0<instance>\\0<key>       one entry per replay key
+  h\\0<instance>\\0<seq:8>     the instance's history records, Avro single-object encoded
+  a\\0<instance>              index of unfinished instances (loaded on restore)
+  t\\0<fire_at:8><timer_id>   timer index ordered by fire time -> instance id
+  T\\0<timer_id>              timer id -> fire time (to cancel)
+"""
+
+from __future__ import annotations
+
+import struct
+
+META = b"m\x00"
+ENTRY = b"e\x00"
+HISTORY = b"h\x00"
+ACTIVE = b"a\x00"
+TIMER = b"t\x00"
+TIMER_BY_ID = b"T\x00"
+_SEQ = struct.Struct(">Q")
+
+
+def meta(instance_id: str) -> bytes:
+    return META + instance_id.encode()
+
+
+def entry_prefix(instance_id: str) -> bytes:
+    return ENTRY + instance_id.encode() + b"\x00"
+
+
+def entry(instance_id: str, key: str) -> bytes:
+    return entry_prefix(instance_id) + key.encode()
+
+
+def history_prefix(instance_id: str) -> bytes:
+    return HISTORY + instance_id.encode() + b"\x00"
+
+
+def history(instance_id: str, seq: int) -> bytes:
+    return history_prefix(instance_id) + _SEQ.pack(seq)
+
+
+def active(instance_id: str) -> bytes:
+    return ACTIVE + instance_id.encode()
+
+
+def timer(fire_at_ms: int, timer_id: str) -> bytes:
+    return TIMER + _SEQ.pack(fire_at_ms) + timer_id.encode()
+
+
+def timer_by_id(timer_id: str) -> bytes:
+    return TIMER_BY_ID + timer_id.encode()
+
+
+def split_timer(key: bytes) -> tuple[int, str]:
+    body = key[len(TIMER) :]
+    return _SEQ.unpack(body[:8])[0], body[8:].decode()

@@ -1,0 +1,143 @@
+"""The timer service of one partition: consumes the timers topic into a durable index
+ordered by fire time, and when a timer is due appends ``TimerFired`` to the commands
+topic. A timer fires at or after its time, never before; firing twice is harmless
+because the instance only accepts a fire for a timer it is still waiting on."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+
+from engine.serde import RecordSerde
+
+from consumers import state_keys as keys
+from engine.errors import UndecodableRecord
+from engine.records import TimerCancelled, TimerFired, TimerScheduled
+from engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend
+from engine.topics import COMMANDS, TIMERS
+
+log = logging.getLogger("stepstream.timers")
+
+
+class TimerService:
+    def __init__(
+        self, backend: PartitionBackend, *, serde: RecordSerde, clock: Clock, max_batch: int = 1000
+    ) -> None:
+        self.backend = backend
+        self._serde = serde
+        self._clock = clock
+        self._max_batch = max_batch
+        self._heap: list[tuple[int, str, str]] = []  # (fire_at_ms, timer_id, instance_id)
+        self._live: dict[str, int] = {}  # timer_id -> fire_at_ms of the live schedule
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._lock = asyncio.Lock()
+
+    @property
+    def pending(self) -> int:
+        return len(self._live)
+
+    async def start(self) -> None:
+        for key, value in self.backend.store.scan(keys.TIMER):
+            fire_at, timer_id = keys.split_timer(key)
+            self._push(fire_at, timer_id, value.decode())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._consume()), loop.create_task(self._fire())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def _push(self, fire_at: int, timer_id: str, instance_id: str) -> None:
+        self._live[timer_id] = fire_at
+        heapq.heappush(self._heap, (fire_at, timer_id, instance_id))
+
+    async def _consume(self) -> None:
+        source = self.backend.source(TIMERS)
+        while True:
+            entries = await source.fetch(self._max_batch, 1.0)
+            if entries:
+                async with self._lock:
+                    await self._index(entries)
+                self._changed.set()
+
+    async def _index(self, entries: list[LogEntry]) -> None:
+        batch = CommitBatch()
+        for entry in entries:
+            try:
+                record = self._serde.decode(entry.value)
+            except UndecodableRecord as exc:
+                log.error(
+                    "partition=%d timers offset=%d skipped: %s", entry.partition, entry.offset, exc
+                )
+                continue
+            if isinstance(record, TimerScheduled):
+                old = self._live.get(record.timer_id)
+                if old is not None:
+                    batch.delete(keys.timer(old, record.timer_id))
+                batch.put(
+                    keys.timer(record.fire_at_ms, record.timer_id), record.instance_id.encode()
+                )
+                batch.put(keys.timer_by_id(record.timer_id), str(record.fire_at_ms).encode())
+                self._push(record.fire_at_ms, record.timer_id, record.instance_id)
+            elif isinstance(record, TimerCancelled):
+                fire_at = self._live.pop(record.timer_id, None)
+                if fire_at is not None:
+                    batch.delete(keys.timer(fire_at, record.timer_id))
+                    batch.delete(keys.timer_by_id(record.timer_id))
+        batch.offsets[TIMERS] = entries[-1].offset + 1
+        await self.backend.commit(batch)
+
+    async def _fire(self) -> None:
+        while True:
+            self._changed.clear()
+            now = self._clock.now_ms()
+            heap = self._heap
+            while heap and self._live.get(heap[0][1]) != heap[0][0]:
+                heapq.heappop(heap)  # cancelled or rescheduled
+            if heap and heap[0][0] <= now:
+                async with self._lock:
+                    await self._fire_due(now)
+                continue
+            delay = (heap[0][0] - now) / 1000 if heap else 3600.0
+            try:
+                await asyncio.wait_for(self._changed.wait(), delay)
+            except TimeoutError:
+                pass
+
+    async def _fire_due(self, now: int) -> None:
+        batch = CommitBatch()
+        heap = self._heap
+        fired = 0
+        while heap and heap[0][0] <= now and fired < self._max_batch:
+            fire_at, timer_id, instance_id = heapq.heappop(heap)
+            if self._live.get(timer_id) != fire_at:
+                continue
+            del self._live[timer_id]
+            command = TimerFired(
+                instance_id=instance_id,
+                time_ms=now,
+                command_id=f"fire:{timer_id}",
+                epoch=self.backend.epoch,
+                timer_id=timer_id,
+                fire_at_ms=fire_at,
+            )
+            batch.appends.append(
+                Append(
+                    COMMANDS,
+                    instance_id.encode(),
+                    self._serde.encode(command),
+                    self.backend.partition,
+                )
+            )
+            batch.delete(keys.timer(fire_at, timer_id))
+            batch.delete(keys.timer_by_id(timer_id))
+            fired += 1
+        if batch:
+            await self.backend.commit(batch)

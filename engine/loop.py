@@ -1,0 +1,110 @@
+"""A deterministic event loop for workflow code.
+
+Workflow coroutines run on their own loop that only knows ready callbacks: no clock, no
+I/O, no threads. ``run_until_quiet`` runs callbacks until nothing is ready, so after it
+returns the workflow is blocked on stepstream futures only, and every intent it made in
+this turn is known. ``asyncio.gather``, tasks and futures work as usual; ``asyncio.sleep``
+and other timer APIs raise, because a workflow must sleep with ``ctx.sleep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Coroutine
+from contextvars import Context as _CtxVars
+from typing import Any, NoReturn
+
+log = logging.getLogger("stepstream.engine")
+
+
+class NondeterministicCall(RuntimeError):
+    """Workflow code used a real-time asyncio API."""
+
+
+class WorkflowLoop(asyncio.AbstractEventLoop):
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._ready: deque[asyncio.Handle] = deque()
+        self._closed = False
+
+    # ---- what asyncio's futures and tasks need ----------------------------------------
+
+    def call_soon(  # type: ignore[override]
+        self, callback: Callable[..., object], *args: Any, context: _CtxVars | None = None
+    ) -> asyncio.Handle:
+        handle = asyncio.Handle(callback, args, self, context)
+        if not self._closed:
+            self._ready.append(handle)
+        return handle
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return asyncio.Future(loop=self)
+
+    def create_task(  # type: ignore[override]
+        self,
+        coro: Coroutine[Any, Any, Any],
+        *,
+        name: str | None = None,
+        context: _CtxVars | None = None,
+    ) -> asyncio.Task[Any]:
+        return asyncio.Task(coro, loop=self, name=name, context=context)
+
+    def get_debug(self) -> bool:
+        return False
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def is_running(self) -> bool:
+        return not self._closed
+
+    def get_task_factory(self) -> None:
+        return None
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        if self._closed:
+            return  # a discarded workflow's pending tasks are expected to be destroyed
+        log.warning("workflow %s: %s", self._name, context.get("message"), exc_info=None)
+
+    def default_exception_handler(self, context: dict[str, Any]) -> None:
+        self.call_exception_handler(context)
+
+    # ---- real time is not available to workflow code ---------------------------------
+
+    def _nondeterministic(self, what: str) -> NoReturn:
+        raise NondeterministicCall(
+            f"workflow {self._name} called {what}; workflow code must be deterministic: "
+            "use ctx.sleep / ctx.sleep_until to wait and ctx.step for I/O"
+        )
+
+    def time(self) -> float:
+        self._nondeterministic("loop.time()")
+
+    def call_later(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+        self._nondeterministic("asyncio.sleep or loop.call_later")
+
+    def call_at(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+        self._nondeterministic("loop.call_at")
+
+    def run_in_executor(self, *args: Any, **kwargs: Any) -> NoReturn:  # type: ignore[override]
+        self._nondeterministic("run_in_executor (use ctx.step)")
+
+    # ---- driving --------------------------------------------------------------------
+
+    def run_until_quiet(self) -> None:
+        outer = asyncio.events._get_running_loop()
+        asyncio.events._set_running_loop(self)
+        try:
+            ready = self._ready
+            while ready:
+                handle = ready.popleft()
+                if not handle._cancelled:
+                    handle._run()
+        finally:
+            asyncio.events._set_running_loop(outer)
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.clear()

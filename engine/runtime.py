@@ -1,0 +1,648 @@
+"""The instance runtime: one workflow instance, its state, and its (cached) coroutine.
+
+``handle`` takes one input (a command or a step outcome), decides the history records it
+causes, folds them into the state, and drives the workflow code until it is blocked
+again. It never performs I/O: step bodies to launch, timers to schedule and records to
+append are returned in ``Output`` and only take effect after the processor made them
+durable. If that commit fails, the processor drops the runtime and replays it later.
+
+Replay: a runtime built from stored state starts a fresh coroutine; every ``ctx`` call
+finds its replay key in the state and returns the recorded outcome at once, until the
+code reaches the frontier. At the first quiet point every recorded entry must have been
+visited, otherwise the code no longer matches the history (``HistoryDiverged``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.codec import PayloadCodec
+from engine.context import Context
+from engine.errors import (
+    EventTimeout,
+    HistoryDiverged,
+    InvalidPayload,
+    StepFailed,
+    StepstreamError,
+)
+from engine.loop import WorkflowLoop
+from engine.records import (
+    CancelWorkflow,
+    Command,
+    CommandIgnored,
+    EventBuffered,
+    HistoryRecord,
+    PauseWorkflow,
+    Payload,
+    ResumeWorkflow,
+    SendEvent,
+    SleepElapsed,
+    SleepStarted,
+    StartWorkflow,
+    StepAttemptStarted,
+    TimerCancelled,
+    TimerFired,
+    TimerRecord,
+    TimerScheduled,
+    ValueRecorded,
+    WaitSatisfied,
+    WaitStarted,
+    WaitTimedOut,
+    WorkflowCancelled,
+    WorkflowCompleted,
+    WorkflowFailed,
+    WorkflowPaused,
+    WorkflowResumed,
+    WorkflowStarted,
+)
+from engine.records import StepFailed as StepFailedRecord
+from engine.records import StepSucceeded as StepSucceededRecord
+from engine.retry import DEFAULT_RETRY, RetryPolicy
+from engine.seams import Clock
+from engine.state import Entry, EntryKind, EntryState, InstanceState, Status
+from engine.workflow import WorkflowDefinition
+
+log = logging.getLogger("stepstream.engine")
+
+LOST_ATTEMPT = "AttemptLost"
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """How one step attempt ended; produced by the step executor, never by a client."""
+
+    instance_id: str
+    key: str
+    attempt: int
+    result: Payload | None = None
+    error_type: str = ""
+    error_message: str = ""
+    retryable: bool = True
+
+    @property
+    def command_id(self) -> str:
+        return f"step:{self.instance_id}/{self.key}/{self.attempt}"
+
+
+@dataclass(frozen=True, slots=True)
+class StepLaunch:
+    """A step attempt to run once the records announcing it are durable."""
+
+    instance_id: str
+    key: str
+    attempt: int
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    timeout: float | None
+
+
+@dataclass(slots=True)
+class Output:
+    """What handling inputs decided, to be committed as one batch."""
+
+    history: list[HistoryRecord] = field(default_factory=list)
+    timers: list[TimerRecord] = field(default_factory=list)
+    launches: list[StepLaunch] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _StepIntent:
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    policy: RetryPolicy
+    timeout: float | None
+
+
+class InstanceRuntime:
+    def __init__(
+        self,
+        state: InstanceState,
+        definition: WorkflowDefinition | None,
+        *,
+        codec: PayloadCodec,
+        clock: Clock,
+        epoch: int,
+    ) -> None:
+        self.state = state
+        self.definition = definition
+        self.codec = codec
+        self.clock = clock
+        self.epoch = epoch
+        self.inflight: set[tuple[str, int]] = set()
+        self._intents: dict[str, _StepIntent] = {}
+        self._loop: WorkflowLoop | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._futures: dict[str, asyncio.Future[Any]] = {}
+        self._visited: set[str] = set()
+        self._counters: dict[str, int] = {}
+        self._deferred: list[tuple[str, str]] = []
+        self._replaying = False
+        self._diverged: HistoryDiverged | None = None
+        self._out: Output = Output()
+        self._command_id = ""
+        self._traceparent: str | None = None
+
+    # ---- entry points ---------------------------------------------------------------
+
+    def handle(self, msg: Command | StepOutcome, out: Output) -> None:
+        self._out = out
+        self._command_id = msg.command_id
+        if isinstance(msg, Command):
+            self._traceparent = msg.traceparent
+            if msg.command_id in self.state.recent_commands:
+                return  # already applied: a re-delivered command changes nothing
+        match msg:
+            case StepOutcome():
+                self._on_outcome(msg)
+            case TimerFired():
+                self._on_timer(msg)
+            case StartWorkflow():
+                self._on_start(msg)
+            case SendEvent():
+                self._on_event(msg)
+            case CancelWorkflow():
+                self._on_cancel(msg)
+            case PauseWorkflow():
+                self._on_pause(msg)
+            case ResumeWorkflow():
+                self._on_resume(msg)
+            case _:
+                raise TypeError(f"unexpected input {type(msg).__name__}")
+
+    def recover(self, out: Output) -> None:
+        """Resume an instance loaded after a restart: replays its code, re-runs attempts
+        that were in flight when the previous owner stopped, catches up overdue retries."""
+        self._out = out
+        self._command_id = f"recover:{self.epoch}"
+        self._drive()
+
+    @property
+    def busy(self) -> bool:
+        """True while a step attempt runs: such a runtime must stay cached."""
+        return bool(self.inflight)
+
+    def close(self) -> None:
+        if self._loop is not None:
+            self._loop.close()
+        self._loop = None
+        self._task = None
+        self._futures.clear()
+
+    # ---- record emission ------------------------------------------------------------
+
+    def _emit(self, cls: type[HistoryRecord], **attrs: Any) -> HistoryRecord:
+        record = cls(
+            instance_id=self.state.instance_id,
+            seq=self.state.seq + 1,
+            time_ms=self.clock.now_ms(),
+            command_id=self._command_id,
+            epoch=self.epoch,
+            traceparent=self._traceparent,
+            **attrs,
+        )
+        self.state.apply(record)
+        self._out.history.append(record)
+        return record
+
+    def _timer(self, cls: type[TimerRecord], **attrs: Any) -> None:
+        self._out.timers.append(
+            cls(
+                instance_id=self.state.instance_id,
+                seq=self.state.seq,
+                time_ms=self.clock.now_ms(),
+                command_id=self._command_id,
+                epoch=self.epoch,
+                **attrs,
+            )
+        )
+
+    def _schedule(self, entry: Entry, purpose: str) -> None:
+        assert entry.timer_id is not None and entry.fire_at_ms is not None
+        self._timer(
+            TimerScheduled, timer_id=entry.timer_id, fire_at_ms=entry.fire_at_ms, purpose=purpose
+        )
+
+    def _ignore(self, msg: Command, reason: str) -> None:
+        self._emit(CommandIgnored, command_type=msg.type, reason=reason)
+
+    # ---- commands -------------------------------------------------------------------
+
+    def _on_start(self, msg: StartWorkflow) -> None:
+        if self.state.workflow:
+            self._ignore(msg, f"instance already exists (status {self.state.status.value})")
+            return
+        assert self.definition is not None
+        self._emit(
+            WorkflowStarted,
+            workflow=self.definition.name,
+            version=self.definition.version,
+            input=msg.input,
+        )
+        self._drive()
+
+    def _on_event(self, msg: SendEvent) -> None:
+        if self.state.status.finished:
+            self._ignore(msg, f"instance is {self.state.status.value}")
+            return
+        waiting = [
+            e
+            for e in self.state.entries.values()
+            if e.state is EntryState.WAITING and e.event_name == msg.name
+        ]
+        if not waiting:
+            self._emit(EventBuffered, event_name=msg.name, payload=msg.payload)
+            return
+        entry = min(waiting, key=lambda e: e.seq)
+        self._satisfy(entry, msg.payload, msg.command_id)
+        self._drive()
+
+    def _satisfy(self, entry: Entry, payload: Payload, event_command_id: str) -> None:
+        timer = entry.timer_id
+        self._emit(
+            WaitSatisfied,
+            key=entry.key,
+            event_name=entry.event_name or "",
+            payload=payload,
+            event_command_id=event_command_id,
+        )
+        if timer is not None:
+            self._timer(TimerCancelled, timer_id=timer)
+        self._resolve(entry)
+
+    def _on_cancel(self, msg: CancelWorkflow) -> None:
+        if self.state.status.finished:
+            self._ignore(msg, f"instance is {self.state.status.value}")
+            return
+        self._finish(WorkflowCancelled, reason=msg.reason)
+
+    def _on_pause(self, msg: PauseWorkflow) -> None:
+        if self.state.status.finished or self.state.status is Status.PAUSED:
+            self._ignore(msg, f"instance is {self.state.status.value}")
+            return
+        self._emit(WorkflowPaused)
+        # The coroutine is dropped; resume replays it from the recorded history.
+        self.close()
+
+    def _on_resume(self, msg: ResumeWorkflow) -> None:
+        if self.state.status is not Status.PAUSED:
+            self._ignore(msg, f"instance is {self.state.status.value}, not paused")
+            return
+        self._emit(WorkflowResumed)
+        self._drive()
+
+    def _on_timer(self, msg: TimerFired) -> None:
+        if self.state.status.finished:
+            return
+        entry = next((e for e in self.state.pending_timers() if e.timer_id == msg.timer_id), None)
+        if entry is None:
+            return  # cancelled, superseded or already fired: a duplicate fire is harmless
+        if entry.state is EntryState.SLEEPING:
+            self._emit(SleepElapsed, key=entry.key)
+            self._resolve(entry)
+        elif entry.state is EntryState.WAITING:
+            self._emit(WaitTimedOut, key=entry.key)
+            self._resolve(entry)
+        elif entry.state is EntryState.BACKOFF:
+            if self.state.status is Status.PAUSED:
+                return  # resume replays and starts overdue retries
+            intent = self._intents.get(entry.key)
+            if intent is None or self._task is None:
+                self._drive()  # replay re-creates the intent and starts the retry
+                return
+            self._start_attempt(entry.key, intent, entry.attempt + 1)
+        self._drive()
+
+    def _on_outcome(self, o: StepOutcome) -> None:
+        entry = self.state.entries.get(o.key)
+        self.inflight.discard((o.key, o.attempt))
+        if (
+            entry is None
+            or entry.state is not EntryState.RUNNING
+            or entry.attempt != o.attempt
+            or self.state.status.finished
+        ):
+            return
+        if o.result is not None:
+            self._emit(StepSucceededRecord, key=o.key, attempt=o.attempt, result=o.result)
+            self._resolve(entry)
+        else:
+            self._fail_attempt(entry, o.error_type, o.error_message, o.retryable)
+        self._drive()
+
+    def _fail_attempt(
+        self, entry: Entry, error_type: str, message: str, retryable: bool, *, now: bool = False
+    ) -> None:
+        intent = self._intents.get(entry.key)
+        policy = intent.policy if intent is not None else DEFAULT_RETRY
+        if retryable and entry.attempt < entry.max_attempts:
+            delay = 0 if now else policy.delay_ms(entry.attempt)
+            self._emit(
+                StepFailedRecord,
+                key=entry.key,
+                attempt=entry.attempt,
+                error_type=error_type,
+                error_message=message,
+                next_attempt_at_ms=self.clock.now_ms() + delay,
+            )
+            if now and intent is not None:
+                self._start_attempt(entry.key, intent, entry.attempt + 1)
+            else:
+                self._schedule(entry, "retry")
+        else:
+            self._emit(
+                StepFailedRecord,
+                key=entry.key,
+                attempt=entry.attempt,
+                error_type=error_type,
+                error_message=message,
+                next_attempt_at_ms=None,
+            )
+            self._resolve(entry)
+
+    # ---- driving the code -----------------------------------------------------------
+
+    def _runnable(self) -> bool:
+        return self.definition is not None and self.state.status in (
+            Status.PENDING,
+            Status.RUNNING,
+        )
+
+    def _begin(self) -> None:
+        assert self.definition is not None and self.state.input is not None
+        self._loop = WorkflowLoop(  # type: ignore[abstract]
+            f"{self.state.workflow}/{self.state.instance_id}"
+        )
+        self._futures = {}
+        self._visited = set()
+        self._counters = {}
+        self._deferred = []
+        self._diverged = None
+        self._replaying = bool(self.state.entries)
+        try:
+            arg = self.codec.decode(self.state.input)
+        except StepstreamError as exc:
+            self._fail_workflow("InvalidPayload", f"cannot decode workflow input: {exc}")
+            return
+        coro = self.definition.fn(Context(self), arg)
+        self._task = self._loop.create_task(coro)  # type: ignore[arg-type]
+
+    def _drive(self) -> None:
+        if not self._runnable():
+            return
+        if self._task is None:
+            self._begin()
+            if self._task is None:
+                return
+        assert self._loop is not None
+        while True:
+            self._loop.run_until_quiet()
+            if self._replaying:
+                self._replaying = False
+                self._check_all_visited()
+            if self._diverged is not None:
+                self._fail_workflow("HistoryDiverged", str(self._diverged))
+                return
+            if self._task.done():
+                self._complete()
+                return
+            if not self._deferred:
+                return
+            deferred, self._deferred = self._deferred, []
+            for what, key in deferred:
+                self._act(what, key)
+
+    def _check_all_visited(self) -> None:
+        missed = sorted(
+            (e for e in self.state.entries.values() if e.key not in self._visited),
+            key=lambda e: e.seq,
+        )
+        if missed and self._diverged is None:
+            first = missed[0]
+            self._diverged = HistoryDiverged(
+                f"instance {self.state.instance_id}: history has {first.kind.value} "
+                f"{first.key!r} (recorded at seq {first.seq}) but the code no longer reaches "
+                "it; deploy the code that started this instance, or register the change "
+                "as a new workflow version",
+                key=first.key,
+            )
+
+    def _act(self, what: str, key: str) -> None:
+        entry = self.state.entries.get(key)
+        if what == "step":
+            intent = self._intents[key]
+            if entry is None:
+                self._start_attempt(key, intent, 1)
+            elif entry.state is EntryState.RUNNING:  # attempt lost with the previous owner
+                self._fail_attempt(
+                    entry,
+                    LOST_ATTEMPT,
+                    f"attempt {entry.attempt} was interrupted (worker stopped)",
+                    True,
+                    now=True,
+                )
+            elif entry.state is EntryState.BACKOFF:
+                self._start_attempt(key, intent, entry.attempt + 1)
+        elif what == "sleep":
+            assert entry is not None and entry.fire_at_ms is not None
+            if entry.state is EntryState.SLEEPING:
+                if entry.fire_at_ms <= self.clock.now_ms():
+                    self._emit(SleepElapsed, key=key)
+                    self._resolve(entry)
+                else:
+                    self._schedule(entry, "sleep")
+        elif what == "wait":
+            assert entry is not None and entry.state is EntryState.WAITING
+            buffered = next((b for b in self.state.buffered if b.name == entry.event_name), None)
+            if buffered is not None:
+                self._satisfy(entry, buffered.payload, buffered.command_id)
+            elif entry.timer_id is not None:
+                self._schedule(entry, "wait")
+
+    def _start_attempt(self, key: str, intent: _StepIntent, attempt: int) -> None:
+        deadline = (
+            None if intent.timeout is None else self.clock.now_ms() + int(intent.timeout * 1000)
+        )
+        self._emit(
+            StepAttemptStarted,
+            key=key,
+            attempt=attempt,
+            max_attempts=intent.policy.max_attempts,
+            deadline_ms=deadline,
+        )
+        self.inflight.add((key, attempt))
+        self._out.launches.append(
+            StepLaunch(
+                self.state.instance_id,
+                key,
+                attempt,
+                intent.fn,
+                intent.args,
+                intent.kwargs,
+                intent.timeout,
+            )
+        )
+
+    def _complete(self) -> None:
+        assert self._task is not None
+        if self._task.cancelled():
+            self._fail_workflow("Cancelled", "the workflow's main task was cancelled")
+            return
+        exc = self._task.exception()
+        if exc is not None:
+            self._fail_workflow(type(exc).__name__, str(exc) or repr(exc))
+            return
+        try:
+            result = self.codec.encode(self._task.result())
+        except InvalidPayload as err:
+            self._fail_workflow("InvalidPayload", f"workflow result: {err}")
+            return
+        self._finish(WorkflowCompleted, result=result)
+
+    def _fail_workflow(self, error_type: str, message: str) -> None:
+        self._finish(WorkflowFailed, error_type=error_type, error_message=message)
+
+    def _finish(self, cls: type[HistoryRecord], **attrs: Any) -> None:
+        for entry in self.state.pending_timers():
+            assert entry.timer_id is not None
+            self._timer(TimerCancelled, timer_id=entry.timer_id)
+        self._emit(cls, **attrs)
+        self.close()
+
+    # ---- futures the code awaits ----------------------------------------------------
+
+    def _visit(self, key: str, kind: EntryKind) -> Entry | None:
+        if not isinstance(key, str) or not key:
+            raise ValueError("a step, sleep or wait name must be a non-empty string")
+        if key in self._visited:
+            err = HistoryDiverged(
+                f"instance {self.state.instance_id}: name {key!r} is used twice in one run; "
+                "names are replay keys and must be unique (add an index or an id to the name)",
+                key=key,
+            )
+            self._diverged = self._diverged or err
+            raise err
+        self._visited.add(key)
+        entry = self.state.entries.get(key)
+        if entry is not None and entry.kind is not kind:
+            err = HistoryDiverged(
+                f"instance {self.state.instance_id}: history has {entry.kind.value} {key!r} "
+                f"where the code now has a {kind.value}; deploy the code that started this "
+                "instance, or register the change as a new workflow version",
+                key=key,
+            )
+            self._diverged = self._diverged or err
+            raise err
+        return entry
+
+    def _future(self, entry: Entry | None, key: str) -> asyncio.Future[Any]:
+        assert self._loop is not None
+        fut = self._loop.create_future()
+        self._futures[key] = fut
+        if entry is not None and entry.state.final:
+            self._settle(fut, entry)
+        return fut
+
+    def _resolve(self, entry: Entry) -> None:
+        fut = self._futures.get(entry.key)
+        if fut is not None and not fut.done():
+            self._settle(fut, entry)
+
+    def _settle(self, fut: asyncio.Future[Any], entry: Entry) -> None:
+        match entry.state:
+            case EntryState.SUCCEEDED | EntryState.SATISFIED | EntryState.RECORDED:
+                assert entry.result is not None
+                try:
+                    fut.set_result(self.codec.decode(entry.result))
+                except StepstreamError as exc:
+                    fut.set_exception(exc)
+            case EntryState.FAILED:
+                fut.set_exception(
+                    StepFailed(
+                        f"step {entry.key!r} of instance {self.state.instance_id} failed after "
+                        f"{entry.attempt} attempt(s): {entry.error_type}: {entry.error_message}",
+                        key=entry.key,
+                        attempts=entry.attempt,
+                        error_type=entry.error_type,
+                    )
+                )
+            case EntryState.ELAPSED:
+                fut.set_result(None)
+            case EntryState.TIMED_OUT:
+                fut.set_exception(
+                    EventTimeout(
+                        f"instance {self.state.instance_id}: no event {entry.event_name!r} "
+                        f"arrived before the timeout of wait {entry.key!r}",
+                        key=entry.key,
+                        event_name=entry.event_name or "",
+                    )
+                )
+            case _:
+                pass
+
+    def step_future(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retry: RetryPolicy | None,
+        timeout: float | None,
+    ) -> asyncio.Future[Any]:
+        if not callable(fn):
+            raise TypeError(f"ctx.step({key!r}, ...): {fn!r} is not callable")
+        entry = self._visit(key, EntryKind.STEP)
+        self._intents[key] = _StepIntent(fn, args, kwargs, retry or DEFAULT_RETRY, timeout)
+        fut = self._future(entry, key)
+        if entry is None or (
+            entry.state in (EntryState.RUNNING, EntryState.BACKOFF)
+            and (key, entry.attempt) not in self.inflight
+            and (entry.state is EntryState.RUNNING or self._overdue(entry))
+        ):
+            self._deferred.append(("step", key))
+        return fut
+
+    def _overdue(self, entry: Entry) -> bool:
+        return entry.fire_at_ms is not None and entry.fire_at_ms <= self.clock.now_ms()
+
+    def sleep_future(
+        self, key: str, *, delay_ms: int | None = None, wake_at_ms: int | None = None
+    ) -> asyncio.Future[Any]:
+        entry = self._visit(key, EntryKind.SLEEP)
+        if entry is None:
+            wake = wake_at_ms if wake_at_ms is not None else self.clock.now_ms() + (delay_ms or 0)
+            self._emit(SleepStarted, key=key, wake_at_ms=wake)
+            self._deferred.append(("sleep", key))
+        elif entry.state is EntryState.SLEEPING and self._overdue(entry):
+            self._deferred.append(("sleep", key))
+        return self._future(entry, key)
+
+    def wait_future(self, key: str, event_name: str, timeout_ms: int | None) -> asyncio.Future[Any]:
+        entry = self._visit(key, EntryKind.WAIT)
+        if entry is None:
+            timeout_at = None if timeout_ms is None else self.clock.now_ms() + timeout_ms
+            self._emit(WaitStarted, key=key, event_name=event_name, timeout_at_ms=timeout_at)
+            self._deferred.append(("wait", key))
+        elif entry.state is EntryState.WAITING:
+            if entry.timer_id is not None and self._overdue(entry):
+                self._emit(WaitTimedOut, key=key)
+            elif any(b.name == event_name for b in self.state.buffered):
+                self._deferred.append(("wait", key))
+        return self._future(self.state.entries.get(key), key)
+
+    def record_value(self, kind: str, produce: Callable[[], Any]) -> Any:
+        n = self._counters.get(kind, 0) + 1
+        self._counters[kind] = n
+        key = f"{kind}#{n}"
+        entry = self._visit(key, EntryKind.VALUE)
+        if entry is not None:
+            assert entry.result is not None
+            return self.codec.decode(entry.result)
+        value = produce()
+        self._emit(ValueRecorded, key=key, kind=kind, value=self.codec.encode(value))
+        return value

@@ -1,0 +1,377 @@
+"""Instance state: the fold of an instance's history records, and how it is stored.
+
+``InstanceState.apply`` is the only way state changes, both on the hot path (records the
+runtime just decided) and on restore (records read back from the history topic), so a
+restored instance is exactly the instance that was lost. State is stored as one small
+meta value plus one value per entry (replay key), so a step rewrites O(1) bytes however
+long the workflow is.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from engine.errors import StepstreamError
+from engine.records import (
+    EventBuffered,
+    HistoryRecord,
+    Payload,
+    SleepElapsed,
+    SleepStarted,
+    StepAttemptStarted,
+    StepFailed,
+    StepSucceeded,
+    ValueRecorded,
+    WaitSatisfied,
+    WaitStarted,
+    WaitTimedOut,
+    WorkflowCancelled,
+    WorkflowCompleted,
+    WorkflowFailed,
+    WorkflowPaused,
+    WorkflowResumed,
+    WorkflowStarted,
+)
+
+
+class Status(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in _TERMINAL
+
+
+_TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+_ALLOWED: dict[Status, frozenset[Status]] = {
+    Status.PENDING: frozenset(
+        {Status.RUNNING, Status.PAUSED, Status.COMPLETED, Status.FAILED, Status.CANCELLED}
+    ),
+    Status.RUNNING: frozenset({Status.PAUSED, Status.COMPLETED, Status.FAILED, Status.CANCELLED}),
+    Status.PAUSED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED}),
+    Status.COMPLETED: frozenset(),
+    Status.FAILED: frozenset(),
+    Status.CANCELLED: frozenset(),
+}
+
+
+class InvalidTransition(StepstreamError):
+    """A record asked for a status change the state machine does not allow."""
+
+
+class EntryKind(StrEnum):
+    STEP = "step"
+    SLEEP = "sleep"
+    WAIT = "wait"
+    VALUE = "value"
+
+
+class EntryState(StrEnum):
+    RUNNING = "running"  # step attempt in flight
+    BACKOFF = "backoff"  # step waiting for its retry timer
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SLEEPING = "sleeping"
+    ELAPSED = "elapsed"
+    WAITING = "waiting"
+    SATISFIED = "satisfied"
+    TIMED_OUT = "timed_out"
+    RECORDED = "recorded"
+
+    @property
+    def final(self) -> bool:
+        return self not in _OPEN_ENTRY_STATES
+
+
+_OPEN_ENTRY_STATES = frozenset(
+    {EntryState.RUNNING, EntryState.BACKOFF, EntryState.SLEEPING, EntryState.WAITING}
+)
+
+
+def timer_id(instance_id: str, purpose: str, key: str, n: int) -> str:
+    return f"{instance_id}/{purpose}/{n}/{key}"
+
+
+@dataclass(slots=True)
+class Entry:
+    """What the history says about one replay key."""
+
+    key: str
+    kind: EntryKind
+    state: EntryState
+    seq: int
+    attempt: int = 0
+    max_attempts: int = 0
+    result: Payload | None = None
+    error_type: str = ""
+    error_message: str = ""
+    timer_id: str | None = None
+    fire_at_ms: int | None = None
+    event_name: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"k": self.kind.value, "s": self.state.value, "q": self.seq}
+        if self.attempt:
+            out["a"] = self.attempt
+            out["m"] = self.max_attempts
+        if self.result is not None:
+            out["r"] = _payload_json(self.result)
+        if self.error_type:
+            out["et"] = self.error_type
+            out["em"] = self.error_message
+        if self.timer_id is not None:
+            out["t"] = self.timer_id
+            out["f"] = self.fire_at_ms
+        if self.event_name is not None:
+            out["e"] = self.event_name
+        return out
+
+    @classmethod
+    def from_json(cls, key: str, raw: dict[str, Any]) -> Entry:
+        return cls(
+            key=key,
+            kind=EntryKind(raw["k"]),
+            state=EntryState(raw["s"]),
+            seq=raw["q"],
+            attempt=raw.get("a", 0),
+            max_attempts=raw.get("m", 0),
+            result=_payload_from(raw.get("r")),
+            error_type=raw.get("et", ""),
+            error_message=raw.get("em", ""),
+            timer_id=raw.get("t"),
+            fire_at_ms=raw.get("f"),
+            event_name=raw.get("e"),
+        )
+
+
+@dataclass(slots=True)
+class BufferedEvent:
+    name: str
+    payload: Payload
+    command_id: str
+    seq: int
+
+
+RECENT_COMMANDS = 64
+
+
+@dataclass(slots=True)
+class InstanceState:
+    instance_id: str
+    workflow: str = ""
+    version: str = ""
+    status: Status = Status.PENDING
+    created_ms: int = 0
+    updated_ms: int = 0
+    seq: int = 0
+    input: Payload | None = None
+    result: Payload | None = None
+    error_type: str = ""
+    error_message: str = ""
+    cancel_reason: str = ""
+    buffered: list[BufferedEvent] = field(default_factory=list)
+    entries: dict[str, Entry] = field(default_factory=dict)
+    recent_commands: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_COMMANDS))
+    dirty_entries: set[str] = field(default_factory=set)
+
+    # ---- the state machine ----------------------------------------------------------
+
+    def _transition_to(self, status: Status) -> None:
+        if status is self.status:
+            return
+        if status not in _ALLOWED[self.status]:
+            raise InvalidTransition(
+                f"instance {self.instance_id}: {self.status.value} -> {status.value} "
+                "is not a valid transition"
+            )
+        self.status = status
+
+    def apply(self, record: HistoryRecord) -> None:
+        """Fold one record into the state. Records at or below ``seq`` are ignored, so
+        applying a history twice (restore after a crash) changes nothing."""
+        if record.seq <= self.seq:
+            return
+        self.seq = record.seq
+        self.updated_ms = record.time_ms
+        if record.command_id and (
+            not self.recent_commands or self.recent_commands[-1] != record.command_id
+        ):
+            self.recent_commands.append(record.command_id)
+        match record:
+            case WorkflowStarted():
+                self.workflow = record.workflow
+                self.version = record.version
+                self.input = record.input
+                self.created_ms = record.time_ms
+                self.status = Status.PENDING
+            case StepAttemptStarted():
+                self._running()
+                entry = self._entry(record.key, EntryKind.STEP, EntryState.RUNNING, record.seq)
+                entry.state = EntryState.RUNNING
+                entry.attempt = record.attempt
+                entry.max_attempts = record.max_attempts
+                entry.timer_id = entry.fire_at_ms = None
+            case StepSucceeded():
+                entry = self._touch(record.key)
+                entry.state = EntryState.SUCCEEDED
+                entry.result = record.result
+            case StepFailed():
+                entry = self._touch(record.key)
+                entry.error_type = record.error_type
+                entry.error_message = record.error_message
+                if record.next_attempt_at_ms is None:
+                    entry.state = EntryState.FAILED
+                else:
+                    entry.state = EntryState.BACKOFF
+                    entry.timer_id = timer_id(self.instance_id, "retry", record.key, entry.attempt)
+                    entry.fire_at_ms = record.next_attempt_at_ms
+            case SleepStarted():
+                self._running()
+                entry = self._entry(record.key, EntryKind.SLEEP, EntryState.SLEEPING, record.seq)
+                entry.timer_id = timer_id(self.instance_id, "sleep", record.key, record.seq)
+                entry.fire_at_ms = record.wake_at_ms
+            case SleepElapsed():
+                entry = self._touch(record.key)
+                entry.state = EntryState.ELAPSED
+                entry.timer_id = None
+            case WaitStarted():
+                self._running()
+                entry = self._entry(record.key, EntryKind.WAIT, EntryState.WAITING, record.seq)
+                entry.event_name = record.event_name
+                if record.timeout_at_ms is not None:
+                    entry.timer_id = timer_id(self.instance_id, "wait", record.key, record.seq)
+                    entry.fire_at_ms = record.timeout_at_ms
+            case WaitSatisfied():
+                entry = self._touch(record.key)
+                entry.state = EntryState.SATISFIED
+                entry.result = record.payload
+                entry.timer_id = None
+                self.buffered = [
+                    b for b in self.buffered if b.command_id != record.event_command_id
+                ]
+            case WaitTimedOut():
+                entry = self._touch(record.key)
+                entry.state = EntryState.TIMED_OUT
+                entry.timer_id = None
+            case EventBuffered():
+                self.buffered.append(
+                    BufferedEvent(record.event_name, record.payload, record.command_id, record.seq)
+                )
+            case ValueRecorded():
+                self._running()
+                entry = self._entry(record.key, EntryKind.VALUE, EntryState.RECORDED, record.seq)
+                entry.result = record.value
+            case WorkflowPaused():
+                self._transition_to(Status.PAUSED)
+            case WorkflowResumed():
+                self._transition_to(Status.RUNNING)
+            case WorkflowCompleted():
+                self._transition_to(Status.COMPLETED)
+                self.result = record.result
+            case WorkflowFailed():
+                self._transition_to(Status.FAILED)
+                self.error_type = record.error_type
+                self.error_message = record.error_message
+            case WorkflowCancelled():
+                self._transition_to(Status.CANCELLED)
+                self.cancel_reason = record.reason
+            case _:
+                pass
+
+    def _running(self) -> None:
+        if self.status is Status.PENDING:
+            self._transition_to(Status.RUNNING)
+
+    def _entry(self, key: str, kind: EntryKind, state: EntryState, seq: int) -> Entry:
+        entry = self.entries.get(key)
+        if entry is None:
+            entry = self.entries[key] = Entry(key, kind, state, seq)
+        self.dirty_entries.add(key)
+        return entry
+
+    def _touch(self, key: str) -> Entry:
+        self.dirty_entries.add(key)
+        return self.entries[key]
+
+    # ---- queries --------------------------------------------------------------------
+
+    def open_entries(self) -> list[Entry]:
+        return [e for e in self.entries.values() if not e.state.final]
+
+    def pending_timers(self) -> list[Entry]:
+        return [e for e in self.entries.values() if e.timer_id is not None and not e.state.final]
+
+    # ---- storage --------------------------------------------------------------------
+
+    def meta_json(self) -> bytes:
+        raw: dict[str, Any] = {
+            "w": self.workflow,
+            "v": self.version,
+            "st": self.status.value,
+            "c": self.created_ms,
+            "u": self.updated_ms,
+            "q": self.seq,
+            "i": _payload_json(self.input),
+            "r": _payload_json(self.result),
+            "et": self.error_type,
+            "em": self.error_message,
+            "cr": self.cancel_reason,
+            "b": [[b.name, _payload_json(b.payload), b.command_id, b.seq] for b in self.buffered],
+            "rc": list(self.recent_commands),
+        }
+        return json.dumps(raw, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_storage(
+        cls, instance_id: str, meta: bytes, entries: list[tuple[str, bytes]]
+    ) -> InstanceState:
+        raw = json.loads(meta)
+        state = cls(
+            instance_id=instance_id,
+            workflow=raw["w"],
+            version=raw["v"],
+            status=Status(raw["st"]),
+            created_ms=raw["c"],
+            updated_ms=raw["u"],
+            seq=raw["q"],
+            input=_payload_from(raw["i"]),
+            result=_payload_from(raw["r"]),
+            error_type=raw["et"],
+            error_message=raw["em"],
+            cancel_reason=raw["cr"],
+            buffered=[
+                BufferedEvent(name, _payload_req(p), cid, seq) for name, p, cid, seq in raw["b"]
+            ],
+        )
+        state.recent_commands.extend(raw["rc"])
+        for key, value in entries:
+            state.entries[key] = Entry.from_json(key, json.loads(value))
+        return state
+
+
+def entry_json(entry: Entry) -> bytes:
+    return json.dumps(entry.to_json(), separators=(",", ":")).encode()
+
+
+def _payload_json(payload: Payload | None) -> list[str] | None:
+    if payload is None:
+        return None
+    return [payload.content_type, base64.b64encode(payload.data).decode()]
+
+
+def _payload_from(raw: list[str] | None) -> Payload | None:
+    return None if raw is None else Payload(raw[0], base64.b64decode(raw[1]))
+
+
+def _payload_req(raw: list[str]) -> Payload:
+    return Payload(raw[0], base64.b64decode(raw[1]))

@@ -1,0 +1,130 @@
+"""Read models handed to users: an instance's status and its history, as plain values
+that serialise to JSON for the CLI and the HTTP API."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from typing import Any
+
+from engine.codec import JSON, PayloadCodec
+from engine.errors import InvalidPayload
+from engine.records import HistoryRecord, Payload
+from engine.state import InstanceState
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Something an unfinished instance is waiting on."""
+
+    key: str
+    kind: str
+    state: str
+    attempt: int = 0
+    until: str | None = None
+    event: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceStatus:
+    instance_id: str
+    status: str
+    workflow: str
+    version: str
+    created_at: str
+    updated_at: str
+    waits: list[Wait] = field(default_factory=list)
+    buffered_events: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("completed", "failed", "cancelled")
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["waits"] = [{f.name: getattr(w, f.name) for f in fields(w)} for w in self.waits]
+        return out
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> InstanceStatus:
+        waits = [Wait(**w) for w in raw.get("waits", [])]
+        return cls(**{**raw, "waits": waits})
+
+    @classmethod
+    def of(cls, state: InstanceState) -> InstanceStatus:
+        waits = [
+            Wait(
+                key=e.key,
+                kind=e.kind.value,
+                state=e.state.value,
+                attempt=e.attempt,
+                until=None if e.fire_at_ms is None else _iso(e.fire_at_ms),
+                event=e.event_name,
+            )
+            for e in sorted(state.open_entries(), key=lambda e: e.seq)
+        ]
+        error = None
+        if state.error_type:
+            error = f"{state.error_type}: {state.error_message}"
+        elif state.cancel_reason:
+            error = f"cancelled: {state.cancel_reason}"
+        return cls(
+            instance_id=state.instance_id,
+            status=state.status.value,
+            workflow=state.workflow,
+            version=state.version,
+            created_at=_iso(state.created_ms),
+            updated_at=_iso(state.updated_ms),
+            waits=waits,
+            buffered_events=len(state.buffered),
+            error=error,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    seq: int
+    type: str
+    time: str
+    command_id: str
+    attributes: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> HistoryEntry:
+        return cls(**raw)
+
+    @classmethod
+    def of(cls, record: HistoryRecord, codec: PayloadCodec) -> HistoryEntry:
+        attributes: dict[str, Any] = {}
+        for f in fields(record):
+            if f.name in _ENVELOPE:
+                continue
+            attributes[f.name] = _plain(getattr(record, f.name), codec)
+        return cls(record.seq, record.type, _iso(record.time_ms), record.command_id, attributes)
+
+
+_ENVELOPE = frozenset(
+    {"instance_id", "seq", "time_ms", "command_id", "epoch", "traceparent", "tracestate"}
+)
+
+
+def _plain(value: Any, codec: PayloadCodec) -> Any:
+    if isinstance(value, Payload):
+        if value.content_type == JSON:
+            try:
+                return codec.decode(value)
+            except InvalidPayload:
+                pass
+        return {"content_type": value.content_type, "base64": base64.b64encode(value.data).decode()}
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return value

@@ -1,0 +1,133 @@
+"""The embedded engine: one process, one data directory, nothing else to install.
+
+Assembles the embedded backend's partitions, the partition host (processors, timers,
+step executor) and an in-process client transport, and registers ``embedded:PATH`` with
+``Client.connect``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from engine.serde import RecordSerde, default_serde
+
+from consumers.embedded.db import EmbeddedDB
+from consumers.embedded.partition import EmbeddedPartition
+from consumers.host import PartitionHost
+from consumers.partition import ProcessorConfig
+from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from engine.records import Command
+from engine.seams import Append, Clock, SystemClock
+from engine.topics import COMMANDS
+from engine.workflow import Registry
+from producers.client import Transport, register_transport
+from producers.publisher import LogTransport
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedConfig:
+    data_dir: str = "./.stepstream"
+    partitions: int | None = None
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    cache_size: int = 10_000
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> EmbeddedConfig:
+        env = os.environ
+        values: dict[str, Any] = {
+            "data_dir": env.get("STEPSTREAM_DATA", cls.data_dir),
+            "max_payload_bytes": int(
+                env.get("STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)
+            ),
+        }
+        if "STEPSTREAM_PARTITIONS" in env:
+            values["partitions"] = int(env["STEPSTREAM_PARTITIONS"])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+class EmbeddedEngine:
+    def __init__(
+        self,
+        db: EmbeddedDB,
+        host: PartitionHost,
+        serde: RecordSerde,
+        codec: PayloadCodec,
+        config: EmbeddedConfig,
+    ) -> None:
+        self.db = db
+        self.host = host
+        self._serde = serde
+        self._codec = codec
+        self._config = config
+        self.transport = self.make_transport()
+        self._closed = False
+
+    def make_transport(self, *, owns_engine: bool = False) -> LogTransport:
+        """An in-process transport; with ``owns_engine`` closing it closes the engine."""
+        return LogTransport(
+            self.publish,
+            self.host,
+            codec=self._codec,
+            max_payload_bytes=self._config.max_payload_bytes,
+            on_close=self.close if owns_engine else None,
+        )
+
+    async def publish(self, command: Command) -> None:
+        await self.db.log.append(
+            [Append(COMMANDS, command.instance_id.encode(), self._serde.encode(command))]
+        )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.host.close()
+        await self.db.close()
+
+
+async def open_embedded(
+    registry: Registry,
+    config: EmbeddedConfig | None = None,
+    *,
+    codec: PayloadCodec | None = None,
+    clock: Clock | None = None,
+) -> EmbeddedEngine:
+    config = config or EmbeddedConfig()
+    codec = codec or JsonCodec()
+    serde = default_serde()
+    db = await EmbeddedDB.open(config.data_dir, config.partitions)
+    host = PartitionHost(
+        registry,
+        partitions=db.partitions,
+        serde=serde,
+        codec=codec,
+        clock=clock or SystemClock(),
+        max_payload_bytes=config.max_payload_bytes,
+        config=ProcessorConfig(cache_size=config.cache_size),
+    )
+    try:
+        for partition in range(db.partitions):
+            await host.assign(EmbeddedPartition(db, partition))
+    except BaseException:
+        await host.close()
+        await db.close()
+        raise
+    return EmbeddedEngine(db, host, serde, codec, config)
+
+
+async def _connect(url: str, options: dict[str, Any]) -> Transport:
+    path = url.split(":", 1)[1] or EmbeddedConfig.data_dir
+    registry = Registry(options.pop("workflows", ()))
+    modules = options.pop("modules", None) or os.environ.get("STEPSTREAM_WORKFLOWS")
+    if modules:
+        registry.add_modules(modules)
+    codec = options.pop("codec", None)
+    config = EmbeddedConfig.from_env(data_dir=path, **options)
+    engine = await open_embedded(registry, config, codec=codec)
+    return engine.make_transport(owns_engine=True)
+
+
+register_transport("embedded", _connect)

@@ -1,0 +1,132 @@
+"""``Client``: start workflows, send events, control and query instances.
+
+One client API over several transports, chosen by the connect string:
+``embedded:PATH`` (in-process engine), ``http://HOST:PORT`` (a ``stepstream dev`` or API
+service) and ``kafka://HOST:PORT?prefix=P``. Transports register themselves by scheme, so
+this module depends on none of them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from engine.errors import StepstreamError
+from engine.views import HistoryEntry, InstanceStatus
+
+DEFAULT_CONNECT = "http://127.0.0.1:8233"
+
+
+class Transport(Protocol):
+    async def start(self, workflow: str, input: Any, instance_id: str) -> str: ...
+
+    async def send_event(self, instance_id: str, name: str, payload: Any) -> None: ...
+
+    async def cancel(self, instance_id: str, reason: str) -> None: ...
+
+    async def pause(self, instance_id: str) -> None: ...
+
+    async def resume(self, instance_id: str) -> None: ...
+
+    async def status(self, instance_id: str) -> InstanceStatus: ...
+
+    async def result(self, instance_id: str, timeout: float | None) -> Any: ...
+
+    async def history(self, instance_id: str) -> list[HistoryEntry]: ...
+
+    async def list(self, status: str | None) -> list[InstanceStatus]: ...
+
+    async def close(self) -> None: ...
+
+
+TransportFactory = Callable[[str, dict[str, Any]], Awaitable[Transport]]
+_TRANSPORTS: dict[str, TransportFactory] = {}
+
+
+def register_transport(scheme: str, factory: TransportFactory) -> None:
+    _TRANSPORTS[scheme] = factory
+
+
+class Client:
+    """Use ``await Client.connect(url)`` (or ``async with Client.connect(url) as c``)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+
+    @classmethod
+    def connect(cls, url: str = DEFAULT_CONNECT, **options: Any) -> _Connecting:
+        scheme = url.split(":", 1)[0]
+        factory = _TRANSPORTS.get(scheme)
+        if factory is None:
+            known = ", ".join(sorted(f"{s}:" for s in _TRANSPORTS)) or "none"
+            raise StepstreamError(
+                f"cannot connect to {url!r}: unknown scheme {scheme!r} (known: {known}); "
+                "use embedded:PATH, http://HOST:PORT or kafka://HOST:PORT?prefix=P"
+            )
+        return _Connecting(factory(url, options))
+
+    async def start(
+        self, workflow: str, input: Any = None, *, instance_id: str | None = None
+    ) -> str:
+        """Start an instance and return its id. Idempotent on ``instance_id``: starting an
+        id that exists returns it and leaves the existing instance as it is."""
+        return await self._transport.start(workflow, input, instance_id or str(uuid.uuid4()))
+
+    async def send_event(self, instance_id: str, name: str, payload: Any = None) -> None:
+        await self._transport.send_event(instance_id, name, payload)
+
+    async def cancel(self, instance_id: str, *, reason: str = "") -> None:
+        await self._transport.cancel(instance_id, reason)
+
+    async def pause(self, instance_id: str) -> None:
+        await self._transport.pause(instance_id)
+
+    async def resume(self, instance_id: str) -> None:
+        await self._transport.resume(instance_id)
+
+    async def status(self, instance_id: str) -> InstanceStatus:
+        return await self._transport.status(instance_id)
+
+    async def result(self, instance_id: str, *, timeout: float | None = 60.0) -> Any:
+        """The workflow's return value; raises ``WorkflowFailed`` or ``WorkflowCancelled``
+        if it did not complete, ``ResultTimeout`` if it is still running after
+        ``timeout`` seconds."""
+        return await self._transport.result(instance_id, timeout)
+
+    async def history(self, instance_id: str) -> list[HistoryEntry]:
+        return await self._transport.history(instance_id)
+
+    async def list(self, *, status: str | None = None) -> list[InstanceStatus]:
+        return await self._transport.list(status)
+
+    async def close(self) -> None:
+        await self._transport.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class _Connecting:
+    """Awaitable (``client = await Client.connect(...)``) and an async context manager."""
+
+    def __init__(self, pending: Awaitable[Transport]) -> None:
+        self._pending = pending
+        self._client: Client | None = None
+
+    def __await__(self) -> Any:
+        return self._open().__await__()
+
+    async def _open(self) -> Client:
+        self._client = Client(await self._pending)
+        return self._client
+
+    async def __aenter__(self) -> Client:
+        return await self._open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._client is not None:
+            await self._client.close()

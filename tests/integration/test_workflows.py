@@ -1,0 +1,270 @@
+"""The workflow API and instance lifecycle, end to end on each backend."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producers.client import Client
+from stepstream import (
+    InstanceFinished,
+    InvalidPayload,
+    PayloadTooLarge,
+    UnknownInstance,
+    UnknownWorkflow,
+    WorkflowCancelled,
+    WorkflowFailed,
+)
+from tests.workflows import ledger_count
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+async def run(client: Client, workflow: str, arg: Any, timeout: float = 20) -> Any:
+    instance = await client.start(workflow, arg, instance_id=new_id(workflow))
+    try:
+        return await client.result(instance, timeout=timeout)
+    except Exception:
+        history = await client.history(instance)
+        print(f"history of {instance}:", *[(h.seq, h.type, h.attributes) for h in history])
+        raise
+
+
+async def types_of(client: Client, instance: str) -> list[str]:
+    return [h.type for h in await client.history(instance)]
+
+
+async def test_sync_and_async_steps(client: Client) -> None:
+    assert await run(client, "arith", 4) == {"total": 5, "doubled": 10}
+
+
+async def test_many_sequential_steps(client: Client) -> None:
+    assert await run(client, "chain", 25) == 25
+
+
+async def test_retries_then_success(client: Client) -> None:
+    key = new_id("k")
+    result = await run(client, "retrying", {"key": key, "fail": 2, "max": 5})
+    assert result == "ok after 3"
+
+
+async def test_step_failed_is_catchable_after_last_attempt(client: Client) -> None:
+    key = new_id("k")
+    result = await run(client, "retrying", {"key": key, "fail": 10, "max": 3})
+    assert result == "compensated: 3 attempts, RuntimeError"
+
+
+async def test_non_retryable_fails_at_once(client: Client) -> None:
+    instance = await client.start("fatal", None, instance_id=new_id("fatal"))
+    with pytest.raises(WorkflowFailed, match="card declined"):
+        await client.result(instance, timeout=10)
+    attempts = [h for h in await client.history(instance) if h.type == "StepAttemptStarted"]
+    assert len(attempts) == 1
+
+
+async def test_step_timeout_counts_as_failed_attempt(client: Client) -> None:
+    instance = await client.start("timeout", 1.0, instance_id=new_id("timeout"))
+    with pytest.raises(WorkflowFailed, match="StepTimeout"):
+        await client.result(instance, timeout=10)
+    failures = [h for h in await client.history(instance) if h.type == "StepFailed"]
+    assert [f.attributes["error_type"] for f in failures] == ["StepTimeout", "StepTimeout"]
+
+
+async def test_sleep_is_durable_and_not_early(client: Client) -> None:
+    result = await run(client, "sleeper", 0.3)
+    assert result["slept"] >= 0.3
+
+
+async def test_sleep_until(client: Client) -> None:
+    assert await run(client, "sleep-until", 0.2) == "woke"
+
+
+async def test_wait_for_event_delivered(client: Client) -> None:
+    instance = await client.start("waiter", None, instance_id=new_id("wait"))
+    await wait_for_status(client, instance, lambda s: any(w.kind == "wait" for w in s.waits))
+    await client.send_event(instance, "approval", {"by": "ada"})
+    assert await client.result(instance, timeout=10) == {"by": "ada"}
+
+
+async def test_wait_for_event_times_out(client: Client) -> None:
+    assert await run(client, "waiter", 0.2) == "timed out"
+
+
+async def test_events_sent_early_are_buffered_in_order(client: Client) -> None:
+    instance = new_id("two")
+    await client.start("two-events", None, instance_id=instance)
+    # Both events may arrive before either wait; each wait claims one, in arrival order.
+    await client.send_event(instance, "item", 1)
+    await client.send_event(instance, "item", 2)
+    assert await client.result(instance, timeout=10) == [1, 2]
+
+
+async def test_event_for_other_name_stays_buffered(client: Client) -> None:
+    instance = await client.start("waiter", None, instance_id=new_id("wait"))
+    await client.send_event(instance, "unrelated", 1)
+    await client.send_event(instance, "approval", 2)
+    assert await client.result(instance, timeout=10) == 2
+    status = await client.status(instance)
+    assert status.buffered_events == 1
+
+
+async def test_parallel_steps_with_gather(client: Client) -> None:
+    assert await run(client, "parallel", 8) == [100 + i for i in range(8)]
+
+
+async def test_now_uuid_random_recorded(client: Client) -> None:
+    instance = await client.start("values", None, instance_id=new_id("values"))
+    result = await client.result(instance, timeout=10)
+    recorded = {
+        h.attributes["kind"]: h.attributes["value"]
+        for h in await client.history(instance)
+        if h.type == "ValueRecorded"
+    }
+    assert recorded["uuid"] == result["uuid"]
+    assert recorded["random"] == result["random"]
+
+
+async def test_name_reuse_is_history_diverged(client: Client) -> None:
+    instance = await client.start("reuse", None, instance_id=new_id("reuse"))
+    with pytest.raises(WorkflowFailed, match=r"HistoryDiverged.*'same'"):
+        await client.result(instance, timeout=10)
+
+
+async def test_unencodable_step_result_fails_step_with_message(client: Client) -> None:
+    instance = await client.start("bad-result", None, instance_id=new_id("bad"))
+    with pytest.raises(WorkflowFailed, match="not JSON-encodable"):
+        await client.result(instance, timeout=10)
+
+
+async def test_workflow_exception_fails_instance(client: Client) -> None:
+    instance = await client.start("boom", None, instance_id=new_id("boom"))
+    with pytest.raises(WorkflowFailed, match="ValueError: workflow code raised"):
+        await client.result(instance, timeout=10)
+    assert (await client.status(instance)).status == "failed"
+
+
+async def test_start_is_idempotent_on_instance_id(client: Client) -> None:
+    instance = new_id("idem")
+    assert await client.start("arith", 1, instance_id=instance) == instance
+    assert await client.start("arith", 100, instance_id=instance) == instance
+    assert await client.result(instance, timeout=10) == {"total": 2, "doubled": 4}
+    assert (await types_of(client, instance)).count("WorkflowStarted") == 1
+
+
+async def test_cancel_with_reason(client: Client) -> None:
+    instance = await client.start("waiter", None, instance_id=new_id("cancel"))
+    await client.cancel(instance, reason="customer changed their mind")
+    with pytest.raises(WorkflowCancelled, match="customer changed their mind"):
+        await client.result(instance, timeout=10)
+    status = await client.status(instance)
+    assert status.status == "cancelled"
+
+
+async def test_pause_and_resume(client: Client, ledger: Path) -> None:
+    name = new_id("gate")
+    instance = await client.start("gated", name, instance_id=name)
+    await wait_for_status(client, instance, lambda s: any(w.kind == "wait" for w in s.waits))
+    await client.pause(instance)
+    assert (await client.status(instance)).status == "paused"
+    await client.send_event(instance, "go", "green")
+    await asyncio.sleep(0.2)
+    # The event is recorded while paused, but the code does not move on.
+    assert ledger_count(ledger, f"{name}-after") == 0
+    assert (await client.status(instance)).status == "paused"
+    await client.resume(instance)
+    assert await client.result(instance, timeout=10) == [f"{name}-before", "green", f"{name}-after"]
+    assert ledger_count(ledger, f"{name}-before") == 1
+
+
+async def test_commands_for_finished_instance_are_rejected(client: Client) -> None:
+    instance = await client.start("arith", 1, instance_id=new_id("done"))
+    await client.result(instance, timeout=10)
+    for action in (
+        client.cancel(instance),
+        client.pause(instance),
+        client.resume(instance),
+        client.send_event(instance, "late", 1),
+    ):
+        with pytest.raises(InstanceFinished, match="already completed"):
+            await action
+    assert (await client.status(instance)).status == "completed"
+
+
+async def test_status_lifecycle_fields(client: Client) -> None:
+    instance = await client.start("waiter", None, instance_id=new_id("st"))
+    status = await client.status(instance)
+    assert status.status == "running"
+    assert status.workflow == "waiter" and status.version == "1"
+    assert status.created_at and status.updated_at
+    assert [w.event for w in status.waits] == ["approval"]
+    listed = await client.list(status="running")
+    assert instance in [s.instance_id for s in listed]
+
+
+async def test_history_records_are_ordered(client: Client) -> None:
+    instance = await client.start("arith", 2, instance_id=new_id("hist"))
+    await client.result(instance, timeout=10)
+    history = await client.history(instance)
+    assert [h.seq for h in history] == list(range(1, len(history) + 1))
+    assert [h.type for h in history] == [
+        "WorkflowStarted",
+        "StepAttemptStarted",
+        "StepSucceeded",
+        "StepAttemptStarted",
+        "StepSucceeded",
+        "WorkflowCompleted",
+    ]
+
+
+# ---- bad input ------------------------------------------------------------------------
+
+
+async def test_unknown_workflow_rejected(client: Client) -> None:
+    with pytest.raises(UnknownWorkflow, match="nope"):
+        await client.start("nope", {})
+    assert await client.list() == []
+
+
+async def test_unencodable_input_rejected(client: Client) -> None:
+    with pytest.raises(InvalidPayload, match="not JSON-encodable"):
+        await client.start("arith", {"x": object()})
+    assert await client.list() == []
+
+
+async def test_oversized_payload_rejected(client: Client) -> None:
+    with pytest.raises(PayloadTooLarge, match="over the limit"):
+        await client.start("arith", "x" * (1024 * 1024 + 1))
+    instance = await client.start("waiter", None, instance_id=new_id("big"))
+    with pytest.raises(PayloadTooLarge):
+        await client.send_event(instance, "approval", "x" * (1024 * 1024 + 1))
+    assert (await client.status(instance)).status == "running"
+
+
+async def test_commands_for_unknown_instance_rejected(client: Client) -> None:
+    for action in (
+        client.send_event("ghost", "approval", 1),
+        client.cancel("ghost"),
+        client.status("ghost"),
+        client.history("ghost"),
+    ):
+        with pytest.raises(UnknownInstance, match="ghost"):
+            await action
+
+
+async def wait_for_status(
+    client: Client, instance: str, predicate: Any, timeout: float = 10
+) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        status = await client.status(instance)
+        if predicate(status):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"{instance} never reached the expected state: {status}")
+        await asyncio.sleep(0.02)

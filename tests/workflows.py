@@ -1,0 +1,208 @@
+"""Workflows used by the test suite (importable by worker subprocesses too).
+
+Side effects of step bodies are counted in files under $STEPSTREAM_TEST_LEDGER, so a test
+in another process can see how many times a body really ran."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from stepstream import (
+    Context,
+    EventTimeout,
+    NonRetryableError,
+    RetryPolicy,
+    StepFailed,
+    workflow,
+)
+
+
+def ledger(name: str) -> None:
+    root = os.environ.get("STEPSTREAM_TEST_LEDGER")
+    if root:
+        with open(Path(root) / name, "a") as f:
+            f.write("x\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def ledger_count(root: Path, name: str) -> int:
+    path = root / name
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+async def async_double(x: int) -> int:
+    await asyncio.sleep(0)
+    return x * 2
+
+
+@workflow("arith")
+async def arith(ctx: Context, n: int) -> dict[str, int]:
+    total = await ctx.step("add", add, n, 1)
+    doubled = await ctx.step("double", async_double, total)
+    return {"total": total, "doubled": doubled}
+
+
+@workflow("chain")
+async def chain(ctx: Context, n: int) -> int:
+    value = 0
+    for i in range(n):
+        value = await ctx.step(f"s{i}", add, value, 1)
+    return value
+
+
+_flaky_calls: dict[str, int] = {}
+
+
+def flaky(key: str, fail_times: int) -> str:
+    _flaky_calls[key] = _flaky_calls.get(key, 0) + 1
+    ledger(f"flaky-{key}")
+    if _flaky_calls[key] <= fail_times:
+        raise RuntimeError(f"transient failure {_flaky_calls[key]}")
+    return f"ok after {_flaky_calls[key]}"
+
+
+@workflow("retrying")
+async def retrying(ctx: Context, args: dict[str, Any]) -> str:
+    policy = RetryPolicy(max_attempts=args["max"], initial_interval=0.01, backoff=2.0)
+    try:
+        return await ctx.step("flaky", flaky, args["key"], args["fail"], retry=policy)
+    except StepFailed as exc:
+        # compensation path: the workflow handles the failure
+        return f"compensated: {exc.attempts} attempts, {exc.error_type}"
+
+
+def fatal() -> None:
+    raise NonRetryableError("card declined")
+
+
+@workflow("fatal")
+async def fatal_wf(ctx: Context, _: Any) -> None:
+    await ctx.step("charge", fatal, retry=RetryPolicy(max_attempts=5, initial_interval=0.01))
+
+
+def slow(seconds: float) -> str:
+    time.sleep(seconds)
+    return "done"
+
+
+@workflow("timeout")
+async def timeout_wf(ctx: Context, seconds: float) -> str:
+    return await ctx.step(
+        "slow", slow, seconds, timeout=0.05, retry=RetryPolicy(max_attempts=2, initial_interval=0)
+    )
+
+
+@workflow("sleeper")
+async def sleeper(ctx: Context, seconds: float) -> dict[str, float]:
+    before = ctx.now()
+    await ctx.sleep("nap", timedelta(seconds=seconds))
+    after = ctx.now()
+    return {"slept": (after - before).total_seconds()}
+
+
+@workflow("sleep-until")
+async def sleep_until_wf(ctx: Context, seconds: float) -> str:
+    target = ctx.now() + timedelta(seconds=seconds)
+    await ctx.sleep_until("until", target)
+    return "woke" if ctx.now() >= target else "early"
+
+
+@workflow("waiter")
+async def waiter(ctx: Context, timeout: float | None) -> Any:
+    try:
+        return await ctx.wait_for_event("approval", timeout=timeout)
+    except EventTimeout:
+        return "timed out"
+
+
+@workflow("two-events")
+async def two_events(ctx: Context, _: Any) -> list[Any]:
+    first = await ctx.wait_for_event("item", key="item-1")
+    second = await ctx.wait_for_event("item", key="item-2")
+    return [first, second]
+
+
+@workflow("parallel")
+async def parallel(ctx: Context, n: int) -> list[int]:
+    return list(await asyncio.gather(*(ctx.step(f"p{i}", add, i, 100) for i in range(n))))
+
+
+@workflow("values")
+async def values(ctx: Context, _: Any) -> dict[str, Any]:
+    now = ctx.now()
+    ident = ctx.uuid()
+    rnd = ctx.random()
+    await ctx.sleep("tick", 0.01)
+    return {"now": now.isoformat(), "uuid": str(ident), "random": rnd}
+
+
+@workflow("reuse")
+async def reuse(ctx: Context, _: Any) -> None:
+    await ctx.step("same", add, 1, 2)
+    await ctx.step("same", add, 1, 2)
+
+
+class Unencodable:
+    pass
+
+
+def bad_result() -> Unencodable:
+    return Unencodable()
+
+
+@workflow("bad-result")
+async def bad_result_wf(ctx: Context, _: Any) -> Any:
+    return await ctx.step("bad", bad_result)
+
+
+@workflow("boom")
+async def boom(ctx: Context, _: Any) -> None:
+    await ctx.step("ok", add, 1, 1)
+    raise ValueError("workflow code raised")
+
+
+def record_body(name: str) -> str:
+    ledger(name)
+    return name
+
+
+@workflow("gated")
+async def gated(ctx: Context, name: str) -> list[str]:
+    """Steps around a wait: used by pause/resume and crash tests."""
+    a = await ctx.step("before", record_body, f"{name}-before")
+    event = await ctx.wait_for_event("go")
+    b = await ctx.step("after", record_body, f"{name}-after")
+    return [a, str(event), b]
+
+
+def crash_window(name: str, seconds: float) -> str:
+    ledger(f"{name}-started")
+    time.sleep(seconds)
+    ledger(f"{name}-finished")
+    return name
+
+
+@workflow("long-step")
+async def long_step(ctx: Context, args: dict[str, Any]) -> str:
+    """A step that takes long enough to be killed in the middle of."""
+    policy = RetryPolicy(max_attempts=args.get("max", 3), initial_interval=0.01)
+    result: str = await ctx.step("long", crash_window, args["name"], args["seconds"], retry=policy)
+    await ctx.step("tail", record_body, f"{args['name']}-tail")
+    return result
+
+
+@workflow("nap-then-step")
+async def nap_then_step(ctx: Context, args: dict[str, Any]) -> str:
+    await ctx.step("first", record_body, f"{args['name']}-first")
+    await ctx.sleep("nap", args["seconds"])
+    return await ctx.step("second", record_body, f"{args['name']}-second")
