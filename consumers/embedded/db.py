@@ -173,6 +173,7 @@ class EmbeddedDB:
         If the awaiting task is cancelled before the writer takes the write, it is not
         written; once taken, it is written whether or not anyone still waits."""
         self._check_writable()
+        _check_write(appends, puts, deletes, self.partitions)
         done: asyncio.Future[list[tuple[int, int]]] = asyncio.get_running_loop().create_future()
         self._queue.append(_Queued(_Write(appends, puts, deletes), done))
         self._wakeup.set()
@@ -226,21 +227,11 @@ class EmbeddedDB:
         with contextlib.suppress(asyncio.CancelledError):
             await self._writer
         self.log.close()
-        await asyncio.to_thread(self._release)
+        rocks, self._rocks = self._rocks, None
+        # Closing flushes memtables, which can take a while: off the event loop.
+        await asyncio.to_thread(_release, rocks, self._wal, self._lock_fd)
         self._executor.shutdown(wait=True)
         log.info("embedded data directory closed path=%s", self.path)
-
-    def _release(self) -> None:
-        rocks, self._rocks = self._rocks, None
-        if self._wal is not None:
-            self._wal.close()
-        if rocks is not None:
-            rocks.handles.clear()
-            for cf in rocks.cfs.values():
-                cf.close()
-            rocks.cfs.clear()
-            rocks.db.close()
-        _unlock(self._lock_fd)
 
     def _cf(self, name: str) -> Any:
         if self._rocks is None:
@@ -266,20 +257,9 @@ class EmbeddedDB:
             self._queue = []
             if not taken:
                 continue
-            assert self._rocks is not None
-            batch = WriteBatch(raw_mode=True)
-            log_cf = self._rocks.handles[keys.LOG_CF]
-            state_cf = self._rocks.handles[keys.STATE_CF]
             staged: dict[tuple[str, int], int] = {}
-            positions = []
-            for queued in taken:
-                write = queued.write
-                positions.append(self.log.stage(batch, log_cf, write.appends, staged))
-                for key in write.deletes:
-                    batch.delete(key, state_cf)
-                for key, value in write.puts:
-                    batch.put(key, value, state_cf)
             try:
+                batch, positions = self._stage(taken, staged)
                 await loop.run_in_executor(self._executor, self._write_durably, batch)
             except Exception as exc:
                 self._fail(exc, taken)
@@ -290,6 +270,24 @@ class EmbeddedDB:
             for queued, written in zip(taken, positions, strict=True):
                 if not queued.done.done():
                     queued.done.set_result(written)
+
+    def _stage(
+        self, taken: list[_Queued], staged: dict[tuple[str, int], int]
+    ) -> tuple[Any, list[list[tuple[int, int]]]]:
+        """Merge the taken writes, in queue order, into one WriteBatch."""
+        assert self._rocks is not None
+        batch = WriteBatch(raw_mode=True)
+        log_cf = self._rocks.handles[keys.LOG_CF]
+        state_cf = self._rocks.handles[keys.STATE_CF]
+        positions = []
+        for queued in taken:
+            write = queued.write
+            positions.append(self.log.stage(batch, log_cf, write.appends, staged))
+            for key in write.deletes:
+                batch.delete(key, state_cf)
+            for key, value in write.puts:
+                batch.put(key, value, state_cf)
+        return batch, positions
 
     def _write_durably(self, batch: Any) -> None:
         """Runs on the writer thread."""
@@ -311,6 +309,30 @@ class EmbeddedDB:
         self._queue = []
 
 
+def _check_write(
+    appends: Sequence[Append],
+    puts: Sequence[tuple[bytes, bytes]],
+    deletes: Sequence[bytes],
+    partitions: int,
+) -> None:
+    """Reject a malformed write in its caller, before it can share a batch with others."""
+    for append in appends:
+        keys.kind_code(append.kind)
+        if append.partition is None or not 0 <= append.partition < partitions:
+            raise ValueError(
+                f"append to partition {append.partition} of {partitions}: resolve appends "
+                "with EmbeddedLog.resolve first"
+            )
+        if type(append.key) is not bytes or type(append.value) is not bytes:
+            raise TypeError(f"record key and value must be bytes: {append!r}")
+    for key, value in puts:
+        if type(key) is not bytes or type(value) is not bytes:
+            raise TypeError(f"state key and value must be bytes: {key!r}={value!r}")
+    for key in deletes:
+        if type(key) is not bytes:
+            raise TypeError(f"state key must be bytes: {key!r}")
+
+
 def _open_sync(
     data_dir: str, partitions: int | None, durability: Durability
 ) -> tuple[_Handles, int, int, int, WalSync | None]:
@@ -325,13 +347,21 @@ def _open_sync(
             wal = WalSync(os.path.join(data_dir, ROCKSDB_DIR))
         return rocks, lock_fd, count, epoch, wal
     except BaseException:
-        if rocks is not None:
-            rocks.handles.clear()
-            for cf in rocks.cfs.values():
-                cf.close()
-            rocks.db.close()
-        _unlock(lock_fd)
+        _release(rocks, None, lock_fd)
         raise
+
+
+def _release(rocks: _Handles | None, wal: WalSync | None, lock_fd: int) -> None:
+    """Close RocksDB (every handle that keeps it open), then give up the directory."""
+    if wal is not None:
+        wal.close()
+    if rocks is not None:
+        rocks.handles.clear()
+        for cf in rocks.cfs.values():
+            cf.close()
+        rocks.cfs.clear()
+        rocks.db.close()
+    _unlock(lock_fd)
 
 
 def _in_use(data_dir: str, holder: str = "") -> DataDirInUse:

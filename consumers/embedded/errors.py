@@ -8,8 +8,6 @@ from engine.errors import StepstreamError
 class DataDirInUse(StepstreamError):
     """Another stepstream process (or another open in this one) owns the data directory."""
 
-    retriable = True
-
 
 class PartitionCountMismatch(StepstreamError):
     """The data directory was created with a different number of partitions."""

@@ -37,7 +37,6 @@ _STATE_OFFSET = b"o"
 _PARTITION = struct.Struct(">I")
 _OFFSET = struct.Struct(">Q")
 _LOG_KEY = struct.Struct(">BIQ")
-LOG_KEY_SIZE = _LOG_KEY.size
 
 
 def kind_code(kind: str) -> int:

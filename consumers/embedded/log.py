@@ -32,6 +32,7 @@ class EmbeddedLog:
         self.partitions = db.partitions
         self._ends: dict[_TopicPartition, int] = {}
         self._grown: dict[_TopicPartition, asyncio.Event] = {}
+        self._closed = False
         for kind in keys.KIND_CODES:
             for partition in range(self.partitions):
                 last = db.last(keys.LOG_CF, keys.log_partition_prefix(kind, partition))
@@ -86,7 +87,7 @@ class EmbeddedLog:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self._ends.get(topic_partition, 0) <= offset:
-            if self._db.closed:
+            if self._closed:
                 return False
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -137,6 +138,7 @@ class EmbeddedLog:
 
     def close(self) -> None:
         """Wake every waiting reader (they return False: nothing more will arrive)."""
+        self._closed = True
         for grown in self._grown.values():
             grown.set()
         self._grown.clear()

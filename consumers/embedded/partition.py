@@ -85,6 +85,8 @@ class EmbeddedPartition:
     async def commit(self, batch: CommitBatch) -> None:
         """Make ``batch`` durable as one atomic write: its appends (at offsets the writer
         assigns), its state changes and its consumed offsets, or none of them."""
+        if not batch:
+            return
         log = self._db.log
         appends = [log.resolve(append) for append in batch.appends]
         puts = [(self._user_prefix + key, value) for key, value in batch.puts.items()]

@@ -1,0 +1,239 @@
+"""The HTTP API: the JSON face of a ``Transport`` (``stepstream dev``, the API service).
+
+Every route maps onto one transport call; this module owns only the HTTP side of it:
+request validation, status codes and the error body
+``{"error": {"type": "<ClassName>", "message": ...}}`` (see ``producers.http`` for the
+wire form both sides share). Request bodies are parsed as JSON and nothing else.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from engine.codec import parse_json_text
+from engine.errors import (
+    InstanceFinished,
+    InvalidPayload,
+    PayloadTooLarge,
+    ResultTimeout,
+    StepstreamError,
+    UnknownInstance,
+    UnknownWorkflow,
+    WorkflowCancelled,
+    WorkflowFailed,
+)
+from engine.state import Status
+from producers.client import Transport
+from producers.http import error_to_wire, wire_error_class
+
+log = logging.getLogger("stepstream.api")
+
+DEFAULT_MAX_BODY_BYTES = 2 * 1024 * 1024
+
+_STATUS_CODES: dict[type[StepstreamError], int] = {
+    InvalidPayload: 400,
+    UnknownInstance: 404,
+    UnknownWorkflow: 404,
+    InstanceFinished: 409,
+    PayloadTooLarge: 413,
+    WorkflowFailed: 422,
+    WorkflowCancelled: 422,
+    ResultTimeout: 408,
+}
+_STATUSES = tuple(s.value for s in Status)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def make_app(
+    transport: Transport,
+    *,
+    registry_names: Callable[[], dict[str, list[str]]] | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> web.Application:
+    """The API over ``transport``. ``registry_names`` answers ``GET /v1/workflows``."""
+    api = _Api(transport, registry_names, max_body_bytes)
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[api.errors])
+    app.router.add_get("/healthz", api.healthz)
+    app.router.add_get("/v1/workflows", api.workflows)
+    app.router.add_post("/v1/instances", api.start)
+    app.router.add_get("/v1/instances", api.list)
+    app.router.add_get("/v1/instances/{id}", api.status)
+    app.router.add_get("/v1/instances/{id}/history", api.history)
+    app.router.add_get("/v1/instances/{id}/result", api.result)
+    app.router.add_post("/v1/instances/{id}/events", api.send_event)
+    app.router.add_post("/v1/instances/{id}/cancel", api.cancel)
+    app.router.add_post("/v1/instances/{id}/pause", api.pause)
+    app.router.add_post("/v1/instances/{id}/resume", api.resume)
+    return app
+
+
+class _Api:
+    def __init__(
+        self,
+        transport: Transport,
+        registry_names: Callable[[], dict[str, list[str]]] | None,
+        max_body_bytes: int,
+    ) -> None:
+        self._transport = transport
+        self._registry_names = registry_names
+        self._max_body_bytes = max_body_bytes
+
+    @web.middleware
+    async def errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except StepstreamError as exc:
+            return _error_response(exc)
+        except web.HTTPRequestEntityTooLarge:
+            return _error_response(
+                PayloadTooLarge(
+                    f"request body is over the limit of {self._max_body_bytes} bytes; "
+                    "store large data elsewhere and pass a reference"
+                )
+            )
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            message = f"{request.method} {request.path}: {exc.reason}"
+            if exc.status == 404:
+                message += "; the API serves /healthz, /v1/workflows and /v1/instances"
+            body = {
+                "error": {"type": exc.__class__.__name__.removeprefix("HTTP"), "message": message}
+            }
+            return web.json_response(body, status=exc.status)
+        except Exception:
+            log.exception("request failed method=%s path=%s", request.method, request.path)
+            body = {
+                "error": {
+                    "type": "InternalError",
+                    "message": f"internal error while serving {request.method} {request.path}; "
+                    "the traceback is in the server log",
+                }
+            }
+            return web.json_response(body, status=500)
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def workflows(self, request: web.Request) -> web.Response:
+        names = self._registry_names() if self._registry_names is not None else {}
+        return web.json_response({"workflows": names})
+
+    async def start(self, request: web.Request) -> web.Response:
+        body = await _body(request, required=("workflow",), optional=("input", "instance_id"))
+        workflow = _string(body, "workflow")
+        instance_id = _string(body, "instance_id") if body.get("instance_id") is not None else ""
+        started = await self._transport.start(
+            workflow, body.get("input"), instance_id or str(uuid.uuid4())
+        )
+        return web.json_response({"instance_id": started}, status=201)
+
+    async def send_event(self, request: web.Request) -> web.Response:
+        body = await _body(request, required=("name",), optional=("payload",))
+        await self._transport.send_event(
+            _instance_id(request), _string(body, "name"), body.get("payload")
+        )
+        return _accepted()
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        body = await _body(request, optional=("reason",))
+        reason = _string(body, "reason", allow_empty=True) if "reason" in body else ""
+        await self._transport.cancel(_instance_id(request), reason)
+        return _accepted()
+
+    async def pause(self, request: web.Request) -> web.Response:
+        await _body(request)
+        await self._transport.pause(_instance_id(request))
+        return _accepted()
+
+    async def resume(self, request: web.Request) -> web.Response:
+        await _body(request)
+        await self._transport.resume(_instance_id(request))
+        return _accepted()
+
+    async def status(self, request: web.Request) -> web.Response:
+        status = await self._transport.status(_instance_id(request))
+        return web.json_response(status.to_json())
+
+    async def history(self, request: web.Request) -> web.Response:
+        entries = await self._transport.history(_instance_id(request))
+        return web.json_response({"history": [e.to_json() for e in entries]})
+
+    async def list(self, request: web.Request) -> web.Response:
+        status = request.query.get("status")
+        if status is not None and status not in _STATUSES:
+            raise InvalidPayload(f"unknown status {status!r}; use one of {', '.join(_STATUSES)}")
+        instances = await self._transport.list(status)
+        return web.json_response({"instances": [i.to_json() for i in instances]})
+
+    async def result(self, request: web.Request) -> web.Response:
+        # Waits here, woken by the engine when the instance finishes: one long request.
+        value = await self._transport.result(_instance_id(request), _timeout(request))
+        return web.json_response({"status": "completed", "result": value})
+
+
+def _error_response(exc: StepstreamError) -> web.Response:
+    cls = wire_error_class(exc)
+    code = next((_STATUS_CODES[c] for c in cls.__mro__ if c in _STATUS_CODES), 400)
+    return web.json_response(error_to_wire(exc), status=code)
+
+
+def _accepted() -> web.Response:
+    return web.json_response({"ok": True}, status=202)
+
+
+def _instance_id(request: web.Request) -> str:
+    return request.match_info["id"]
+
+
+def _timeout(request: web.Request) -> float | None:
+    raw = request.query.get("timeout")
+    if raw is None or raw == "":
+        return None
+    try:
+        timeout = float(raw)
+    except ValueError:
+        timeout = math.nan
+    if not math.isfinite(timeout) or timeout < 0:
+        raise InvalidPayload(f"timeout={raw!r} is not a number of seconds >= 0")
+    return timeout
+
+
+async def _body(
+    request: web.Request, *, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The request's JSON object, with exactly the fields a route knows about."""
+    raw = await request.read()
+    if not raw.strip():
+        body: Any = {}
+    else:
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InvalidPayload("request body is not valid JSON: it is not UTF-8 text") from None
+        body = parse_json_text(text, what="request body")
+    if not isinstance(body, dict):
+        raise InvalidPayload(f"request body must be a JSON object, not {type(body).__name__}")
+    missing = [name for name in required if name not in body]
+    unknown = sorted(body.keys() - {*required, *optional})
+    if missing or unknown:
+        known = ", ".join((*required, *optional)) or "none"
+        problems = [f"missing {', '.join(missing)}"] if missing else []
+        problems += [f"unknown {', '.join(unknown)}"] if unknown else []
+        raise InvalidPayload(f"request body fields: {'; '.join(problems)} (fields: {known})")
+    return body
+
+
+def _string(body: dict[str, Any], name: str, *, allow_empty: bool = False) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or (not value and not allow_empty):
+        kind = "a string" if allow_empty else "a non-empty string"
+        raise InvalidPayload(f"field {name!r} must be {kind}, got {value!r}")
+    return value

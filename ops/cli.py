@@ -1,0 +1,582 @@
+"""The ``stepstream`` command line.
+
+``run`` runs one workflow to completion on a throwaway embedded engine, ``dev`` serves
+the embedded engine and its HTTP API, and the instance commands (``start``, ``send``,
+``cancel``, ``pause``, ``resume``, ``status``, ``history``, ``list``) drive any engine
+``Client.connect`` can reach. Exit codes: 0 done, 1 stepstream refused or failed (the
+message is on stderr), 2 the command line itself is wrong and nothing was sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+import producers.http  # registers http:// and https:// with Client.connect
+from engine.codec import parse_json_text
+from engine.errors import InvalidPayload, StepstreamError
+from engine.state import Status
+from engine.views import InstanceStatus, Wait
+from engine.workflow import Registry, WorkflowDefinition, definition_of
+from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
+from ops.timeline import render_timeline
+from producers.client import DEFAULT_CONNECT, Client
+
+log = logging.getLogger("stepstream.cli")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# Transports that live outside producers.http and are imported only when asked for:
+# the embedded one opens RocksDB, which a client talking HTTP never needs.
+_TRANSPORT_MODULES = {"embedded": "ops.embedded"}
+
+
+class _UsageError(Exception):
+    """Something on the command line is wrong; nothing was sent (exit 2)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    default_level = "INFO" if args.command == "dev" else "WARNING"
+    level = (args.log_level or os.environ.get("STEPSTREAM_LOG_LEVEL") or default_level).upper()
+    if level not in _LOG_LEVELS:
+        print(f"error: log level {level!r} is not one of {', '.join(_LOG_LEVELS)}", file=sys.stderr)
+        return EXIT_USAGE
+    _configure_logging(level)
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except _UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except StepstreamError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---- run ------------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace) -> int:
+    value = _json_flag(args.input, "--input")
+    definition = _load_workflow(args.target)
+    return asyncio.run(_run_once(definition, value, args))
+
+
+async def _run_once(definition: WorkflowDefinition, value: Any, args: argparse.Namespace) -> int:
+    from ops.embedded import EmbeddedConfig, open_embedded
+
+    with _data_dir(args.data) as data_dir:
+        # A throwaway directory holds one instance: one partition opens fastest.
+        config = EmbeddedConfig.from_env(
+            data_dir=data_dir, partitions=1 if args.data is None else None
+        )
+        engine = await open_embedded(Registry([definition]), config)
+        try:
+            client = Client(engine.transport)
+            instance_id = await client.start(definition.name, value)
+            error: StepstreamError | None = None
+            result: Any = None
+            try:
+                result = await client.result(instance_id, timeout=args.timeout)
+            except StepstreamError as exc:
+                error = exc
+            status = await client.status(instance_id)
+            history = await client.history(instance_id)
+        finally:
+            await engine.close()
+
+    if args.json:
+        out: dict[str, Any] = {
+            "instance_id": instance_id,
+            "workflow": status.workflow,
+            "version": status.version,
+            "status": status.status,
+        }
+        if error is None:
+            out["result"] = result
+        else:
+            out.update(producers.http.error_to_wire(error))
+        out["history"] = [entry.to_json() for entry in history]
+        _print_json(out)
+    else:
+        pairs = [
+            ("instance", instance_id),
+            ("workflow", f"{status.workflow} v{status.version}"),
+            ("status", status.status),
+        ]
+        if error is None:
+            pairs.append(("result", _compact(result)))
+        print(_key_values(pairs))
+        print()
+        print(render_timeline(history))
+    if error is not None:
+        raise error
+    return EXIT_OK
+
+
+def _load_workflow(target: str) -> WorkflowDefinition:
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise _UsageError(f"expected MODULE:FUNC (e.g. examples.order:order), got {target!r}")
+    _put_cwd_on_path()
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise StepstreamError(
+            f"cannot import {module_name!r}: {exc}; check the name and that it is on PYTHONPATH"
+        ) from None
+    found = getattr(module, attribute, None)
+    definition = definition_of(found)
+    if definition is None:
+        what = "has no attribute" if found is None else "has no @workflow function"
+        raise StepstreamError(f"module {module_name!r} {what} {attribute!r}")
+    return definition
+
+
+@contextmanager
+def _data_dir(given: str | None) -> Iterator[str]:
+    if given is not None:
+        yield given
+        return
+    with tempfile.TemporaryDirectory(prefix="stepstream-run-") as temporary:
+        yield temporary
+
+
+# ---- dev ------------------------------------------------------------------------------
+
+
+def _dev(args: argparse.Namespace) -> int:
+    _put_cwd_on_path()
+    registry = Registry()
+    registry.add_modules(args.workflows)
+    return asyncio.run(_serve(registry, args))
+
+
+async def _serve(registry: Registry, args: argparse.Namespace) -> int:
+    from ops.embedded import EmbeddedConfig, open_embedded
+
+    config = EmbeddedConfig.from_env(data_dir=args.data, partitions=args.partitions)
+    sock = _listen(args.host, args.port)
+    engine = await open_embedded(registry, config)
+    try:
+        app = make_app(
+            engine.transport,
+            registry_names=engine.host.registry.names,
+            # Leave room above the payload limit so an oversized payload gets the
+            # engine's precise message rather than a bare body-size refusal.
+            max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * config.max_payload_bytes),
+        )
+        # A result request whose client went away must stop waiting.
+        runner = web.AppRunner(app, handler_cancellation=True)
+        await runner.setup()
+        try:
+            await web.SockSite(runner, sock).start()
+            host, port = sock.getsockname()[:2]
+            url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+            workflows = ", ".join(
+                f"{name} v{'/'.join(versions)}" for name, versions in registry.names().items()
+            )
+            print(
+                f"stepstream dev listening on {url} (data {config.data_dir}, "
+                f"{engine.host.partitions} partitions, workflows: {workflows})",
+                flush=True,
+            )
+            await _until_signalled()
+            log.info("shutting down url=%s", url)
+        finally:
+            await runner.cleanup()
+    finally:
+        sock.close()
+        await engine.close()
+    return EXIT_OK
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise StepstreamError(f"cannot listen on {host}:{port}: {exc}; check --host") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise StepstreamError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; pass another --port "
+            "or stop what is using it"
+        ) from None
+    return sock
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+# ---- commands on a running engine ------------------------------------------------------
+
+
+def _with_client(args: argparse.Namespace, command: Callable[[Client], Awaitable[int]]) -> int:
+    module = _TRANSPORT_MODULES.get(args.connect.split(":", 1)[0])
+    if module is not None:
+        importlib.import_module(module)
+
+    async def go() -> int:
+        async with Client.connect(args.connect) as client:
+            return await command(client)
+
+    return asyncio.run(go())
+
+
+def _start(args: argparse.Namespace) -> int:
+    value = _json_flag(args.input, "--input")
+
+    async def command(client: Client) -> int:
+        instance_id = await client.start(args.workflow, value, instance_id=args.id)
+        if not args.wait:
+            _output(args, {"instance_id": instance_id}, instance_id)
+            return EXIT_OK
+        result = await client.result(instance_id, timeout=args.timeout)
+        out = {"instance_id": instance_id, "status": "completed", "result": result}
+        _output(args, out, _key_values([(k, _compact(v)) for k, v in out.items()]))
+        return EXIT_OK
+
+    return _with_client(args, command)
+
+
+def _send(args: argparse.Namespace) -> int:
+    value = _json_flag(args.payload, "--payload")
+
+    async def command(client: Client) -> int:
+        await client.send_event(args.id, args.event, value)
+        print(f"sent {args.event} to {args.id}")
+        return EXIT_OK
+
+    return _with_client(args, command)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    async def command(client: Client) -> int:
+        await client.cancel(args.id, reason=args.reason)
+        print(f"cancelled {args.id}")
+        return EXIT_OK
+
+    return _with_client(args, command)
+
+
+def _pause(args: argparse.Namespace) -> int:
+    async def command(client: Client) -> int:
+        await client.pause(args.id)
+        print(f"paused {args.id}")
+        return EXIT_OK
+
+    return _with_client(args, command)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    async def command(client: Client) -> int:
+        await client.resume(args.id)
+        print(f"resumed {args.id}")
+        return EXIT_OK
+
+    return _with_client(args, command)
+
+
+def _status(args: argparse.Namespace) -> int:
+    async def command(client: Client) -> int:
+        status = await client.status(args.id)
+        _output(args, status.to_json(), _describe_status(status))
+        return EXIT_OK
+
+    return _with_client(args, command)
+
+
+def _history(args: argparse.Namespace) -> int:
+    async def command(client: Client) -> int:
+        history = await client.history(args.id)
+        _output(args, [entry.to_json() for entry in history], render_timeline(history))
+        return EXIT_OK
+
+    return _with_client(args, command)
+
+
+def _list(args: argparse.Namespace) -> int:
+    async def command(client: Client) -> int:
+        instances = await client.list(status=args.status)
+        _output(args, [i.to_json() for i in instances], _table(instances))
+        return EXIT_OK
+
+    return _with_client(args, command)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    # Imported here: the benchmark pulls in both backends, which no other command needs.
+    try:
+        bench = importlib.import_module("ops.bench")
+    except ModuleNotFoundError as exc:
+        if exc.name != "ops.bench":
+            raise
+        raise StepstreamError("stepstream bench is not available in this build") from None
+    return int(bench.main(args) or EXIT_OK)
+
+
+# ---- output ---------------------------------------------------------------------------
+
+
+def _output(args: argparse.Namespace, as_json: Any, human: str) -> None:
+    if args.json:
+        _print_json(as_json)
+    else:
+        print(human)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _compact(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def _key_values(pairs: Sequence[tuple[str, str]]) -> str:
+    width = max(len(key) for key, _ in pairs) + 1
+    lines = []
+    for key, value in pairs:
+        label = f"{key}:"
+        for line in value.splitlines() or [""]:
+            lines.append(f"{label:<{width}} {line}".rstrip())
+            label = ""
+    return "\n".join(lines)
+
+
+def _describe_status(status: InstanceStatus) -> str:
+    pairs = [
+        ("instance", status.instance_id),
+        ("workflow", status.workflow),
+        ("version", status.version),
+        ("status", status.status),
+        ("created", status.created_at),
+        ("updated", status.updated_at),
+        ("waits", "\n".join(_describe_wait(w) for w in status.waits) or "none"),
+    ]
+    if status.buffered_events:
+        pairs.append(("buffered", f"{status.buffered_events} event(s) nobody waits for yet"))
+    if status.error:
+        pairs.append(("error", status.error))
+    return _key_values(pairs)
+
+
+def _describe_wait(wait: Wait) -> str:
+    details = [wait.state]
+    if wait.event:
+        details.append(f"event {wait.event}")
+    if wait.attempt:
+        details.append(f"attempt {wait.attempt}")
+    if wait.until:
+        details.append(f"until {wait.until}")
+    return f"{wait.kind} {wait.key} ({', '.join(details)})"
+
+
+def _table(instances: Sequence[InstanceStatus]) -> str:
+    if not instances:
+        return "no instances"
+    header = ("INSTANCE", "WORKFLOW", "VERSION", "STATUS", "CREATED", "UPDATED")
+    rows = [header] + [
+        (i.instance_id, i.workflow, i.version, i.status, i.created_at, i.updated_at)
+        for i in instances
+    ]
+    widths = [max(len(row[c]) for row in rows) for c in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+# ---- plumbing -------------------------------------------------------------------------
+
+
+def _json_flag(text: str | None, flag: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return parse_json_text(text, what=flag)
+    except InvalidPayload as exc:
+        raise _UsageError(
+            f'{exc}; pass JSON quoted for the shell, e.g. {flag} \'{{"key": "value"}}\''
+        ) from None
+
+
+def _put_cwd_on_path() -> None:
+    # `stepstream run mymod:fn` from a project directory must find mymod, as `python -m`
+    # would; a console script does not put the working directory on sys.path by itself.
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+class _KeyValueFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds")
+        line = (
+            f"ts={when} level={record.levelname} logger={record.name} "
+            f"msg={json.dumps(record.getMessage(), ensure_ascii=False)}"
+        )
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def _configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_KeyValueFormatter())
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        help="DEBUG, INFO, WARNING or ERROR (default: $STEPSTREAM_LOG_LEVEL, "
+        "else INFO for dev and WARNING otherwise)",
+    )
+    connect = argparse.ArgumentParser(add_help=False)
+    connect.add_argument(
+        "--connect",
+        default=os.environ.get("STEPSTREAM_CONNECT", DEFAULT_CONNECT),
+        metavar="URL",
+        help="engine to talk to: http://HOST:PORT, embedded:PATH or kafka://HOST:PORT "
+        "(default: $STEPSTREAM_CONNECT or %(default)s)",
+    )
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true", help="print JSON only")
+
+    parser = argparse.ArgumentParser(
+        prog="stepstream", description="Durable workflows for Python, event-sourced on Kafka."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(
+        name: str,
+        handler: Callable[[argparse.Namespace], int],
+        help: str,
+        parents: Sequence[argparse.ArgumentParser] = (),
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, description=help, parents=[common, *parents])
+        sub.set_defaults(handler=handler)
+        return sub
+
+    run = command(
+        "run", _run, "run one workflow to completion on a throwaway embedded engine", [as_json]
+    )
+    run.add_argument("target", metavar="MODULE:FUNC", help="the @workflow function to run")
+    run.add_argument("--input", metavar="JSON", help="the workflow's input (default: null)")
+    run.add_argument("--data", metavar="DIR", help="data directory (default: a temporary one)")
+    run.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
+
+    dev = command("dev", _dev, "serve the embedded engine and its HTTP API")
+    dev.add_argument(
+        "--workflows",
+        required=True,
+        metavar="MODULES",
+        help="comma-separated modules whose @workflow functions are served",
+    )
+    dev.add_argument(
+        "--data", metavar="DIR", help="data directory (default: $STEPSTREAM_DATA or ./.stepstream)"
+    )
+    dev.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
+    dev.add_argument("--port", type=int, default=8233, help="port, 0 for any (%(default)s)")
+    dev.add_argument(
+        "--partitions",
+        type=int,
+        metavar="N",
+        help="partitions of a new data directory (default: 4)",
+    )
+
+    start = command("start", _start, "start an instance", [connect, as_json])
+    start.add_argument("workflow")
+    start.add_argument("--input", metavar="JSON", help="the workflow's input (default: null)")
+    start.add_argument(
+        "--id",
+        metavar="ID",
+        help="instance id (default: a new uuid); starting an existing id does nothing",
+    )
+    start.add_argument("--wait", action="store_true", help="wait for the result and print it")
+    start.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="with --wait, give up after S seconds (default: no limit)",
+    )
+
+    send = command("send", _send, "send an event to an instance", [connect])
+    send.add_argument("id", metavar="ID")
+    send.add_argument("event", metavar="EVENT")
+    send.add_argument("--payload", metavar="JSON", help="the event's payload (default: null)")
+
+    cancel = command("cancel", _cancel, "cancel an instance", [connect])
+    cancel.add_argument("id", metavar="ID")
+    cancel.add_argument("--reason", default="", help="recorded with the cancellation")
+
+    for name, handler, help in (
+        ("pause", _pause, "pause an instance: it takes no further steps until resumed"),
+        ("resume", _resume, "resume a paused instance"),
+    ):
+        command(name, handler, help, [connect]).add_argument("id", metavar="ID")
+
+    command(
+        "status", _status, "show an instance's status and what it waits for", [connect, as_json]
+    ).add_argument("id", metavar="ID")
+    command(
+        "history", _history, "show an instance's history as a timeline", [connect, as_json]
+    ).add_argument("id", metavar="ID")
+    listing = command("list", _list, "list instances", [connect, as_json])
+    listing.add_argument("--status", choices=[s.value for s in Status])
+
+    bench = command("bench", _bench, "measure throughput and latency (see docs)", [as_json])
+    bench.add_argument("--backend", choices=("embedded", "kafka"), default="embedded")
+    bench.add_argument(
+        "--bootstrap",
+        metavar="H:P",
+        help="Kafka bootstrap servers (default: start the test broker)",
+    )
+    bench.add_argument("--workload", choices=("W1", "W2", "W3"), help="run only this one")
+    bench.add_argument("--n", type=int, metavar="N", help="instances per workload")
+    bench.add_argument("--data", metavar="DIR", help="embedded data directory (default: temp)")
+    return parser
+
+
+if __name__ == "__main__":
+    sys.exit(main())

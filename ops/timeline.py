@@ -1,0 +1,182 @@
+"""A readable text timeline of one instance's history, for the CLI.
+
+Each step attempt, sleep and wait becomes one row placed at the time it started (relative
+to the first record) with its outcome and how long it took; everything else in the
+history (start, pause, buffered events, the end) is a point in time. Rows still open at
+the end of the history show what the instance is doing now.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from engine.views import HistoryEntry
+
+# Open rows are keyed by (kind, key) so the record that ends a span finds its start.
+_SpanKey = tuple[str, str]
+
+
+@dataclass(slots=True)
+class _Row:
+    at_ms: float
+    kind: str
+    name: str
+    outcome: str
+    detail: str = ""
+    is_span: bool = False
+    took_ms: float | None = None
+
+    @property
+    def took(self) -> str:
+        if self.took_ms is not None:
+            return _duration(self.took_ms)
+        return "…" if self.is_span else ""
+
+
+def render_timeline(history: Sequence[HistoryEntry]) -> str:
+    """The history as aligned text lines, one row per step attempt, sleep, wait or event."""
+    if not history:
+        return "(no history)"
+    start = _ms(history[0].time)
+    rows: list[_Row] = []
+    open_spans: dict[_SpanKey, _Row] = {}
+
+    def point(at: float, kind: str, name: str, outcome: str, detail: str = "") -> None:
+        rows.append(_Row(at - start, kind, name, outcome, detail))
+
+    def begin(at: float, kind: str, name: str, outcome: str, detail: str = "") -> None:
+        row = _Row(at - start, kind, name, outcome, detail, is_span=True)
+        rows.append(row)
+        open_spans[(kind, name)] = row
+
+    def end(at: float, kind: str, name: str, outcome: str, detail: str = "") -> None:
+        row = open_spans.pop((kind, name), None)
+        if row is None:
+            point(at, kind, name, outcome, detail)
+            return
+        row.outcome = outcome
+        row.took_ms = at - start - row.at_ms
+        row.detail = "  ".join(part for part in (row.detail, detail) if part)
+
+    for entry in history:
+        at = _ms(entry.time)
+        a = entry.attributes
+        key = str(a.get("key", ""))
+        match entry.type:
+            case "WorkflowStarted":
+                point(at, "workflow", str(a.get("workflow", "")), "started", f"v{a.get('version')}")
+            case "StepAttemptStarted":
+                begin(
+                    at,
+                    "step",
+                    key,
+                    "running",
+                    f"attempt {a.get('attempt')}/{a.get('max_attempts')}",
+                )
+            case "StepSucceeded":
+                end(at, "step", key, "ok")
+            case "StepFailed":
+                retry_at = a.get("next_attempt_at_ms")
+                detail = _error(a)
+                if isinstance(retry_at, int):
+                    detail += f" (retry at +{_duration(retry_at - start)})"
+                end(at, "step", key, "retry" if retry_at is not None else "failed", detail)
+            case "SleepStarted":
+                wake = a.get("wake_at_ms")
+                until = f"until +{_duration(wake - start)}" if isinstance(wake, int) else ""
+                begin(at, "sleep", key, "sleeping", until)
+            case "SleepElapsed":
+                end(at, "sleep", key, "elapsed")
+            case "WaitStarted":
+                detail = f"event {a.get('event_name')}"
+                timeout_at = a.get("timeout_at_ms")
+                if isinstance(timeout_at, int):
+                    detail += f", timeout at +{_duration(timeout_at - start)}"
+                begin(at, "wait", key, "waiting", detail)
+            case "WaitSatisfied":
+                end(at, "wait", key, "received")
+            case "WaitTimedOut":
+                end(at, "wait", key, "timed out")
+            case "EventBuffered":
+                point(at, "event", str(a.get("event_name", "")), "buffered")
+            case "ValueRecorded":
+                point(at, "value", key, str(a.get("kind", "")))
+            case "WorkflowPaused":
+                point(at, "workflow", "", "paused")
+            case "WorkflowResumed":
+                point(at, "workflow", "", "resumed")
+            case "WorkflowCompleted":
+                point(at, "workflow", "", "completed", f"total {_duration(at - start)}")
+            case "WorkflowFailed":
+                point(at, "workflow", "", "failed", _error(a))
+            case "WorkflowCancelled":
+                point(at, "workflow", "", "cancelled", _short(a.get("reason")) or "no reason")
+            case "CommandIgnored":
+                point(
+                    at,
+                    "command",
+                    str(a.get("command_type", "")),
+                    "ignored",
+                    _short(a.get("reason")),
+                )
+            case _:
+                point(at, entry.type, key, "")
+    return _format(rows)
+
+
+def _format(rows: list[_Row]) -> str:
+    at = [f"+{_duration(r.at_ms)}" for r in rows]
+    took = [r.took for r in rows]
+    widths = [
+        max(len(s) for s in at),
+        max(len(r.kind) for r in rows),
+        max(len(r.name) for r in rows),
+        max(len(r.outcome) for r in rows),
+        max(len(s) for s in took),
+    ]
+    lines = []
+    for row, at_text, took_text in zip(rows, at, took, strict=True):
+        cells = (
+            at_text.rjust(widths[0]),
+            row.kind.ljust(widths[1]),
+            row.name.ljust(widths[2]),
+            row.outcome.ljust(widths[3]),
+            took_text.rjust(widths[4]),
+            row.detail,
+        )
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _ms(iso_time: str) -> float:
+    return datetime.fromisoformat(iso_time).timestamp() * 1000
+
+
+def _duration(ms: float) -> str:
+    if ms < 1000:
+        return f"{ms:.0f} ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+def _error(attributes: dict[str, Any]) -> str:
+    return f"{attributes.get('error_type')}: {_short(attributes.get('error_message'))}"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """One line of at most ``limit`` characters: a timeline row must stay a row."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,391 @@
+"""The HTTP API and the CLI against a real `stepstream dev` process.
+
+One `dev` subprocess serves a small workflows module written to a temp directory; the
+tests drive it through the `stepstream` CLI (more subprocesses) and through
+`Client.connect("http://...")`, and check both the answers and the errors users get.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+import producers.http  # noqa: F401  (registers http:// with Client.connect)
+from stepstream import (
+    Client,
+    ConnectionFailed,
+    InstanceFinished,
+    InvalidPayload,
+    PayloadTooLarge,
+    ResultTimeout,
+    UnknownInstance,
+    UnknownWorkflow,
+    WorkflowCancelled,
+    WorkflowFailed,
+)
+
+REPO = str(Path(__file__).resolve().parents[2])
+MODULE = "ss_http_cli_flows"
+WORKFLOWS = '''
+from stepstream import Context, NonRetryableError, workflow
+
+
+def hello(name):
+    return f"hello {name}"
+
+
+def decline():
+    raise NonRetryableError("card declined")
+
+
+@workflow("greet")
+async def greet(ctx: Context, args):
+    return {"greeting": await ctx.step("hello", hello, args["name"])}
+
+
+@workflow("gate")
+async def gate(ctx: Context, args):
+    before = await ctx.step("before", hello, "gate")
+    event = await ctx.wait_for_event("go")
+    return {"before": before, "event": event}
+
+
+@workflow("echo")
+async def echo(ctx: Context, args):
+    return args
+
+
+@workflow("declined")
+async def declined(ctx: Context, args):
+    await ctx.step("charge", decline)
+'''
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Dev:
+    url: str
+    root: Path
+    log: Path
+
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(self.root), REPO]),
+            "STEPSTREAM_CONNECT": self.url,
+        }
+
+
+def _start_dev(root: Path) -> tuple[subprocess.Popen[bytes], Dev]:
+    (root / f"{MODULE}.py").write_text(WORKFLOWS)
+    log = root / "dev.log"
+    dev = Dev("", root, log)
+    args = ["dev", "--workflows", MODULE, "--data", str(root / "data"), "--port", "0"]
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", *args],
+            cwd=root,
+            env=dev.env(),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 20)
+    line = proc.stdout.readline().decode() if ready else ""
+    found = re.search(r"listening on (http://\S+)", line)
+    if found is None:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"stepstream dev did not start: {line!r}\n{log.read_text()}")
+    return proc, Dev(found.group(1), root, log)
+
+
+def _stop_dev(proc: subprocess.Popen[bytes], dev: Dev) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"stepstream dev ignored SIGTERM\n{dev.log.read_text()}")
+    assert code == 0, f"stepstream dev exited {code} on SIGTERM\n{dev.log.read_text()}"
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
+    proc, server = _start_dev(tmp_path_factory.mktemp("http-cli"))
+    yield server
+    _stop_dev(proc, server)
+
+
+@pytest.fixture
+def fresh_dev(tmp_path: Path) -> Iterator[Dev]:
+    """A server of its own, for tests that need to see an empty engine."""
+    proc, server = _start_dev(tmp_path)
+    yield server
+    _stop_dev(proc, server)
+
+
+def cli(dev: Dev, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args],
+        cwd=dev.root,
+        env=dev.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def ok(dev: Dev, *args: str) -> str:
+    done = cli(dev, *args)
+    assert done.returncode == 0, f"stepstream {' '.join(args)}: {done.stderr}\n{done.stdout}"
+    return done.stdout
+
+
+def refused(dev: Dev, *args: str, code: int = 1) -> str:
+    done = cli(dev, *args)
+    assert done.returncode == code, f"{done.returncode}: {done.stdout}{done.stderr}"
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("error: "), done.stderr
+    return done.stderr
+
+
+def cli_json(dev: Dev, *args: str) -> Any:
+    return json.loads(ok(dev, *args, "--json"))
+
+
+async def waiting_for(client: Client, instance_id: str, event: str) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        status = await client.status(instance_id)
+        if any(w.event == event for w in status.waits):
+            return
+        await asyncio.sleep(0.02)
+    history = [h.to_json() for h in await client.history(instance_id)]
+    pytest.fail(f"{instance_id} never waited for {event!r}: {status}\n{history}")
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+# ---- the happy paths ------------------------------------------------------------------
+
+
+def test_start_wait_prints_the_result(dev: Dev) -> None:
+    out = ok(dev, "start", "greet", "--input", '{"name": "ada"}', "--id", "g-1", "--wait")
+    assert "completed" in out and "hello ada" in out
+
+    answer = cli_json(dev, "start", "greet", "--input", '{"name": "bob"}', "--id", "g-2", "--wait")
+    assert answer == {"instance_id": "g-2", "status": "completed", "result": {"greeting": "hello bob"}}
+
+    assert ok(dev, "start", "greet", "--input", '{"name": "cy"}', "--id", "g-3").strip() == "g-3"
+
+
+def test_status_history_and_list(dev: Dev) -> None:
+    ok(dev, "start", "greet", "--input", '{"name": "ada"}', "--id", "read-1", "--wait")
+
+    status = cli_json(dev, "status", "read-1")
+    assert status["instance_id"] == "read-1"
+    assert status["status"] == "completed"
+    assert (status["workflow"], status["version"]) == ("greet", "1")
+    assert status["created_at"] <= status["updated_at"]
+    assert status["waits"] == []
+
+    history = cli_json(dev, "history", "read-1")
+    types = [h["type"] for h in history]
+    assert types[0] == "WorkflowStarted" and types[-1] == "WorkflowCompleted", types
+    assert "StepSucceeded" in types
+    assert [h["seq"] for h in history] == sorted(h["seq"] for h in history)
+
+    listed = {i["instance_id"]: i for i in cli_json(dev, "list")}
+    assert listed["read-1"]["status"] == "completed"
+    completed = [i["instance_id"] for i in cli_json(dev, "list", "--status", "completed")]
+    assert "read-1" in completed
+    running = [i["instance_id"] for i in cli_json(dev, "list", "--status", "running")]
+    assert "read-1" not in running
+
+    human = ok(dev, "status", "read-1", "--connect", dev.url)
+    assert re.search(r"^status:\s+completed$", human, re.M), human
+    assert re.search(r"^waits:\s+none$", human, re.M), human
+    timeline = ok(dev, "history", "read-1")
+    assert re.search(r"step\s+hello\s+ok", timeline), timeline
+    assert "completed" in timeline
+    table = ok(dev, "list")
+    assert table.splitlines()[0].split()[:4] == ["INSTANCE", "WORKFLOW", "VERSION", "STATUS"]
+    assert "read-1" in table
+
+
+async def test_client_over_http(dev: Dev) -> None:
+    async with Client.connect(dev.url) as client:
+        odd = "odd id/with slash"
+        assert await client.start("greet", {"name": "zoe"}, instance_id=odd) == odd
+        assert await client.result(odd, timeout=10) == {"greeting": "hello zoe"}
+        assert (await client.status(odd)).status == "completed"
+        assert [h.type for h in await client.history(odd)][-1] == "WorkflowCompleted"
+        assert odd in [s.instance_id for s in await client.list(status="completed")]
+
+
+async def test_send_event_to_a_waiting_workflow(dev: Dev) -> None:
+    ok(dev, "start", "gate", "--id", "ev-1")
+    async with Client.connect(dev.url) as client:
+        await waiting_for(client, "ev-1", "go")
+        human = ok(dev, "status", "ev-1")
+        assert re.search(r"^waits:\s+wait .*event go", human, re.M), human
+
+        assert "sent go to ev-1" in ok(dev, "send", "ev-1", "go", "--payload", '{"by": "ada"}')
+        result = await client.result("ev-1", timeout=10)
+    assert result == {"before": "hello gate", "event": {"by": "ada"}}
+
+
+async def test_pause_resume_cancel(dev: Dev) -> None:
+    async with Client.connect(dev.url) as client:
+        await client.start("gate", None, instance_id="ctl-1")
+        await waiting_for(client, "ctl-1", "go")
+
+        ok(dev, "pause", "ctl-1")
+        assert (await client.status("ctl-1")).status == "paused"
+        ok(dev, "resume", "ctl-1")
+        assert (await client.status("ctl-1")).status == "running"
+        ok(dev, "cancel", "ctl-1", "--reason", "no longer needed")
+
+        with pytest.raises(WorkflowCancelled) as cancelled:
+            await client.result("ctl-1", timeout=10)
+        assert cancelled.value.reason == "no longer needed"
+        assert cancelled.value.instance_id == "ctl-1"
+        status = await client.status("ctl-1")
+        assert status.status == "cancelled"
+        assert "no longer needed" in (status.error or "")
+
+
+# ---- what users get wrong -------------------------------------------------------------
+
+
+def test_bad_json_flag_is_rejected_and_nothing_is_started(fresh_dev: Dev) -> None:
+    err = refused(fresh_dev, "start", "greet", "--input", "{bad", "--id", "bad-1", code=2)
+    assert "--input" in err and "JSON" in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert cli_json(fresh_dev, "list") == []
+    assert "no instance 'bad-1'" in refused(fresh_dev, "status", "bad-1")
+
+    err = refused(fresh_dev, "send", "bad-1", "go", "--payload", "[1,", code=2)
+    assert "--payload" in err and "JSON" in err
+
+
+async def test_unknown_workflow(dev: Dev) -> None:
+    err = refused(dev, "start", "nope", "--input", "{}")
+    assert "unknown workflow 'nope'" in err and "greet" in err
+    async with Client.connect(dev.url) as client:
+        with pytest.raises(UnknownWorkflow, match="nope"):
+            await client.start("nope", {})
+
+
+async def test_event_for_an_unknown_instance(dev: Dev) -> None:
+    async with Client.connect(dev.url) as client:
+        with pytest.raises(UnknownInstance, match="missing-1"):
+            await client.send_event("missing-1", "go", {"by": "ada"})
+    assert "missing-1" in refused(dev, "send", "missing-1", "go")
+
+
+async def test_payload_too_large(dev: Dev) -> None:
+    async with Client.connect(dev.url) as client:
+        before = len(await client.list())
+        with pytest.raises(PayloadTooLarge, match="over the limit"):
+            await client.start("echo", "x" * (MiB + 1), instance_id="big-1")
+        # over the request body limit too: refused before it reaches the engine
+        with pytest.raises(PayloadTooLarge, match="over the limit"):
+            await client.start("echo", "x" * (5 * MiB), instance_id="big-2")
+        assert len(await client.list()) == before
+
+        await client.start("gate", None, instance_id="big-3")
+        with pytest.raises(PayloadTooLarge):
+            await client.send_event("big-3", "go", ["y" * MiB])
+        with pytest.raises(InvalidPayload, match="not JSON-encodable"):
+            await client.send_event("big-3", "go", {1, 2})
+        await client.cancel("big-3")
+
+
+async def test_cancel_of_a_completed_instance(dev: Dev) -> None:
+    async with Client.connect(dev.url) as client:
+        await client.start("echo", 1, instance_id="done-1")
+        assert await client.result("done-1", timeout=10) == 1
+        with pytest.raises(InstanceFinished, match="done-1"):
+            await client.cancel("done-1", reason="too late")
+    assert "already completed" in refused(dev, "cancel", "done-1")
+
+
+async def test_failed_workflow_and_result_timeout(dev: Dev) -> None:
+    err = refused(dev, "start", "declined", "--id", "fail-1", "--wait")
+    assert "fail-1" in err and "card declined" in err
+    async with Client.connect(dev.url) as client:
+        with pytest.raises(WorkflowFailed) as failed:
+            await client.result("fail-1", timeout=10)
+        assert failed.value.instance_id == "fail-1"
+        assert failed.value.error_type
+
+        await client.start("gate", None, instance_id="slow-1")
+        began = time.monotonic()
+        with pytest.raises(ResultTimeout, match="slow-1"):
+            await client.result("slow-1", timeout=0.3)
+        assert time.monotonic() - began < 5
+        await client.cancel("slow-1")
+
+
+async def test_raw_http_errors(dev: Dev) -> None:
+    async with aiohttp.ClientSession(dev.url) as http:
+        async with http.post("/v1/instances", data=b'{"workflow": "greet",') as r:
+            body = await r.json()
+            assert r.status == 400, body
+            assert body["error"]["type"] == "InvalidPayload"
+            assert "not valid JSON" in body["error"]["message"]
+        async with http.post("/v1/instances", json={"workflow": "greet", "inptu": 1}) as r:
+            assert r.status == 400 and "inptu" in (await r.json())["error"]["message"]
+        async with http.get("/v1/instances", params={"status": "runing"}) as r:
+            assert r.status == 400 and "runing" in (await r.json())["error"]["message"]
+        async with http.get("/v1/instances/nobody") as r:
+            assert r.status == 404 and (await r.json())["error"]["type"] == "UnknownInstance"
+        async with http.get("/v1/nothing-here") as r:
+            assert r.status == 404 and "error" in await r.json()
+        async with http.get("/healthz") as r:
+            assert r.status == 200 and (await r.json()) == {"ok": True}
+        async with http.get("/v1/workflows") as r:
+            workflows = (await r.json())["workflows"]
+            assert workflows["greet"] == ["1"] and "gate" in workflows
+
+
+async def test_nobody_listening(dev: Dev) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    async with Client.connect(url) as client:
+        with pytest.raises(ConnectionFailed, match="is `stepstream dev` running"):
+            await client.status("x")
+    assert "cannot reach stepstream" in refused(dev, "status", "x", "--connect", url)
+
+
+def test_run_prints_result_and_timeline(dev: Dev) -> None:
+    out = ok(dev, "run", f"{MODULE}:greet", "--input", '{"name": "ada"}')
+    assert "hello ada" in out
+    assert re.search(r"step\s+hello\s+ok", out), out
+
+    done = cli(dev, "run", f"{MODULE}:declined")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "card declined" in done.stderr and "Traceback" not in done.stderr
+    assert re.search(r"step\s+charge\s+failed", done.stdout), done.stdout
