@@ -9,8 +9,6 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-from engine.serde import RecordSerde
-
 from consumers.partition import Committed, PartitionProcessor, ProcessorConfig
 from consumers.steps import StepExecutor
 from consumers.timers import TimerService
@@ -18,6 +16,7 @@ from engine.codec import PayloadCodec
 from engine.errors import UnknownInstance
 from engine.records import HistoryRecord
 from engine.seams import Clock, PartitionBackend
+from engine.serde import RecordSerde
 from engine.state import InstanceState
 from engine.topics import partition_for
 from engine.workflow import Registry, WorkflowDefinition
@@ -110,9 +109,9 @@ class PartitionHost:
                 fut.set_result(reason)
         for state in committed.instances:
             if state.status.finished:
-                for fut in self._finished.pop(state.instance_id, ()):
-                    if not fut.done():
-                        fut.set_result(state)
+                for waiter in self._finished.pop(state.instance_id, ()):
+                    if not waiter.done():
+                        waiter.set_result(state)
 
     def settled(self, command_id: str) -> asyncio.Future[str | None]:
         """Resolves once the command is applied (None) or dead-lettered (the reason).

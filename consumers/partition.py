@@ -15,8 +15,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.serde import RecordSerde
-
 from consumers import state_keys as keys
 from consumers.steps import StepExecutor
 from engine.codec import PayloadCodec
@@ -31,6 +29,7 @@ from engine.records import (
 )
 from engine.runtime import InstanceRuntime, Output, StepOutcome
 from engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend, StateStore
+from engine.serde import RecordSerde
 from engine.state import InstanceState, entry_json
 from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS
 from engine.workflow import Registry, WorkflowDefinition

@@ -9,12 +9,11 @@ import asyncio
 import heapq
 import logging
 
-from engine.serde import RecordSerde
-
 from consumers import state_keys as keys
 from engine.errors import UndecodableRecord
 from engine.records import TimerCancelled, TimerFired, TimerScheduled
 from engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend
+from engine.serde import RecordSerde
 from engine.topics import COMMANDS, TIMERS
 
 log = logging.getLogger("stepstream.timers")

@@ -554,6 +554,20 @@ def _reader(schema: _Schema, t: Any) -> _Reader:
     if isinstance(t, list):
         readers = [_reader(schema, b) for b in t]
         count = len(readers)
+        if count == 2 and "null" in t:
+            null_byte = 2 * t.index("null")
+            value_byte = 2 - null_byte
+            inner = readers[1 - t.index("null")]
+
+            def read_optional(b: bytes, i: int) -> tuple[Any, int]:
+                c = b[i]
+                if c == null_byte:
+                    return None, i + 1
+                if c == value_byte:
+                    return inner(b, i + 1)
+                raise _Malformed(f"union branch byte {c} at byte {i}; the union has 2")
+
+            return read_optional
 
         def read_union(b: bytes, i: int) -> tuple[Any, int]:
             index, end = _read_long(b, i)
@@ -565,6 +579,17 @@ def _reader(schema: _Schema, t: Any) -> _Reader:
     if isinstance(t, dict) and t.get("type") == "record":
         cls, plan = _nested(schema, t)
         steps, discards = _reader_steps(schema, plan)
+        init = [f.name for f in fields(cls) if f.init and not f.kw_only]
+        if len(steps) == 2 and [name for name, _ in steps] == init:
+            # Payload, inside most records: positional construction, no keyword dict.
+            (_, read_first), (_, read_second) = steps
+
+            def read_pair(b: bytes, i: int) -> tuple[Any, int]:
+                first, i = read_first(b, i)
+                second, i = read_second(b, i)
+                return cls(first, second), i
+
+            return read_pair
 
         def read_record(b: bytes, i: int) -> tuple[Any, int]:
             kw: dict[str, Any] = {}
@@ -811,7 +836,7 @@ class RecordSerde:
                 body = io.BytesIO(data)
                 body.seek(HEADER_SIZE)
                 reader = None if decoder.reader is decoder.writer else decoder.reader.parsed
-                raw = fastavro.schemaless_reader(body, decoder.writer.parsed, reader)
+                raw: Any = fastavro.schemaless_reader(body, decoder.writer.parsed, reader)
                 end = body.tell()
                 kw = decoder.from_dict(raw)
             if end != len(data):
@@ -850,7 +875,7 @@ class RecordSerde:
     def writer_schemas(self) -> dict[int, dict[str, Any]]:
         """Every known writer schema by fingerprint (the 64-bit value whose little-endian
         bytes follow ``c3 01``). Each is standalone: hand it to ``fastavro.parse_schema``."""
-        return {fp: json.loads(json.dumps(s.schema)) for fp, s in self._schemas.items()}
+        return {fp: _copy(s.schema) for fp, s in self._schemas.items()}
 
     def fingerprint(self, record_type: type[Record]) -> int:
         """Fingerprint of the schema ``encode`` writes ``record_type`` with."""
@@ -858,7 +883,12 @@ class RecordSerde:
 
     def schema(self, record_type: type[Record]) -> dict[str, Any]:
         """The standalone schema ``encode`` writes ``record_type`` with."""
-        return self.writer_schemas()[self.fingerprint(record_type)]
+        return _copy(self._encoders[record_type].schema.schema)
+
+
+def _copy(schema: dict[str, Any]) -> dict[str, Any]:
+    copied: dict[str, Any] = json.loads(json.dumps(schema))
+    return copied
 
 
 def _encode_failure(record: Record, encoder: _Encoder, exc: Exception) -> str:

@@ -175,7 +175,8 @@ class _Api:
 
     async def result(self, request: web.Request) -> web.Response:
         # Waits here, woken by the engine when the instance finishes: one long request.
-        value = await self._transport.result(_instance_id(request), _timeout(request))
+        timeout = _timeout(request)
+        value = await self._transport.result(_instance_id(request), timeout)
         return web.json_response({"status": "completed", "result": value})
 
 

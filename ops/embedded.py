@@ -11,8 +11,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from engine.serde import RecordSerde, default_serde
-
 from consumers.embedded.db import EmbeddedDB
 from consumers.embedded.partition import EmbeddedPartition
 from consumers.host import PartitionHost
@@ -20,15 +18,18 @@ from consumers.partition import ProcessorConfig
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.records import Command
 from engine.seams import Append, Clock, SystemClock
+from engine.serde import RecordSerde, default_serde
 from engine.topics import COMMANDS
 from engine.workflow import Registry
 from producers.client import Transport, register_transport
 from producers.publisher import LogTransport
 
+DEFAULT_DATA_DIR = "./.stepstream"
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(frozen=True)
 class EmbeddedConfig:
-    data_dir: str = "./.stepstream"
+    data_dir: str = DEFAULT_DATA_DIR
     partitions: int | None = None
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     cache_size: int = 10_000
@@ -37,7 +38,7 @@ class EmbeddedConfig:
     def from_env(cls, **overrides: Any) -> EmbeddedConfig:
         env = os.environ
         values: dict[str, Any] = {
-            "data_dir": env.get("STEPSTREAM_DATA", cls.data_dir),
+            "data_dir": env.get("STEPSTREAM_DATA", DEFAULT_DATA_DIR),
             "max_payload_bytes": int(
                 env.get("STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)
             ),
@@ -119,7 +120,7 @@ async def open_embedded(
 
 
 async def _connect(url: str, options: dict[str, Any]) -> Transport:
-    path = url.split(":", 1)[1] or EmbeddedConfig.data_dir
+    path = url.split(":", 1)[1] or DEFAULT_DATA_DIR
     registry = Registry(options.pop("workflows", ()))
     modules = options.pop("modules", None) or os.environ.get("STEPSTREAM_WORKFLOWS")
     if modules:

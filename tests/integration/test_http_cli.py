@@ -41,7 +41,7 @@ from stepstream import (
 
 REPO = str(Path(__file__).resolve().parents[2])
 MODULE = "ss_http_cli_flows"
-WORKFLOWS = '''
+WORKFLOWS = """
 from stepstream import Context, NonRetryableError, workflow
 
 
@@ -73,7 +73,7 @@ async def echo(ctx: Context, args):
 @workflow("declined")
 async def declined(ctx: Context, args):
     await ctx.step("charge", decline)
-'''
+"""
 MiB = 1024 * 1024
 
 
@@ -196,7 +196,11 @@ def test_start_wait_prints_the_result(dev: Dev) -> None:
     assert "completed" in out and "hello ada" in out
 
     answer = cli_json(dev, "start", "greet", "--input", '{"name": "bob"}', "--id", "g-2", "--wait")
-    assert answer == {"instance_id": "g-2", "status": "completed", "result": {"greeting": "hello bob"}}
+    assert answer == {
+        "instance_id": "g-2",
+        "status": "completed",
+        "result": {"greeting": "hello bob"},
+    }
 
     assert ok(dev, "start", "greet", "--input", '{"name": "cy"}', "--id", "g-3").strip() == "g-3"
 

@@ -1,0 +1,262 @@
+"""``stepstream bench``: the standard workloads, measured end to end, printed as JSON.
+
+W1: N instances x 10 sequential steps (throughput and latency), plus single-instance
+    latency of a 10-step and a 100-step workflow run one at a time.
+W2: N instances sleeping 1 s (timer lateness: when the sleep was recorded as elapsed,
+    minus when it was due; never negative).
+W3: N instances waiting for an event a client sends (event sent -> result seen).
+Progress goes to stderr; the JSON object goes to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from engine.context import Context
+from engine.workflow import Registry, workflow
+from ops.embedded import EmbeddedConfig, open_embedded
+from producers.client import Client
+
+DEFAULT_N = {"W1": 2000, "W2": 2000, "W3": 500}
+
+
+async def _noop(i: int) -> int:
+    return i + 1
+
+
+def _noop_sync(i: int) -> int:
+    return i + 1
+
+
+@workflow("bench-steps")
+async def bench_steps(ctx: Context, args: dict[str, Any]) -> int:
+    fn = _noop_sync if args.get("sync") else _noop
+    value = 0
+    for i in range(args["steps"]):
+        value = await ctx.step(f"s{i}", fn, value)
+    return value
+
+
+@workflow("bench-sleep")
+async def bench_sleep(ctx: Context, seconds: float) -> None:
+    await ctx.sleep("nap", seconds)
+
+
+@workflow("bench-event")
+async def bench_event(ctx: Context, _: Any) -> Any:
+    return await ctx.wait_for_event("go")
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))
+    return round(ordered[index], 2)
+
+
+class _Progress:
+    def __init__(self, label: str, total: int) -> None:
+        self._label, self._total, self._done, self._last = label, total, 0, 0.0
+
+    def tick(self) -> None:
+        self._done += 1
+        now = time.monotonic()
+        if now - self._last > 1.0 or self._done == self._total:
+            self._last = now
+            print(f"{self._label}: {self._done}/{self._total}", file=sys.stderr, flush=True)
+
+
+async def _gather_limited(jobs: list[Callable[[], Awaitable[Any]]], limit: int) -> list[Any]:
+    semaphore = asyncio.Semaphore(limit)
+
+    async def one(job: Callable[[], Awaitable[Any]]) -> Any:
+        async with semaphore:
+            return await job()
+
+    return await asyncio.gather(*(one(j) for j in jobs))
+
+
+async def w1(client: Client, n: int, *, sync: bool) -> dict[str, Any]:
+    steps = 10
+    progress = _Progress("W1", n)
+    latencies: list[float] = []
+
+    async def one(i: int) -> None:
+        t0 = time.perf_counter()
+        instance = await client.start(
+            "bench-steps", {"steps": steps, "sync": sync}, instance_id=f"w1-{i}"
+        )
+        assert await client.result(instance, timeout=600) == steps
+        latencies.append((time.perf_counter() - t0) * 1000)
+        progress.tick()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    elapsed = time.perf_counter() - start
+
+    async def single(prefix: str, count: int, steps: int) -> list[float]:
+        out = []
+        for i in range(count):
+            t0 = time.perf_counter()
+            instance = await client.start(
+                "bench-steps", {"steps": steps, "sync": sync}, instance_id=f"{prefix}-{i}"
+            )
+            await client.result(instance, timeout=60)
+            out.append((time.perf_counter() - t0) * 1000)
+        return out
+
+    single10 = await single("w1-single10", 50, 10)
+    single100 = await single("w1-single100", 10, 100)
+    per_step_10 = _pct(single10, 50) / 10
+    per_step_100 = _pct(single100, 50) / 100
+    return {
+        "workflows": n,
+        "steps_per_workflow": steps,
+        "steps_per_s": round(n * steps / elapsed, 1),
+        "workflows_per_s": round(n / elapsed, 1),
+        "latency_p50_ms": _pct(latencies, 50),
+        "latency_p99_ms": _pct(latencies, 99),
+        "single_10_steps_p50_ms": _pct(single10, 50),
+        "single_100_steps_p50_ms": _pct(single100, 50),
+        "per_step_ratio_100_vs_10": round(per_step_100 / per_step_10, 2) if per_step_10 else None,
+        "step_bodies": "sync (thread pool)" if sync else "async",
+    }
+
+
+async def w2(client: Client, n: int) -> dict[str, Any]:
+    seconds = 1.0
+    progress = _Progress("W2", n)
+
+    async def one(i: int) -> None:
+        instance = await client.start("bench-sleep", seconds, instance_id=f"w2-{i}")
+        await client.result(instance, timeout=600)
+        progress.tick()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    elapsed = time.perf_counter() - start
+    lateness: list[float] = []
+    for i in range(n):
+        history = await client.history(f"w2-{i}")
+        due = next(h.attributes["wake_at_ms"] for h in history if h.type == "SleepStarted")
+        woke = next(h for h in history if h.type == "SleepElapsed")
+        woke_ms = _parse_ms(woke.time)
+        lateness.append(woke_ms - due)
+    return {
+        "workflows": n,
+        "sleep_s": seconds,
+        "workflows_per_s": round(n / elapsed, 1),
+        "elapsed_s": round(elapsed, 3),
+        "lateness_p50_ms": _pct(lateness, 50),
+        "lateness_p99_ms": _pct(lateness, 99),
+        "lateness_min_ms": round(min(lateness), 2) if lateness else None,
+        "lateness_max_ms": round(max(lateness), 2) if lateness else None,
+    }
+
+
+def _parse_ms(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso).timestamp() * 1000
+
+
+def _starter(client: Client, workflow: str, instance: str) -> Callable[[], Awaitable[str]]:
+    return lambda: client.start(workflow, None, instance_id=instance)
+
+
+async def w3(client: Client, n: int) -> dict[str, Any]:
+    progress = _Progress("W3 waiting", n)
+    ids = [f"w3-{i}" for i in range(n)]
+    await _gather_limited([_starter(client, "bench-event", i) for i in ids], 200)
+    for instance in ids:
+        while not (await client.status(instance)).waits:
+            await asyncio.sleep(0.005)
+        progress.tick()
+    latencies: list[float] = []
+    done = _Progress("W3 events", n)
+
+    async def one(instance: str) -> None:
+        t0 = time.perf_counter()
+        await client.send_event(instance, "go", {"at": t0})
+        await client.result(instance, timeout=600)
+        latencies.append((time.perf_counter() - t0) * 1000)
+        done.tick()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in ids))
+    elapsed = time.perf_counter() - start
+    return {
+        "workflows": n,
+        "workflows_per_s": round(n / elapsed, 1),
+        "event_to_completion_p50_ms": _pct(latencies, 50),
+        "event_to_completion_p99_ms": _pct(latencies, 99),
+        "latency_p50_ms": _pct(latencies, 50),
+        "latency_p99_ms": _pct(latencies, 99),
+    }
+
+
+async def run_bench(
+    backend: str, workloads: list[str], n: int | None, data: str | None, sync: bool
+) -> dict[str, Any]:
+    if backend != "embedded":
+        raise SystemExit(f"bench: backend {backend!r} is not available in this build")
+    registry = Registry([bench_steps, bench_sleep, bench_event])
+    result: dict[str, Any] = {
+        "backend": backend,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    with tempfile.TemporaryDirectory(prefix="stepstream-bench-") as tmp:
+        for name in workloads:
+            # A fresh data directory per workload, so one does not slow the next.
+            path = os.path.join(data or tmp, name)
+            engine = await open_embedded(registry, EmbeddedConfig(data_dir=path))
+            client = Client(engine.make_transport(owns_engine=True))
+            try:
+                count = n or DEFAULT_N[name]
+                if name == "W1":
+                    result[name] = await w1(client, count, sync=sync)
+                elif name == "W2":
+                    result[name] = await w2(client, count)
+                else:
+                    result[name] = await w3(client, count)
+                result[name]["fsyncs"] = engine.db.batches_written
+            finally:
+                await client.close()
+    return result
+
+
+def main(args: argparse.Namespace) -> int:
+    import json
+
+    workloads = [args.workload] if getattr(args, "workload", None) else ["W1", "W2", "W3"]
+    result = asyncio.run(
+        run_bench(
+            args.backend,
+            workloads,
+            getattr(args, "n", None),
+            getattr(args, "data", None),
+            getattr(args, "sync_steps", False),
+        )
+    )
+    print(json.dumps(result, indent=None if getattr(args, "json", False) else 2))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="stepstream bench")
+    parser.add_argument("--backend", default="embedded")
+    parser.add_argument("--workload", choices=["W1", "W2", "W3"])
+    parser.add_argument("--n", type=int)
+    parser.add_argument("--data")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--sync-steps", action="store_true")
+    sys.exit(main(parser.parse_args()))
