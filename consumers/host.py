@@ -127,10 +127,11 @@ class PartitionHost:
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
         fut: asyncio.Future[InstanceState] = asyncio.get_running_loop().create_future()
         self._finished[instance_id].append(fut)
-        state = self.read_state(instance_id)
-        if state.status.finished:
-            return state
         try:
+            # Read after registering, so a commit in between cannot be missed.
+            state = self.read_state(instance_id)
+            if state.status.finished:
+                return state
             return await asyncio.wait_for(fut, timeout)
         finally:
             waiters = self._finished.get(instance_id)

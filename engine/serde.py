@@ -152,7 +152,7 @@ def _read_bytes(b: bytes, i: int) -> tuple[bytes, int]:
     n, i = _read_long(b, i)
     end = i + n
     if n < 0 or end > len(b):
-        raise _Malformed(f"length {n} at byte {i} but {len(b) - i} bytes left")
+        raise _Malformed(f"bytes length {n} at byte {i}, {len(b) - i} left (truncated?)")
     return b[i:end], end
 
 
@@ -160,7 +160,7 @@ def _read_string(b: bytes, i: int) -> tuple[str, int]:
     n, i = _read_long(b, i)
     end = i + n
     if n < 0 or end > len(b):
-        raise _Malformed(f"string length {n} at byte {i} but {len(b) - i} bytes left")
+        raise _Malformed(f"string length {n} at byte {i}, {len(b) - i} left (truncated?)")
     return b[i:end].decode(), end
 
 

@@ -14,6 +14,12 @@ from engine.records import HistoryRecord, Payload
 from engine.state import InstanceState
 
 
+def _known(cls: Any, raw: dict[str, Any]) -> dict[str, Any]:
+    """Fields this version knows: a newer server may send more."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in raw.items() if k in names}
+
+
 def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
@@ -53,8 +59,8 @@ class InstanceStatus:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> InstanceStatus:
-        waits = [Wait(**w) for w in raw.get("waits", [])]
-        return cls(**{**raw, "waits": waits})
+        waits = [Wait(**_known(Wait, w)) for w in raw.get("waits", [])]
+        return cls(**{**_known(cls, raw), "waits": waits})
 
     @classmethod
     def of(cls, state: InstanceState) -> InstanceStatus:
@@ -100,7 +106,7 @@ class HistoryEntry:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> HistoryEntry:
-        return cls(**raw)
+        return cls(**_known(cls, raw))
 
     @classmethod
     def of(cls, record: HistoryRecord, codec: PayloadCodec) -> HistoryEntry:
