@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 
 from consumers.partition import Committed, PartitionProcessor, ProcessorConfig
@@ -22,6 +22,8 @@ from engine.topics import partition_for
 from engine.workflow import Registry, WorkflowDefinition
 
 log = logging.getLogger("stepstream.host")
+
+RECENT_SETTLED = 50_000
 
 
 @dataclass(slots=True)
@@ -51,6 +53,9 @@ class PartitionHost:
         self._config = config
         self._owned: dict[int, _Owned] = {}
         self._settled: dict[str, asyncio.Future[str | None]] = {}
+        # Commands settled lately, for a publisher that asks after the commit (Kafka
+        # clients ask the owner over HTTP once their produce is acknowledged).
+        self._recent: OrderedDict[str, str | None] = OrderedDict()
         self._finished: defaultdict[str, list[asyncio.Future[InstanceState]]] = defaultdict(list)
 
     # ---- ownership ------------------------------------------------------------------
@@ -103,10 +108,14 @@ class PartitionHost:
     # ---- waiters --------------------------------------------------------------------
 
     def _committed(self, committed: Committed) -> None:
+        recent = self._recent
         for command_id, reason in committed.commands.items():
+            recent[command_id] = reason
             fut = self._settled.pop(command_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(reason)
+        while len(recent) > RECENT_SETTLED:
+            recent.popitem(last=False)
         for state in committed.instances:
             if state.status.finished:
                 for waiter in self._finished.pop(state.instance_id, ()):
@@ -118,7 +127,11 @@ class PartitionHost:
         Register before publishing the command."""
         fut = self._settled.get(command_id)
         if fut is None:
-            fut = self._settled[command_id] = asyncio.get_running_loop().create_future()
+            fut = asyncio.get_running_loop().create_future()
+            if command_id in self._recent:
+                fut.set_result(self._recent[command_id])
+            else:
+                self._settled[command_id] = fut
         return fut
 
     def forget(self, command_id: str) -> None:

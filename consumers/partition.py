@@ -61,6 +61,19 @@ def load_state(store: StateStore, instance_id: str) -> InstanceState | None:
     return InstanceState.from_storage(instance_id, meta, entries)
 
 
+def write_state(state: InstanceState, batch: CommitBatch) -> None:
+    """Queue the changed parts of an instance's state: meta, dirty entries, active index."""
+    instance_id = state.instance_id
+    batch.put(keys.meta(instance_id), state.meta_json())
+    for key in state.dirty_entries:
+        batch.put(keys.entry(instance_id, key), entry_json(state.entries[key]))
+    state.dirty_entries.clear()
+    if state.status.finished:
+        batch.delete(keys.active(instance_id))
+    else:
+        batch.put(keys.active(instance_id), b"")
+
+
 class PartitionProcessor:
     def __init__(
         self,
@@ -251,16 +264,8 @@ class PartitionProcessor:
             appends.append(
                 Append(TIMERS, timer.instance_id.encode(), encode(timer), self.partition)
             )
-        for instance_id, runtime in touched.items():
-            state = runtime.state
-            batch.put(keys.meta(instance_id), state.meta_json())
-            for key in state.dirty_entries:
-                batch.put(keys.entry(instance_id, key), entry_json(state.entries[key]))
-            state.dirty_entries.clear()
-            if state.status.finished:
-                batch.delete(keys.active(instance_id))
-            else:
-                batch.put(keys.active(instance_id), b"")
+        for runtime in touched.values():
+            write_state(runtime.state, batch)
 
     def _after_commit(
         self,
