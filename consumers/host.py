@@ -142,9 +142,8 @@ class PartitionHost:
         self._finished[instance_id].append(fut)
         try:
             # Read after registering, so a commit in between cannot be missed.
-            state = self.read_state(instance_id)
-            if state.status.finished:
-                return state
+            if self.finished(instance_id):
+                return self.read_state(instance_id)
             return await asyncio.wait_for(fut, timeout)
         finally:
             waiters = self._finished.get(instance_id)
@@ -158,14 +157,21 @@ class PartitionHost:
     def resolve(self, workflow: str) -> WorkflowDefinition:
         return self.registry.resolve(workflow)
 
+    def finished(self, instance_id: str) -> bool:
+        """Whether the instance finished; raises UnknownInstance if there is none."""
+        finished = self._processor(instance_id).finished(instance_id)
+        if finished is None:
+            raise _unknown(instance_id)
+        return finished
+
     def read_state(self, instance_id: str) -> InstanceState:
         state = self._processor(instance_id).read_state(instance_id)
         if state is None:
-            raise UnknownInstance(f"no instance {instance_id!r}; check the id, or start it first")
+            raise _unknown(instance_id)
         return state
 
     def read_history(self, instance_id: str) -> list[HistoryRecord]:
-        self.read_state(instance_id)
+        self.finished(instance_id)
         return self._processor(instance_id).read_history(instance_id)
 
     def list_instances(self) -> list[InstanceState]:
@@ -173,3 +179,7 @@ class PartitionHost:
         for owned in self._owned.values():
             found.extend(owned.processor.list_instances())
         return found
+
+
+def _unknown(instance_id: str) -> UnknownInstance:
+    return UnknownInstance(f"no instance {instance_id!r}; check the id, or start it first")

@@ -348,6 +348,14 @@ class PartitionProcessor:
 
     # ---- reads (committed state only) -----------------------------------------------
 
+    def finished(self, instance_id: str) -> bool | None:
+        """None if no such instance, else whether it finished: two point reads, no
+        decoding, for checks on the hot path of every command."""
+        store = self.backend.store
+        if store.get(keys.meta(instance_id)) is None:
+            return None
+        return store.get(keys.active(instance_id)) is None
+
     def read_state(self, instance_id: str) -> InstanceState | None:
         return load_state(self.backend.store, instance_id)
 

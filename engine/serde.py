@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import fastavro
+import fastavro.validation
 from fastavro.schema import fingerprint as _fastavro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
@@ -402,11 +403,12 @@ def _map_record(
     plan = []
     for f in record["fields"]:
         name: str = f["name"]
-        default = _default_value(schema, f["type"], f["default"]) if "default" in f else None
         if name in attrs:
             plan.append(_Field(name, name, f["type"]))
         elif "default" in f:
-            plan.append(_Field(name, None, f["type"], default))
+            plan.append(
+                _Field(name, None, f["type"], _default_value(schema, f["type"], f["default"]))
+            )
         else:
             raise ValueError(
                 f"{schema.file.path}: field {name!r} has no default and {owner} has no such "
@@ -442,7 +444,7 @@ def _record_plan(schema: _Schema, cls: type[Record]) -> list[_Field]:
 
 
 def _nested(schema: _Schema, record: Mapping[str, Any]) -> tuple[type[Any], list[_Field]]:
-    name = _full_name(record, "")[1].rpartition(".")[2]
+    name = record["name"].rpartition(".")[2]
     cls = _NESTED_CLASSES.get(name)
     if cls is None:
         raise ValueError(f"{schema.file.path}: no Python class for nested record {name!r}")
@@ -565,14 +567,18 @@ def _reader(schema: _Schema, t: Any) -> _Reader:
                     return None, i + 1
                 if c == value_byte:
                     return inner(b, i + 1)
-                raise _Malformed(f"union branch byte {c} at byte {i}; the union has 2")
+                raise _Malformed(
+                    f"union branch {(c >> 1) ^ -(c & 1)} at byte {i}; the union has 2 branches"
+                )
 
             return read_optional
 
         def read_union(b: bytes, i: int) -> tuple[Any, int]:
             index, end = _read_long(b, i)
             if not 0 <= index < count:
-                raise _Malformed(f"union branch {index} at byte {i}; the union has {count}")
+                raise _Malformed(
+                    f"union branch {index} at byte {i}; the union has {count} branches"
+                )
             return readers[index](b, end)
 
         return read_union
@@ -892,7 +898,15 @@ def _copy(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _encode_failure(record: Record, encoder: _Encoder, exc: Exception) -> str:
+    """The failure, naming the attribute at fault (found again off the hot path)."""
     where = ""
+    if encoder.steps is None:
+        try:
+            fastavro.validation.validate(
+                encoder.to_dict(record), encoder.schema.parsed, raise_errors=True
+            )
+        except Exception as invalid:
+            where = f" {' '.join(str(invalid).split())}:"
     for name, write in encoder.steps or ():
         try:
             write(bytearray(), getattr(record, name))
@@ -906,12 +920,15 @@ def _encode_failure(record: Record, encoder: _Encoder, exc: Exception) -> str:
 
 
 def _decode_failure(data: bytes, decoder: _Decoder, exc: Exception) -> str:
-    if isinstance(exc, IndexError | EOFError):
+    if isinstance(exc, _Malformed):
+        reason = str(exc)
+    elif isinstance(exc, IndexError) and not decoder.steps and "list index" in str(exc):
+        # fastavro indexes its list of union branches; running off the body is a string index.
+        reason = f"a union branch index is out of range ({exc})"
+    elif isinstance(exc, IndexError | EOFError):
         reason = f"the body ends early, truncated? ({exc or 'no more bytes'})"
     elif isinstance(exc, UnicodeDecodeError):
         reason = f"a string is not valid UTF-8 ({exc})"
-    elif isinstance(exc, _Malformed):
-        reason = str(exc)
     else:
         reason = f"{type(exc).__name__}: {exc}"
     return (

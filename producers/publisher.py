@@ -40,6 +40,8 @@ class Reader(Protocol):
 
     def forget(self, command_id: str) -> None: ...
 
+    def finished(self, instance_id: str) -> bool: ...
+
     def read_state(self, instance_id: str) -> InstanceState: ...
 
     def read_history(self, instance_id: str) -> list[HistoryRecord]: ...
@@ -101,10 +103,10 @@ class LogTransport:
         return check_size(self._codec.encode(value), self._limit, what=what)
 
     def _live(self, instance_id: str, action: str) -> None:
-        state = self._reader.read_state(instance_id)
-        if state.status.finished:
+        if self._reader.finished(instance_id):
+            status = self._reader.read_state(instance_id).status.value
             raise InstanceFinished(
-                f"instance {instance_id} is already {state.status.value}; {action} has no "
+                f"instance {instance_id} is already {status}; {action} has no "
                 "effect on a finished instance (start a new instance instead)"
             )
 

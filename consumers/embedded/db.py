@@ -260,7 +260,12 @@ class EmbeddedDB:
             staged: dict[tuple[str, int], int] = {}
             try:
                 batch, positions = self._stage(taken, staged)
-                await loop.run_in_executor(self._executor, self._write_durably, batch)
+                if len(taken) == 1:
+                    # A lone writer: nothing to overlap with the fsync, and the two
+                    # thread handoffs would cost as much as the fsync itself.
+                    self._write_durably(batch)
+                else:
+                    await loop.run_in_executor(self._executor, self._write_durably, batch)
             except Exception as exc:
                 self._fail(exc, taken)
                 continue

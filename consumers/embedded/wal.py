@@ -40,7 +40,7 @@ class WalSync:
                     continue  # flushed and deleted since the listing: durable in SST files
                 self._fds[name] = fd
                 new_entry = True
-            os.fsync(fd)
+            os.fdatasync(fd)
         if new_entry:
             os.fsync(self._dir_fd)
 
