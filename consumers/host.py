@@ -143,7 +143,7 @@ class PartitionHost:
         try:
             # Read after registering, so a commit in between cannot be missed.
             if self.finished(instance_id):
-                return self.read_state(instance_id)
+                return self.read_state(instance_id, entries=False)
             return await asyncio.wait_for(fut, timeout)
         finally:
             waiters = self._finished.get(instance_id)
@@ -164,8 +164,8 @@ class PartitionHost:
             raise _unknown(instance_id)
         return finished
 
-    def read_state(self, instance_id: str) -> InstanceState:
-        state = self._processor(instance_id).read_state(instance_id)
+    def read_state(self, instance_id: str, *, entries: bool = True) -> InstanceState:
+        state = self._processor(instance_id).read_state(instance_id, entries=entries)
         if state is None:
             raise _unknown(instance_id)
         return state

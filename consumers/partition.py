@@ -52,13 +52,17 @@ class Committed:
     commands: dict[str, str | None]
 
 
-def load_state(store: StateStore, instance_id: str) -> InstanceState | None:
+def load_state(
+    store: StateStore, instance_id: str, *, entries: bool = True
+) -> InstanceState | None:
+    """An instance's committed state; without ``entries`` only its meta (status, result,
+    error, timestamps), which is all a status or result check needs."""
     meta = store.get(keys.meta(instance_id))
     if meta is None:
         return None
     prefix = keys.entry_prefix(instance_id)
-    entries = [(k[len(prefix) :].decode(), v) for k, v in store.scan(prefix)]
-    return InstanceState.from_storage(instance_id, meta, entries)
+    found = [(k[len(prefix) :].decode(), v) for k, v in store.scan(prefix)] if entries else []
+    return InstanceState.from_storage(instance_id, meta, found)
 
 
 def write_state(state: InstanceState, batch: CommitBatch) -> None:
@@ -356,8 +360,8 @@ class PartitionProcessor:
             return None
         return store.get(keys.active(instance_id)) is None
 
-    def read_state(self, instance_id: str) -> InstanceState | None:
-        return load_state(self.backend.store, instance_id)
+    def read_state(self, instance_id: str, *, entries: bool = True) -> InstanceState | None:
+        return load_state(self.backend.store, instance_id, entries=entries)
 
     def read_history(self, instance_id: str) -> list[HistoryRecord]:
         records = []

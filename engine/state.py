@@ -335,7 +335,7 @@ class InstanceState:
     def from_storage(
         cls, instance_id: str, meta: bytes, entries: list[tuple[str, bytes]]
     ) -> InstanceState:
-        raw = json.loads(meta)
+        raw = json.loads(meta.decode())
         state = cls(
             instance_id=instance_id,
             workflow=raw["w"],
@@ -355,7 +355,7 @@ class InstanceState:
         )
         state.recent_commands.extend(raw["rc"])
         for key, value in entries:
-            state.entries[key] = Entry.from_json(key, json.loads(value))
+            state.entries[key] = Entry.from_json(key, json.loads(value.decode()))
         return state
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 COMMANDS = "commands"
@@ -74,5 +75,6 @@ def murmur2(data: bytes) -> int:
     return h
 
 
+@functools.lru_cache(maxsize=65536)
 def partition_for(instance_id: str, partitions: int) -> int:
     return (murmur2(instance_id.encode()) & 0x7FFFFFFF) % partitions

@@ -42,7 +42,7 @@ class Reader(Protocol):
 
     def finished(self, instance_id: str) -> bool: ...
 
-    def read_state(self, instance_id: str) -> InstanceState: ...
+    def read_state(self, instance_id: str, *, entries: bool = True) -> InstanceState: ...
 
     def read_history(self, instance_id: str) -> list[HistoryRecord]: ...
 
@@ -104,7 +104,7 @@ class LogTransport:
 
     def _live(self, instance_id: str, action: str) -> None:
         if self._reader.finished(instance_id):
-            status = self._reader.read_state(instance_id).status.value
+            status = self._reader.read_state(instance_id, entries=False).status.value
             raise InstanceFinished(
                 f"instance {instance_id} is already {status}; {action} has no "
                 "effect on a finished instance (start a new instance instead)"
