@@ -374,7 +374,7 @@ class PartitionProcessor:
     def list_instances(self) -> list[InstanceState]:
         found = []
         for key, _ in self.backend.store.scan(keys.META):
-            state = self.read_state(key[len(keys.META) :].decode())
+            state = self.read_state(key[len(keys.META) :].decode(), entries=False)
             if state is not None:
                 found.append(state)
         return found
