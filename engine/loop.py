@@ -18,6 +18,8 @@ from typing import Any, NoReturn
 
 log = logging.getLogger("stepstream.engine")
 
+ROOT_TASK = "main"
+
 
 class NondeterministicCall(RuntimeError):
     """Workflow code used a real-time asyncio API."""
@@ -28,6 +30,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         self._name = name
         self._ready: deque[asyncio.Handle] = deque()
         self._closed = False
+        self._ready_running = False
+        self._children: dict[str, int] = {}
 
     # ---- what asyncio's futures and tasks need ----------------------------------------
 
@@ -49,7 +53,21 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         name: str | None = None,
         context: _CtxVars | None = None,
     ) -> asyncio.Task[Any]:
-        return asyncio.Task(coro, loop=self, name=name, context=context)
+        # Tasks are named by where they were created: the parent's path plus the child's
+        # index within it. Code inside one task runs sequentially, so the path is the
+        # same on every replay, whatever order concurrent branches happen to run in.
+        parent = asyncio.current_task(self) if self._ready_running else None
+        parent_path = parent.get_name() if parent is not None else ""
+        index = self._children.get(parent_path, 0)
+        self._children[parent_path] = index + 1
+        path = f"{parent_path}.{index}" if parent_path else ROOT_TASK if index == 0 else str(index)
+        return asyncio.Task(coro, loop=self, name=path, context=context)
+
+    @staticmethod
+    def task_path() -> str:
+        """The deterministic path of the workflow task running now."""
+        task = asyncio.current_task()
+        return task.get_name() if task is not None else ROOT_TASK
 
     def get_debug(self) -> bool:
         return False
@@ -96,6 +114,7 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
     def run_until_quiet(self) -> None:
         outer = asyncio.events._get_running_loop()
         asyncio.events._set_running_loop(self)
+        self._ready_running = True
         try:
             ready = self._ready
             while ready:
@@ -103,6 +122,7 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
                 if not handle._cancelled:
                     handle._run()
         finally:
+            self._ready_running = False
             asyncio.events._set_running_loop(outer)
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ from engine.errors import (
     StepFailed,
     StepstreamError,
 )
-from engine.loop import WorkflowLoop
+from engine.loop import ROOT_TASK, WorkflowLoop
 from engine.records import (
     CancelWorkflow,
     Command,
@@ -636,9 +636,13 @@ class InstanceRuntime:
         return self._future(self.state.entries.get(key), key)
 
     def record_value(self, kind: str, produce: Callable[[], Any]) -> Any:
-        n = self._counters.get(kind, 0) + 1
-        self._counters[kind] = n
-        key = f"{kind}#{n}"
+        # Values have no name, so their key is the task that read them plus a count;
+        # parallel branches may run in another order on replay but keep their paths.
+        path = WorkflowLoop.task_path()
+        scope = f"{kind}#" if path == ROOT_TASK else f"{path}/{kind}#"
+        n = self._counters.get(scope, 0) + 1
+        self._counters[scope] = n
+        key = f"{scope}{n}"
         entry = self._visit(key, EntryKind.VALUE)
         if entry is not None:
             assert entry.result is not None

@@ -10,11 +10,12 @@ long the workflow is.
 from __future__ import annotations
 
 import base64
-import json
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+import orjson
 
 from engine.errors import StepstreamError
 from engine.records import (
@@ -329,13 +330,13 @@ class InstanceState:
             "b": [[b.name, _payload_json(b.payload), b.command_id, b.seq] for b in self.buffered],
             "rc": list(self.recent_commands),
         }
-        return json.dumps(raw, separators=(",", ":")).encode()
+        return orjson.dumps(raw)
 
     @classmethod
     def from_storage(
         cls, instance_id: str, meta: bytes, entries: list[tuple[str, bytes]]
     ) -> InstanceState:
-        raw = json.loads(meta.decode())
+        raw = orjson.loads(meta)
         state = cls(
             instance_id=instance_id,
             workflow=raw["w"],
@@ -355,12 +356,12 @@ class InstanceState:
         )
         state.recent_commands.extend(raw["rc"])
         for key, value in entries:
-            state.entries[key] = Entry.from_json(key, json.loads(value.decode()))
+            state.entries[key] = Entry.from_json(key, orjson.loads(value))
         return state
 
 
 def entry_json(entry: Entry) -> bytes:
-    return json.dumps(entry.to_json(), separators=(",", ":")).encode()
+    return orjson.dumps(entry.to_json())
 
 
 def _payload_json(payload: Payload | None) -> list[str] | None:
