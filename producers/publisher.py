@@ -1,9 +1,14 @@
-"""The log transport: a client that publishes commands to the commands log itself and
-reads from the partitions' owner. Used in-process by the embedded backend and, with a
-remote reader, by Kafka clients. Input is checked here, before anything is published."""
+"""Publishing commands to the commands log, and the log transport built on it.
+
+``CommandPublisher`` checks a client's input (known workflow, encodable and small enough
+payloads, instance not finished) before anything is published, publishes the command
+and waits until the partition's owner has settled it. ``LogTransport`` adds reads from
+an in-process owner (the embedded backend); the Kafka client adds reads over HTTP from
+the owning worker (``producers.kafka``)."""
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
@@ -33,12 +38,29 @@ from engine.views import HistoryEntry, InstanceStatus
 from engine.workflow import WorkflowDefinition
 
 
-class Reader(Protocol):
-    def resolve(self, workflow: str) -> WorkflowDefinition: ...
+class WorkflowRef(Protocol):
+    """A workflow name and the version new instances of it get."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+
+class Publishing(Protocol):
+    """What publishing needs from the owners' side: which workflows they run, and word
+    of when a published command was applied (None) or dead-lettered (the reason)."""
+
+    def resolve(self, workflow: str) -> WorkflowRef: ...
 
     def settled(self, command_id: str) -> asyncio.Future[str | None]: ...
 
     def forget(self, command_id: str) -> None: ...
+
+
+class Reader(Publishing, Protocol):
+    def resolve(self, workflow: str) -> WorkflowDefinition: ...
 
     def finished(self, instance_id: str) -> bool: ...
 
@@ -69,29 +91,31 @@ def raise_for_outcome(state: InstanceState, codec: PayloadCodec) -> Any:
     )
 
 
-class LogTransport:
+class CommandPublisher(abc.ABC):
+    """The command half of a transport; subclasses say how to read."""
+
     def __init__(
         self,
         publish: Callable[[Command], Awaitable[None]],
-        reader: Reader,
+        publishing: Publishing,
         *,
         codec: PayloadCodec,
         max_payload_bytes: int,
         on_close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._publish = publish
-        self._reader = reader
+        self._publishing = publishing
         self._codec = codec
         self._limit = max_payload_bytes
         self._on_close = on_close
 
     async def _submit(self, command: Command) -> None:
-        settled = self._reader.settled(command.command_id)
+        settled = self._publishing.settled(command.command_id)
         try:
             await self._publish(command)
             reason = await settled
         finally:
-            self._reader.forget(command.command_id)
+            self._publishing.forget(command.command_id)
         if reason is not None:
             if reason.startswith("unknown instance"):
                 raise UnknownInstance(reason)
@@ -102,16 +126,13 @@ class LogTransport:
     def _encode(self, value: Any, what: str) -> Any:
         return check_size(self._codec.encode(value), self._limit, what=what)
 
-    def _live(self, instance_id: str, action: str) -> None:
-        if self._reader.finished(instance_id):
-            status = self._reader.read_state(instance_id, entries=False).status.value
-            raise InstanceFinished(
-                f"instance {instance_id} is already {status}; {action} has no "
-                "effect on a finished instance (start a new instance instead)"
-            )
+    @abc.abstractmethod
+    async def _check_live(self, instance_id: str, action: str) -> None:
+        """Raise ``UnknownInstance`` or ``InstanceFinished`` (``finished_error``) unless
+        the instance exists and is not finished."""
 
     async def start(self, workflow: str, input: Any, instance_id: str) -> str:
-        definition = self._reader.resolve(workflow)
+        definition = self._publishing.resolve(workflow)
         payload = self._encode(input, f"input of instance {instance_id}")
         await self._submit(
             StartWorkflow(
@@ -126,7 +147,7 @@ class LogTransport:
 
     async def send_event(self, instance_id: str, name: str, payload: Any) -> None:
         encoded = self._encode(payload, f"event {name!r} for instance {instance_id}")
-        self._live(instance_id, "sending an event")
+        await self._check_live(instance_id, "sending an event")
         await self._submit(
             SendEvent(
                 instance_id=instance_id, command_id=str(uuid.uuid4()), name=name, payload=encoded
@@ -134,18 +155,64 @@ class LogTransport:
         )
 
     async def cancel(self, instance_id: str, reason: str) -> None:
-        self._live(instance_id, "cancel")
+        await self._check_live(instance_id, "cancel")
         await self._submit(
             CancelWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4()), reason=reason)
         )
 
     async def pause(self, instance_id: str) -> None:
-        self._live(instance_id, "pause")
+        await self._check_live(instance_id, "pause")
         await self._submit(PauseWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4())))
 
     async def resume(self, instance_id: str) -> None:
-        self._live(instance_id, "resume")
+        await self._check_live(instance_id, "resume")
         await self._submit(ResumeWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4())))
+
+    @abc.abstractmethod
+    async def status(self, instance_id: str) -> InstanceStatus: ...
+
+    @abc.abstractmethod
+    async def result(self, instance_id: str, timeout: float | None) -> Any: ...
+
+    @abc.abstractmethod
+    async def history(self, instance_id: str) -> list[HistoryEntry]: ...
+
+    @abc.abstractmethod
+    async def list(self, status: str | None) -> list[InstanceStatus]: ...
+
+    async def close(self) -> None:
+        if self._on_close is not None:
+            await self._on_close()
+
+
+def finished_error(instance_id: str, status: str, action: str) -> InstanceFinished:
+    return InstanceFinished(
+        f"instance {instance_id} is already {status}; {action} has no "
+        "effect on a finished instance (start a new instance instead)"
+    )
+
+
+class LogTransport(CommandPublisher):
+    """Commands published through ``publish``, reads from an in-process ``reader``."""
+
+    def __init__(
+        self,
+        publish: Callable[[Command], Awaitable[None]],
+        reader: Reader,
+        *,
+        codec: PayloadCodec,
+        max_payload_bytes: int,
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(
+            publish, reader, codec=codec, max_payload_bytes=max_payload_bytes, on_close=on_close
+        )
+        self._reader = reader
+
+    async def _check_live(self, instance_id: str, action: str) -> None:
+        if self._reader.finished(instance_id):
+            status = self._reader.read_state(instance_id, entries=False).status.value
+            raise finished_error(instance_id, status, action)
 
     async def status(self, instance_id: str) -> InstanceStatus:
         return InstanceStatus.of(self._reader.read_state(instance_id))
@@ -167,7 +234,3 @@ class LogTransport:
         states = self._reader.list_instances()
         views = [InstanceStatus.of(s) for s in states if status is None or s.status == status]
         return sorted(views, key=lambda v: (v.created_at, v.instance_id))
-
-    async def close(self) -> None:
-        if self._on_close is not None:
-            await self._on_close()
