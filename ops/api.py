@@ -12,12 +12,13 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from engine.codec import parse_json_text
 from engine.errors import (
+    ConnectionFailed,
     InstanceFinished,
     InvalidPayload,
     PayloadTooLarge,
@@ -45,10 +46,25 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
     WorkflowFailed: 422,
     WorkflowCancelled: 422,
     ResultTimeout: 408,
+    # This server cannot answer for that instance now (a worker that does not own its
+    # partition); a client asks again, elsewhere.
+    ConnectionFailed: 503,
 }
 _STATUSES = tuple(s.value for s in Status)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class CommandWaiter(Protocol):
+    """Answers ``GET /v1/commands/{id}``: for clients that publish commands themselves
+    (Kafka) and ask the owner when one is settled."""
+
+    async def wait_settled(
+        self, command_id: str, instance_id: str | None, timeout: float | None
+    ) -> str | None:
+        """None once applied, the reason once dead-lettered; ``ResultTimeout`` if not
+        settled within ``timeout`` seconds."""
+        ...
 
 
 def make_app(
@@ -56,9 +72,11 @@ def make_app(
     *,
     registry_names: Callable[[], dict[str, list[str]]] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    commands: CommandWaiter | None = None,
 ) -> web.Application:
-    """The API over ``transport``. ``registry_names`` answers ``GET /v1/workflows``."""
-    api = _Api(transport, registry_names, max_body_bytes)
+    """The API over ``transport``. ``registry_names`` answers ``GET /v1/workflows``;
+    ``commands`` (if given) ``GET /v1/commands/{id}?instance=ID&timeout=S``."""
+    api = _Api(transport, registry_names, max_body_bytes, commands)
     app = web.Application(client_max_size=max_body_bytes, middlewares=[api.errors])
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/v1/workflows", api.workflows)
@@ -71,6 +89,8 @@ def make_app(
     app.router.add_post("/v1/instances/{id}/cancel", api.cancel)
     app.router.add_post("/v1/instances/{id}/pause", api.pause)
     app.router.add_post("/v1/instances/{id}/resume", api.resume)
+    if commands is not None:
+        app.router.add_get("/v1/commands/{id}", api.command)
     return app
 
 
@@ -80,10 +100,12 @@ class _Api:
         transport: Transport,
         registry_names: Callable[[], dict[str, list[str]]] | None,
         max_body_bytes: int,
+        commands: CommandWaiter | None = None,
     ) -> None:
         self._transport = transport
         self._registry_names = registry_names
         self._max_body_bytes = max_body_bytes
+        self._commands = commands
 
     @web.middleware
     async def errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -172,6 +194,15 @@ class _Api:
             raise InvalidPayload(f"unknown status {status!r}; use one of {', '.join(_STATUSES)}")
         instances = await self._transport.list(status)
         return web.json_response({"instances": [i.to_json() for i in instances]})
+
+    async def command(self, request: web.Request) -> web.Response:
+        # Waits here, woken by the commit that settles the command: one long request.
+        assert self._commands is not None
+        command_id = request.match_info["id"]
+        reason = await self._commands.wait_settled(
+            command_id, request.query.get("instance") or None, _timeout(request)
+        )
+        return web.json_response({"command_id": command_id, "settled": True, "reason": reason})
 
     async def result(self, request: web.Request) -> web.Response:
         # Waits here, woken by the engine when the instance finishes: one long request.

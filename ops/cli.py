@@ -45,7 +45,7 @@ EXIT_USAGE = 2
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Transports that live outside producers.http and are imported only when asked for:
 # the embedded one opens RocksDB, which a client talking HTTP never needs.
-_TRANSPORT_MODULES = {"embedded": "ops.embedded"}
+_TRANSPORT_MODULES = {"embedded": "ops.embedded", "kafka": "producers.kafka"}
 
 
 class _UsageError(Exception):
@@ -54,7 +54,7 @@ class _UsageError(Exception):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    default_level = "INFO" if args.command == "dev" else "WARNING"
+    default_level = "INFO" if args.command in ("dev", "worker") else "WARNING"
     level = (args.log_level or os.environ.get("STEPSTREAM_LOG_LEVEL") or default_level).upper()
     if level not in _LOG_LEVELS:
         print(f"error: log level {level!r} is not one of {', '.join(_LOG_LEVELS)}", file=sys.stderr)
@@ -344,6 +344,74 @@ def _list(args: argparse.Namespace) -> int:
     return _with_client(args, command)
 
 
+# ---- Kafka mode -------------------------------------------------------------------------
+
+
+def _kafka_settings(args: argparse.Namespace) -> Any:
+    from engine.kafka_settings import KafkaSettings
+
+    return KafkaSettings.load(
+        args.bootstrap, args.prefix, config_file=args.kafka_config, options=args.kafka_opt
+    )
+
+
+def _worker(args: argparse.Namespace) -> int:
+    _put_cwd_on_path()
+    registry = Registry()
+    registry.add_modules(args.workflows)
+    return asyncio.run(_run_worker(registry, args))
+
+
+async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
+    from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
+
+    settings = _kafka_settings(args)
+    config = KafkaWorkerConfig.from_env(
+        settings,
+        state_dir=args.state_dir,
+        host=args.host,
+        port=args.port,
+        advertise=args.advertise,
+    )
+    worker = KafkaWorker(registry, config)
+    await worker.start()
+    try:
+        workflows = ", ".join(
+            f"{name} v{'/'.join(versions)}" for name, versions in registry.names().items()
+        )
+        print(
+            f"stepstream worker listening on {worker.url} (prefix {settings.prefix}, "
+            f"{worker.host.partitions} partitions, state {config.state_dir}, "
+            f"workflows: {workflows})",
+            flush=True,
+        )
+        stop = asyncio.ensure_future(_until_signalled())
+        failed = asyncio.ensure_future(worker.run())
+        await asyncio.wait({stop, failed}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (stop, failed):
+            task.cancel()
+        if failed.done() and not failed.cancelled() and failed.exception() is not None:
+            raise StepstreamError(str(failed.exception()))
+        log.info("shutting down url=%s", worker.url)
+    finally:
+        await worker.stop()
+    return EXIT_OK
+
+
+def _topics_create(args: argparse.Namespace) -> int:
+    from consumers.kafka import create_topics
+
+    settings = _kafka_settings(args)
+    states = create_topics(settings, args.partitions, replication=args.replication)
+    rows = [{"topic": t.name, "partitions": t.partitions, "created": t.created} for t in states]
+    human = "\n".join(
+        f"{'created' if t.created else 'exists '} {t.name} ({t.partitions} partitions)"
+        for t in states
+    )
+    _output(args, rows, human)
+    return EXIT_OK
+
+
 def _bench(args: argparse.Namespace) -> int:
     # Imported here: the benchmark registers its own workflows, which no other command needs.
     from ops import bench
@@ -562,6 +630,65 @@ def _parser() -> argparse.ArgumentParser:
     ).add_argument("id", metavar="ID")
     listing = command("list", _list, "list instances", [connect, as_json])
     listing.add_argument("--status", choices=[s.value for s in Status])
+
+    kafka = argparse.ArgumentParser(add_help=False)
+    kafka.add_argument(
+        "--bootstrap",
+        metavar="H:P",
+        help="Kafka bootstrap servers (default: $STEPSTREAM_KAFKA_BOOTSTRAP_SERVERS)",
+    )
+    kafka.add_argument("--prefix", help="topic prefix (default: $STEPSTREAM_PREFIX or stepstream)")
+    kafka.add_argument(
+        "--kafka-config",
+        metavar="FILE",
+        help="client properties, key=value lines with librdkafka names "
+        "(default: $STEPSTREAM_KAFKA_CONFIG)",
+    )
+    kafka.add_argument(
+        "--kafka-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a client property, e.g. security.protocol=SASL_SSL (repeatable; also "
+        "STEPSTREAM_KAFKA_<NAME> variables, e.g. STEPSTREAM_KAFKA_SASL_MECHANISM)",
+    )
+
+    worker = command(
+        "worker", _worker, "run workflows in a Kafka consumer group, and serve their reads", [kafka]
+    )
+    worker.add_argument(
+        "--workflows",
+        required=True,
+        metavar="MODULES",
+        help="comma-separated modules whose @workflow functions are run",
+    )
+    worker.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="local state, one RocksDB per owned partition (default: $STEPSTREAM_STATE_DIR "
+        "or ./.stepstream-worker)",
+    )
+    worker.add_argument("--host", default="127.0.0.1", help="API address (%(default)s)")
+    worker.add_argument("--port", type=int, default=8233, help="API port, 0 for any (%(default)s)")
+    worker.add_argument(
+        "--advertise",
+        metavar="URL",
+        help="the API's URL as clients reach it (default: http://HOST:PORT as bound)",
+    )
+
+    topics = commands.add_parser("topics", help="manage the Kafka topics of a prefix")
+    topic_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
+    create = topic_commands.add_parser(
+        "create",
+        help="create the topics of a prefix (idempotent); says what exists",
+        description="create the topics of a prefix (idempotent); says what exists",
+        parents=[common, kafka, as_json],
+    )
+    create.set_defaults(handler=_topics_create)
+    create.add_argument("--partitions", type=int, required=True, metavar="N")
+    create.add_argument(
+        "--replication", type=int, default=1, metavar="R", help="replication factor (1)"
+    )
 
     bench = command("bench", _bench, "measure throughput and latency (see docs)", [as_json])
     bench.add_argument("--backend", choices=("embedded", "kafka"), default="embedded")

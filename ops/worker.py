@@ -1,17 +1,21 @@
-"""``Worker``: runs workflows. Embedded today (``embedded:PATH``); the same class runs a
-Kafka consumer group when given ``kafka://`` (see the Kafka backend)."""
+"""``Worker``: runs workflows. ``embedded:PATH`` runs the embedded engine in this
+process; ``kafka://HOST:PORT?prefix=P`` joins the Kafka consumer group of that prefix
+(``ops.kafka_worker``) and serves the partitions the group gives it."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.codec import PayloadCodec
 from engine.errors import StepstreamError
 from engine.workflow import Registry
 from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
-from producers.client import Client
+from producers.client import Client, Transport
+
+if TYPE_CHECKING:
+    from ops.kafka_worker import KafkaWorker
 
 
 class Worker:
@@ -20,6 +24,12 @@ class Worker:
     async with Worker([order], connect="embedded:./.stepstream") as worker:
         client = worker.client()
         await client.start("order", {...})
+
+    With ``connect="kafka://HOST:PORT?prefix=P"`` the options are those of
+    ``ops.kafka_worker.KafkaWorkerConfig`` (``state_dir``, ``host``, ``port``,
+    ``advertise``, ``max_payload_bytes``) plus ``kafka`` (a dict of client properties) and
+    ``kafka_config`` (a properties file); ``start()`` returns once the group has given
+    this worker its first partitions.
     """
 
     def __init__(
@@ -38,16 +48,36 @@ class Worker:
         self._codec = codec
         self._options = options
         self._engine: EmbeddedEngine | None = None
+        self._kafka: KafkaWorker | None = None
+        self._kafka_client: Transport | None = None
 
     async def start(self) -> None:
         scheme, _, rest = self._connect.partition(":")
+        if scheme == "kafka":
+            await self._start_kafka()
+            return
         if scheme != "embedded":
             raise StepstreamError(
-                f"Worker cannot run on {self._connect!r} yet: only embedded:PATH is available "
-                "in this build"
+                f"Worker cannot run on {self._connect!r}: use embedded:PATH or "
+                "kafka://HOST:PORT?prefix=P"
             )
         config = EmbeddedConfig.from_env(data_dir=rest or None, **self._options)
         self._engine = await open_embedded(self.registry, config, codec=self._codec)
+
+    async def _start_kafka(self) -> None:
+        from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
+        from producers.kafka import open_kafka_transport, settings_from_url
+
+        options = dict(self._options)
+        settings = settings_from_url(self._connect, options)
+        config = KafkaWorkerConfig.from_env(settings, **options)
+        worker = KafkaWorker(self.registry, config, codec=self._codec)
+        await worker.start()
+        self._kafka = worker
+        await worker.wait_assigned()
+        self._kafka_client = await open_kafka_transport(
+            settings, codec=self._codec, max_payload_bytes=config.max_payload_bytes
+        )
 
     @property
     def engine(self) -> EmbeddedEngine:
@@ -55,20 +85,39 @@ class Worker:
             raise StepstreamError("the worker is not started; await worker.start() first")
         return self._engine
 
+    @property
+    def kafka(self) -> KafkaWorker:
+        """The Kafka-mode worker (``connect="kafka://..."``)."""
+        if self._kafka is None:
+            raise StepstreamError("no Kafka worker is running; start one with kafka://...")
+        return self._kafka
+
     def client(self) -> Client:
-        """A client that talks to this worker in-process."""
+        """A client of this worker's engine: in-process (embedded), or a kafka:// client
+        of the worker's prefix (it reaches every worker of the group)."""
+        if self._kafka_client is not None:
+            return Client(self._kafka_client)
         return Client(self.engine.transport)
 
     async def run(self) -> None:
         """Start (if needed) and run until cancelled."""
-        if self._engine is None:
+        if self._engine is None and self._kafka is None:
             await self.start()
         try:
-            await asyncio.Event().wait()
+            if self._kafka is not None:
+                await self._kafka.run()
+            else:
+                await asyncio.Event().wait()
         finally:
             await self.stop()
 
     async def stop(self) -> None:
+        if self._kafka_client is not None:
+            await self._kafka_client.close()
+            self._kafka_client = None
+        if self._kafka is not None:
+            await self._kafka.stop()
+            self._kafka = None
         if self._engine is not None:
             await self._engine.close()
             self._engine = None

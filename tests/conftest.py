@@ -1,15 +1,35 @@
-"""Shared fixtures: a client over each backend, with the test workflows registered."""
+"""Shared fixtures: a client over each backend, with the test workflows registered.
+
+The Kafka backend runs against one real broker per session (Tansu, over TCP; if it cannot
+start, every Kafka test fails with the reason). Each Kafka test gets its own topic
+prefix and its own worker, run in this process on a thread with its own event loop (so
+step bodies see the test's environment), reached through a ``kafka://`` client.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import concurrent.futures
+import threading
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 
+import producers.kafka  # noqa: F401  (registers kafka:// with Client.connect)
+from engine.kafka_settings import KafkaSettings
 from engine.workflow import Registry
 from ops.embedded import EmbeddedConfig, open_embedded
 from producers.client import Client
+from tests.kafka_broker import Broker, start_broker
+
+T = TypeVar("T")
+
+# Group joins take about half of session.timeout.ms on the test broker (2000 -> 1 s).
+KAFKA_TEST_OPTIONS = ("session.timeout.ms=2000", "heartbeat.interval.ms=300")
+KAFKA_TEST_PARTITIONS = 2
 
 
 def test_registry() -> Registry:
@@ -26,8 +46,88 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
-@pytest.fixture(params=["embedded"])
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[Broker]:
+    broker = start_broker()  # raises with the reason and the broker's log: never a skip
+    yield broker
+    broker.stop()
+
+
+def kafka_settings(broker: Broker, prefix: str | None = None) -> KafkaSettings:
+    return KafkaSettings.load(
+        broker.bootstrap,
+        prefix or f"t{uuid.uuid4().hex[:10]}",
+        options=KAFKA_TEST_OPTIONS,
+        environ={},
+    )
+
+
+class ThreadedWorker:
+    """A ``KafkaWorker`` on its own thread and event loop, driven from a test's loop."""
+
+    def __init__(self, settings: KafkaSettings, state_dir: Path, registry: Registry) -> None:
+        from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
+
+        self.settings = settings
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="test-kafka-worker", daemon=True
+        )
+        self._thread.start()
+        config = KafkaWorkerConfig(settings, state_dir=str(state_dir), port=0)
+        self.worker: Any = self.call_sync(_build(KafkaWorker, registry, config))
+
+    def call_sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=120)
+
+    async def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        future: concurrent.futures.Future[T] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return await asyncio.wrap_future(future)
+
+    def start(self, partitions: int | None = KAFKA_TEST_PARTITIONS) -> None:
+        """Blocks until the worker owns ``partitions`` (None: its first assignment)."""
+        self.call_sync(self.worker.start())
+        self.call_sync(self.worker.wait_assigned(partitions, timeout=60))
+
+    def stop(self) -> None:
+        try:
+            self.call_sync(self.worker.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+
+async def _build(cls: Any, *args: Any) -> Any:
+    return cls(*args)  # constructed on the worker's loop: it creates asyncio primitives
+
+
+@pytest.fixture
+def kafka_worker(kafka_broker: Broker, tmp_path: Path) -> Iterator[ThreadedWorker]:
+    """A fresh prefix (topics created) and a worker that owns all of its partitions."""
+    from consumers.kafka import create_topics
+
+    settings = kafka_settings(kafka_broker)
+    create_topics(settings, KAFKA_TEST_PARTITIONS)
+    worker = ThreadedWorker(settings, tmp_path / "worker", test_registry())
+    try:
+        worker.start()
+        yield worker
+    finally:
+        worker.stop()
+
+
+def kafka_url(settings: KafkaSettings) -> str:
+    return f"kafka://{settings.bootstrap}?prefix={settings.prefix}"
+
+
+@pytest.fixture(params=["embedded", "kafka"])
 async def client(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Client]:
+    if request.param == "kafka":
+        worker: ThreadedWorker = request.getfixturevalue("kafka_worker")
+        async with Client.connect(kafka_url(worker.settings)) as c:
+            yield c
+        return
     engine = await open_embedded(
         test_registry(), EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=2)
     )

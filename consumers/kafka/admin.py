@@ -1,0 +1,152 @@
+"""Creating and checking the topics of one prefix.
+
+``<prefix>.commands``, ``.history``, ``.timers`` and ``.dead-letters`` have the same
+partition count (they are co-partitioned: an instance lives on partition
+``murmur2(id) % n`` of each); ``.members`` is a small compacted topic where workers
+announce what they own. History is the journal, so it is kept forever. Partition counts
+cannot change later (the partition of an instance is a function of the count).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from engine.errors import StepstreamError
+from engine.kafka_settings import KafkaSettings
+from engine.topics import MEMBERS, TOPIC_KINDS, TopicNames
+
+ADMIN_REQUIRED: dict[str, object] = {"allow.auto.create.topics": False}
+_TOPIC_CONFIGS: dict[str, dict[str, str]] = {
+    "history": {"retention.ms": "-1", "retention.bytes": "-1"},
+    MEMBERS: {"cleanup.policy": "compact"},
+}
+
+
+class TopicsMismatch(StepstreamError):
+    """Existing topics do not have the partition counts stepstream needs."""
+
+
+class TopicsMissing(StepstreamError):
+    """A topic stepstream needs does not exist."""
+
+
+@dataclass(frozen=True, slots=True)
+class TopicState:
+    name: str
+    partitions: int
+    created: bool
+
+
+def admin_client(settings: KafkaSettings) -> AdminClient:
+    config: dict[str, Any] = settings.client_config("admin", {}, ADMIN_REQUIRED)
+    return AdminClient(config)
+
+
+def existing_partitions(settings: KafkaSettings, timeout: float = 10.0) -> dict[str, int]:
+    """Partition counts of the prefix's topics that exist. Never creates a topic."""
+    names = TopicNames(settings.prefix)
+    wanted = {names.name(kind) for kind in (*TOPIC_KINDS, MEMBERS)}
+    try:
+        metadata = admin_client(settings).list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise StepstreamError(
+            f"cannot reach Kafka at {settings.bootstrap}: {exc}; check --bootstrap and the "
+            "security settings"
+        ) from None
+    return {
+        name: len(topic.partitions)
+        for name, topic in metadata.topics.items()
+        if name in wanted and topic.error is None
+    }
+
+
+def create_topics(
+    settings: KafkaSettings, partitions: int, *, replication: int = 1, timeout: float = 30.0
+) -> list[TopicState]:
+    """Create whatever is missing; idempotent. Raises ``TopicsMismatch`` if a topic
+    exists with another partition count."""
+    if partitions < 1:
+        raise StepstreamError(f"--partitions must be at least 1, got {partitions}")
+    names = TopicNames(settings.prefix)
+    wanted = {names.name(kind): partitions for kind in TOPIC_KINDS}
+    wanted[names.name(MEMBERS)] = 1
+    existing = existing_partitions(settings)
+    _check_counts(settings, existing, wanted)
+    missing = [name for name in wanted if name not in existing]
+    created: set[str] = set()
+    if missing:
+        admin = admin_client(settings)
+        new = [
+            NewTopic(
+                name,
+                wanted[name],
+                replication,
+                config=_TOPIC_CONFIGS.get(name.rsplit(".", 1)[-1], {}),
+            )
+            for name in missing
+        ]
+        futures: dict[str, Future[None]] = admin.create_topics(new, request_timeout=timeout)
+        for name, future in futures.items():
+            try:
+                future.result()
+                created.add(name)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if (
+                    isinstance(error, KafkaError)
+                    and error.code() == KafkaError.TOPIC_ALREADY_EXISTS
+                ):
+                    continue  # another process created it meanwhile
+                raise StepstreamError(f"cannot create topic {name}: {exc}") from None
+        existing = existing_partitions(settings)
+        _check_counts(settings, existing, wanted)
+    return [
+        TopicState(name, existing.get(name, count), name in created)
+        for name, count in wanted.items()
+    ]
+
+
+def topic_partitions(settings: KafkaSettings) -> int:
+    """The partition count of the prefix's co-partitioned topics, checked."""
+    names = TopicNames(settings.prefix)
+    existing = existing_partitions(settings)
+    missing = [
+        names.name(kind) for kind in (*TOPIC_KINDS, MEMBERS) if names.name(kind) not in existing
+    ]
+    if missing:
+        raise TopicsMissing(
+            f"topics {', '.join(missing)} do not exist on {settings.bootstrap}; create them "
+            f"with `stepstream topics create --bootstrap {settings.bootstrap} --prefix "
+            f"{settings.prefix} --partitions N`"
+        )
+    counts = {existing[names.name(kind)] for kind in TOPIC_KINDS}
+    if len(counts) != 1:
+        raise TopicsMismatch(
+            "the topics of prefix "
+            f"{settings.prefix} have different partition counts "
+            f"({', '.join(f'{names.name(k)}={existing[names.name(k)]}' for k in TOPIC_KINDS)}); "
+            "they must be co-partitioned: recreate them with one count"
+        )
+    return counts.pop()
+
+
+def _check_counts(
+    settings: KafkaSettings, existing: dict[str, int], wanted: dict[str, int]
+) -> None:
+    wrong = [
+        f"{name} has {existing[name]} partitions, not {count}"
+        for name, count in wanted.items()
+        if name in existing and existing[name] != count
+    ]
+    if wrong:
+        raise TopicsMismatch(
+            f"existing topics of prefix {settings.prefix} do not match: {'; '.join(wrong)}. "
+            "Partition counts cannot change (an instance's partition depends on them): use "
+            "the existing count, or another --prefix"
+        )

@@ -1,0 +1,122 @@
+"""One owned partition of the Kafka backend, as the engine's ``PartitionBackend`` seam.
+
+Its state is the partition's RocksDB; its sources are what the group consumer fetches
+for it; a commit produces the batch's records (history, timers, dead letters, fired
+timers) and waits for all of their acknowledgements, then writes the state changes with
+the offsets they cover in one RocksDB batch, then lets the group commit those offsets.
+Kafka transactions are not used: a crash between the produce and the write leaves
+records the state does not cover yet, which the next restore folds in.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+
+from consumers.kafka import keys
+from consumers.kafka.db import PartitionDB
+from consumers.kafka.group import KafkaSource
+from consumers.kafka.producer import LogProducer, OutRecord
+from engine.seams import CommitBatch
+from engine.topics import COMMANDS, HISTORY, TopicNames, partition_for
+
+Consumed = Callable[[str, int, int], None]
+
+
+class PartitionRevoked(Exception):
+    """A commit on a partition this worker no longer owns."""
+
+
+class KafkaPartition:
+    def __init__(
+        self,
+        *,
+        db: PartitionDB,
+        partition: int,
+        partitions: int,
+        epoch: int,
+        sources: dict[str, KafkaSource],
+        producer: LogProducer,
+        topics: TopicNames,
+        consumed: Consumed,
+    ) -> None:
+        self.partition = partition
+        self.partitions = partitions
+        self.epoch = epoch
+        self.db = db
+        self._sources = sources
+        self._producer = producer
+        self._topics = topics
+        self._consumed = consumed
+        self._revoked = False
+
+    @property
+    def store(self) -> PartitionDB:
+        return self.db
+
+    def source(self, kind: str) -> KafkaSource:
+        try:
+            return self._sources[kind]
+        except KeyError:
+            raise ValueError(
+                f"partition {self.partition}: no source of {kind!r} records; a worker "
+                f"consumes {', '.join(self._sources)}"
+            ) from None
+
+    def committed_offset(self, kind: str) -> int:
+        """The next offset of ``kind`` the local state covers (0 if none)."""
+        return self.db.offset(kind) or 0
+
+    def revoke(self) -> None:
+        """No commit may change anything from now on (the partition has a new owner)."""
+        self._revoked = True
+
+    async def commit(self, batch: CommitBatch) -> None:
+        if not batch:
+            return
+        if self._revoked or self.db.closed:
+            raise PartitionRevoked(f"partition {self.partition} is no longer owned here")
+        records: list[OutRecord] = []
+        last_history = -1
+        name = self._topics.name
+        for append in batch.appends:
+            partition = append.partition
+            if partition is None:
+                partition = partition_for(append.key.decode(), self.partitions)
+            if append.kind == HISTORY:
+                if partition != self.partition:
+                    raise ValueError(
+                        f"partition {self.partition} cannot append history to partition "
+                        f"{partition}: history is co-partitioned with commands"
+                    )
+                last_history = len(records)
+            records.append(OutRecord(name(append.kind), partition, append.key, append.value))
+        commands_offset = batch.offsets.get(COMMANDS)
+        if last_history >= 0 and commands_offset is not None:
+            tail = records[last_history]
+            records[last_history] = OutRecord(
+                tail.topic,
+                tail.partition,
+                tail.key,
+                tail.value,
+                [(keys.HEADER_OFFSETS, keys.encode_offsets_header(self.epoch, commands_offset))],
+            )
+        offsets = await self._producer.send(records)
+        if self._revoked or self.db.closed:
+            # Produced, but the state is no longer ours to write; the next owner's
+            # restore folds these records (or skips them, after its fence).
+            raise PartitionRevoked(f"partition {self.partition} was revoked during a commit")
+        covered = dict(batch.offsets)
+        tail_crc = None
+        if last_history >= 0:
+            covered[HISTORY] = offsets[last_history] + 1
+            value = records[last_history].value
+            tail_crc = zlib.crc32(value or b"")
+        self.db.write(
+            puts=batch.puts.items(),
+            deletes=batch.deletes,
+            offsets=covered,
+            history_tail=tail_crc,
+        )
+        for kind, offset in batch.offsets.items():
+            self._consumed(kind, self.partition, offset)

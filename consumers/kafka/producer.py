@@ -1,0 +1,171 @@
+"""The worker's one Kafka producer, shared by every partition it owns.
+
+``send`` hands a whole commit's records to librdkafka at once and resolves when every one
+of them is acknowledged (acks=all), so records of many instances and partitions share
+produce requests and nobody waits for one record alone. Delivery reports are served by
+a dedicated thread that polls the producer and wakes the event loop once per commit.
+
+The producer is idempotent: within a partition records land in the order they were
+produced, without duplicates from retries, so the history a restore reads is always a
+prefix of what was produced; and messages never time out (a broker outage stalls
+commits instead of leaving gaps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from engine.errors import StepstreamError
+from engine.kafka_settings import KafkaSettings
+
+log = logging.getLogger("stepstream.kafka.producer")
+
+PRODUCER_DEFAULTS: dict[str, object] = {
+    "linger.ms": 1,
+    "compression.type": "none",
+    "partitioner": "murmur2_random",
+    "message.max.bytes": 4 * 1024 * 1024,
+}
+PRODUCER_REQUIRED: dict[str, object] = {
+    "acks": "all",
+    "enable.idempotence": True,
+    "message.timeout.ms": 0,
+    "allow.auto.create.topics": False,
+}
+
+
+class ProduceFailed(StepstreamError):
+    """A record could not be written to Kafka; what was produced before it may be there."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutRecord:
+    topic: str
+    partition: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, str | bytes | None]] | None = None
+
+
+class _Delivery:
+    """The delivery reports of one ``send``; counted on the producer's poll thread."""
+
+    __slots__ = ("error", "future", "loop", "offsets", "remaining")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[list[int]] = loop.create_future()
+        self.offsets = [-1] * count
+        self.remaining = count
+        self.error: str | None = None
+
+    def delivered(self, index: int, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            self.error = self.error or f"{msg.topic()}[{msg.partition()}]: {err.str()}"
+        else:
+            self.offsets[index] = msg.offset() or 0
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.loop.call_soon_threadsafe(self._finish)
+
+    def _finish(self) -> None:
+        if self.future.done():
+            return  # the sender was cancelled; the records are in Kafka regardless
+        if self.error is not None:
+            self.future.set_exception(ProduceFailed(f"Kafka refused a record: {self.error}"))
+        else:
+            self.future.set_result(self.offsets)
+
+
+class _Errors:
+    """librdkafka's error callback; kept apart from ``LogProducer`` so the producer handle
+    does not hold its owner (a cycle would keep the handle, and its connections, alive
+    until the cyclic collector runs)."""
+
+    def __init__(self) -> None:
+        self.fatal: str | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.fatal = err.str()
+            log.error("Kafka producer failed for good: %s", err.str())
+        elif err.code() != KafkaError._TRANSPORT:  # reconnects are routine; librdkafka logs them
+            log.warning("Kafka producer error: %s", err.str())
+
+
+class LogProducer:
+    def __init__(self, settings: KafkaSettings, *, client_id: str = "stepstream-worker") -> None:
+        self._errors = _Errors()
+        config = settings.client_config(
+            "producer",
+            {**PRODUCER_DEFAULTS, "client.id": client_id},
+            {**PRODUCER_REQUIRED, "error_cb": self._errors},
+        )
+        self._producer = Producer(config)
+        self._closed = False
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(
+            target=self._poll, name="stepstream-kafka-producer", daemon=True
+        )
+        self._thread.start()
+
+    async def send(self, records: Sequence[OutRecord]) -> list[int]:
+        """Produce ``records`` (in order within each partition) and return their offsets
+        once all are acknowledged. Raises ``ProduceFailed`` if any was refused."""
+        if not records:
+            return []
+        if self._closed:
+            raise ProduceFailed("the worker's Kafka producer is closed")
+        if self._errors.fatal is not None:
+            raise ProduceFailed(f"the Kafka producer failed for good: {self._errors.fatal}")
+        delivery = _Delivery(asyncio.get_running_loop(), len(records))
+        produce = self._producer.produce
+        for index, record in enumerate(records):
+            while True:
+                try:
+                    produce(
+                        record.topic,
+                        record.value,
+                        record.key,
+                        partition=record.partition,
+                        headers=record.headers,
+                        on_delivery=partial(delivery.delivered, index),
+                    )
+                    break
+                except BufferError:
+                    # librdkafka's queue is full: wait for acknowledgements to drain it.
+                    await asyncio.sleep(0.005)
+                except KafkaException as exc:
+                    raise ProduceFailed(
+                        f"cannot produce to {record.topic}[{record.partition}]: {exc}"
+                    ) from None
+        return await delivery.future
+
+    @property
+    def failed(self) -> str | None:
+        """Why the producer cannot be used any more, or None."""
+        return self._errors.fatal
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush what is queued (up to ``timeout`` seconds) and stop. Blocking."""
+        if self._closed:
+            return
+        self._closed = True
+        remaining = self._producer.flush(timeout)
+        if remaining:
+            log.warning("closing the producer with %d records not acknowledged", remaining)
+        self._stopping.set()
+        self._thread.join()
+        del self._producer  # destroys the handle now: its connections close with it
+
+    def _poll(self) -> None:
+        poll = self._producer.poll
+        while not self._stopping.is_set():
+            poll(0.1)

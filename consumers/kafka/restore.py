@@ -1,0 +1,247 @@
+"""Taking over a partition: fence it, and bring its local state up to the history topic.
+
+1. Read the history partition from the offset the local state covers (or 0) to its end
+   (``_PARTITION_EOF``; the broker's ListOffsets answer is not trusted) and fold it with
+   ``consumers.restore.Restorer``. The record just before that offset must be the one the
+   state remembers; if it is not, the topics are not the ones the state was made from, and
+   the state is discarded and rebuilt from offset 0.
+2. Choose an epoch above every fence seen, above the state's own, and at least the wall
+   clock in ms (so that an owner whose fence is still in flight, invisible here, most
+   likely has a lower one), and append a ``PartitionFenced`` with it.
+3. Read on up to that fence and fold what a deposed owner appended in the meantime.
+   Records of lower epochs after the fence are ignored by every reader, so from here the
+   history this state folds is exactly the history every later reader will fold.
+4. Write the folded state with the offsets it covers: history up to the fence; commands
+   from where the folded history says its commands ended (a header on the last history
+   record of each commit), or the group's committed offset, whichever is further; timers
+   from the state's own offset or the group's. Timers that restored instances still wait
+   on are put back into the timer index (a duplicate fire is harmless; a lost one is not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from consumers import state_keys
+from consumers.kafka import keys
+from consumers.kafka.db import PartitionDB
+from consumers.kafka.producer import LogProducer, OutRecord
+from consumers.partition import load_state
+from consumers.restore import Restorer
+from engine.errors import StepstreamError
+from engine.kafka_settings import KafkaSettings
+from engine.records import PartitionFenced
+from engine.seams import Clock
+from engine.serde import RecordSerde
+from engine.topics import COMMANDS, HISTORY, TIMERS, TopicNames
+
+log = logging.getLogger("stepstream.kafka.restore")
+
+READER_REQUIRED: dict[str, object] = {
+    "enable.auto.commit": False,
+    "enable.partition.eof": True,
+    "auto.offset.reset": "error",
+    "allow.auto.create.topics": False,
+}
+READER_DEFAULTS: dict[str, object] = {"fetch.wait.max.ms": 5, "fetch.min.bytes": 1}
+_STALL_S = 60.0
+
+Headers = list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None] | None
+OnRecord = Callable[[int, bytes, Headers], None]
+
+
+class RestoreFailed(StepstreamError):
+    """The history topic could not be read back."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    epoch: int
+    # Where the group consumer starts: topic kind -> next offset.
+    starts: dict[str, int]
+    records: int
+    seconds: float
+
+
+class HistoryReader:
+    """A consumer outside the group (assign + seek; no join) that reads one history
+    partition at a time. Blocking: call from a thread, one read at a time."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self._topic = TopicNames(settings.prefix).history
+        self._consumer = Consumer(
+            settings.client_config(
+                "consumer",
+                {**READER_DEFAULTS, "client.id": "stepstream-restore"},
+                {**READER_REQUIRED, "group.id": f"{settings.prefix}.restore"},
+            )
+        )
+
+    def read(self, partition: int, start: int, stop_at: int | None, on_record: OnRecord) -> int:
+        """Feed records from ``start`` on to ``on_record``; stop at the end of the
+        partition, or once the record before ``stop_at`` is read. Returns the next offset.
+        """
+        consumer = self._consumer
+        consumer.assign([TopicPartition(self._topic, partition, start)])
+        position = start
+        quiet_since = time.monotonic()
+        try:
+            while stop_at is None or position < stop_at:
+                msg = consumer.poll(0.5)
+                if msg is None:
+                    if time.monotonic() - quiet_since > _STALL_S:
+                        raise RestoreFailed(
+                            f"reading {self._topic}[{partition}] from offset {position} made "
+                            f"no progress for {_STALL_S:.0f} s: is the broker reachable?"
+                        )
+                    continue
+                quiet_since = time.monotonic()
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        if stop_at is None:
+                            return max(position, msg.offset() or 0)
+                        continue
+                    raise RestoreFailed(f"reading {self._topic}[{partition}] failed: {err.str()}")
+                offset = msg.offset() or 0
+                on_record(offset, msg.value() or b"", msg.headers())
+                position = offset + 1
+            return position
+        finally:
+            consumer.unassign()
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class _Fold:
+    """Folds history records into a Restorer and notes what they say about offsets."""
+
+    def __init__(self, db: PartitionDB, serde: RecordSerde, start: int, fence_epoch: int) -> None:
+        self.restorer = Restorer(db, serde)
+        self.restorer.fence_epoch = fence_epoch
+        self.start = start
+        self.commands: int | None = None
+        self.tail: int | None = None
+        self.before_start: tuple[int, int] | None = None
+        self.records = 0
+
+    def __call__(self, offset: int, value: bytes, headers: Headers) -> None:
+        crc = zlib.crc32(value)
+        if offset < self.start:
+            self.before_start = (offset, crc)
+            return
+        self.restorer.apply(value)
+        self.records += 1
+        self.tail = crc
+        pairs = headers.items() if isinstance(headers, dict) else headers or ()
+        for name, raw in pairs:
+            if name == keys.HEADER_OFFSETS and isinstance(raw, bytes):
+                found = keys.decode_offsets_header(raw)
+                # A deposed owner's records after a newer fence were skipped: so are
+                # the offsets they claim.
+                if found is not None and found[0] >= self.restorer.fence_epoch:
+                    self.commands = max(self.commands or 0, found[1])
+
+
+async def restore_partition(
+    db: PartitionDB,
+    partition: int,
+    *,
+    reader: HistoryReader,
+    producer: LogProducer,
+    serde: RecordSerde,
+    clock: Clock,
+    topics: TopicNames,
+    group_offsets: dict[str, int | None],
+) -> tuple[PartitionDB, Restored]:
+    """Fence ``partition`` and bring ``db`` up to its history. Returns the db (a new one
+    if the old state had to be discarded) and what the restore decided."""
+    began = time.monotonic()
+    start = db.offset(HISTORY) or 0
+    fold = _Fold(db, serde, start, db.epoch)
+    end = await asyncio.to_thread(reader.read, partition, max(start - 1, 0), None, fold)
+    if start > 0 and fold.before_start != (start - 1, db.history_tail):
+        log.warning(
+            "partition=%d local state covers history up to offset %d, but %s[%d] does not "
+            "hold that record (it ends at %d): the topics were recreated or lost; "
+            "discarding the local state and restoring from offset 0",
+            partition,
+            start,
+            topics.history,
+            partition,
+            end,
+        )
+        db = await asyncio.to_thread(db.wiped)
+        start = 0
+        fold = _Fold(db, serde, 0, 0)
+        end = await asyncio.to_thread(reader.read, partition, 0, None, fold)
+
+    epoch = max(fold.restorer.fence_epoch + 1, db.epoch + 1, clock.now_ms())
+    fence = PartitionFenced(
+        instance_id="",
+        time_ms=clock.now_ms(),
+        command_id=f"fence:{epoch}",
+        epoch=epoch,
+        partition=partition,
+    )
+    [fence_offset] = await producer.send(
+        [OutRecord(topics.history, partition, b"", serde.encode(fence))]
+    )
+    end = await asyncio.to_thread(reader.read, partition, end, fence_offset + 1, fold)
+
+    batch = fold.restorer.batch()
+    touched = [key[len(state_keys.META) :] for key in batch.puts if key.startswith(state_keys.META)]
+    starts = {
+        COMMANDS: max(
+            db.offset(COMMANDS) or 0, fold.commands or 0, group_offsets.get(COMMANDS) or 0
+        ),
+        TIMERS: max(db.offset(TIMERS) or 0, group_offsets.get(TIMERS) or 0),
+    }
+    db.write(
+        puts=batch.puts.items(),
+        deletes=batch.deletes,
+        offsets={HISTORY: end, **starts},
+        epoch=epoch,
+        history_tail=fold.tail,
+    )
+    timers = _reindex_timers(db, [t.decode() for t in touched])
+    seconds = time.monotonic() - began
+    log.info(
+        "partition=%d restored epoch=%d history=%d..%d records=%d instances=%d timers=%d "
+        "commands_from=%d timers_from=%d in %.3fs",
+        partition,
+        epoch,
+        start,
+        end,
+        fold.records,
+        len(touched),
+        timers,
+        starts[COMMANDS],
+        starts[TIMERS],
+        seconds,
+    )
+    return db, Restored(epoch, starts, fold.records, seconds)
+
+
+def _reindex_timers(db: PartitionDB, instance_ids: list[str]) -> int:
+    """Put the timers that ``instance_ids`` wait on into the timer index."""
+    puts: list[tuple[bytes, bytes]] = []
+    for instance_id in instance_ids:
+        state = load_state(db, instance_id)
+        if state is None or state.status.finished:
+            continue
+        for entry in state.pending_timers():
+            assert entry.timer_id is not None and entry.fire_at_ms is not None
+            puts.append((state_keys.timer(entry.fire_at_ms, entry.timer_id), instance_id.encode()))
+            puts.append((state_keys.timer_by_id(entry.timer_id), str(entry.fire_at_ms).encode()))
+    if puts:
+        db.write(puts=puts)
+    return len(puts) // 2

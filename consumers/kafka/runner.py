@@ -1,0 +1,137 @@
+"""The partitions the consumer group gives this worker: for each one assigned, open its
+RocksDB, restore and fence it, and hand it to the ``PartitionHost`` (processor and timer
+service); for each one revoked, stop them and close the RocksDB."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from consumers.host import PartitionHost
+from consumers.kafka.db import PartitionDB
+from consumers.kafka.group import KINDS, GroupConsumer, KafkaSource, Position
+from consumers.kafka.partition import KafkaPartition
+from consumers.kafka.producer import LogProducer
+from consumers.kafka.restore import HistoryReader, restore_partition
+from consumers.kafka.state_dir import StateDir
+from engine.kafka_settings import KafkaSettings
+from engine.seams import Clock
+from engine.serde import RecordSerde
+from engine.topics import TopicNames
+
+log = logging.getLogger("stepstream.kafka.runner")
+
+OnOwned = Callable[[dict[int, int]], Coroutine[Any, Any, None]]
+
+
+class KafkaRunner:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        host: PartitionHost,
+        *,
+        state_dir: StateDir,
+        producer: LogProducer,
+        serde: RecordSerde,
+        clock: Clock,
+        on_owned: OnOwned,
+        on_fatal: Callable[[BaseException], None],
+    ) -> None:
+        self._settings = settings
+        self._host = host
+        self._state_dir = state_dir
+        self._producer = producer
+        self._serde = serde
+        self._clock = clock
+        self._on_owned = on_owned
+        self._topics = TopicNames(settings.prefix)
+        self._owned: dict[int, KafkaPartition] = {}
+        self._reader: HistoryReader | None = None
+        self._group = GroupConsumer(
+            settings,
+            on_assign=self._assign,
+            on_revoke=self._revoke,
+            on_fatal=on_fatal,
+            client_id=f"stepstream-worker-{state_dir.worker_id[:8]}",
+        )
+        self.rebalances = 0
+
+    @property
+    def owned(self) -> dict[int, int]:
+        """Partition -> the epoch this worker owns it with."""
+        return {p: backend.epoch for p, backend in sorted(self._owned.items())}
+
+    async def start(self) -> None:
+        self._reader = await asyncio.to_thread(HistoryReader, self._settings)
+        self._group.start()
+
+    async def stop(self) -> None:
+        """Leave the group: what is still owned is revoked first."""
+        await self._group.stop()
+        if self._owned:  # the poll thread died before it could revoke
+            await self._revoke(sorted(self._owned))
+        if self._reader is not None:
+            await asyncio.to_thread(self._reader.close)
+            self._reader = None
+
+    async def _assign(
+        self, partitions: list[int], committed: dict[Position, int | None]
+    ) -> dict[Position, int]:
+        self.rebalances += 1
+        starts: dict[Position, int] = {}
+        for partition in partitions:
+            backend = await self._take(partition, committed)
+            starts.update({(kind, partition): backend.source(kind).position for kind in KINDS})
+        await self._on_owned(self.owned)
+        return starts
+
+    async def _take(self, partition: int, committed: dict[Position, int | None]) -> KafkaPartition:
+        assert self._reader is not None
+        partitions = self._host.partitions
+        db = await asyncio.to_thread(
+            PartitionDB.open, self._state_dir.partition_path(partition), partition, partitions
+        )
+        try:
+            db, restored = await restore_partition(
+                db,
+                partition,
+                reader=self._reader,
+                producer=self._producer,
+                serde=self._serde,
+                clock=self._clock,
+                topics=self._topics,
+                group_offsets={kind: committed.get((kind, partition)) for kind in KINDS},
+            )
+            sources = {kind: KafkaSource(kind, partition, restored.starts[kind]) for kind in KINDS}
+            for source in sources.values():
+                self._group.attach(source)
+            backend = KafkaPartition(
+                db=db,
+                partition=partition,
+                partitions=partitions,
+                epoch=restored.epoch,
+                sources=sources,
+                producer=self._producer,
+                topics=self._topics,
+                consumed=self._group.consumed,
+            )
+            await self._host.assign(backend)
+        except BaseException:
+            self._group.detach(partition)
+            db.close()
+            raise
+        self._owned[partition] = backend
+        return backend
+
+    async def _revoke(self, partitions: list[int]) -> None:
+        for partition in partitions:
+            backend = self._owned.pop(partition, None)
+            if backend is None:
+                continue
+            backend.revoke()
+            self._group.detach(partition)
+            await self._host.revoke(partition)
+            backend.db.close()
+        await self._on_owned(self.owned)

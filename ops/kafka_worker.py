@@ -1,0 +1,378 @@
+"""``stepstream worker``: the Kafka-mode worker process, assembled.
+
+One worker = one member of the consumer group ``<prefix>.workers``: the partitions the
+group gives it run in a ``PartitionHost`` (processors, timer services, step executor)
+through ``consumers.kafka.KafkaRunner``; an HTTP API serves reads of those partitions and
+tells ``kafka://`` clients when their commands are settled; its address, partitions and
+workflows are announced on ``<prefix>.members`` whenever they change, and withdrawn (a
+tombstone) when it stops cleanly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from consumers.host import PartitionHost
+from consumers.kafka import (
+    KafkaRunner,
+    LogProducer,
+    OutRecord,
+    StateDir,
+    topic_partitions,
+)
+from consumers.partition import ProcessorConfig
+from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError, UnknownInstance
+from engine.kafka_settings import KafkaSettings
+from engine.records import Command, HistoryRecord
+from engine.seams import Clock, SystemClock
+from engine.serde import RecordSerde, default_serde
+from engine.state import InstanceState
+from engine.topics import MEMBERS, TopicNames, partition_for
+from engine.workflow import Registry, WorkflowDefinition
+from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
+from producers.kafka_members import Member
+from producers.publisher import LogTransport
+
+log = logging.getLogger("stepstream.worker")
+
+DEFAULT_STATE_DIR = "./.stepstream-worker"
+DEFAULT_PORT = 8233
+
+
+@dataclass(frozen=True)
+class KafkaWorkerConfig:
+    settings: KafkaSettings
+    state_dir: str = DEFAULT_STATE_DIR
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    # The URL clients reach this worker's API at (default: http://host:port as bound).
+    advertise: str | None = None
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    cache_size: int = 10_000
+    processor: ProcessorConfig = field(default_factory=ProcessorConfig)
+
+    @classmethod
+    def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
+        env = os.environ
+        values: dict[str, Any] = {
+            "state_dir": env.get("STEPSTREAM_STATE_DIR", DEFAULT_STATE_DIR),
+            "max_payload_bytes": int(
+                env.get("STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)
+            ),
+        }
+        if "STEPSTREAM_ADVERTISE" in env:
+            values["advertise"] = env["STEPSTREAM_ADVERTISE"]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(settings, **values)
+
+
+class _OwnedReader:
+    """The host's reads, refused (``ConnectionFailed``, HTTP 503) for an instance whose
+    partition this worker does not own now: its owner is elsewhere, and a kafka:// client
+    asks again there."""
+
+    def __init__(self, host: PartitionHost) -> None:
+        self._host = host
+
+    def _check(self, instance_id: str) -> None:
+        if not self._host.owns(instance_id):
+            partition = partition_for(instance_id, self._host.partitions)
+            raise ConnectionFailed(
+                f"instance {instance_id} is on partition {partition}, which this worker does "
+                "not own now; its owner is announced on the members topic (a kafka:// "
+                "client finds it)"
+            )
+
+    def resolve(self, workflow: str) -> WorkflowDefinition:
+        return self._host.resolve(workflow)
+
+    def settled(self, command_id: str) -> asyncio.Future[str | None]:
+        return self._host.settled(command_id)
+
+    def forget(self, command_id: str) -> None:
+        self._host.forget(command_id)
+
+    def finished(self, instance_id: str) -> bool:
+        self._check(instance_id)
+        return self._host.finished(instance_id)
+
+    def read_state(self, instance_id: str, *, entries: bool = True) -> InstanceState:
+        self._check(instance_id)
+        return self._host.read_state(instance_id, entries=entries)
+
+    def read_history(self, instance_id: str) -> list[HistoryRecord]:
+        self._check(instance_id)
+        return self._host.read_history(instance_id)
+
+    def list_instances(self) -> list[InstanceState]:
+        return self._host.list_instances()
+
+    async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
+        self._check(instance_id)
+        return await self._host.wait_finished(instance_id, timeout)
+
+    async def wait_settled(
+        self, command_id: str, instance_id: str | None, timeout: float | None
+    ) -> str | None:
+        settled = self._host.settled(command_id)
+        try:
+            if instance_id is not None and not settled.done():
+                self._check(instance_id)
+                # Settled before this worker took the partition over? The instance
+                # remembers the commands it applied last.
+                try:
+                    state = self._host.read_state(instance_id, entries=False)
+                except UnknownInstance:
+                    state = None
+                if state is not None and command_id in state.recent_commands:
+                    return None
+            return await asyncio.wait_for(asyncio.shield(settled), timeout)
+        except TimeoutError:
+            raise ResultTimeout(
+                f"command {command_id} was not settled within {timeout} s"
+            ) from None
+        finally:
+            self._host.forget(command_id)
+
+
+class KafkaWorker:
+    """``await start()``, then ``await wait_assigned()`` if you need partitions now;
+    ``await stop()`` leaves the group cleanly."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        config: KafkaWorkerConfig,
+        *,
+        codec: PayloadCodec | None = None,
+        clock: Clock | None = None,
+        serde: RecordSerde | None = None,
+    ) -> None:
+        self.registry = registry
+        self.config = config
+        self._codec = codec or JsonCodec()
+        self._clock = clock or SystemClock()
+        self._serde = serde or default_serde()
+        self._topics = TopicNames(config.settings.prefix)
+        self._state_dir: StateDir | None = None
+        self._producer: LogProducer | None = None
+        self._host: PartitionHost | None = None
+        self._runner: KafkaRunner | None = None
+        self._http: web.AppRunner | None = None
+        self._changed = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self.url = ""
+        self.failed: BaseException | None = None
+        self._announced = 0
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        settings = self.config.settings
+        try:
+            partitions = await asyncio.to_thread(topic_partitions, settings)
+            self._state_dir = StateDir.claim(self.config.state_dir, settings.prefix)
+            worker_id = self._state_dir.worker_id
+            self._producer = await asyncio.to_thread(
+                LogProducer, settings, client_id=f"stepstream-worker-{worker_id[:8]}"
+            )
+            self._host = PartitionHost(
+                self.registry,
+                partitions=partitions,
+                serde=self._serde,
+                codec=self._codec,
+                clock=self._clock,
+                max_payload_bytes=self.config.max_payload_bytes,
+                config=self.config.processor,
+            )
+            await self._serve(self._host)
+            self._runner = KafkaRunner(
+                settings,
+                self._host,
+                state_dir=self._state_dir,
+                producer=self._producer,
+                serde=self._serde,
+                clock=self._clock,
+                on_owned=self._announce,
+                on_fatal=self._fatal,
+            )
+            await self._runner.start()
+        except BaseException:
+            await self.stop()
+            raise
+        log.info(
+            "worker started id=%s url=%s prefix=%s partitions=%d",
+            worker_id,
+            self.url,
+            settings.prefix,
+            partitions,
+        )
+
+    async def wait_assigned(self, partitions: int | None = None, timeout: float = 60.0) -> None:
+        """Wait until the group gave this worker its first assignment (and it announced
+        it), or, with ``partitions``, until it owns that many partitions."""
+        async with asyncio.timeout(timeout):
+            while (
+                self._announced == 0
+                if partitions is None
+                else len(self.owned) != partitions or self._announced == 0
+            ):
+                if self.failed is not None:
+                    raise StepstreamError(f"the worker failed: {self.failed}")
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def run(self) -> None:
+        """Until ``stop()`` or a fatal error (raised)."""
+        await self._stopped.wait()
+        if self.failed is not None:
+            raise StepstreamError(f"the worker stopped after a fatal error: {self.failed}")
+
+    async def stop(self) -> None:
+        """Leave the group (owned partitions are revoked and handed over), withdraw the
+        announcement, stop serving."""
+        if self._runner is not None:
+            await self._runner.stop()
+            self._runner = None
+        if self._producer is not None and self._state_dir is not None and self.url:
+            try:
+                await self._producer.send(
+                    [
+                        OutRecord(
+                            self._topics.name(MEMBERS), 0, self._state_dir.worker_id.encode(), None
+                        )
+                    ]
+                )
+            except StepstreamError as exc:
+                log.warning("could not withdraw this worker's announcement: %s", exc)
+        if self._http is not None:
+            await self._http.cleanup()
+            self._http = None
+        if self._host is not None:
+            await self._host.close()
+        if self._producer is not None:
+            await asyncio.to_thread(self._producer.close)
+            self._producer = None
+        if self._state_dir is not None:
+            self._state_dir.release()
+            self._state_dir = None
+        self._stopped.set()
+        self._changed.set()
+
+    # ---- what it owns -----------------------------------------------------------------
+
+    @property
+    def host(self) -> PartitionHost:
+        if self._host is None:
+            raise StepstreamError("the worker is not started; await worker.start() first")
+        return self._host
+
+    @property
+    def owned(self) -> dict[int, int]:
+        """Partition -> the epoch this worker owns it with."""
+        return self._runner.owned if self._runner is not None else {}
+
+    @property
+    def worker_id(self) -> str:
+        return self._state_dir.worker_id if self._state_dir is not None else ""
+
+    def _workflows(self) -> dict[str, list[str]]:
+        """Each workflow's versions, the one new instances get last."""
+        out: dict[str, list[str]] = {}
+        for name, versions in self.registry.names().items():
+            latest = self.registry.resolve(name).version
+            out[name] = [v for v in versions if v != latest] + [latest]
+        return out
+
+    async def _announce(self, owned: dict[int, int]) -> None:
+        assert self._producer is not None and self._state_dir is not None
+        member = Member(
+            worker_id=self._state_dir.worker_id,
+            url=self.url,
+            partitions=tuple(sorted(owned)),
+            epoch=max(owned.values(), default=0),
+            workflows={name: tuple(v) for name, v in self._workflows().items()},
+            partition_count=self.host.partitions,
+            max_payload_bytes=self.config.max_payload_bytes,
+            time_ms=self._clock.now_ms(),
+        )
+        await self._producer.send(
+            [OutRecord(self._topics.name(MEMBERS), 0, member.worker_id.encode(), member.to_json())]
+        )
+        log.info("announced partitions=%s url=%s", list(member.partitions), self.url)
+        self._announced += 1
+        self._changed.set()
+
+    def _fatal(self, exc: BaseException) -> None:
+        if self.failed is None:
+            self.failed = exc
+            log.error("worker failing: %s", exc)
+        self._stopped.set()
+        self._changed.set()
+
+    # ---- the HTTP API --------------------------------------------------------------------
+
+    async def _publish(self, command: Command) -> None:
+        """Commands sent to this worker's API (``--connect http://worker``) for the
+        partitions it owns; a kafka:// client publishes its own."""
+        host = self.host
+        if not host.owns(command.instance_id):
+            partition = partition_for(command.instance_id, host.partitions)
+            raise ConnectionFailed(
+                f"instance {command.instance_id} is on partition {partition}, which this "
+                "worker does not own; use a kafka:// client (it publishes to Kafka itself)"
+            )
+        assert self._producer is not None
+        await self._producer.send(
+            [
+                OutRecord(
+                    self._topics.commands,
+                    partition_for(command.instance_id, host.partitions),
+                    command.instance_id.encode(),
+                    self._serde.encode(command),
+                )
+            ]
+        )
+
+    async def _serve(self, host: PartitionHost) -> None:
+        reader = _OwnedReader(host)
+        transport = LogTransport(
+            self._publish,
+            reader,
+            codec=self._codec,
+            max_payload_bytes=self.config.max_payload_bytes,
+        )
+        app = make_app(
+            transport,
+            registry_names=self.registry.names,
+            max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * self.config.max_payload_bytes),
+            commands=reader,
+        )
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await runner.setup()
+        host_name, port = self.config.host, self.config.port
+        try:
+            await web.TCPSite(runner, host_name, port, reuse_address=True).start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise StepstreamError(
+                f"cannot listen on {host_name}:{port}: {exc.strerror or exc}; pass another "
+                "--port (0 for any) or stop what is using it"
+            ) from None
+        self._http = runner
+        bound_host, bound_port = runner.addresses[0][:2]
+        self.url = self.config.advertise or _url(bound_host, bound_port)
+
+
+def _url(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"

@@ -1,0 +1,528 @@
+"""``kafka://HOST:PORT[,HOST:PORT...]?prefix=P``: a client that needs nothing but the
+bootstrap servers.
+
+Commands are checked here (``CommandPublisher``: known workflow, encodable and small
+enough payloads, instance not finished), then published to ``<prefix>.commands`` with
+aiokafka (acks=all; not idempotent: its InitProducerId fails against some brokers), on
+the instance's partition. Everything else goes over HTTP to the worker that owns the
+instance's partition, found on ``<prefix>.members``: reads, and the wait until a
+published command is settled (one long request; the worker is woken by its commit).
+When the owner moves (rebalance, crash) a waiting request is abandoned and asked again
+of the new owner; nothing polls in a loop.
+
+Client properties (security, timeouts) come from ``engine.kafka_settings`` and are mapped
+from librdkafka names to aiokafka's arguments; a security property that cannot be mapped
+is refused rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Literal, TypeVar
+from urllib.parse import parse_qs, quote, urlsplit
+
+import aiohttp
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+from aiokafka.helpers import create_ssl_context
+
+from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
+from engine.kafka_settings import KafkaSettings, KafkaSettingsError
+from engine.records import Command
+from engine.serde import RecordSerde, default_serde
+from engine.topics import MEMBERS, TopicNames, partition_for
+from engine.views import HistoryEntry, InstanceStatus
+from producers.client import Transport, register_transport
+from producers.http import DEFAULT_REQUEST_TIMEOUT_S, HttpTransport
+from producers.kafka_members import MembersView, RemoteWorkflow
+from producers.publisher import CommandPublisher, finished_error
+
+log = logging.getLogger("stepstream.kafka.client")
+
+T = TypeVar("T")
+DEFAULT_COMMAND_TIMEOUT_S = 30.0
+_RETRY_S = 1.0  # longest wait for the members view to move on before asking again
+_CONNECT_TIMEOUT_S = 15.0
+
+# librdkafka property -> (aiokafka argument, converter, clients it applies to)
+_BOTH: frozenset[str] = frozenset({"producer", "consumer"})
+_MAPPED: dict[str, tuple[str, Callable[[str], Any], frozenset[str]]] = {
+    "security.protocol": ("security_protocol", str.upper, _BOTH),
+    "sasl.mechanism": ("sasl_mechanism", str.upper, _BOTH),
+    "sasl.mechanisms": ("sasl_mechanism", str.upper, _BOTH),
+    "sasl.username": ("sasl_plain_username", str, _BOTH),
+    "sasl.password": ("sasl_plain_password", str, _BOTH),
+    "sasl.kerberos.service.name": ("sasl_kerberos_service_name", str, _BOTH),
+    "client.id": ("client_id", str, _BOTH),
+    "request.timeout.ms": ("request_timeout_ms", int, _BOTH),
+    "socket.timeout.ms": ("request_timeout_ms", int, _BOTH),
+    "metadata.max.age.ms": ("metadata_max_age_ms", int, _BOTH),
+    "connections.max.idle.ms": ("connections_max_idle_ms", int, _BOTH),
+    "retry.backoff.ms": ("retry_backoff_ms", int, _BOTH),
+    "linger.ms": ("linger_ms", int, frozenset({"producer"})),
+    "queue.buffering.max.ms": ("linger_ms", int, frozenset({"producer"})),
+    "compression.type": (
+        "compression_type",
+        lambda v: None if v == "none" else v,
+        frozenset({"producer"}),
+    ),
+    "compression.codec": (
+        "compression_type",
+        lambda v: None if v == "none" else v,
+        frozenset({"producer"}),
+    ),
+    "message.max.bytes": ("max_request_size", int, frozenset({"producer"})),
+}
+_SSL_PROPERTIES = frozenset(
+    {
+        "ssl.ca.location",
+        "ssl.certificate.location",
+        "ssl.key.location",
+        "ssl.key.password",
+        "enable.ssl.certificate.verification",
+        "ssl.endpoint.identification.algorithm",
+    }
+)
+# Properties that must not be dropped silently: connecting without them is insecure or
+# fails in confusing ways.
+_MUST_MAP = ("security.", "sasl.", "ssl.")
+
+
+def aiokafka_options(
+    settings: KafkaSettings, kind: Literal["producer", "consumer"]
+) -> dict[str, Any]:
+    """aiokafka keyword arguments for ``settings`` (librdkafka property names)."""
+    properties = settings.client_config(kind)
+    options: dict[str, Any] = {"bootstrap_servers": settings.bootstrap.split(",")}
+    ssl_properties: dict[str, str] = {}
+    for key, raw in properties.items():
+        value = str(raw)
+        if key == "bootstrap.servers":
+            continue
+        if key in _SSL_PROPERTIES:
+            ssl_properties[key] = value
+            continue
+        mapped = _MAPPED.get(key)
+        if mapped is not None:
+            name, convert, kinds = mapped
+            if kind in kinds:
+                try:
+                    options[name] = convert(value)
+                except ValueError:
+                    raise KafkaSettingsError(
+                        f"Kafka property {key}={value!r} is not valid"
+                    ) from None
+            continue
+        if key.startswith(_MUST_MAP):
+            supported = sorted(k for k in (*_MAPPED, *_SSL_PROPERTIES) if k.startswith(_MUST_MAP))
+            raise KafkaSettingsError(
+                f"Kafka property {key} is not supported by the Python client's publisher "
+                f"(aiokafka); supported security properties: {', '.join(supported)}"
+            )
+        log.debug("Kafka property %s has no aiokafka equivalent; ignored by the client", key)
+    if options.get("sasl_mechanism") == "OAUTHBEARER":
+        raise KafkaSettingsError(
+            "sasl.mechanism=OAUTHBEARER needs a token provider object, which the kafka:// "
+            "client cannot build from properties; use PLAIN, SCRAM-SHA-256/512 or GSSAPI"
+        )
+    protocol = options.get("security_protocol", "PLAINTEXT")
+    if protocol in ("SSL", "SASL_SSL"):
+        options["ssl_context"] = _ssl_context(ssl_properties)
+    elif ssl_properties:
+        raise KafkaSettingsError(
+            f"ssl.* properties are set but security.protocol is {protocol}; set "
+            "security.protocol=SSL or SASL_SSL"
+        )
+    return options
+
+
+def _ssl_context(properties: Mapping[str, str]) -> ssl.SSLContext:
+    context: ssl.SSLContext = create_ssl_context(
+        cafile=properties.get("ssl.ca.location"),
+        certfile=properties.get("ssl.certificate.location"),
+        keyfile=properties.get("ssl.key.location"),
+        password=properties.get("ssl.key.password"),
+    )
+    if properties.get("ssl.endpoint.identification.algorithm", "https").lower() == "none":
+        context.check_hostname = False
+    if properties.get("enable.ssl.certificate.verification", "true").lower() == "false":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+class _WorkerApi(HttpTransport):
+    """The HTTP API of one worker, plus the wait for a command to be settled."""
+
+    async def settled(self, command_id: str, instance_id: str, timeout: float) -> str | None:
+        params = {"instance": instance_id, "timeout": repr(float(timeout))}
+        answer = await self._send(
+            "GET", f"/v1/commands/{quote(command_id, safe='')}", None, params, timeout + 10.0
+        )
+        reason = answer.get("reason")
+        return None if reason is None else str(reason)
+
+
+class _Settlements:
+    """``Publishing`` for ``CommandPublisher``: workflows from the members view, and the
+    futures that the publish step resolves once the owner says a command is settled."""
+
+    def __init__(self, members: MembersView) -> None:
+        self._members = members
+        self._waiting: dict[str, asyncio.Future[str | None]] = {}
+
+    def resolve(self, workflow: str) -> RemoteWorkflow:
+        return self._members.resolve(workflow)
+
+    def settled(self, command_id: str) -> asyncio.Future[str | None]:
+        fut = self._waiting.get(command_id)
+        if fut is None:
+            fut = self._waiting[command_id] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def forget(self, command_id: str) -> None:
+        self._waiting.pop(command_id, None)
+
+    def settle(self, command_id: str, reason: str | None) -> None:
+        fut = self._waiting.get(command_id)
+        if fut is not None and not fut.done():
+            fut.set_result(reason)
+
+
+class KafkaTransport(CommandPublisher):
+    def __init__(
+        self,
+        *,
+        producer: Any,
+        members: MembersView,
+        session: aiohttp.ClientSession,
+        topics: TopicNames,
+        partitions: int,
+        codec: PayloadCodec,
+        serde: RecordSerde,
+        max_payload_bytes: int,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
+    ) -> None:
+        self._settlements = _Settlements(members)
+        super().__init__(
+            self._produce, self._settlements, codec=codec, max_payload_bytes=max_payload_bytes
+        )
+        self._producer = producer
+        self._members = members
+        self._session = session
+        self._topics = topics
+        self._partitions = partitions
+        self._serde = serde
+        self._request_timeout = request_timeout
+        self._command_timeout = command_timeout
+        self._apis: dict[str, _WorkerApi] = {}
+
+    # ---- commands -----------------------------------------------------------------------
+
+    async def start(self, workflow: str, input: Any, instance_id: str) -> str:
+        if not self._members.knows(workflow):
+            await self._members.synced(self._request_timeout)  # a worker may have just joined
+        return await super().start(workflow, input, instance_id)
+
+    async def _produce(self, command: Command) -> None:
+        partition = self._partition(command.instance_id)
+        try:
+            await self._producer.send_and_wait(
+                self._topics.commands,
+                self._serde.encode(command),
+                key=command.instance_id.encode(),
+                partition=partition,
+            )
+        except KafkaError as exc:
+            raise ConnectionFailed(
+                f"cannot publish {command.type} for instance {command.instance_id} to "
+                f"{self._topics.commands}: {exc}; check the brokers, then retry"
+            ) from None
+
+        async def ask(api: _WorkerApi, remaining: float | None) -> str | None:
+            assert remaining is not None
+            return await api.settled(command.command_id, command.instance_id, remaining)
+
+        try:
+            reason = await self._routed(
+                partition, ask, self._command_timeout, f"{command.type} for {command.instance_id}"
+            )
+        except (ConnectionFailed, ResultTimeout) as exc:
+            raise ConnectionFailed(
+                f"{command.type} for instance {command.instance_id} was published but no "
+                f"worker confirmed it within {self._command_timeout} s ({exc}); it will be "
+                "applied once a worker owns its partition: check `stepstream status`"
+            ) from None
+        self._settlements.settle(command.command_id, reason)
+
+    async def _check_live(self, instance_id: str, action: str) -> None:
+        status = await self.status(instance_id)
+        if status.finished:
+            raise finished_error(instance_id, status.status, action)
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    async def status(self, instance_id: str) -> InstanceStatus:
+        async def ask(api: _WorkerApi, _: float | None) -> InstanceStatus:
+            return await api.status(instance_id)
+
+        return await self._routed(
+            self._partition(instance_id), ask, self._request_timeout, f"status of {instance_id}"
+        )
+
+    async def result(self, instance_id: str, timeout: float | None) -> Any:
+        async def ask(api: _WorkerApi, remaining: float | None) -> Any:
+            return await api.result(instance_id, remaining)
+
+        def expired() -> ResultTimeout:
+            return ResultTimeout(
+                f"instance {instance_id} did not finish within {timeout} s; it is still "
+                "running: check `stepstream status` and wait again"
+            )
+
+        return await self._routed(
+            self._partition(instance_id), ask, timeout, f"result of {instance_id}", expired
+        )
+
+    async def history(self, instance_id: str) -> list[HistoryEntry]:
+        async def ask(api: _WorkerApi, _: float | None) -> list[HistoryEntry]:
+            return await api.history(instance_id)
+
+        return await self._routed(
+            self._partition(instance_id), ask, self._request_timeout, f"history of {instance_id}"
+        )
+
+    async def list(self, status: str | None) -> list[InstanceStatus]:
+        """Every owner's instances (each worker lists the partitions it owns)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._request_timeout
+        problem = ""
+        while loop.time() < deadline:
+            orphans = [p for p in range(self._partitions) if self._members.owner(p) is None]
+            members = self._members.live()
+            if orphans:
+                problem = f"partitions {orphans} have no worker"
+            else:
+                answers = await asyncio.gather(
+                    *(self._api(m.url).list(status) for m in members), return_exceptions=True
+                )
+                failed = [a for a in answers if isinstance(a, BaseException)]
+                if not failed:
+                    merged = {
+                        view.instance_id: view
+                        for answer in answers
+                        if not isinstance(answer, BaseException)
+                        for view in answer
+                    }
+                    return sorted(merged.values(), key=lambda v: (v.created_at, v.instance_id))
+                if not all(isinstance(a, ConnectionFailed) for a in failed):
+                    raise failed[0]
+                problem = str(failed[0])
+            await self._members.changed(min(_RETRY_S, max(deadline - loop.time(), 0)))
+        raise ConnectionFailed(
+            f"cannot list instances: {problem}; is every worker of prefix "
+            f"{self._topics.prefix!r} running?"
+        )
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._producer.stop()
+        await self._members.close()
+        await self._session.close()
+
+    # ---- routing --------------------------------------------------------------------------
+
+    def _partition(self, instance_id: str) -> int:
+        return partition_for(instance_id, self._partitions)
+
+    def _api(self, url: str) -> _WorkerApi:
+        api = self._apis.get(url)
+        if api is None:
+            api = self._apis[url] = _WorkerApi(
+                url, self._session, request_timeout=self._request_timeout
+            )
+        return api
+
+    async def _routed(
+        self,
+        partition: int,
+        call: Callable[[_WorkerApi, float | None], Awaitable[T]],
+        timeout: float | None,
+        what: str,
+        expired: Callable[[], StepstreamError] | None = None,
+    ) -> T:
+        """``call`` the owner of ``partition``; ask again, of the new owner, when the owner
+        moves or cannot be reached, until ``timeout`` seconds have passed (then raise
+        ``expired()``, or ``ConnectionFailed``)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        problem = "no worker owns it"
+        while True:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                if expired is not None:
+                    raise expired()
+                raise ConnectionFailed(
+                    f"{what}: the owner of partition {partition} did not answer within "
+                    f"{timeout} s ({problem}); is a worker of prefix {self._topics.prefix!r} "
+                    "running?"
+                )
+            owner = self._members.owner(partition)
+            if owner is None:
+                await self._members.changed(
+                    _RETRY_S if remaining is None else min(remaining, _RETRY_S)
+                )
+                continue
+            request = asyncio.ensure_future(call(self._api(owner.url), remaining))
+            moved = asyncio.ensure_future(self._moved(partition, owner.worker_id, owner.url))
+            try:
+                done, _ = await asyncio.wait(
+                    {request, moved}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                for task in (request, moved):
+                    if not task.done():
+                        task.cancel()
+                        with contextlib.suppress(BaseException):
+                            await task
+            if request in done:
+                try:
+                    return request.result()
+                except ConnectionFailed as exc:
+                    # Gone, or no longer the owner: let the view catch up, then ask again.
+                    problem = str(exc)
+                    wait = _RETRY_S if remaining is None else min(remaining, _RETRY_S)
+                    await self._members.changed(wait)
+
+    async def _moved(self, partition: int, worker_id: str, url: str) -> None:
+        """Returns once ``partition`` has an owner other than (worker_id, url)."""
+        while True:
+            await self._members.changed(3600.0)
+            owner = self._members.owner(partition)
+            if owner is None or (owner.worker_id, owner.url) != (worker_id, url):
+                return
+
+
+def settings_from_url(url: str, options: dict[str, Any]) -> KafkaSettings:
+    """Settings for ``kafka://HOSTS?prefix=P``; takes ``prefix``, ``kafka`` (a dict of
+    client properties) and ``kafka_config`` (a config file) out of ``options``."""
+    parts = urlsplit(url)
+    if parts.scheme != "kafka":
+        raise StepstreamError(f"{url!r} is not a kafka://HOST:PORT?prefix=P address")
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    unknown = sorted(set(query) - {"prefix"})
+    if unknown:
+        raise StepstreamError(
+            f"cannot connect to {url!r}: unknown parameters {', '.join(unknown)} (known: prefix)"
+        )
+    extra = options.pop("kafka", None) or {}
+    return KafkaSettings.load(
+        parts.netloc or None,
+        options.pop("prefix", None) or query.get("prefix"),
+        config_file=options.pop("kafka_config", None),
+        options=[f"{key}={value}" for key, value in dict(extra).items()],
+    )
+
+
+async def _connect(url: str, options: dict[str, Any]) -> Transport:
+    settings = settings_from_url(url, options)
+    request_timeout = float(options.pop("timeout", DEFAULT_REQUEST_TIMEOUT_S))
+    command_timeout = float(options.pop("command_timeout", DEFAULT_COMMAND_TIMEOUT_S))
+    limit = int(
+        options.pop("max_payload_bytes", None)
+        or os.environ.get("STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)
+    )
+    codec: PayloadCodec = options.pop("codec", None) or JsonCodec()
+    if options:
+        raise StepstreamError(
+            f"unknown options for {url}: {', '.join(sorted(options))} (known: prefix, kafka, "
+            "kafka_config, timeout, command_timeout, max_payload_bytes, codec)"
+        )
+    return await open_kafka_transport(
+        settings,
+        codec=codec,
+        max_payload_bytes=limit,
+        request_timeout=request_timeout,
+        command_timeout=command_timeout,
+    )
+
+
+async def open_kafka_transport(
+    settings: KafkaSettings,
+    *,
+    codec: PayloadCodec | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+    command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
+) -> KafkaTransport:
+    topics = TopicNames(settings.prefix)
+    producer_options = aiokafka_options(settings, "producer")
+    producer_options.setdefault("max_request_size", max(2 * max_payload_bytes, 1 << 21))
+    producer = AIOKafkaProducer(**producer_options, acks="all", enable_idempotence=False)
+    try:
+        async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+            await producer.start()
+            # A metadata request naming a topic creates it on brokers that auto-create:
+            # ask for all topics, and name ours only once they are known to exist.
+            cluster = await producer.client.fetch_all_metadata()
+    except (KafkaError, TimeoutError, OSError) as exc:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise ConnectionFailed(
+            f"cannot reach Kafka at {settings.bootstrap}: {exc or type(exc).__name__}; check "
+            "the address and the security settings"
+        ) from None
+    members: MembersView | None = None
+    try:
+        found = cluster.partitions_for_topic(topics.commands)
+        missing = [
+            name
+            for name in (topics.commands, topics.name(MEMBERS))
+            if cluster.partitions_for_topic(name) is None
+        ]
+        if missing or not found:
+            raise StepstreamError(
+                f"topics {', '.join(missing)} do not exist on {settings.bootstrap}; create "
+                f"them with `stepstream topics create --bootstrap {settings.bootstrap} "
+                f"--prefix {settings.prefix} --partitions N` and start a worker"
+            )
+        members = await MembersView.open(
+            topics.name(MEMBERS),
+            timeout=request_timeout,
+            **aiokafka_options(settings, "consumer"),
+        )
+        announced = members.partition_count
+        if announced and announced != len(found):
+            raise StepstreamError(
+                f"{topics.commands} has {len(found)} partitions but the workers run with "
+                f"{announced}; the topics were recreated: restart the workers"
+            )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        if members is not None:
+            await members.close()
+        raise
+    session = aiohttp.ClientSession(headers={"Accept": "application/json"})
+    return KafkaTransport(
+        producer=producer,
+        members=members,
+        session=session,
+        topics=topics,
+        partitions=len(found),
+        codec=codec or JsonCodec(),
+        serde=default_serde(),
+        max_payload_bytes=max_payload_bytes,
+        request_timeout=request_timeout,
+        command_timeout=command_timeout,
+    )
+
+
+register_transport("kafka", _connect)
