@@ -90,6 +90,8 @@ class ThreadedWorker:
         self.call_sync(self.worker.wait_assigned(partitions, timeout=60))
 
     def stop(self) -> None:
+        if self._loop.is_closed():
+            return
         try:
             self.call_sync(self.worker.stop())
         finally:

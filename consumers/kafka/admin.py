@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from consumers.kafka.clients import make_client
 from engine.errors import StepstreamError
 from engine.kafka_settings import KafkaSettings
 from engine.topics import MEMBERS, TOPIC_KINDS, TopicNames
@@ -45,15 +46,16 @@ class TopicState:
 
 def admin_client(settings: KafkaSettings) -> AdminClient:
     config: dict[str, Any] = settings.client_config("admin", {}, ADMIN_REQUIRED)
-    return AdminClient(config)
+    return make_client(AdminClient, config, "admin client")
 
 
 def existing_partitions(settings: KafkaSettings, timeout: float = 10.0) -> dict[str, int]:
     """Partition counts of the prefix's topics that exist. Never creates a topic."""
     names = TopicNames(settings.prefix)
     wanted = {names.name(kind) for kind in (*TOPIC_KINDS, MEMBERS)}
+    client = admin_client(settings)
     try:
-        metadata = admin_client(settings).list_topics(timeout=timeout)
+        metadata = client.list_topics(timeout=timeout)
     except KafkaException as exc:
         raise StepstreamError(
             f"cannot reach Kafka at {settings.bootstrap}: {exc}; check --bootstrap and the "

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from consumers.kafka import keys
+from consumers.kafka.clients import make_client
 from engine.kafka_settings import KafkaSettings
 from engine.seams import LogEntry
 from engine.topics import COMMANDS, TIMERS, TopicNames
@@ -185,7 +186,11 @@ class GroupConsumer:
     # ---- poll thread --------------------------------------------------------------------
 
     def _run(self) -> None:
-        consumer = Consumer(self._config)
+        try:
+            consumer = make_client(Consumer, self._config, "group consumer")
+        except BaseException as exc:
+            self._fail(exc)
+            return
         try:
             consumer.subscribe(
                 list(self._kind_of),

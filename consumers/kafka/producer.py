@@ -22,6 +22,7 @@ from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from consumers.kafka.clients import make_client
 from engine.errors import StepstreamError
 from engine.kafka_settings import KafkaSettings
 
@@ -108,7 +109,7 @@ class LogProducer:
             {**PRODUCER_DEFAULTS, "client.id": client_id},
             {**PRODUCER_REQUIRED, "error_cb": self._errors},
         )
-        self._producer = Producer(config)
+        self._producer = make_client(Producer, config, "producer")
         self._closed = False
         self._stopping = threading.Event()
         self._thread = threading.Thread(

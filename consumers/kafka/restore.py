@@ -31,6 +31,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from consumers import state_keys
 from consumers.kafka import keys
+from consumers.kafka.clients import make_client
 from consumers.kafka.db import PartitionDB
 from consumers.kafka.producer import LogProducer, OutRecord
 from consumers.partition import load_state
@@ -76,13 +77,12 @@ class HistoryReader:
 
     def __init__(self, settings: KafkaSettings) -> None:
         self._topic = TopicNames(settings.prefix).history
-        self._consumer = Consumer(
-            settings.client_config(
-                "consumer",
-                {**READER_DEFAULTS, "client.id": "stepstream-restore"},
-                {**READER_REQUIRED, "group.id": f"{settings.prefix}.restore"},
-            )
+        config = settings.client_config(
+            "consumer",
+            {**READER_DEFAULTS, "client.id": "stepstream-restore"},
+            {**READER_REQUIRED, "group.id": f"{settings.prefix}.restore"},
         )
+        self._consumer = make_client(Consumer, config, "restore consumer")
 
     def read(self, partition: int, start: int, stop_at: int | None, on_record: OnRecord) -> int:
         """Feed records from ``start`` on to ``on_record``; stop at the end of the

@@ -1,0 +1,434 @@
+"""The Kafka backend against a real broker: what is on the topics, and what survives.
+
+Topic administration through the CLI; every record Avro single-object encoded, keyed by
+instance id and readable with fastavro and the ``.avsc`` files alone; timers through the
+timers topic (duplicate fires harmless); dead letters; client-side rejection of bad
+input before anything is published; re-processing and restore without local state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from fastavro.schema import expand_schema, fingerprint, to_parsing_canonical_form
+
+from consumers.kafka import create_topics
+from engine.kafka_settings import KafkaSettings
+from engine.records import DeadLetter, TimerFired
+from engine.serde import default_serde
+from engine.topics import TopicNames, partition_for
+from producers.client import Client
+from stepstream import InvalidPayload, PayloadTooLarge, UnknownInstance, UnknownWorkflow
+from tests.conftest import (
+    KAFKA_TEST_PARTITIONS,
+    ThreadedWorker,
+    kafka_settings,
+    kafka_url,
+)
+from tests.conftest import (
+    test_registry as workflows_registry,
+)
+from tests.kafka_broker import Broker
+
+REPO = Path(__file__).resolve().parents[2]
+SINGLE_OBJECT = b"\xc3\x01"
+
+
+# ---- reading topics as any Kafka tool would --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rec:
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes
+
+
+def read_topic(settings: KafkaSettings, kind: str) -> list[Rec]:
+    """Every record of ``<prefix>.<kind>``, partition by partition, to the end."""
+    topic = TopicNames(settings.prefix).name(kind)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 5,
+        }
+    )
+    try:
+        count = len(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(count)])
+        open_partitions, records = set(range(count)), []
+        while open_partitions:
+            msg = consumer.poll(10)
+            assert msg is not None, f"reading {topic} stalled"
+            err = msg.error()
+            if err is not None:
+                assert err.code() == KafkaError._PARTITION_EOF, err.str()
+                open_partitions.discard(msg.partition() or 0)
+                continue
+            records.append(
+                Rec(msg.partition() or 0, msg.offset() or 0, msg.key() or b"", msg.value() or b"")
+            )
+        return records
+    finally:
+        consumer.close()
+
+
+def produce_raw(
+    settings: KafkaSettings, kind: str, records: list[tuple[int, bytes, bytes]]
+) -> None:
+    topic = TopicNames(settings.prefix).name(kind)
+    producer = Producer({"bootstrap.servers": settings.bootstrap, "acks": "all"})
+    for partition, key, value in records:
+        producer.produce(topic, value, key, partition=partition)
+    assert producer.flush(10) == 0
+
+
+def plain_schemas() -> dict[bytes, dict[str, Any]]:
+    """schemas/README.md's recipe: fastavro and the .avsc files, nothing of stepstream."""
+    named: dict[str, Any] = {}
+    by_fingerprint: dict[bytes, dict[str, Any]] = {}
+    paths = sorted((REPO / "schemas").rglob("*.avsc"), key=lambda p: p.parts[-3] != "common")
+    for path in paths:
+        schema = fastavro.parse_schema(json.loads(path.read_text()), named)
+        full = expand_schema(schema)
+        canonical = to_parsing_canonical_form(full)
+        by_fingerprint[bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))] = full
+    return by_fingerprint
+
+
+SCHEMAS = plain_schemas()
+
+
+def decode(value: bytes) -> tuple[str, dict[str, Any]]:
+    assert value[:2] == SINGLE_OBJECT, "not Avro single-object encoding"
+    schema = SCHEMAS[value[2:10]]
+    body = fastavro.schemaless_reader(io.BytesIO(value[10:]), schema, None)
+    assert isinstance(body, dict)
+    return str(schema["name"]).rsplit(".", 1)[-1], body
+
+
+def instance_on(partition: int, prefix: str = "barrier") -> str:
+    while True:
+        candidate = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        if partition_for(candidate, KAFKA_TEST_PARTITIONS) == partition:
+            return candidate
+
+
+async def barrier(client: Client) -> None:
+    """Once this returns, every partition has processed what was on it before."""
+    for partition in range(KAFKA_TEST_PARTITIONS):
+        instance = await client.start("arith", 1, instance_id=instance_on(partition))
+        assert await client.result(instance, timeout=20) == {"total": 2, "doubled": 4}
+
+
+async def story(client: Client, instance: str) -> list[tuple[int, str, dict[str, Any]]]:
+    return [(h.seq, h.type, h.attributes) for h in await client.history(instance)]
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+
+
+# ---- topics -------------------------------------------------------------------------------
+
+
+def test_topics_create_is_idempotent_and_says_what_exists(kafka_broker: Broker) -> None:
+    prefix = f"cli{uuid.uuid4().hex[:8]}"
+    args = ("topics", "create", "--bootstrap", kafka_broker.bootstrap, "--prefix", prefix)
+    first = cli(*args, "--partitions", "3")
+    assert first.returncode == 0, first.stderr
+    kinds = ("commands", "history", "timers", "dead-letters")
+    for kind in kinds:
+        assert f"created {prefix}.{kind} (3 partitions)" in first.stdout
+    assert f"created {prefix}.members (1 partitions)" in first.stdout
+
+    again = cli(*args, "--partitions", "3", "--json")
+    assert again.returncode == 0, again.stderr
+    rows = json.loads(again.stdout)
+    assert {r["topic"]: (r["partitions"], r["created"]) for r in rows} == {
+        **{f"{prefix}.{kind}": (3, False) for kind in kinds},
+        f"{prefix}.members": (1, False),
+    }
+
+    wrong = cli(*args, "--partitions", "5")
+    assert wrong.returncode == 1
+    assert f"{prefix}.commands has 3 partitions, not 5" in wrong.stderr
+
+
+# ---- records on the topics ------------------------------------------------------------
+
+
+async def test_history_topic_tells_the_story_with_fastavro_alone(
+    kafka_worker: ThreadedWorker,
+) -> None:
+    settings = kafka_worker.settings
+    async with Client.connect(kafka_url(settings)) as client:
+        napper = await client.start(
+            "nap-then-step",
+            {"name": "n", "seconds": 0.2},
+            instance_id=f"nap-{uuid.uuid4().hex[:6]}",
+        )
+        waiter = await client.start("waiter", None, instance_id=f"w-{uuid.uuid4().hex[:6]}")
+        await client.send_event(waiter, "approval", {"by": "ada"})
+        assert await client.result(napper, timeout=20) == "n-second"
+        assert await client.result(waiter, timeout=20) == {"by": "ada"}
+        expected = {i: await client.history(i) for i in (napper, waiter)}
+
+    history = await asyncio.to_thread(read_topic, settings, "history")
+    rebuilt: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for rec in history:
+        name, body = decode(rec.value)
+        header = body["header"]
+        assert rec.key.decode() == header["instance_id"]
+        if name == "PartitionFenced":
+            assert rec.key == b"" and body["partition"] == rec.partition
+            continue
+        assert rec.partition == partition_for(header["instance_id"], KAFKA_TEST_PARTITIONS)
+        rebuilt.setdefault(header["instance_id"], []).append((name, body))
+
+    for instance, entries in expected.items():
+        story_ = rebuilt[instance]
+        assert [name for name, _ in story_] == [e.type for e in entries]
+        assert [body["header"]["seq"] for _, body in story_] == [e.seq for e in entries]
+        assert [body["header"]["command_id"] for _, body in story_] == [
+            e.command_id for e in entries
+        ]
+    waiter_story = dict(rebuilt[waiter])
+    payload = waiter_story["WaitSatisfied"]["payload"]
+    assert payload["content_type"] == "application/json"
+    assert json.loads(payload["data"]) == {"by": "ada"}
+    assert json.loads(dict(rebuilt[napper])["WorkflowCompleted"]["result"]["data"]) == "n-second"
+
+    # Every other topic holds single-object records keyed by instance id, on its partition.
+    for kind in ("commands", "timers"):
+        records = await asyncio.to_thread(read_topic, settings, kind)
+        assert records, kind
+        for rec in records:
+            name, body = decode(rec.value)
+            assert rec.key.decode() == body["header"]["instance_id"], (kind, name)
+            assert rec.partition == partition_for(rec.key.decode(), KAFKA_TEST_PARTITIONS)
+
+
+async def test_timers_go_through_the_timers_topic_and_duplicate_fires_are_harmless(
+    kafka_worker: ThreadedWorker,
+) -> None:
+    settings = kafka_worker.settings
+    serde = default_serde()
+    async with Client.connect(kafka_url(settings)) as client:
+        sleeper = await client.start("sleeper", 0.2, instance_id=f"s-{uuid.uuid4().hex[:6]}")
+        retrier = await client.start(
+            "retrying",
+            {"key": uuid.uuid4().hex, "fail": 1, "max": 3},
+            instance_id=f"r-{uuid.uuid4().hex[:6]}",
+        )
+        timeout = await client.start("waiter", 0.2, instance_id=f"t-{uuid.uuid4().hex[:6]}")
+        assert (await client.result(sleeper, timeout=20))["slept"] >= 0.2
+        assert await client.result(retrier, timeout=20) == "ok after 2"
+        assert await client.result(timeout, timeout=20) == "timed out"
+
+        scheduled = {}
+        for rec in await asyncio.to_thread(read_topic, settings, "timers"):
+            name, body = decode(rec.value)
+            if name == "TimerScheduled":
+                scheduled[body["header"]["instance_id"]] = body["purpose"]
+        assert scheduled == {sleeper: "sleep", retrier: "retry", timeout: "wait"}
+
+        fired = [
+            (rec.partition, rec.key, rec.value)
+            for rec in await asyncio.to_thread(read_topic, settings, "commands")
+            if decode(rec.value)[0] == "TimerFired"
+        ]
+        assert {key.decode() for _, key, _ in fired} == {sleeper, retrier, timeout}
+        before = {i: await story(client, i) for i in (sleeper, retrier, timeout)}
+
+        # Fire every timer again, twice, and one that never existed: all harmless.
+        stray = TimerFired(
+            instance_id=sleeper,
+            command_id="fire:stray",
+            timer_id=f"{sleeper}/sleep/99/nap",
+            fire_at_ms=1,
+        )
+        partition = partition_for(sleeper, KAFKA_TEST_PARTITIONS)
+        extra = [(partition, sleeper.encode(), serde.encode(stray))]
+        await asyncio.to_thread(produce_raw, settings, "commands", fired + fired + extra)
+        await barrier(client)
+        for instance, records in before.items():
+            assert await story(client, instance) == records, instance
+
+
+async def test_undecodable_command_goes_to_dead_letters_and_the_partition_moves_on(
+    kafka_worker: ThreadedWorker,
+) -> None:
+    settings = kafka_worker.settings
+    junk = instance_on(0, "junk")
+    garbage = [
+        (0, junk.encode(), b"\x00not a record"),
+        (0, junk.encode(), SINGLE_OBJECT + b"\x01" * 8),
+    ]
+    await asyncio.to_thread(produce_raw, settings, "commands", garbage)
+    async with Client.connect(kafka_url(settings)) as client:
+        await barrier(client)  # partition 0 processed both, then went on
+        with pytest.raises(UnknownInstance):
+            await client.status(junk)
+
+    letters = [
+        default_serde().decode(rec.value)
+        for rec in await asyncio.to_thread(read_topic, settings, "dead-letters")
+    ]
+    assert len(letters) == 2
+    for letter, (_, key, value) in zip(letters, garbage, strict=True):
+        assert isinstance(letter, DeadLetter)
+        assert letter.source_topic == TopicNames(settings.prefix).commands
+        assert letter.partition == 0
+        assert (letter.key, letter.value) == (key, value)
+        assert letter.reason.startswith("undecodable record"), letter.reason
+
+
+async def test_client_rejects_bad_input_before_anything_is_published(
+    kafka_worker: ThreadedWorker,
+) -> None:
+    settings = kafka_worker.settings
+    async with Client.connect(kafka_url(settings)) as client:
+        with pytest.raises(UnknownWorkflow, match=r"nope.*registered: arith"):
+            await client.start("nope", {})
+        with pytest.raises(InvalidPayload, match="not JSON-encodable"):
+            await client.start("arith", {"x": object()})
+        with pytest.raises(PayloadTooLarge, match="over the limit"):
+            await client.start("arith", "x" * (1024 * 1024 + 1))
+        with pytest.raises(UnknownInstance, match="ghost"):
+            await client.send_event("ghost", "approval", 1)
+    bad_json = await asyncio.to_thread(
+        cli, "start", "arith", "--input", "{bad", "--connect", kafka_url(settings)
+    )
+    assert bad_json.returncode == 2 and "not valid JSON" in bad_json.stderr
+    unknown = await asyncio.to_thread(cli, "start", "nope", "--connect", kafka_url(settings))
+    assert unknown.returncode == 1 and "unknown workflow 'nope'" in unknown.stderr
+    assert await asyncio.to_thread(read_topic, settings, "commands") == []
+
+
+# ---- re-processing and restore -----------------------------------------------------------
+
+
+def reset_group_offsets(settings: KafkaSettings) -> None:
+    """What an operator does with kafka-consumer-groups --reset-offsets --to-earliest."""
+    names = TopicNames(settings.prefix)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap,
+            "group.id": f"{settings.prefix}.workers",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        offsets = [
+            TopicPartition(topic, p, 0)
+            for topic in (names.commands, names.timers)
+            for p in range(KAFKA_TEST_PARTITIONS)
+        ]
+        consumer.commit(offsets=offsets, asynchronous=False)
+        committed = consumer.committed(offsets, timeout=10)
+        assert [tp.offset for tp in committed] == [0] * len(offsets)
+    finally:
+        consumer.close()
+
+
+async def test_reprocessing_is_idempotent_and_an_empty_state_dir_restores(
+    kafka_broker: Broker, tmp_path: Path, ledger: Path
+) -> None:
+    settings = kafka_settings(kafka_broker)
+    await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)
+    worker = ThreadedWorker(settings, tmp_path / "first", workflows_registry())
+    await asyncio.to_thread(worker.start)
+    second: ThreadedWorker | None = None
+    try:
+        async with Client.connect(kafka_url(settings)) as client:
+            finished: dict[str, Any] = {}
+            for workflow, arg in [
+                ("arith", 3),
+                ("chain", 6),
+                ("retrying", {"key": uuid.uuid4().hex, "fail": 1, "max": 3}),
+                ("sleeper", 0.1),
+                ("parallel", 4),
+                ("values", None),
+            ]:
+                instance = await client.start(
+                    workflow, arg, instance_id=f"{workflow}-{uuid.uuid4().hex[:6]}"
+                )
+                finished[instance] = await client.result(instance, timeout=20)
+            events = await client.start(
+                "two-events", None, instance_id=f"ev-{uuid.uuid4().hex[:6]}"
+            )
+            await client.send_event(events, "item", "a")
+            await client.send_event(events, "item", "b")
+            finished[events] = await client.result(events, timeout=20)
+            waiting = await client.start("gated", "g", instance_id=f"gate-{uuid.uuid4().hex[:6]}")
+            napping = await client.start(
+                "nap-then-step",
+                {"name": "nap", "seconds": 4},
+                instance_id=f"nap-{uuid.uuid4().hex[:6]}",
+            )
+            await asyncio.sleep(0.3)
+            stories = {i: await story(client, i) for i in [*finished, waiting, napping]}
+
+            # 1. The same commands again, byte for byte: nothing changes.
+            commands = await asyncio.to_thread(read_topic, settings, "commands")
+            copies = [(r.partition, r.key, r.value) for r in commands]
+            await asyncio.to_thread(produce_raw, settings, "commands", copies)
+            await barrier(client)
+            for instance, expected in stories.items():
+                assert await story(client, instance) == expected, instance
+
+            # 2. A worker without local state, and the group's offsets back at 0.
+            await asyncio.to_thread(worker.stop)
+            shutil.rmtree(tmp_path / "first")
+            await asyncio.to_thread(reset_group_offsets, settings)
+            second = ThreadedWorker(settings, tmp_path / "second", workflows_registry())
+            await asyncio.to_thread(second.start)
+            for instance, expected in stories.items():
+                assert await story(client, instance) == expected, instance
+            for instance, result in finished.items():
+                assert await client.result(instance, timeout=5) == result
+
+            # ... and it carries on: the sleep set before the restart ends, the wait
+            # takes its event, new instances run.
+            await client.send_event(waiting, "go", "green")
+            assert await client.result(waiting, timeout=20) == ["g-before", "green", "g-after"]
+            assert await client.result(napping, timeout=20) == "nap-second"
+            assert await client.result(await client.start("chain", 3), timeout=20) == 3
+            for instance in stories:
+                successes = Counter(
+                    h.attributes["key"]
+                    for h in await client.history(instance)
+                    if h.type == "StepSucceeded"
+                )
+                assert all(n == 1 for n in successes.values()), (instance, successes)
+    finally:
+        if second is not None:
+            await asyncio.to_thread(second.stop)
+        else:
+            await asyncio.to_thread(worker.stop)
