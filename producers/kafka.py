@@ -510,7 +510,10 @@ async def open_kafka_transport(
         if members is not None:
             await members.close()
         raise
-    session = aiohttp.ClientSession(headers={"Accept": "application/json"})
+    # Result and settle waits are long requests, one connection each: no pool limit.
+    session = aiohttp.ClientSession(
+        headers={"Accept": "application/json"}, connector=aiohttp.TCPConnector(limit=0)
+    )
     return KafkaTransport(
         producer=producer,
         members=members,

@@ -29,7 +29,7 @@ from engine.kafka_settings import KafkaSettings
 log = logging.getLogger("stepstream.kafka.producer")
 
 PRODUCER_DEFAULTS: dict[str, object] = {
-    "linger.ms": 1,
+    "linger.ms": 0,
     "compression.type": "none",
     "partitioner": "murmur2_random",
     "message.max.bytes": 4 * 1024 * 1024,
