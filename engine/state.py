@@ -244,7 +244,7 @@ class InstanceState:
             case SleepElapsed():
                 entry = self._touch(record.key)
                 entry.state = EntryState.ELAPSED
-                entry.timer_id = None
+                entry.timer_id = entry.fire_at_ms = None
             case WaitStarted():
                 self._running()
                 entry = self._entry(record.key, EntryKind.WAIT, EntryState.WAITING, record.seq)
@@ -256,14 +256,14 @@ class InstanceState:
                 entry = self._touch(record.key)
                 entry.state = EntryState.SATISFIED
                 entry.result = record.payload
-                entry.timer_id = None
+                entry.timer_id = entry.fire_at_ms = None
                 self.buffered = [
                     b for b in self.buffered if b.command_id != record.event_command_id
                 ]
             case WaitTimedOut():
                 entry = self._touch(record.key)
                 entry.state = EntryState.TIMED_OUT
-                entry.timer_id = None
+                entry.timer_id = entry.fire_at_ms = None
             case EventBuffered():
                 self.buffered.append(
                     BufferedEvent(record.event_name, record.payload, record.command_id, record.seq)
