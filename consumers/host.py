@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from consumers.partition import Committed, PartitionProcessor, ProcessorConfig
 from consumers.steps import StepExecutor
@@ -50,7 +50,7 @@ class PartitionHost:
         self.codec = codec
         self.clock = clock
         self.executor = StepExecutor(codec, max_payload_bytes=max_payload_bytes)
-        self._config = config
+        self._config = replace(config or ProcessorConfig(), max_payload_bytes=max_payload_bytes)
         self._owned: dict[int, _Owned] = {}
         self._settled: dict[str, asyncio.Future[str | None]] = {}
         # Commands settled lately, for a publisher that asks after the commit (Kafka

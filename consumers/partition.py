@@ -16,14 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from consumers import state_keys as keys
+from consumers.dead_letters import dead_letter
 from consumers.steps import StepExecutor
-from engine.codec import PayloadCodec
-from engine.errors import UndecodableRecord, UnknownWorkflow
+from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, PayloadCodec, check_size
+from engine.errors import StepstreamError, UndecodableRecord, UnknownWorkflow
 from engine.records import (
     Command,
-    DeadLetter,
     HistoryRecord,
     PartitionFenced,
+    SendEvent,
     StartWorkflow,
     TimerFired,
 )
@@ -31,16 +32,20 @@ from engine.runtime import InstanceRuntime, Output, StepOutcome
 from engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend, StateStore
 from engine.serde import RecordSerde
 from engine.state import InstanceState, entry_json
-from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS
+from engine.topics import COMMANDS, HISTORY, TIMERS
 from engine.workflow import Registry, WorkflowDefinition
 
 log = logging.getLogger("stepstream.partition")
+
+RESTART_BACKOFF_S = 0.1
+MAX_RESTART_BACKOFF_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
 class ProcessorConfig:
     max_batch: int = 1000
     cache_size: int = 10_000
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +117,10 @@ class PartitionProcessor:
 
     async def start(self) -> None:
         """Fence the partition, resume unfinished instances, then start consuming."""
+        await self._resume()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _resume(self) -> None:
         out = Output()
         batch = CommitBatch()
         fence = PartitionFenced(
@@ -135,7 +144,6 @@ class PartitionProcessor:
         self._after_commit(out, touched, {})
         if touched:
             log.info("partition=%d resumed %d unfinished instances", self.partition, len(touched))
-        self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
         for task in (self._task, self._fetch):
@@ -158,6 +166,43 @@ class PartitionProcessor:
     # ---- the loop -------------------------------------------------------------------
 
     async def _run(self) -> None:
+        backoff = RESTART_BACKOFF_S
+        while True:
+            try:
+                await self._consume()
+            except Exception:
+                # A commit failed (or a bug escaped). Memory may be ahead of what is
+                # durable: forget it, go back to the last commit and resume from there.
+                log.exception(
+                    "partition=%d: processing failed; reloading from the last commit in %.1f s",
+                    self.partition,
+                    backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_RESTART_BACKOFF_S)
+                try:
+                    await self._reset()
+                except Exception:
+                    log.exception("partition=%d: reload failed; retrying", self.partition)
+                    continue
+                backoff = RESTART_BACKOFF_S
+
+    async def _reset(self) -> None:
+        if self._fetch is not None:
+            self._fetch.cancel()
+            try:
+                await self._fetch
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._fetch = None
+        for runtime in self._cache.values():
+            runtime.close()
+        self._cache.clear()
+        self._outcomes.clear()  # attempts still running are recovered as lost attempts
+        self._source.rewind(self.backend.committed_offset(COMMANDS))
+        await self._resume()
+
+    async def _consume(self) -> None:
         loop = asyncio.get_running_loop()
         wake_task: asyncio.Task[bool] | None = None
         while True:
@@ -207,6 +252,9 @@ class PartitionProcessor:
             return "", f"undecodable record: {exc}"
         if not isinstance(record, Command):
             return record.command_id, f"{record.type} is not a command"
+        problem = self._check_payload(record)
+        if problem is not None:
+            return record.command_id, problem
         runtime = touched.get(record.instance_id) or self._cache.get(record.instance_id)
         if runtime is None:
             runtime = self._load(record.instance_id)
@@ -225,6 +273,21 @@ class PartitionProcessor:
             runtime = self._new_runtime(InstanceState(record.instance_id), definition)
         error = self._guarded(runtime, record, out, touched)
         return record.command_id, error
+
+    def _check_payload(self, command: Command) -> str | None:
+        """Clients check payloads before publishing; this catches what got past them."""
+        if isinstance(command, StartWorkflow):
+            payload, what = command.input, "workflow input"
+        elif isinstance(command, SendEvent):
+            payload, what = command.payload, f"payload of event {command.name!r}"
+        else:
+            return None
+        try:
+            check_size(payload, self._config.max_payload_bytes, what=what)
+            self._codec.decode(payload)
+        except StepstreamError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
 
     def _guarded(
         self,
@@ -286,24 +349,14 @@ class PartitionProcessor:
         self._on_commit(Committed([rt.state for rt in touched.values()], settled))
 
     def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
-        log.warning(
-            "partition=%d offset=%d: command sent to dead-letters: %s",
-            self.partition,
-            entry.offset,
+        return dead_letter(
+            entry,
             reason,
-        )
-        letter = DeadLetter(
-            instance_id=entry.key.decode(errors="replace"),
-            time_ms=self._clock.now_ms(),
+            serde=self._serde,
             epoch=self.backend.epoch,
-            source_topic=entry.topic,
-            partition=entry.partition,
-            offset=entry.offset,
-            key=entry.key,
-            value=entry.value,
-            reason=reason,
+            now_ms=self._clock.now_ms(),
+            partition=self.backend.partition,
         )
-        return Append(DEAD_LETTERS, entry.key, self._serde.encode(letter), self.partition)
 
     # ---- the instance cache ---------------------------------------------------------
 

@@ -10,6 +10,7 @@ import heapq
 import logging
 
 from consumers import state_keys as keys
+from consumers.dead_letters import dead_letter
 from engine.errors import UndecodableRecord
 from engine.records import TimerCancelled, TimerFired, TimerScheduled
 from engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend
@@ -72,9 +73,7 @@ class TimerService:
             try:
                 record = self._serde.decode(entry.value)
             except UndecodableRecord as exc:
-                log.error(
-                    "partition=%d timers offset=%d skipped: %s", entry.partition, entry.offset, exc
-                )
+                batch.appends.append(self._dead_letter(entry, f"undecodable record: {exc}"))
                 continue
             if isinstance(record, TimerScheduled):
                 old = self._live.get(record.timer_id)
@@ -85,13 +84,27 @@ class TimerService:
                 )
                 batch.put(keys.timer_by_id(record.timer_id), str(record.fire_at_ms).encode())
                 self._push(record.fire_at_ms, record.timer_id, record.instance_id)
-            elif isinstance(record, TimerCancelled):
+            elif not isinstance(record, TimerCancelled):
+                batch.appends.append(
+                    self._dead_letter(entry, f"{record.type} is not a timer record")
+                )
+            else:
                 fire_at = self._live.pop(record.timer_id, None)
                 if fire_at is not None:
                     batch.delete(keys.timer(fire_at, record.timer_id))
                     batch.delete(keys.timer_by_id(record.timer_id))
         batch.offsets[TIMERS] = entries[-1].offset + 1
         await self.backend.commit(batch)
+
+    def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
+        return dead_letter(
+            entry,
+            reason,
+            serde=self._serde,
+            epoch=self.backend.epoch,
+            now_ms=self._clock.now_ms(),
+            partition=self.backend.partition,
+        )
 
     async def _fire(self) -> None:
         while True:

@@ -7,7 +7,7 @@ import uuid as _uuid
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from engine.retry import RetryPolicy
 
@@ -56,21 +56,42 @@ class Context:
         """The attempt number (1-based) of the step body currently running; 0 outside."""
         return current_attempt.get()
 
+    @overload
     async def step(
         self,
         name: str,
-        fn: Callable[..., Awaitable[T]] | Callable[..., T],
+        fn: Callable[..., Awaitable[T]],
         *args: Any,
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
         **kwargs: Any,
-    ) -> T:
+    ) -> T: ...
+
+    @overload
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., T],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        timeout: float | timedelta | None = None,
+        **kwargs: Any,
+    ) -> T: ...
+
+    async def step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        timeout: float | timedelta | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """Run ``fn(*args, **kwargs)`` at least once, durably. Its return value is
         recorded and returned again on replay; the body does not run again once it
         succeeded. Raises ``StepFailed`` when the retry policy is used up."""
         limit = None if timeout is None else _seconds(timeout)
-        result: T = await self._rt.step_future(name, fn, args, kwargs, retry, limit)
-        return result
+        return await self._rt.step_future(name, fn, args, kwargs, retry, limit)
 
     async def sleep(self, name: str, duration: float | timedelta) -> None:
         """Sleep durably for ``duration`` (seconds or timedelta); survives restarts."""

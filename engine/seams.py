@@ -56,6 +56,10 @@ class Source(Protocol):
 
     async def fetch(self, max_records: int, timeout: float) -> list[LogEntry]: ...
 
+    def rewind(self, offset: int) -> None:
+        """Deliver again from ``offset`` (after a failed commit)."""
+        ...
+
 
 class StateStore(Protocol):
     """Committed state of one partition (keys are local to the partition)."""

@@ -52,6 +52,9 @@ class EmbeddedSource:
             self.position = entries[-1].offset + 1
         return entries
 
+    def rewind(self, offset: int) -> None:
+        self.position = offset
+
 
 class EmbeddedPartition:
     """Partition ``partition`` of an open ``EmbeddedDB``. Fenced by the directory lock:

@@ -74,7 +74,16 @@ class KafkaSource:
         self._arrived = asyncio.Event()
         # Told when the buffer grows too long (True) or drains again (False).
         self.on_level: Callable[[KafkaSource, bool], None] | None = None
+        # Told to re-read the topic partition from an offset (a commit failed).
+        self.on_rewind: Callable[[KafkaSource, int], None] | None = None
         self.paused = False
+
+    def rewind(self, offset: int) -> None:
+        """Deliver again from ``offset``: drop what is buffered and seek the consumer."""
+        self._buffer.clear()
+        self.position = self._next = offset
+        if self.on_rewind is not None:
+            self.on_rewind(self, offset)
 
     def push(self, entries: list[LogEntry]) -> None:
         """Loop side: append records (any before the next expected offset are old)."""
@@ -141,6 +150,7 @@ class GroupConsumer:
         self._lock = threading.Lock()
         self._to_commit: dict[Position, int] = {}
         self._flow: deque[tuple[Position, bool]] = deque()
+        self._seeks: deque[tuple[Position, int]] = deque()
         self._failed = False
 
     # ---- loop side --------------------------------------------------------------------
@@ -161,6 +171,7 @@ class GroupConsumer:
     def attach(self, source: KafkaSource) -> None:
         """Records of ``source``'s topic partition go to it from now on."""
         source.on_level = self._flow_control
+        source.on_rewind = self._rewind
         self._sources[(source.kind, source.partition)] = source
 
     def detach(self, partition: int) -> None:
@@ -176,6 +187,9 @@ class GroupConsumer:
     def _flow_control(self, source: KafkaSource, pause: bool) -> None:
         source.paused = pause
         self._flow.append(((source.kind, source.partition), pause))
+
+    def _rewind(self, source: KafkaSource, offset: int) -> None:
+        self._seeks.append(((source.kind, source.partition), offset))
 
     def _deliver(self, batches: dict[Position, list[LogEntry]]) -> None:
         for position, entries in batches.items():
@@ -243,6 +257,12 @@ class GroupConsumer:
         return routed
 
     def _apply_flow(self, consumer: Consumer) -> None:
+        while self._seeks:
+            (kind, partition), offset = self._seeks.popleft()
+            try:
+                consumer.seek(TopicPartition(self._topics.name(kind), partition, offset))
+            except Exception as exc:
+                log.error("partition=%d %s: cannot seek to %d: %s", partition, kind, offset, exc)
         while self._flow:
             (kind, partition), pause = self._flow.popleft()
             tp = [TopicPartition(self._topics.name(kind), partition)]

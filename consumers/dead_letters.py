@@ -1,0 +1,37 @@
+"""Dead letters: records a processor cannot use, kept with the reason and the original
+bytes, so the partition keeps moving and nothing is lost."""
+
+from __future__ import annotations
+
+import logging
+
+from engine.records import DeadLetter
+from engine.seams import Append, LogEntry
+from engine.serde import RecordSerde
+from engine.topics import DEAD_LETTERS
+
+log = logging.getLogger("stepstream.dead_letters")
+
+
+def dead_letter(
+    entry: LogEntry, reason: str, *, serde: RecordSerde, epoch: int, now_ms: int, partition: int
+) -> Append:
+    log.warning(
+        "%s partition=%d offset=%d sent to dead-letters: %s",
+        entry.topic,
+        entry.partition,
+        entry.offset,
+        reason,
+    )
+    letter = DeadLetter(
+        instance_id=entry.key.decode(errors="replace"),
+        time_ms=now_ms,
+        epoch=epoch,
+        source_topic=entry.topic,
+        partition=entry.partition,
+        offset=entry.offset,
+        key=entry.key,
+        value=entry.value,
+        reason=reason,
+    )
+    return Append(DEAD_LETTERS, entry.key, serde.encode(letter), partition)

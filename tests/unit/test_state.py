@@ -1,0 +1,510 @@
+"""InstanceState: the status machine, folding records, and the stored form."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.records import (
+    CommandIgnored,
+    EventBuffered,
+    HistoryRecord,
+    Payload,
+    SleepElapsed,
+    SleepStarted,
+    StepAttemptStarted,
+    StepFailed,
+    StepSucceeded,
+    ValueRecorded,
+    WaitSatisfied,
+    WaitStarted,
+    WaitTimedOut,
+    WorkflowCancelled,
+    WorkflowCompleted,
+    WorkflowFailed,
+    WorkflowPaused,
+    WorkflowResumed,
+    WorkflowStarted,
+)
+from engine.state import (
+    RECENT_COMMANDS,
+    BufferedEvent,
+    Entry,
+    EntryKind,
+    EntryState,
+    InstanceState,
+    InvalidTransition,
+    Status,
+    entry_json,
+    timer_id,
+)
+
+ID = "inst-1"
+T0 = 1_700_000_000_000
+
+
+def pj(value: str) -> Payload:
+    return Payload("application/json", value.encode())
+
+
+class Recorder:
+    """Builds records with consecutive seqs, the way one instance's history grows."""
+
+    def __init__(self) -> None:
+        self._seq = itertools.count(1)
+
+    def __call__(self, cls: type[HistoryRecord], command_id: str = "c", **attrs: Any) -> Any:
+        seq = next(self._seq)
+        return cls(instance_id=ID, seq=seq, time_ms=T0 + seq, command_id=command_id, **attrs)
+
+
+def started(rec: Recorder) -> HistoryRecord:
+    return rec(WorkflowStarted, "start", workflow="wf", version="2", input=pj("1"))
+
+
+def fold(records: list[HistoryRecord]) -> InstanceState:
+    state = InstanceState(ID)
+    for record in records:
+        state.apply(record)
+    return state
+
+
+# ---- the status machine ---------------------------------------------------------------
+
+_VALID = {
+    (Status.PENDING, Status.RUNNING),
+    (Status.PENDING, Status.PAUSED),
+    (Status.PENDING, Status.COMPLETED),
+    (Status.PENDING, Status.FAILED),
+    (Status.PENDING, Status.CANCELLED),
+    (Status.RUNNING, Status.PAUSED),
+    (Status.RUNNING, Status.COMPLETED),
+    (Status.RUNNING, Status.FAILED),
+    (Status.RUNNING, Status.CANCELLED),
+    (Status.PAUSED, Status.RUNNING),
+    (Status.PAUSED, Status.FAILED),
+    (Status.PAUSED, Status.CANCELLED),
+}
+_MOVES = [(a, b) for a in Status for b in Status if a is not b]
+
+
+@pytest.mark.parametrize(("source", "target"), sorted(_VALID))
+def test_valid_transitions(source: Status, target: Status) -> None:
+    state = InstanceState(ID, status=source)
+    state._transition_to(target)
+    assert state.status is target
+
+
+@pytest.mark.parametrize(("source", "target"), [m for m in _MOVES if m not in _VALID])
+def test_invalid_transitions_raise_and_change_nothing(source: Status, target: Status) -> None:
+    state = InstanceState(ID, status=source)
+    with pytest.raises(InvalidTransition, match=f"{ID}: {source.value} -> {target.value}"):
+        state._transition_to(target)
+    assert state.status is source
+
+
+@pytest.mark.parametrize("status", list(Status))
+def test_transition_to_the_same_status_is_a_no_op(status: Status) -> None:
+    state = InstanceState(ID, status=status)
+    state._transition_to(status)
+    assert state.status is status
+
+
+def test_finished_statuses() -> None:
+    assert {s for s in Status if s.finished} == {
+        Status.COMPLETED,
+        Status.FAILED,
+        Status.CANCELLED,
+    }
+
+
+def test_paused_cannot_complete_without_resuming() -> None:
+    # The code does not run while paused, so completion must come after a resume.
+    state = InstanceState(ID, status=Status.PAUSED)
+    with pytest.raises(InvalidTransition):
+        state._transition_to(Status.COMPLETED)
+
+
+def test_record_asking_for_an_invalid_transition_raises() -> None:
+    rec = Recorder()
+    state = fold([started(rec), rec(WorkflowCompleted, result=pj("1"))])
+    with pytest.raises(InvalidTransition, match="completed -> paused"):
+        state.apply(rec(WorkflowPaused))
+    with pytest.raises(InvalidTransition, match="completed -> running"):
+        state.apply(rec(WorkflowResumed))
+
+
+def test_lifecycle_through_records() -> None:
+    rec = Recorder()
+    state = InstanceState(ID)
+    state.apply(started(rec))
+    assert state.status is Status.PENDING
+    assert (state.workflow, state.version, state.input) == ("wf", "2", pj("1"))
+    assert state.created_ms == T0 + 1
+    state.apply(rec(StepAttemptStarted, key="a", attempt=1, max_attempts=3))
+    assert state.status is Status.RUNNING
+    state.apply(rec(WorkflowPaused))
+    assert state.status is Status.PAUSED
+    state.apply(rec(WorkflowResumed))
+    assert state.status is Status.RUNNING
+    state.apply(rec(WorkflowFailed, error_type="ValueError", error_message="bad"))
+    assert state.status is Status.FAILED
+    assert (state.error_type, state.error_message) == ("ValueError", "bad")
+    assert state.updated_ms == T0 + 5
+
+
+def test_cancel_keeps_the_reason() -> None:
+    rec = Recorder()
+    state = fold([started(rec), rec(WorkflowCancelled, reason="changed my mind")])
+    assert state.status is Status.CANCELLED
+    assert state.cancel_reason == "changed my mind"
+
+
+# ---- entries --------------------------------------------------------------------------
+
+
+def test_step_attempts_backoff_and_success() -> None:
+    rec = Recorder()
+    state = fold(
+        [
+            started(rec),
+            rec(StepAttemptStarted, key="a", attempt=1, max_attempts=3),
+            rec(
+                StepFailed,
+                key="a",
+                attempt=1,
+                error_type="E",
+                error_message="m",
+                next_attempt_at_ms=T0 + 500,
+            ),
+        ]
+    )
+    entry = state.entries["a"]
+    assert (entry.kind, entry.state, entry.seq) == (EntryKind.STEP, EntryState.BACKOFF, 2)
+    assert entry.timer_id == timer_id(ID, "retry", "a", 1) == f"{ID}/retry/1/a"
+    assert entry.fire_at_ms == T0 + 500
+    assert state.pending_timers() == [entry]
+    state.apply(rec(StepAttemptStarted, key="a", attempt=2, max_attempts=3))
+    assert (entry.state, entry.attempt, entry.timer_id, entry.fire_at_ms) == (
+        EntryState.RUNNING,
+        2,
+        None,
+        None,
+    )
+    assert entry.seq == 2  # the key's first record, not its latest
+    assert state.pending_timers() == [] and state.open_entries() == [entry]
+    state.apply(rec(StepSucceeded, key="a", attempt=2, result=pj('"ok"')))
+    assert entry.state is EntryState.SUCCEEDED and entry.result == pj('"ok"')
+    assert entry.state.final and state.open_entries() == []
+
+
+def test_final_step_failure() -> None:
+    rec = Recorder()
+    state = fold(
+        [
+            started(rec),
+            rec(StepAttemptStarted, key="a", attempt=1, max_attempts=1),
+            rec(StepFailed, key="a", attempt=1, error_type="E", error_message="m"),
+        ]
+    )
+    entry = state.entries["a"]
+    assert entry.state is EntryState.FAILED
+    assert (entry.error_type, entry.error_message, entry.timer_id) == ("E", "m", None)
+
+
+def test_sleep_entry_and_its_timer() -> None:
+    rec = Recorder()
+    state = fold([started(rec), rec(SleepStarted, key="nap", wake_at_ms=T0 + 9000)])
+    entry = state.entries["nap"]
+    assert (entry.kind, entry.state) == (EntryKind.SLEEP, EntryState.SLEEPING)
+    assert entry.timer_id == f"{ID}/sleep/2/nap" and entry.fire_at_ms == T0 + 9000
+    assert state.status is Status.RUNNING
+    state.apply(rec(SleepElapsed, key="nap"))
+    assert entry.state is EntryState.ELAPSED and entry.timer_id is None
+    assert state.pending_timers() == []
+
+
+def test_wait_with_and_without_timeout() -> None:
+    rec = Recorder()
+    state = fold(
+        [
+            started(rec),
+            rec(WaitStarted, key="w1", event_name="go"),
+            rec(WaitStarted, key="w2", event_name="go", timeout_at_ms=T0 + 100),
+        ]
+    )
+    assert state.entries["w1"].timer_id is None
+    assert state.entries["w2"].timer_id == f"{ID}/wait/3/w2"
+    assert state.pending_timers() == [state.entries["w2"]]
+    state.apply(rec(WaitTimedOut, key="w2"))
+    assert state.entries["w2"].state is EntryState.TIMED_OUT
+    assert state.pending_timers() == []
+
+
+def test_buffered_event_is_removed_by_the_wait_that_claims_it() -> None:
+    rec = Recorder()
+    state = fold(
+        [
+            started(rec),
+            rec(EventBuffered, "ev-1", event_name="go", payload=pj("1")),
+            rec(EventBuffered, "ev-2", event_name="go", payload=pj("2")),
+            rec(WaitStarted, key="w", event_name="go"),
+        ]
+    )
+    assert state.buffered == [
+        BufferedEvent("go", pj("1"), "ev-1", 2),
+        BufferedEvent("go", pj("2"), "ev-2", 3),
+    ]
+    state.apply(
+        rec(WaitSatisfied, key="w", event_name="go", payload=pj("2"), event_command_id="ev-2")
+    )
+    assert [b.command_id for b in state.buffered] == ["ev-1"]
+    assert state.entries["w"].state is EntryState.SATISFIED
+    assert state.entries["w"].result == pj("2")
+
+
+def test_value_recorded() -> None:
+    rec = Recorder()
+    state = fold([started(rec), rec(ValueRecorded, key="now#1", kind="now", value=pj("5"))])
+    entry = state.entries["now#1"]
+    assert (entry.kind, entry.state, entry.result) == (
+        EntryKind.VALUE,
+        EntryState.RECORDED,
+        pj("5"),
+    )
+    assert state.status is Status.RUNNING
+
+
+def test_command_ignored_changes_only_seq_and_time() -> None:
+    rec = Recorder()
+    state = fold([started(rec)])
+    before = copy.deepcopy(state)
+    state.apply(rec(CommandIgnored, "late", command_type="SendEvent", reason="finished"))
+    assert state.seq == 2 and state.updated_ms == T0 + 2
+    assert state.entries == before.entries and state.status is before.status
+    assert list(state.recent_commands) == ["start", "late"]
+
+
+def test_dirty_entries_name_what_changed() -> None:
+    rec = Recorder()
+    state = fold([started(rec), rec(StepAttemptStarted, key="a", attempt=1, max_attempts=1)])
+    state.dirty_entries.clear()
+    state.apply(rec(SleepStarted, key="b", wake_at_ms=T0))
+    assert state.dirty_entries == {"b"}
+    state.apply(rec(StepSucceeded, key="a", attempt=1, result=pj("1")))
+    assert state.dirty_entries == {"a", "b"}
+
+
+# ---- idempotence ----------------------------------------------------------------------
+
+
+def _history() -> list[HistoryRecord]:
+    rec = Recorder()
+    return [
+        started(rec),
+        rec(StepAttemptStarted, "start", key="a", attempt=1, max_attempts=2),
+        rec(
+            StepFailed,
+            "step:a/1",
+            key="a",
+            attempt=1,
+            error_type="E",
+            error_message="m",
+            next_attempt_at_ms=T0 + 50,
+        ),
+        rec(StepAttemptStarted, "fire:a", key="a", attempt=2, max_attempts=2),
+        rec(StepSucceeded, "step:a/2", key="a", attempt=2, result=pj('"a"')),
+        rec(EventBuffered, "ev-1", event_name="go", payload=pj("1")),
+        rec(SleepStarted, "step:a/2", key="nap", wake_at_ms=T0 + 1000),
+        rec(SleepElapsed, "fire:nap", key="nap"),
+        rec(WaitStarted, "fire:nap", key="w", event_name="go"),
+        rec(
+            WaitSatisfied,
+            "fire:nap",
+            key="w",
+            event_name="go",
+            payload=pj("1"),
+            event_command_id="ev-1",
+        ),
+        rec(ValueRecorded, "fire:nap", key="uuid#1", kind="uuid", value=pj('"u"')),
+        rec(WorkflowCompleted, "fire:nap", result=pj("[1]")),
+    ]
+
+
+def _snapshot(state: InstanceState) -> tuple[bytes, dict[str, Entry]]:
+    return state.meta_json(), copy.deepcopy(state.entries)
+
+
+def test_applying_a_history_twice_changes_nothing() -> None:
+    history = _history()
+    state = fold(history)
+    once = _snapshot(state)
+    for record in history:
+        state.apply(record)
+    assert _snapshot(state) == once
+
+
+@given(st.data())
+def test_any_record_at_or_below_seq_is_ignored(data: st.DataObject) -> None:
+    history = _history()
+    cut = data.draw(st.integers(1, len(history)))
+    state = fold(history[:cut])
+    before = _snapshot(state)
+    replayed = data.draw(st.lists(st.sampled_from(history[:cut]), max_size=10))
+    for record in replayed:
+        state.apply(record)
+    assert _snapshot(state) == before
+    # ...and the rest of the history still applies on top of it.
+    for record in history[cut:]:
+        state.apply(record)
+    assert _snapshot(state) == _snapshot(fold(history))
+
+
+def test_a_different_record_with_an_old_seq_is_ignored() -> None:
+    # A stale writer's record (e.g. an older epoch after a fence) never rewrites history.
+    history = _history()
+    state = fold(history[:5])
+    before = _snapshot(state)
+    state.apply(
+        WorkflowFailed(instance_id=ID, seq=5, command_id="x", error_type="E", error_message="m")
+    )
+    assert _snapshot(state) == before and state.status is Status.RUNNING
+
+
+def test_recent_commands_are_bounded_and_not_repeated() -> None:
+    rec = Recorder()
+    state = fold([started(rec)])
+    for i in range(RECENT_COMMANDS + 10):
+        command = f"ev-{i}"
+        state.apply(rec(EventBuffered, command, event_name="e", payload=pj("1")))
+        state.apply(rec(CommandIgnored, command, command_type="x", reason="y"))
+    assert len(state.recent_commands) == RECENT_COMMANDS
+    assert list(state.recent_commands)[-1] == f"ev-{RECENT_COMMANDS + 9}"
+    assert len(set(state.recent_commands)) == RECENT_COMMANDS
+
+
+# ---- stored form ----------------------------------------------------------------------
+
+
+def _stored(state: InstanceState) -> InstanceState:
+    entries = [(key, entry_json(entry)) for key, entry in state.entries.items()]
+    return InstanceState.from_storage(state.instance_id, state.meta_json(), entries)
+
+
+def _same(a: InstanceState, b: InstanceState) -> None:
+    for name in (
+        "instance_id",
+        "workflow",
+        "version",
+        "status",
+        "created_ms",
+        "updated_ms",
+        "seq",
+        "input",
+        "result",
+        "error_type",
+        "error_message",
+        "cancel_reason",
+        "buffered",
+        "entries",
+    ):
+        assert getattr(a, name) == getattr(b, name), name
+    assert list(a.recent_commands) == list(b.recent_commands)
+    assert a.recent_commands.maxlen == b.recent_commands.maxlen
+
+
+def test_storage_round_trip_at_every_point_of_a_history() -> None:
+    history = _history()
+    for cut in range(len(history) + 1):
+        state = fold(history[:cut])
+        restored = _stored(state)
+        _same(restored, state)
+        # A restored state goes on exactly like the original.
+        for record in history[cut:]:
+            state.apply(record)
+            restored.apply(record)
+        _same(restored, state)
+
+
+@pytest.mark.parametrize("closing", ["SleepElapsed", "WaitSatisfied", "WaitTimedOut"])
+def test_a_closed_timer_leaves_no_fire_time(closing: str) -> None:
+    """A restored instance must be exactly the instance that was lost: the stored form
+    keeps ``fire_at_ms`` only with a ``timer_id``, so live state must not keep it either."""
+    rec = Recorder()
+    records = [started(rec)]
+    if closing == "SleepElapsed":
+        records += [rec(SleepStarted, key="k", wake_at_ms=T0), rec(SleepElapsed, key="k")]
+    else:
+        records.append(rec(WaitStarted, key="k", event_name="go", timeout_at_ms=T0))
+        if closing == "WaitSatisfied":
+            records.append(rec(WaitSatisfied, key="k", event_name="go", payload=pj("1")))
+        else:
+            records.append(rec(WaitTimedOut, key="k"))
+    state = fold(records)
+    assert state.entries["k"].timer_id is None
+    assert _stored(state).entries == state.entries, (
+        f"live {state.entries['k']} != restored {_stored(state).entries['k']}"
+    )
+
+
+def test_storage_keeps_binary_payloads_and_failures() -> None:
+    rec = Recorder()
+    odd = Payload("application/x-encrypted", bytes(range(256)))
+    state = fold(
+        [
+            rec(WorkflowStarted, workflow="wf", version="1", input=odd),
+            rec(EventBuffered, "ev", event_name="e", payload=odd),
+            rec(WorkflowFailed, error_type="Boom", error_message="ünïcode\n\x00"),
+        ]
+    )
+    restored = _stored(state)
+    _same(restored, state)
+    assert restored.input == odd and restored.buffered[0].payload == odd
+
+
+_payloads = st.builds(Payload, st.sampled_from(["application/json", "x/y"]), st.binary())
+_entries = st.builds(
+    Entry,
+    key=st.text(min_size=1),
+    kind=st.sampled_from(EntryKind),
+    state=st.sampled_from(EntryState),
+    seq=st.integers(1, 2**62),
+    attempt=st.integers(0, 100),
+    max_attempts=st.integers(1, 100),
+    result=st.none() | _payloads,
+    error_type=st.text(),
+    error_message=st.text(),
+    timer_id=st.none() | st.text(),
+    fire_at_ms=st.none() | st.integers(0, 2**62),
+    event_name=st.none() | st.text(),
+)
+
+
+@given(_entries)
+def test_entry_json_round_trip(entry: Entry) -> None:
+    if not entry.attempt:
+        entry.max_attempts = 0  # not stored without an attempt
+    if not entry.error_type:
+        entry.error_message = ""  # the message is stored with its type
+    if entry.timer_id is None:
+        entry.fire_at_ms = None  # the fire time is stored with its timer
+    restored = Entry.from_json(entry.key, json.loads(entry_json(entry)))
+    assert restored == entry
+
+
+def test_meta_is_small_and_does_not_grow_with_entries() -> None:
+    rec = Recorder()
+    records: list[HistoryRecord] = [started(rec)]
+    state = fold(records)
+    small = len(state.meta_json())
+    for i in range(200):
+        state.apply(rec(StepAttemptStarted, f"c{i}", key=f"s{i}", attempt=1, max_attempts=1))
+        state.apply(rec(StepSucceeded, f"c{i}", key=f"s{i}", attempt=1, result=pj("1")))
+    # recent_commands is bounded, entries are stored apart: meta stays O(1).
+    assert len(state.meta_json()) < small + RECENT_COMMANDS * 8 + 200
