@@ -8,13 +8,16 @@ wire form both sides share). Request bodies are parsed as JSON and nothing else.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from aiohttp import web
+from aiohttp import WSCloseCode, web
 
 from engine.codec import parse_json_text
 from engine.errors import (
@@ -56,8 +59,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class CommandWaiter(Protocol):
-    """Answers ``GET /v1/commands/{id}``: for clients that publish commands themselves
-    (Kafka) and ask the owner when one is settled."""
+    """For clients that publish commands themselves (Kafka): may this instance take a
+    command, and is the one published settled (``GET /v1/commands/{id}``)?"""
+
+    def finished_status(self, instance_id: str) -> str | None:
+        """The status of a finished instance, None if it is not finished; raises
+        ``UnknownInstance`` if there is none."""
+        ...
 
     async def wait_settled(
         self, command_id: str, instance_id: str | None, timeout: float | None
@@ -91,6 +99,9 @@ def make_app(
     app.router.add_post("/v1/instances/{id}/resume", api.resume)
     if commands is not None:
         app.router.add_get("/v1/commands/{id}", api.command)
+    session = _Session(transport, commands, max_body_bytes)
+    app.router.add_get("/v1/session", session.serve)
+    app.on_shutdown.append(session.close_all)
     return app
 
 
@@ -209,6 +220,135 @@ class _Api:
         timeout = _timeout(request)
         value = await self._transport.result(_instance_id(request), timeout)
         return web.json_response({"status": "completed", "result": value})
+
+
+class _Session:
+    """``GET /v1/session``: the reads and waits of the API over one websocket, for clients
+    that make many at once (the kafka:// client). A text frame is a JSON array of calls
+    ``{"id": n, "op": "status"|"history"|"result"|"finished"|"settled"|"cancel", ...}``;
+    replies
+    ``{"id": n, "ok": ...}`` or ``{"id": n, "error": {"type": ..., "message": ...}}`` come
+    back batched, in whatever order the calls finish. Much cheaper per call than a request.
+    """
+
+    def __init__(
+        self, transport: Transport, commands: CommandWaiter | None, max_body_bytes: int
+    ) -> None:
+        self._transport = transport
+        self._commands = commands
+        self._max = max_body_bytes
+        self._open: set[web.WebSocketResponse] = set()
+
+    async def close_all(self, app: web.Application) -> None:
+        """On shutdown: a session would otherwise keep the server waiting for it."""
+        for ws in list(self._open):
+            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+
+    async def serve(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=self._max)
+        await ws.prepare(request)
+        self._open.add(ws)
+        calls: dict[int, asyncio.Task[None]] = {}
+        replies: list[dict[str, Any]] = []
+        ready = asyncio.Event()
+        sender = asyncio.get_running_loop().create_task(self._send(ws, replies, ready))
+
+        async def run(call_id: int, call: dict[str, Any]) -> None:
+            try:
+                replies.append({"id": call_id, "ok": await self._call(call)})
+            except StepstreamError as exc:
+                replies.append({"id": call_id, **error_to_wire(exc)})
+            except Exception:
+                log.exception("session call failed op=%s", call.get("op"))
+                replies.append(
+                    {
+                        "id": call_id,
+                        "error": {
+                            "type": "InternalError",
+                            "message": "internal error; see the server log",
+                        },
+                    }
+                )
+            finally:
+                calls.pop(call_id, None)
+            ready.set()
+
+        try:
+            async for message in ws:
+                if message.type != web.WSMsgType.TEXT:
+                    continue
+                try:
+                    batch = json.loads(message.data)
+                except ValueError:
+                    await ws.close(message=b"frames must be JSON arrays of calls")
+                    break
+                for call in batch if isinstance(batch, list) else ():
+                    call_id = call.get("id") if isinstance(call, dict) else None
+                    if not isinstance(call_id, int):
+                        continue
+                    if call.get("op") == "cancel":
+                        task = calls.pop(call_id, None)
+                        if task is not None:
+                            task.cancel()
+                        continue
+                    calls[call_id] = asyncio.get_running_loop().create_task(run(call_id, call))
+        finally:
+            self._open.discard(ws)
+            for task in [*calls.values(), sender]:
+                task.cancel()
+            for task in [*calls.values(), sender]:
+                with contextlib.suppress(BaseException):
+                    await task
+        return ws
+
+    @staticmethod
+    async def _send(
+        ws: web.WebSocketResponse, replies: list[dict[str, Any]], ready: asyncio.Event
+    ) -> None:
+        # One sender: replies that finish while a frame is being written share the next.
+        while not ws.closed:
+            await ready.wait()
+            ready.clear()
+            if replies:
+                batch = replies[:]
+                del replies[:]
+                await ws.send_str(json.dumps(batch, separators=(",", ":")))
+
+    async def _call(self, call: dict[str, Any]) -> Any:
+        op = call.get("op")
+        instance_id = call.get("instance_id")
+        if not isinstance(instance_id, str) or not instance_id:
+            raise InvalidPayload(f"session call {op!r} needs a non-empty instance_id")
+        timeout = _session_timeout(call.get("timeout"))
+        if op == "status":
+            return (await self._transport.status(instance_id)).to_json()
+        if op == "history":
+            return [e.to_json() for e in await self._transport.history(instance_id)]
+        if op == "result":
+            return await self._transport.result(instance_id, timeout)
+        if op == "finished" and self._commands is not None:
+            return self._commands.finished_status(instance_id)
+        if op == "settled" and self._commands is not None:
+            command_id = call.get("command_id")
+            if not isinstance(command_id, str) or not command_id:
+                raise InvalidPayload("session call 'settled' needs a command_id")
+            return await self._commands.wait_settled(command_id, instance_id, timeout)
+        raise InvalidPayload(
+            f"unknown session call {op!r}; known: status, history, result, finished, settled"
+        )
+
+
+def _session_timeout(raw: object) -> float | None:
+    if raw is None:
+        return None
+    if (
+        isinstance(raw, bool)
+        or not isinstance(raw, int | float)
+        or not math.isfinite(raw)
+        or raw < 0
+    ):
+        raise InvalidPayload(f"timeout={raw!r} is not a number of seconds >= 0")
+    return float(raw)
 
 
 def _error_response(exc: StepstreamError) -> web.Response:

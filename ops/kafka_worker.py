@@ -119,6 +119,12 @@ class _OwnedReader:
         self._check(instance_id)
         return await self._host.wait_finished(instance_id, timeout)
 
+    def finished_status(self, instance_id: str) -> str | None:
+        self._check(instance_id)
+        if not self._host.finished(instance_id):
+            return None
+        return self._host.read_state(instance_id, entries=False).status.value
+
     async def wait_settled(
         self, command_id: str, instance_id: str | None, timeout: float | None
     ) -> str | None:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import json
 import logging
 import os
 import ssl
@@ -39,7 +41,7 @@ from engine.serde import RecordSerde, default_serde
 from engine.topics import MEMBERS, TopicNames, partition_for
 from engine.views import HistoryEntry, InstanceStatus
 from producers.client import Transport, register_transport
-from producers.http import DEFAULT_REQUEST_TIMEOUT_S, HttpTransport
+from producers.http import DEFAULT_REQUEST_TIMEOUT_S, HttpTransport, error_from_wire
 from producers.kafka_members import MembersView, RemoteWorkflow
 from producers.publisher import CommandPublisher, finished_error
 
@@ -157,16 +159,161 @@ def _ssl_context(properties: Mapping[str, str]) -> ssl.SSLContext:
     return context
 
 
+class _NoSession(Exception):
+    """The worker has no session endpoint (an older version): use plain requests."""
+
+
+class _WorkerSession:
+    """One websocket to a worker's ``/v1/session``: many calls in flight at once, batched
+    both ways (see ``ops.api``). Connected on first use and again after a loss; calls in
+    flight when the connection is lost fail with ``ConnectionFailed``."""
+
+    def __init__(self, http: aiohttp.ClientSession, base_url: str) -> None:
+        self._http = http
+        self._url = base_url.rstrip("/") + "/v1/session"
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._connecting = asyncio.Lock()
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._outbox: list[dict[str, Any]] = []
+        self._ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ids = itertools.count(1)
+        self.supported = True
+
+    async def call(self, op: str, **args: Any) -> Any:
+        if not self.supported:
+            raise _NoSession
+        ws = await self._connect()
+        call_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = future
+        self._outbox.append({"id": call_id, "op": op, **args})
+        self._ready.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._pending.pop(call_id, None) is not None and not ws.closed:
+                self._outbox.append({"id": call_id, "op": "cancel"})
+                self._ready.set()
+            raise
+
+    async def _connect(self) -> aiohttp.ClientWebSocketResponse:
+        if self._ws is not None and not self._ws.closed:
+            return self._ws
+        async with self._connecting:
+            if self._ws is not None and not self._ws.closed:
+                return self._ws
+            try:
+                ws = await self._http.ws_connect(self._url, heartbeat=20.0, max_msg_size=0)
+            except aiohttp.WSServerHandshakeError as exc:
+                if exc.status == 404:
+                    self.supported = False
+                    raise _NoSession from None
+                raise ConnectionFailed(f"cannot open {self._url}: {exc}") from None
+            except (aiohttp.ClientError, OSError) as exc:
+                raise ConnectionFailed(f"cannot reach {self._url}: {exc}") from None
+            self._ws = ws
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._read(ws)), loop.create_task(self._write(ws))]
+            return ws
+
+    async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        # One writer: calls made while a frame is being written share the next one.
+        while not ws.closed:
+            await self._ready.wait()
+            self._ready.clear()
+            if self._outbox:
+                batch, self._outbox = self._outbox, []
+                try:
+                    await ws.send_str(json.dumps(batch, separators=(",", ":")))
+                except (aiohttp.ClientError, ConnectionError, RuntimeError):
+                    break
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        try:
+            async for message in ws:
+                if message.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                for reply in json.loads(message.data):
+                    future = self._pending.pop(reply.get("id"), None)
+                    if future is None or future.done():
+                        continue
+                    if "error" in reply:
+                        future.set_exception(error_from_wire(reply["error"]))
+                    else:
+                        future.set_result(reply.get("ok"))
+        finally:
+            lost = ConnectionFailed(f"lost the session with {self._url}")
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(lost)
+            self._pending.clear()
+            self._outbox.clear()
+            self._ready.set()  # lets the writer see the closed socket and end
+
+    async def close(self) -> None:
+        if self._ws is not None:
+            await self._ws.close()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
 class _WorkerApi(HttpTransport):
-    """The HTTP API of one worker, plus the wait for a command to be settled."""
+    """One worker: reads and waits over its session websocket (plain requests if it has
+    none), the rest over HTTP."""
+
+    def __init__(
+        self, base_url: str, session: aiohttp.ClientSession, *, request_timeout: float
+    ) -> None:
+        super().__init__(base_url, session, request_timeout=request_timeout)
+        self._calls = _WorkerSession(session, base_url)
 
     async def settled(self, command_id: str, instance_id: str, timeout: float) -> str | None:
-        params = {"instance": instance_id, "timeout": repr(float(timeout))}
-        answer = await self._send(
-            "GET", f"/v1/commands/{quote(command_id, safe='')}", None, params, timeout + 10.0
-        )
-        reason = answer.get("reason")
+        try:
+            reason = await self._calls.call(
+                "settled", command_id=command_id, instance_id=instance_id, timeout=timeout
+            )
+        except _NoSession:
+            params = {"instance": instance_id, "timeout": repr(float(timeout))}
+            answer = await self._send(
+                "GET", f"/v1/commands/{quote(command_id, safe='')}", None, params, timeout + 10.0
+            )
+            reason = answer.get("reason")
         return None if reason is None else str(reason)
+
+    async def finished_status(self, instance_id: str) -> str | None:
+        """The status of a finished instance, or None (raises ``UnknownInstance``)."""
+        try:
+            status = await self._calls.call("finished", instance_id=instance_id)
+        except _NoSession:
+            view = await super().status(instance_id)
+            status = view.status if view.finished else None
+        return None if status is None else str(status)
+
+    async def status(self, instance_id: str) -> InstanceStatus:
+        try:
+            raw = await self._calls.call("status", instance_id=instance_id)
+        except _NoSession:
+            return await super().status(instance_id)
+        return InstanceStatus.from_json(raw)
+
+    async def history(self, instance_id: str) -> list[HistoryEntry]:
+        try:
+            raw = await self._calls.call("history", instance_id=instance_id)
+        except _NoSession:
+            return await super().history(instance_id)
+        return [HistoryEntry.from_json(entry) for entry in raw]
+
+    async def result(self, instance_id: str, timeout: float | None) -> Any:
+        try:
+            return await self._calls.call("result", instance_id=instance_id, timeout=timeout)
+        except _NoSession:
+            return await super().result(instance_id, timeout)
+
+    async def close(self) -> None:
+        await self._calls.close()
 
 
 class _Settlements:
@@ -223,6 +370,8 @@ class KafkaTransport(CommandPublisher):
         self._request_timeout = request_timeout
         self._command_timeout = command_timeout
         self._apis: dict[str, _WorkerApi] = {}
+        self._watched: dict[asyncio.Future[Any], tuple[int, str, str]] = {}
+        members.on_change(self._owners_changed)
 
     # ---- commands -----------------------------------------------------------------------
 
@@ -263,9 +412,14 @@ class KafkaTransport(CommandPublisher):
         self._settlements.settle(command.command_id, reason)
 
     async def _check_live(self, instance_id: str, action: str) -> None:
-        status = await self.status(instance_id)
-        if status.finished:
-            raise finished_error(instance_id, status.status, action)
+        async def ask(api: _WorkerApi, _: float | None) -> str | None:
+            return await api.finished_status(instance_id)
+
+        status = await self._routed(
+            self._partition(instance_id), ask, self._request_timeout, f"{action} of {instance_id}"
+        )
+        if status is not None:
+            raise finished_error(instance_id, status, action)
 
     # ---- reads ----------------------------------------------------------------------------
 
@@ -335,6 +489,8 @@ class KafkaTransport(CommandPublisher):
         with contextlib.suppress(Exception):
             await self._producer.stop()
         await self._members.close()
+        for api in self._apis.values():
+            await api.close()
         await self._session.close()
 
     # ---- routing --------------------------------------------------------------------------
@@ -381,33 +537,31 @@ class KafkaTransport(CommandPublisher):
                 )
                 continue
             request = asyncio.ensure_future(call(self._api(owner.url), remaining))
-            moved = asyncio.ensure_future(self._moved(partition, owner.worker_id, owner.url))
+            # Cancelled by _owners_changed if the partition gets another owner meanwhile.
+            self._watched[request] = (partition, owner.worker_id, owner.url)
             try:
-                done, _ = await asyncio.wait(
-                    {request, moved}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
-                )
+                await asyncio.wait((request,), timeout=remaining)
             finally:
-                for task in (request, moved):
-                    if not task.done():
-                        task.cancel()
-                        with contextlib.suppress(BaseException):
-                            await task
-            if request in done:
-                try:
-                    return request.result()
-                except ConnectionFailed as exc:
-                    # Gone, or no longer the owner: let the view catch up, then ask again.
-                    problem = str(exc)
-                    wait = _RETRY_S if remaining is None else min(remaining, _RETRY_S)
-                    await self._members.changed(wait)
+                self._watched.pop(request, None)
+                if not request.done():
+                    request.cancel()
+                    with contextlib.suppress(BaseException):
+                        await request
+            if request.cancelled():
+                continue  # the owner moved (or the deadline passed): the loop decides
+            try:
+                return request.result()
+            except ConnectionFailed as exc:
+                # Gone, or no longer the owner: let the view catch up, then ask again.
+                problem = str(exc)
+                wait = _RETRY_S if remaining is None else min(remaining, _RETRY_S)
+                await self._members.changed(wait)
 
-    async def _moved(self, partition: int, worker_id: str, url: str) -> None:
-        """Returns once ``partition`` has an owner other than (worker_id, url)."""
-        while True:
-            await self._members.changed(3600.0)
+    def _owners_changed(self) -> None:
+        for request, (partition, worker_id, url) in list(self._watched.items()):
             owner = self._members.owner(partition)
             if owner is None or (owner.worker_id, owner.url) != (worker_id, url):
-                return
+                request.cancel()
 
 
 def settings_from_url(url: str, options: dict[str, Any]) -> KafkaSettings:

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +115,7 @@ class MembersView:
         self._round_done = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._listeners: list[Callable[[], None]] = []
 
     @classmethod
     async def open(cls, topic: str, *, timeout: float, **options: Any) -> MembersView:
@@ -185,6 +186,10 @@ class MembersView:
 
     # ---- waiting ------------------------------------------------------------------------
 
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the loop) whenever the view changes."""
+        self._listeners.append(listener)
+
     async def changed(self, timeout: float) -> bool:
         """Wait until the view changes (True) or ``timeout`` passes (False)."""
         self._check()
@@ -227,6 +232,8 @@ class MembersView:
                     self._owners = owners(self._members)
                     self._changed.set()
                     self._changed = asyncio.Event()
+                    for listener in self._listeners:
+                        listener()
                 highwater = consumer.highwater(tp)
                 if highwater is not None and await consumer.position(tp) >= highwater:
                     self._rounds += 1

@@ -401,7 +401,10 @@ async def test_reprocessing_is_idempotent_and_an_empty_state_dir_restores(
             await asyncio.to_thread(produce_raw, settings, "commands", copies)
             await barrier(client)
             for instance, expected in stories.items():
-                assert await story(client, instance) == expected, instance
+                now = await story(client, instance)
+                if instance == napping:
+                    now = now[: len(expected)]
+                assert now == expected, instance
 
             # 2. A worker without local state, and the group's offsets back at 0.
             await asyncio.to_thread(worker.stop)
@@ -410,7 +413,10 @@ async def test_reprocessing_is_idempotent_and_an_empty_state_dir_restores(
             second = ThreadedWorker(settings, tmp_path / "second", workflows_registry())
             await asyncio.to_thread(second.start)
             for instance, expected in stories.items():
-                assert await story(client, instance) == expected, instance
+                now = await story(client, instance)
+                if instance == napping:  # its sleep may end meanwhile: history only grows
+                    now = now[: len(expected)]
+                assert now == expected, instance
             for instance, result in finished.items():
                 assert await client.result(instance, timeout=5) == result
 
