@@ -5,11 +5,15 @@ for it; a commit produces the batch's records (history, timers, dead letters, fi
 timers) and waits for all of their acknowledgements, then writes the state changes with
 the offsets they cover in one RocksDB batch, then lets the group commit those offsets.
 Kafka transactions are not used: a crash between the produce and the write leaves
-records the state does not cover yet, which the next restore folds in.
+records the state does not cover yet, which the next restore folds in. A commit that fails
+any other way (Kafka refused a record, the disk refused the write) may have produced part
+of the batch: the live state can no longer be trusted to match the history, so the
+failure is fatal for the worker (``on_failure``), and the next owner restores.
 """
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import Callable
 
@@ -39,6 +43,7 @@ class KafkaPartition:
         producer: LogProducer,
         topics: TopicNames,
         consumed: Consumed,
+        on_failure: Callable[[BaseException], None],
     ) -> None:
         self.partition = partition
         self.partitions = partitions
@@ -48,6 +53,7 @@ class KafkaPartition:
         self._producer = producer
         self._topics = topics
         self._consumed = consumed
+        self._on_failure = on_failure
         self._revoked = False
 
     @property
@@ -101,22 +107,29 @@ class KafkaPartition:
                 tail.value,
                 [(keys.HEADER_OFFSETS, keys.encode_offsets_header(self.epoch, commands_offset))],
             )
-        offsets = await self._producer.send(records)
-        if self._revoked or self.db.closed:
-            # Produced, but the state is no longer ours to write; the next owner's
-            # restore folds these records (or skips them, after its fence).
-            raise PartitionRevoked(f"partition {self.partition} was revoked during a commit")
-        covered = dict(batch.offsets)
-        tail_crc = None
-        if last_history >= 0:
-            covered[HISTORY] = offsets[last_history] + 1
-            value = records[last_history].value
-            tail_crc = zlib.crc32(value or b"")
-        self.db.write(
-            puts=batch.puts.items(),
-            deletes=batch.deletes,
-            offsets=covered,
-            history_tail=tail_crc,
-        )
+        try:
+            offsets = await self._producer.send(records)
+            if self._revoked or self.db.closed:
+                # Produced, but the state is no longer ours to write; the next owner's
+                # restore folds these records (or skips them, after its fence).
+                raise PartitionRevoked(f"partition {self.partition} was revoked during a commit")
+            covered = dict(batch.offsets)
+            tail_crc = None
+            if last_history >= 0:
+                covered[HISTORY] = offsets[last_history] + 1
+                value = records[last_history].value
+                tail_crc = zlib.crc32(value or b"")
+            self.db.write(
+                puts=batch.puts.items(),
+                deletes=batch.deletes,
+                offsets=covered,
+                history_tail=tail_crc,
+            )
+        except (PartitionRevoked, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            self._revoked = True
+            self._on_failure(exc)
+            raise
         for kind, offset in batch.offsets.items():
             self._consumed(kind, self.partition, offset)

@@ -46,6 +46,7 @@ class KafkaRunner:
         self._serde = serde
         self._clock = clock
         self._on_owned = on_owned
+        self._on_fatal = on_fatal
         self._topics = TopicNames(settings.prefix)
         self._owned: dict[int, KafkaPartition] = {}
         self._reader: HistoryReader | None = None
@@ -116,6 +117,7 @@ class KafkaRunner:
                 producer=self._producer,
                 topics=self._topics,
                 consumed=self._group.consumed,
+                on_failure=self._commit_failed,
             )
             await self._host.assign(backend)
         except BaseException:
@@ -124,6 +126,10 @@ class KafkaRunner:
             raise
         self._owned[partition] = backend
         return backend
+
+    def _commit_failed(self, exc: BaseException) -> None:
+        log.error("a commit failed; stopping this worker so the partitions are restored: %s", exc)
+        self._on_fatal(exc)
 
     async def _revoke(self, partitions: list[int]) -> None:
         for partition in partitions:

@@ -32,8 +32,15 @@ from engine.records import DeadLetter, TimerFired
 from engine.serde import default_serde
 from engine.topics import TopicNames, partition_for
 from producers.client import Client
-from stepstream import InvalidPayload, PayloadTooLarge, UnknownInstance, UnknownWorkflow
+from stepstream import (
+    ConnectionFailed,
+    InvalidPayload,
+    PayloadTooLarge,
+    UnknownInstance,
+    UnknownWorkflow,
+)
 from tests.conftest import (
+    KAFKA_TEST_OPTIONS,
     KAFKA_TEST_PARTITIONS,
     ThreadedWorker,
     kafka_settings,
@@ -438,3 +445,66 @@ async def test_reprocessing_is_idempotent_and_an_empty_state_dir_restores(
             await asyncio.to_thread(second.stop)
         else:
             await asyncio.to_thread(worker.stop)
+
+
+async def test_a_refused_commit_stops_the_worker_and_the_next_one_recovers(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    settings = kafka_settings(kafka_broker)
+    await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)
+    strict = KafkaSettings(
+        settings.bootstrap,
+        settings.prefix,
+        {**settings.properties, "producer.message.max.bytes": "4000"},
+    )
+    first = ThreadedWorker(strict, tmp_path / "first", workflows_registry())
+    await asyncio.to_thread(first.start)
+    second: ThreadedWorker | None = None
+    try:
+        async with Client.connect(kafka_url(settings), command_timeout=3) as client:
+            name = "n" * 6000  # its WorkflowStarted is over the worker's record limit
+            instance = instance_on(0, "big")
+            with pytest.raises(ConnectionFailed, match="published but no worker confirmed"):
+                await client.start("gated", name, instance_id=instance)
+            assert first.worker.failed is not None
+            assert (
+                "refused" in str(first.worker.failed)
+                or "too large" in str(first.worker.failed).lower()
+            ), first.worker.failed
+            await asyncio.to_thread(first.stop)
+
+            second = ThreadedWorker(settings, tmp_path / "second", workflows_registry())
+            await asyncio.to_thread(second.start)
+            status = await client.status(instance)
+            assert status.status == "running" and [w.event for w in status.waits] == ["go"]
+            await client.send_event(instance, "go", 1)
+            assert await client.result(instance, timeout=20) == [
+                f"{name}-before",
+                "1",
+                f"{name}-after",
+            ]
+    finally:
+        await asyncio.to_thread(first.stop)
+        if second is not None:
+            await asyncio.to_thread(second.stop)
+
+
+async def test_worker_class_runs_a_kafka_worker_in_process(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    from stepstream import Worker
+
+    settings = kafka_settings(kafka_broker)
+    await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)
+    options = dict(option.split("=", 1) for option in KAFKA_TEST_OPTIONS)
+    async with Worker(
+        modules="tests.workflows",
+        connect=kafka_url(settings),
+        state_dir=str(tmp_path / "state"),
+        port=0,
+        kafka=options,
+    ) as worker:
+        assert sorted(worker.kafka.owned) == list(range(KAFKA_TEST_PARTITIONS))
+        client = worker.client()
+        instance = await client.start("chain", 4)
+        assert await client.result(instance, timeout=20) == 4
