@@ -26,7 +26,7 @@ import os
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Literal, TypeVar
-from urllib.parse import parse_qs, quote, urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 from aiokafka import AIOKafkaProducer
@@ -51,6 +51,7 @@ T = TypeVar("T")
 DEFAULT_COMMAND_TIMEOUT_S = 30.0
 _RETRY_S = 1.0  # longest wait for the members view to move on before asking again
 _CONNECT_TIMEOUT_S = 15.0
+_FRAME_CALLS = 1000  # calls per websocket frame (each well under 1 KiB)
 
 # librdkafka property -> (aiokafka argument, converter, clients it applies to)
 _BOTH: frozenset[str] = frozenset({"producer", "consumer"})
@@ -159,10 +160,6 @@ def _ssl_context(properties: Mapping[str, str]) -> ssl.SSLContext:
     return context
 
 
-class _NoSession(Exception):
-    """The worker has no session endpoint (an older version): use plain requests."""
-
-
 class _WorkerSession:
     """One websocket to a worker's ``/v1/session``: many calls in flight at once, batched
     both ways (see ``ops.api``). Connected on first use and again after a loss; calls in
@@ -178,11 +175,8 @@ class _WorkerSession:
         self._ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._ids = itertools.count(1)
-        self.supported = True
 
     async def call(self, op: str, **args: Any) -> Any:
-        if not self.supported:
-            raise _NoSession
         ws = await self._connect()
         call_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -205,11 +199,6 @@ class _WorkerSession:
                 return self._ws
             try:
                 ws = await self._http.ws_connect(self._url, heartbeat=20.0, max_msg_size=0)
-            except aiohttp.WSServerHandshakeError as exc:
-                if exc.status == 404:
-                    self.supported = False
-                    raise _NoSession from None
-                raise ConnectionFailed(f"cannot open {self._url}: {exc}") from None
             except (aiohttp.ClientError, OSError) as exc:
                 raise ConnectionFailed(f"cannot reach {self._url}: {exc}") from None
             self._ws = ws
@@ -222,12 +211,14 @@ class _WorkerSession:
         while not ws.closed:
             await self._ready.wait()
             self._ready.clear()
-            if self._outbox:
-                batch, self._outbox = self._outbox, []
+            while self._outbox:
+                # Bounded frames: the worker refuses a frame over its request body limit.
+                batch = self._outbox[:_FRAME_CALLS]
+                del self._outbox[:_FRAME_CALLS]
                 try:
                     await ws.send_str(json.dumps(batch, separators=(",", ":")))
                 except (aiohttp.ClientError, ConnectionError, RuntimeError):
-                    break
+                    return
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         try:
@@ -261,8 +252,7 @@ class _WorkerSession:
 
 
 class _WorkerApi(HttpTransport):
-    """One worker: reads and waits over its session websocket (plain requests if it has
-    none), the rest over HTTP."""
+    """One worker: reads and waits over its session websocket, listing over HTTP."""
 
     def __init__(
         self, base_url: str, session: aiohttp.ClientSession, *, request_timeout: float
@@ -271,46 +261,25 @@ class _WorkerApi(HttpTransport):
         self._calls = _WorkerSession(session, base_url)
 
     async def settled(self, command_id: str, instance_id: str, timeout: float) -> str | None:
-        try:
-            reason = await self._calls.call(
-                "settled", command_id=command_id, instance_id=instance_id, timeout=timeout
-            )
-        except _NoSession:
-            params = {"instance": instance_id, "timeout": repr(float(timeout))}
-            answer = await self._send(
-                "GET", f"/v1/commands/{quote(command_id, safe='')}", None, params, timeout + 10.0
-            )
-            reason = answer.get("reason")
+        reason = await self._calls.call(
+            "settled", command_id=command_id, instance_id=instance_id, timeout=timeout
+        )
         return None if reason is None else str(reason)
 
     async def finished_status(self, instance_id: str) -> str | None:
         """The status of a finished instance, or None (raises ``UnknownInstance``)."""
-        try:
-            status = await self._calls.call("finished", instance_id=instance_id)
-        except _NoSession:
-            view = await super().status(instance_id)
-            status = view.status if view.finished else None
+        status = await self._calls.call("finished", instance_id=instance_id)
         return None if status is None else str(status)
 
     async def status(self, instance_id: str) -> InstanceStatus:
-        try:
-            raw = await self._calls.call("status", instance_id=instance_id)
-        except _NoSession:
-            return await super().status(instance_id)
-        return InstanceStatus.from_json(raw)
+        return InstanceStatus.from_json(await self._calls.call("status", instance_id=instance_id))
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
-        try:
-            raw = await self._calls.call("history", instance_id=instance_id)
-        except _NoSession:
-            return await super().history(instance_id)
+        raw = await self._calls.call("history", instance_id=instance_id)
         return [HistoryEntry.from_json(entry) for entry in raw]
 
     async def result(self, instance_id: str, timeout: float | None) -> Any:
-        try:
-            return await self._calls.call("result", instance_id=instance_id, timeout=timeout)
-        except _NoSession:
-            return await super().result(instance_id, timeout)
+        return await self._calls.call("result", instance_id=instance_id, timeout=timeout)
 
     async def close(self) -> None:
         await self._calls.close()

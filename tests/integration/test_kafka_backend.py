@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import fastavro
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -508,3 +509,21 @@ async def test_worker_class_runs_a_kafka_worker_in_process(
         client = worker.client()
         instance = await client.start("chain", 4)
         assert await client.result(instance, timeout=20) == 4
+
+        # The worker's plain HTTP API: a settled command, one that never was, and reads.
+        [started] = [h for h in await client.history(instance) if h.type == "WorkflowStarted"]
+        base = worker.kafka.url
+        async with aiohttp.ClientSession() as http:
+            url = f"{base}/v1/commands/{started.command_id}"
+            async with http.get(url, params={"instance": instance, "timeout": "5"}) as answer:
+                assert answer.status == 200
+                assert await answer.json() == {
+                    "command_id": started.command_id,
+                    "settled": True,
+                    "reason": None,
+                }
+            async with http.get(f"{base}/v1/commands/never", params={"timeout": "0.1"}) as answer:
+                assert answer.status == 408
+                assert (await answer.json())["error"]["type"] == "ResultTimeout"
+            async with http.get(f"{base}/v1/instances/{instance}") as answer:
+                assert (await answer.json())["status"] == "completed"

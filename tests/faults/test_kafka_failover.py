@@ -1,0 +1,294 @@
+"""Kafka workers as real processes: kill -9, failover to a new worker, and a group of two.
+
+Workers are `stepstream worker` subprocesses (the test workflows of ``tests.workflows``,
+step bodies counted in ledger files) in one consumer group; the test drives them through
+a ``kafka://`` client and watches ``<prefix>.members`` to know who owns what. Killed by
+pid with SIGKILL at a chosen moment, a worker loses its in-flight step attempt and its
+local state (or keeps the state, when the successor reuses its directory); the successor
+restores from the history topic and must finish every workflow without a duplicated step
+success, within each step's retry policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from consumers.kafka import create_topics
+from engine.kafka_settings import KafkaSettings
+from engine.topics import MEMBERS, TopicNames, partition_for
+from producers.client import Client
+from producers.kafka import aiokafka_options
+from producers.kafka_members import MembersView
+from tests.conftest import KAFKA_TEST_OPTIONS, kafka_settings, kafka_url
+from tests.kafka_broker import Broker
+from tests.workflows import ledger_count
+
+pytestmark = [pytest.mark.slow, pytest.mark.kafka]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class WorkerProcess:
+    """One `stepstream worker` subprocess; stopped by pid."""
+
+    def __init__(self, settings: KafkaSettings, state_dir: Path, ledger: Path, log: Path) -> None:
+        self.settings = settings
+        self.state_dir = state_dir
+        self.ledger = ledger
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> None:
+        args = [
+            sys.executable,
+            "-m",
+            "ops.cli",
+            "worker",
+            "--workflows",
+            "tests.workflows",
+            "--bootstrap",
+            self.settings.bootstrap,
+            "--prefix",
+            self.settings.prefix,
+            "--state-dir",
+            str(self.state_dir),
+            "--port",
+            "0",
+        ]
+        for option in KAFKA_TEST_OPTIONS:
+            args += ["--kafka-opt", option]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
+            ),
+            "STEPSTREAM_TEST_LEDGER": str(self.ledger),
+        }
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                args,
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
+        line = self.proc.stdout.readline().decode() if ready else ""
+        found = re.search(r"listening on (http://\S+)", line)
+        if found is None:
+            self.kill()
+            pytest.fail(f"worker did not start: {line!r}\n{self.log.read_text()[-3000:]}")
+        self.url = found.group(1)
+
+    def kill(self) -> None:
+        """kill -9."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        """A clean stop (SIGTERM): hands its partitions over and leaves the group."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                assert self.proc.wait(30) == 0, self.log.read_text()[-3000:]
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise
+
+
+@pytest.fixture
+async def members(
+    kafka_broker: Broker,
+) -> AsyncIterator[Callable[[KafkaSettings], Awaitable[MembersView]]]:
+    opened: list[MembersView] = []
+
+    async def open_view(settings: KafkaSettings) -> MembersView:
+        view = await MembersView.open(
+            TopicNames(settings.prefix).name(MEMBERS),
+            timeout=10,
+            **aiokafka_options(settings, "consumer"),
+        )
+        opened.append(view)
+        return view
+
+    yield open_view
+    for view in opened:
+        await view.close()
+
+
+async def owned_by(
+    view: MembersView,
+    partitions: int,
+    expect: Callable[[dict[int, str]], bool],
+    timeout: float = 30,
+) -> dict[int, str]:
+    """Wait until the partitions' owners (by URL) satisfy ``expect``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        owners = {p: m.url for p in range(partitions) if (m := view.owner(p)) is not None}
+        if expect(owners):
+            return owners
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise AssertionError(f"partitions never got the expected owners: {owners}")
+        await view.changed(remaining)
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+async def no_duplicate_success(client: Client, instance: str) -> None:
+    history = await client.history(instance)
+    successes = Counter(h.attributes["key"] for h in history if h.type == "StepSucceeded")
+    assert all(n == 1 for n in successes.values()), [(h.seq, h.type, h.attributes) for h in history]
+
+
+@pytest.mark.parametrize("successor", ["same-state-dir", "empty-state-dir"])
+async def test_kill_9_during_a_step_a_sleep_and_a_wait(
+    kafka_broker: Broker,
+    tmp_path: Path,
+    successor: str,
+    members: Callable[[KafkaSettings], Awaitable[MembersView]],
+) -> None:
+    partitions = 2
+    settings = kafka_settings(kafka_broker)
+    await asyncio.to_thread(create_topics, settings, partitions)
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    log = tmp_path / "workers.log"
+    first = WorkerProcess(settings, tmp_path / "a", ledger, log)
+    second_dir = tmp_path / ("a" if successor == "same-state-dir" else "b")
+    second = WorkerProcess(settings, second_dir, ledger, log)
+    view = await members(settings)
+    try:
+        await asyncio.to_thread(first.start)
+        await owned_by(
+            view, partitions, lambda o: set(o.values()) == {first.url} and len(o) == partitions
+        )
+        async with Client.connect(kafka_url(settings)) as client:
+            step = await client.start(
+                "long-step", {"name": "long", "seconds": 3, "max": 3}, instance_id="i-step"
+            )
+            nap = await client.start(
+                "nap-then-step", {"name": "nap", "seconds": 2.5}, instance_id="i-nap"
+            )
+            gate = await client.start("gated", "gate", instance_id="i-gate")
+
+            async def all_in_flight() -> bool:
+                napping = any(w.kind == "sleep" for w in (await client.status(nap)).waits)
+                waiting = any(w.kind == "wait" for w in (await client.status(gate)).waits)
+                return ledger_count(ledger, "long-started") == 1 and napping and waiting
+
+            await until(all_in_flight, "a step running, a sleep and a wait pending")
+            first.kill()
+
+            await asyncio.to_thread(second.start)
+            await owned_by(
+                view, partitions, lambda o: set(o.values()) == {second.url} and len(o) == partitions
+            )
+            await client.send_event(gate, "go", "green")
+            assert await client.result(step, timeout=30) == "long"
+            assert await client.result(nap, timeout=30) == "nap-second"
+            assert await client.result(gate, timeout=30) == ["gate-before", "green", "gate-after"]
+            for instance in (step, nap, gate):
+                await no_duplicate_success(client, instance)
+
+            # The killed attempt ran again, once, as a new attempt within the policy.
+            attempts = [
+                (h.attributes["attempt"], h.type)
+                for h in await client.history(step)
+                if h.type in ("StepAttemptStarted", "StepFailed", "StepSucceeded")
+                and h.attributes["key"] == "long"
+            ]
+            assert attempts == [
+                (1, "StepAttemptStarted"),
+                (1, "StepFailed"),
+                (2, "StepAttemptStarted"),
+                (2, "StepSucceeded"),
+            ]
+            assert ledger_count(ledger, "long-started") == 2
+            assert ledger_count(ledger, "long-finished") == 1
+            # What had succeeded before the kill did not run again.
+            assert ledger_count(ledger, "nap-first") == 1
+            assert ledger_count(ledger, "gate-before") == 1
+            assert ledger_count(ledger, "long-tail") == 1
+    finally:
+        first.kill()
+        second.stop()
+
+
+async def test_two_workers_share_the_partitions_and_hand_over_cleanly(
+    kafka_broker: Broker,
+    tmp_path: Path,
+    members: Callable[[KafkaSettings], Awaitable[MembersView]],
+) -> None:
+    partitions = 4
+    settings = kafka_settings(kafka_broker)
+    await asyncio.to_thread(create_topics, settings, partitions)
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    log = tmp_path / "workers.log"
+    a = WorkerProcess(settings, tmp_path / "a", ledger, log)
+    b = WorkerProcess(settings, tmp_path / "b", ledger, log)
+    view = await members(settings)
+    try:
+        await asyncio.to_thread(a.start)
+        await asyncio.to_thread(b.start)
+        owners = await owned_by(
+            view, partitions, lambda o: len(o) == partitions and set(o.values()) == {a.url, b.url}
+        )
+        async with Client.connect(kafka_url(settings)) as client:
+            ids = [f"pair-{i}" for i in range(12)]
+            started = await asyncio.gather(
+                *(client.start("arith", i, instance_id=i_) for i, i_ in enumerate(ids))
+            )
+            results = await asyncio.gather(*(client.result(i, timeout=30) for i in started))
+            assert results == [{"total": i + 1, "doubled": 2 * (i + 1)} for i in range(12)]
+            served_by = {owners[partition_for(i, partitions)] for i in ids}
+            assert served_by == {a.url, b.url}, "both workers should have served instances"
+            assert {s.instance_id for s in await client.list()} == set(ids)
+
+            on_b = next(
+                f"handover-{n}"
+                for n in range(1000)
+                if owners[partition_for(f"handover-{n}", partitions)] == b.url
+            )
+            await client.start("gated", on_b, instance_id=on_b)
+            await until(lambda: _waiting(client, on_b), f"{on_b} waiting for its event")
+            await asyncio.to_thread(b.stop)
+            await owned_by(
+                view, partitions, lambda o: set(o.values()) == {a.url} and len(o) == partitions
+            )
+            await client.send_event(on_b, "go", 1)
+            assert await client.result(on_b, timeout=30) == [f"{on_b}-before", "1", f"{on_b}-after"]
+            await no_duplicate_success(client, on_b)
+            assert {s.instance_id for s in await client.list()} == {*ids, on_b}
+    finally:
+        a.stop()
+        b.stop()
+
+
+async def _waiting(client: Client, instance: str) -> bool:
+    status = await client.status(instance)
+    return any(w.kind == "wait" for w in status.waits)
