@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
+import signal
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from engine.context import Context
+from engine.errors import StepstreamError
 from engine.workflow import Registry, workflow
 from ops.embedded import EmbeddedConfig, open_embedded
 from producers.client import Client
@@ -204,33 +209,126 @@ async def w3(client: Client, n: int) -> dict[str, Any]:
     }
 
 
-async def run_bench(
-    backend: str, workloads: list[str], n: int | None, data: str | None, sync: bool
-) -> dict[str, Any]:
-    if backend != "embedded":
-        raise SystemExit(f"bench: backend {backend!r} is not available in this build")
+async def _run_workload(client: Client, name: str, count: int, sync: bool) -> dict[str, Any]:
+    if name == "W1":
+        return await w1(client, count, sync=sync)
+    if name == "W2":
+        return await w2(client, count)
+    return await w3(client, count)
+
+
+@contextlib.asynccontextmanager
+async def _embedded(path: str) -> AsyncIterator[tuple[Client, dict[str, Any]]]:
     registry = Registry([bench_steps, bench_sleep, bench_event])
+    engine = await open_embedded(registry, EmbeddedConfig(data_dir=path))
+    extra: dict[str, Any] = {}
+    try:
+        yield Client(engine.make_transport()), extra
+        extra["fsyncs"] = engine.db.batches_written
+    finally:
+        await engine.close()
+
+
+@contextlib.asynccontextmanager
+async def _kafka(
+    bootstrap: str, state_dir: str, partitions: int
+) -> AsyncIterator[tuple[Client, dict[str, Any]]]:
+    """A worker process (real parallelism: the client here, the worker there, the broker
+    in a third) on fresh topics, and a kafka:// client."""
+    from consumers.kafka import create_topics
+    from engine.kafka_settings import KafkaSettings
+
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    settings = KafkaSettings(bootstrap=bootstrap, prefix=prefix)
+    await asyncio.to_thread(create_topics, settings, partitions)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ops.cli",
+            "worker",
+            "--workflows",
+            "ops.bench",
+            "--bootstrap",
+            bootstrap,
+            "--prefix",
+            prefix,
+            "--state-dir",
+            state_dir,
+            "--port",
+            "0",
+            "--log-level",
+            "WARNING",
+        ],
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        async with Client.connect(f"kafka://{bootstrap}?prefix={prefix}") as client:
+            await _until_ready(client, worker)
+            yield client, {"partitions": partitions}
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.to_thread(worker.wait, 30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+
+
+async def _until_ready(client: Client, worker: subprocess.Popen[bytes]) -> None:
+    """Until a worker announced the bench workflows and ran one end to end."""
+    deadline = time.monotonic() + 60
+    while True:
+        if worker.poll() is not None:
+            raise SystemExit(f"bench: the worker exited with {worker.returncode}")
+        try:
+            probe = await client.start("bench-steps", {"steps": 1}, instance_id="ready")
+            await client.result(probe, timeout=30)
+            return
+        except StepstreamError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+async def run_bench(
+    backend: str,
+    workloads: list[str],
+    n: int | None,
+    data: str | None,
+    sync: bool,
+    bootstrap: str | None = None,
+    partitions: int = 4,
+) -> dict[str, Any]:
+    if backend not in ("embedded", "kafka"):
+        raise SystemExit(f"bench: unknown backend {backend!r} (embedded or kafka)")
     result: dict[str, Any] = {
         "backend": backend,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
-    with tempfile.TemporaryDirectory(prefix="stepstream-bench-") as tmp:
-        for name in workloads:
-            # A fresh data directory per workload, so one does not slow the next.
-            path = os.path.join(data or tmp, name)
-            engine = await open_embedded(registry, EmbeddedConfig(data_dir=path))
-            client = Client(engine.make_transport(owns_engine=True))
-            try:
-                count = n or DEFAULT_N[name]
-                if name == "W1":
-                    result[name] = await w1(client, count, sync=sync)
-                elif name == "W2":
-                    result[name] = await w2(client, count)
-                else:
-                    result[name] = await w3(client, count)
-                result[name]["fsyncs"] = engine.db.batches_written
-            finally:
-                await client.close()
+    broker = None
+    if backend == "kafka" and bootstrap is None:
+        from ops.broker import start_broker
+
+        broker = start_broker()
+        bootstrap = broker.bootstrap
+        result["broker"] = "local test broker (Tansu), same machine"
+    try:
+        with tempfile.TemporaryDirectory(prefix="stepstream-bench-") as tmp:
+            for name in workloads:
+                # Fresh state per workload, so one does not slow the next.
+                path = os.path.join(data or tmp, name)
+                session = (
+                    _kafka(bootstrap or "", path, partitions)
+                    if backend == "kafka"
+                    else _embedded(path)
+                )
+                async with session as (client, extra):
+                    result[name] = await _run_workload(client, name, n or DEFAULT_N[name], sync)
+                result[name].update(extra)
+    finally:
+        if broker is not None:
+            broker.stop()
     return result
 
 
@@ -245,6 +343,8 @@ def main(args: argparse.Namespace) -> int:
             getattr(args, "n", None),
             getattr(args, "data", None),
             getattr(args, "sync_steps", False),
+            getattr(args, "bootstrap", None),
+            getattr(args, "partitions", None) or 4,
         )
     )
     print(json.dumps(result, indent=None if getattr(args, "json", False) else 2))
@@ -259,4 +359,6 @@ if __name__ == "__main__":
     parser.add_argument("--data")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--sync-steps", action="store_true")
+    parser.add_argument("--bootstrap")
+    parser.add_argument("--partitions", type=int, default=4)
     sys.exit(main(parser.parse_args()))

@@ -8,6 +8,7 @@ this module depends on none of them.
 
 from __future__ import annotations
 
+import importlib
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -42,6 +43,8 @@ class Transport(Protocol):
 
 TransportFactory = Callable[[str, dict[str, Any]], Awaitable[Transport]]
 _TRANSPORTS: dict[str, TransportFactory] = {}
+# Transports of this package, imported on first use (embedded registers from ops).
+_BUILT_IN = {"http": "producers.http", "https": "producers.http", "kafka": "producers.kafka"}
 
 
 def register_transport(scheme: str, factory: TransportFactory) -> None:
@@ -57,6 +60,8 @@ class Client:
     @classmethod
     def connect(cls, url: str = DEFAULT_CONNECT, **options: Any) -> _Connecting:
         scheme = url.split(":", 1)[0]
+        if scheme not in _TRANSPORTS and scheme in _BUILT_IN:
+            importlib.import_module(_BUILT_IN[scheme])  # registers itself
         factory = _TRANSPORTS.get(scheme)
         if factory is None:
             known = ", ".join(sorted(f"{s}:" for s in _TRANSPORTS)) or "none"

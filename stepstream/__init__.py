@@ -28,7 +28,6 @@ from engine.retry import RetryPolicy
 from engine.views import HistoryEntry, InstanceStatus
 from engine.workflow import workflow
 from ops.worker import Worker
-from producers import http as _http  # noqa: F401  (registers http:// with Client.connect)
 from producers.client import Client
 
 __all__ = [
