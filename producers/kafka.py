@@ -4,11 +4,12 @@ bootstrap servers.
 Commands are checked here (``CommandPublisher``: known workflow, encodable and small
 enough payloads, instance not finished), then published to ``<prefix>.commands`` with
 aiokafka (acks=all; not idempotent: its InitProducerId fails against some brokers), on
-the instance's partition. Everything else goes over HTTP to the worker that owns the
-instance's partition, found on ``<prefix>.members``: reads, and the wait until a
-published command is settled (one long request; the worker is woken by its commit).
-When the owner moves (rebalance, crash) a waiting request is abandoned and asked again
-of the new owner; nothing polls in a loop.
+the instance's partition. Everything else goes to the worker that owns the instance's
+partition, found on ``<prefix>.members``, over one websocket session per worker (many
+calls in flight, batched both ways; ``list`` over plain HTTP): reads, and the wait until
+a published command is settled (the worker is woken by its commit). When the owner moves
+(rebalance, crash) a waiting call is abandoned and asked again of the new owner; nothing
+polls in a loop.
 
 Client properties (security, timeouts) come from ``engine.kafka_settings`` and are mapped
 from librdkafka names to aiokafka's arguments; a security property that cannot be mapped
