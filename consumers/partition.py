@@ -29,8 +29,17 @@ from engine.records import (
     TimerFired,
 )
 from engine.runtime import InstanceRuntime, Output, StepOutcome
-from engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend, StateStore
+from engine.seams import (
+    Append,
+    Clock,
+    CommitBatch,
+    LogEntry,
+    PartitionBackend,
+    PartitionLost,
+    StateStore,
+)
 from engine.serde import RecordSerde
+from engine.settle import finished_reason
 from engine.state import InstanceState, entry_json
 from engine.topics import COMMANDS, HISTORY, TIMERS
 from engine.workflow import Registry, WorkflowDefinition
@@ -170,6 +179,9 @@ class PartitionProcessor:
         while True:
             try:
                 await self._consume()
+            except PartitionLost as exc:
+                log.warning("partition=%d: stopped processing: %s", self.partition, exc)
+                return
             except Exception:
                 # A commit failed (or a bug escaped). Memory may be ahead of what is
                 # durable: forget it, go back to the last commit and resume from there.
@@ -205,21 +217,28 @@ class PartitionProcessor:
     async def _consume(self) -> None:
         loop = asyncio.get_running_loop()
         wake_task: asyncio.Task[bool] | None = None
-        while True:
-            if self._fetch is None:
-                self._fetch = loop.create_task(self._source.fetch(self._config.max_batch, 1.0))
-            if not self._outcomes and not self._fetch.done():
-                if wake_task is None or wake_task.done():
-                    self._wake.clear()
-                    wake_task = loop.create_task(self._wake.wait())
-                await asyncio.wait({self._fetch, wake_task}, return_when=asyncio.FIRST_COMPLETED)
-            entries: list[LogEntry] = []
-            if self._fetch.done():
-                entries = self._fetch.result()
-                self._fetch = None
-            outcomes, self._outcomes = self._outcomes, []
-            if entries or outcomes:
-                await self._process(entries, outcomes)
+        try:
+            while True:
+                if self._fetch is None:
+                    fetch = self._source.fetch(self._config.max_batch, 1.0)
+                    self._fetch = loop.create_task(fetch)
+                if not self._outcomes and not self._fetch.done():
+                    if wake_task is None or wake_task.done():
+                        self._wake.clear()
+                        wake_task = loop.create_task(self._wake.wait())
+                    await asyncio.wait(
+                        {self._fetch, wake_task}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                entries: list[LogEntry] = []
+                if self._fetch.done():
+                    entries = self._fetch.result()
+                    self._fetch = None
+                outcomes, self._outcomes = self._outcomes, []
+                if entries or outcomes:
+                    await self._process(entries, outcomes)
+        finally:
+            if wake_task is not None:
+                wake_task.cancel()
 
     async def _process(self, entries: list[LogEntry], outcomes: list[StepOutcome]) -> None:
         out = Output()
@@ -272,6 +291,10 @@ class PartitionProcessor:
                 return record.command_id, str(exc)
             runtime = self._new_runtime(InstanceState(record.instance_id), definition)
         error = self._guarded(runtime, record, out, touched)
+        if error is None and runtime.ignored and not isinstance(record, StartWorkflow):
+            if runtime.state.status.finished:
+                # Recorded and ignored; the publisher learns why (InstanceFinished).
+                return record.command_id, finished_reason(runtime.state.status.value)
         return record.command_id, error
 
     def _check_payload(self, command: Command) -> str | None:

@@ -135,6 +135,8 @@ class InstanceRuntime:
         self.clock = clock
         self.epoch = epoch
         self.inflight: set[tuple[str, int]] = set()
+        # Whether the last input was recorded as ignored (CommandIgnored).
+        self.ignored = False
         self._intents: dict[str, _StepIntent] = {}
         self._loop: WorkflowLoop | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -152,6 +154,7 @@ class InstanceRuntime:
 
     def handle(self, msg: Command | StepOutcome, out: Output) -> None:
         self._out = out
+        self.ignored = False
         self._command_id = msg.command_id
         if isinstance(msg, Command):
             self._traceparent = msg.traceparent
@@ -229,6 +232,7 @@ class InstanceRuntime:
         )
 
     def _ignore(self, msg: Command, reason: str) -> None:
+        self.ignored = True
         self._emit(CommandIgnored, command_type=msg.type, reason=reason)
 
     # ---- commands -------------------------------------------------------------------

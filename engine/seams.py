@@ -89,6 +89,12 @@ class CommitBatch:
         return bool(self.appends or self.puts or self.deletes or self.offsets)
 
 
+class PartitionLost(Exception):
+    """Raised by ``commit`` when the backend gave the partition up (revoked, or a failure
+    it cannot undo): the processor stops, and the next owner restores from the log. Any
+    other exception from ``commit`` means nothing was made durable, or all of it was."""
+
+
 class PartitionBackend(Protocol):
     """What one partition's processor (or timer service) needs from a backend."""
 

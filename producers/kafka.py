@@ -44,7 +44,7 @@ from engine.views import HistoryEntry, InstanceStatus
 from producers.client import Transport, register_transport
 from producers.http import DEFAULT_REQUEST_TIMEOUT_S, HttpTransport, error_from_wire
 from producers.kafka_members import MembersView, RemoteWorkflow
-from producers.publisher import CommandPublisher, finished_error
+from producers.publisher import CommandPublisher
 
 log = logging.getLogger("stepstream.kafka.client")
 
@@ -382,14 +382,9 @@ class KafkaTransport(CommandPublisher):
         self._settlements.settle(command.command_id, reason)
 
     async def _check_live(self, instance_id: str, action: str) -> None:
-        async def ask(api: _WorkerApi, _: float | None) -> str | None:
-            return await api.finished_status(instance_id)
-
-        status = await self._routed(
-            self._partition(instance_id), ask, self._request_timeout, f"{action} of {instance_id}"
-        )
-        if status is not None:
-            raise finished_error(instance_id, status, action)
+        """No round trip before publishing: the owner settles a command for an unknown
+        instance as a dead letter (UnknownInstance) and one for a finished instance as
+        recorded and ignored (InstanceFinished), and ``_submit`` raises either."""
 
     # ---- reads ----------------------------------------------------------------------------
 

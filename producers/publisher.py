@@ -16,11 +16,7 @@ from typing import Any, Protocol
 
 from engine.codec import PayloadCodec, check_size
 from engine.errors import (
-    InstanceFinished,
     ResultTimeout,
-    StepstreamError,
-    UnknownInstance,
-    UnknownWorkflow,
     WorkflowCancelled,
     WorkflowFailed,
 )
@@ -33,6 +29,7 @@ from engine.records import (
     SendEvent,
     StartWorkflow,
 )
+from engine.settle import error_for, finished_error
 from engine.state import InstanceState, Status
 from engine.views import HistoryEntry, InstanceStatus
 from engine.workflow import WorkflowDefinition
@@ -117,11 +114,7 @@ class CommandPublisher(abc.ABC):
         finally:
             self._publishing.forget(command.command_id)
         if reason is not None:
-            if reason.startswith("unknown instance"):
-                raise UnknownInstance(reason)
-            if reason.startswith("unknown workflow"):
-                raise UnknownWorkflow(reason)
-            raise StepstreamError(f"command rejected and sent to dead-letters: {reason}")
+            raise error_for(reason, command.instance_id, command.type)
 
     def _encode(self, value: Any, what: str) -> Any:
         return check_size(self._codec.encode(value), self._limit, what=what)
@@ -183,13 +176,6 @@ class CommandPublisher(abc.ABC):
     async def close(self) -> None:
         if self._on_close is not None:
             await self._on_close()
-
-
-def finished_error(instance_id: str, status: str, action: str) -> InstanceFinished:
-    return InstanceFinished(
-        f"instance {instance_id} is already {status}; {action} has no "
-        "effect on a finished instance (start a new instance instead)"
-    )
 
 
 class LogTransport(CommandPublisher):

@@ -21,13 +21,13 @@ from consumers.kafka import keys
 from consumers.kafka.db import PartitionDB
 from consumers.kafka.group import KafkaSource
 from consumers.kafka.producer import LogProducer, OutRecord
-from engine.seams import CommitBatch
+from engine.seams import CommitBatch, PartitionLost
 from engine.topics import COMMANDS, HISTORY, TopicNames, partition_for
 
 Consumed = Callable[[str, int, int], None]
 
 
-class PartitionRevoked(Exception):
+class PartitionRevoked(PartitionLost):
     """A commit on a partition this worker no longer owns."""
 
 
@@ -128,8 +128,9 @@ class KafkaPartition:
         except (PartitionRevoked, asyncio.CancelledError):
             raise
         except Exception as exc:
+            # Part of the batch may be on the topics already: this owner cannot redo it.
             self._revoked = True
             self._on_failure(exc)
-            raise
+            raise PartitionLost(f"partition {self.partition}: commit failed: {exc}") from exc
         for kind, offset in batch.offsets.items():
             self._consumed(kind, self.partition, offset)

@@ -50,6 +50,7 @@ from tests.conftest import (
 from tests.conftest import (
     test_registry as workflows_registry,
 )
+from tests.integration.test_workflows import wait_for_status
 from tests.kafka_broker import Broker
 
 REPO = Path(__file__).resolve().parents[2]
@@ -328,8 +329,6 @@ async def test_client_rejects_bad_input_before_anything_is_published(
             await client.start("arith", {"x": object()})
         with pytest.raises(PayloadTooLarge, match="over the limit"):
             await client.start("arith", "x" * (1024 * 1024 + 1))
-        with pytest.raises(UnknownInstance, match="ghost"):
-            await client.send_event("ghost", "approval", 1)
     bad_json = await asyncio.to_thread(
         cli, "start", "arith", "--input", "{bad", "--connect", kafka_url(settings)
     )
@@ -337,6 +336,22 @@ async def test_client_rejects_bad_input_before_anything_is_published(
     unknown = await asyncio.to_thread(cli, "start", "nope", "--connect", kafka_url(settings))
     assert unknown.returncode == 1 and "unknown workflow 'nope'" in unknown.stderr
     assert await asyncio.to_thread(read_topic, settings, "commands") == []
+
+
+async def test_command_for_unknown_instance_is_refused_by_its_owner_and_kept(
+    kafka_worker: ThreadedWorker,
+) -> None:
+    """A kafka:// client publishes without asking first (one round trip less per
+    command); the owner dead-letters it and the client raises UnknownInstance."""
+    settings = kafka_worker.settings
+    async with Client.connect(kafka_url(settings)) as client:
+        with pytest.raises(UnknownInstance, match="ghost"):
+            await client.send_event("ghost", "approval", 1)
+    letters = await asyncio.to_thread(read_topic, settings, "dead-letters")
+    decoded = [default_serde().decode(r.value) for r in letters]
+    assert [(d.instance_id, d.reason.split(":")[0]) for d in decoded] == [
+        ("ghost", "unknown instance 'ghost'")
+    ]
 
 
 # ---- re-processing and restore -----------------------------------------------------------
@@ -476,8 +491,12 @@ async def test_a_refused_commit_stops_the_worker_and_the_next_one_recovers(
 
             second = ThreadedWorker(settings, tmp_path / "second", workflows_registry())
             await asyncio.to_thread(second.start)
-            status = await client.status(instance)
-            assert status.status == "running" and [w.event for w in status.waits] == ["go"]
+            # The successor restores the instance and re-runs its first step; then it waits.
+            await wait_for_status(
+                client,
+                instance,
+                lambda s: s.status == "running" and [w.event for w in s.waits] == ["go"],
+            )
             await client.send_event(instance, "go", 1)
             assert await client.result(instance, timeout=20) == [
                 f"{name}-before",
