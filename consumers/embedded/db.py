@@ -31,6 +31,7 @@ from consumers.embedded import keys
 from consumers.embedded.errors import DataDirInUse, PartitionCountMismatch, StorageFailed
 from consumers.embedded.log import EmbeddedLog
 from consumers.embedded.wal import WalSync
+from consumers.rocks import prefix_scan
 from engine.seams import Append
 
 log = logging.getLogger(__name__)
@@ -188,15 +189,7 @@ class EmbeddedDB:
     ) -> Iterator[tuple[bytes, bytes]]:
         """Keys of ``cf`` that start with ``prefix``, from ``start`` (default: the prefix)
         on, in key order. Exhaust or drop the iterator: a live one keeps RocksDB open."""
-        it = self._cf(cf).iter()
-        it.seek(prefix if start is None else start)
-        while it.valid():
-            key: bytes = it.key()
-            if not key.startswith(prefix):
-                return
-            value: bytes = it.value()
-            yield key, value
-            it.next()
+        return prefix_scan(self._cf(cf), prefix, start)
 
     def last(self, cf: str, prefix: bytes) -> tuple[bytes, bytes] | None:
         """The greatest key of ``cf`` that starts with ``prefix``, and its value."""

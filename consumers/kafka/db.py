@@ -18,6 +18,7 @@ from typing import Any
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from consumers.kafka import keys
+from consumers.rocks import prefix_scan
 
 log = logging.getLogger("stepstream.kafka.db")
 
@@ -79,15 +80,7 @@ class PartitionDB:
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Keys starting with ``prefix``, in key order."""
-        it = self._state.iter()
-        it.seek(prefix)
-        while it.valid():
-            key: bytes = it.key()
-            if not key.startswith(prefix):
-                return
-            value: bytes = it.value()
-            yield key, value
-            it.next()
+        return prefix_scan(self._state, prefix)
 
     @property
     def empty(self) -> bool:
