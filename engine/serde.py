@@ -77,17 +77,30 @@ class _NotCompiled(Exception):
 # ---- Avro binary primitives -------------------------------------------------------------
 
 
+# Encoded big longs seen lately: record times and fire times repeat within a batch.
+_LONG_CACHE: dict[int, bytes] = {}
+_LONG_CACHE_SIZE = 4096
+
+
 def _write_long(buf: bytearray, n: int) -> None:
     if -64 <= n <= 63:
         buf.append((n << 1) ^ (n >> 63))
         return
-    if not _LONG_MIN <= n <= _LONG_MAX:
-        raise OverflowError(f"{n} does not fit in an Avro long (64-bit signed)")
-    z = (n << 1) ^ (n >> 63)
-    while z > 0x7F:
-        buf.append((z & 0x7F) | 0x80)
-        z >>= 7
-    buf.append(z)
+    encoded = _LONG_CACHE.get(n)
+    if encoded is None:
+        if not _LONG_MIN <= n <= _LONG_MAX:
+            raise OverflowError(f"{n} does not fit in an Avro long (64-bit signed)")
+        out = bytearray()
+        z = (n << 1) ^ (n >> 63)
+        while z > 0x7F:
+            out.append((z & 0x7F) | 0x80)
+            z >>= 7
+        out.append(z)
+        encoded = bytes(out)
+        if len(_LONG_CACHE) >= _LONG_CACHE_SIZE:
+            _LONG_CACHE.clear()
+        _LONG_CACHE[n] = encoded
+    buf += encoded
 
 
 def _write_int(buf: bytearray, n: int) -> None:
