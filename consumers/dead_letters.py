@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from engine.records import DeadLetter
-from engine.seams import Append, LogEntry
+from engine.seams import Append, Clock, LogEntry, PartitionBackend
 from engine.serde import RecordSerde
 from engine.topics import DEAD_LETTERS
 
@@ -14,7 +14,7 @@ log = logging.getLogger("stepstream.dead_letters")
 
 
 def dead_letter(
-    entry: LogEntry, reason: str, *, serde: RecordSerde, epoch: int, now_ms: int, partition: int
+    entry: LogEntry, reason: str, *, serde: RecordSerde, backend: PartitionBackend, clock: Clock
 ) -> Append:
     log.warning(
         "%s partition=%d offset=%d sent to dead-letters: %s",
@@ -25,8 +25,8 @@ def dead_letter(
     )
     letter = DeadLetter(
         instance_id=entry.key.decode(errors="replace"),
-        time_ms=now_ms,
-        epoch=epoch,
+        time_ms=clock.now_ms(),
+        epoch=backend.epoch,
         source_topic=entry.topic,
         partition=entry.partition,
         offset=entry.offset,
@@ -34,4 +34,4 @@ def dead_letter(
         value=entry.value,
         reason=reason,
     )
-    return Append(DEAD_LETTERS, entry.key, serde.encode(letter), partition)
+    return Append(DEAD_LETTERS, entry.key, serde.encode(letter), backend.partition)

@@ -373,12 +373,7 @@ class PartitionProcessor:
 
     def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
         return dead_letter(
-            entry,
-            reason,
-            serde=self._serde,
-            epoch=self.backend.epoch,
-            now_ms=self._clock.now_ms(),
-            partition=self.backend.partition,
+            entry, reason, serde=self._serde, backend=self.backend, clock=self._clock
         )
 
     # ---- the instance cache ---------------------------------------------------------

@@ -20,6 +20,14 @@ from engine.topics import COMMANDS, TIMERS
 log = logging.getLogger("stepstream.timers")
 
 
+def index_entries(fire_at_ms: int, timer_id: str, instance_id: str) -> list[tuple[bytes, bytes]]:
+    """The state keys that put one timer into the index (by fire time, and by id)."""
+    return [
+        (keys.timer(fire_at_ms, timer_id), instance_id.encode()),
+        (keys.timer_by_id(timer_id), str(fire_at_ms).encode()),
+    ]
+
+
 class TimerService:
     def __init__(
         self, backend: PartitionBackend, *, serde: RecordSerde, clock: Clock, max_batch: int = 1000
@@ -79,10 +87,10 @@ class TimerService:
                 old = self._live.get(record.timer_id)
                 if old is not None:
                     batch.delete(keys.timer(old, record.timer_id))
-                batch.put(
-                    keys.timer(record.fire_at_ms, record.timer_id), record.instance_id.encode()
-                )
-                batch.put(keys.timer_by_id(record.timer_id), str(record.fire_at_ms).encode())
+                for key, value in index_entries(
+                    record.fire_at_ms, record.timer_id, record.instance_id
+                ):
+                    batch.put(key, value)
                 self._push(record.fire_at_ms, record.timer_id, record.instance_id)
             elif not isinstance(record, TimerCancelled):
                 batch.appends.append(
@@ -98,12 +106,7 @@ class TimerService:
 
     def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
         return dead_letter(
-            entry,
-            reason,
-            serde=self._serde,
-            epoch=self.backend.epoch,
-            now_ms=self._clock.now_ms(),
-            partition=self.backend.partition,
+            entry, reason, serde=self._serde, backend=self.backend, clock=self._clock
         )
 
     async def _fire(self) -> None:

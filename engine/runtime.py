@@ -344,30 +344,24 @@ class InstanceRuntime:
     ) -> None:
         intent = self._intents.get(entry.key)
         policy = intent.policy if intent is not None else DEFAULT_RETRY
-        if retryable and entry.attempt < entry.max_attempts:
-            delay = 0 if now else policy.delay_ms(entry.attempt)
-            self._emit(
-                StepFailedRecord,
-                key=entry.key,
-                attempt=entry.attempt,
-                error_type=error_type,
-                error_message=message,
-                next_attempt_at_ms=self.clock.now_ms() + delay,
-            )
-            if now and intent is not None:
-                self._start_attempt(entry.key, intent, entry.attempt + 1)
-            else:
-                self._schedule(entry, "retry")
-        else:
-            self._emit(
-                StepFailedRecord,
-                key=entry.key,
-                attempt=entry.attempt,
-                error_type=error_type,
-                error_message=message,
-                next_attempt_at_ms=None,
-            )
+        retry = retryable and entry.attempt < entry.max_attempts
+        next_at = None
+        if retry:
+            next_at = self.clock.now_ms() + (0 if now else policy.delay_ms(entry.attempt))
+        self._emit(
+            StepFailedRecord,
+            key=entry.key,
+            attempt=entry.attempt,
+            error_type=error_type,
+            error_message=message,
+            next_attempt_at_ms=next_at,
+        )
+        if not retry:
             self._resolve(entry)
+        elif now and intent is not None:
+            self._start_attempt(entry.key, intent, entry.attempt + 1)
+        else:
+            self._schedule(entry, "retry")
 
     # ---- driving the code -----------------------------------------------------------
 

@@ -36,6 +36,7 @@ from consumers.kafka.db import PartitionDB
 from consumers.kafka.producer import LogProducer, OutRecord
 from consumers.partition import load_state
 from consumers.restore import Restorer
+from consumers.timers import index_entries
 from engine.errors import StepstreamError
 from engine.kafka_settings import KafkaSettings
 from engine.records import PartitionFenced
@@ -240,8 +241,7 @@ def _reindex_timers(db: PartitionDB, instance_ids: list[str]) -> int:
             continue
         for entry in state.pending_timers():
             assert entry.timer_id is not None and entry.fire_at_ms is not None
-            puts.append((state_keys.timer(entry.fire_at_ms, entry.timer_id), instance_id.encode()))
-            puts.append((state_keys.timer_by_id(entry.timer_id), str(entry.fire_at_ms).encode()))
+            puts.extend(index_entries(entry.fire_at_ms, entry.timer_id, instance_id))
     if puts:
         db.write(puts=puts)
     return len(puts) // 2
