@@ -39,8 +39,8 @@ from engine.seams import (
     StateStore,
 )
 from engine.serde import RecordSerde
-from engine.settle import finished_reason
-from engine.state import InstanceState, entry_json
+from engine.settle import UNKNOWN_INSTANCE, ignored_reason
+from engine.state import InstanceState, entry_json, is_client_command
 from engine.topics import COMMANDS, HISTORY, TIMERS
 from engine.workflow import Registry, WorkflowDefinition
 
@@ -86,6 +86,9 @@ def write_state(state: InstanceState, batch: CommitBatch) -> None:
     for key in state.dirty_entries:
         batch.put(keys.entry(instance_id, key), entry_json(state.entries[key]))
     state.dirty_entries.clear()
+    for command_id in state.new_commands:
+        batch.put(keys.command(instance_id, command_id), b"")
+    state.new_commands.clear()
     if state.status.finished:
         batch.delete(keys.active(instance_id))
     else:
@@ -246,13 +249,14 @@ class PartitionProcessor:
         touched: dict[str, InstanceRuntime] = {}
         settled: dict[str, str | None] = {}
         for entry in entries:
-            command_id, reason = self._apply_command(entry, out, touched)
-            if reason is not None:
+            command_id, reason, rejected = self._apply_command(entry, out, touched)
+            if rejected:
+                assert reason is not None
                 batch.appends.append(self._dead_letter(entry, reason))
             if command_id:
                 settled[command_id] = reason
         for outcome in outcomes:
-            runtime = self._cache.get(outcome.instance_id)
+            runtime = self._cached(outcome.instance_id)
             if runtime is None:
                 continue  # the instance finished or was dropped; a late outcome changes nothing
             self._guarded(runtime, outcome, out, touched)
@@ -264,38 +268,56 @@ class PartitionProcessor:
 
     def _apply_command(
         self, entry: LogEntry, out: Output, touched: dict[str, InstanceRuntime]
-    ) -> tuple[str, str | None]:
+    ) -> tuple[str, str | None, bool]:
+        """Apply one command. Returns its id, why it did not take effect (None if it
+        did) and whether it is rejected (dead-lettered) rather than recorded as ignored."""
         try:
             record = self._serde.decode(entry.value)
         except UndecodableRecord as exc:
-            return "", f"undecodable record: {exc}"
+            return "", f"undecodable record: {exc}", True
         if not isinstance(record, Command):
-            return record.command_id, f"{record.type} is not a command"
+            return record.command_id, f"{record.type} is not a command", True
         problem = self._check_payload(record)
         if problem is not None:
-            return record.command_id, problem
-        runtime = touched.get(record.instance_id) or self._cache.get(record.instance_id)
+            return record.command_id, problem, True
+        runtime = touched.get(record.instance_id) or self._cached(record.instance_id)
         if runtime is None:
             runtime = self._load(record.instance_id)
         if runtime is None:
             if isinstance(record, TimerFired):
-                return record.command_id, None  # timer of an instance that is gone: harmless
+                # The timer of an instance that is gone: harmless.
+                return record.command_id, None, False
             if not isinstance(record, StartWorkflow):
-                return record.command_id, (
-                    f"unknown instance {record.instance_id!r}: {record.type} needs an "
-                    "instance started with this id"
+                return (
+                    record.command_id,
+                    f"{UNKNOWN_INSTANCE} {record.instance_id!r}: {record.type} needs an "
+                    "instance started with this id",
+                    True,
                 )
             try:
                 definition = self._registry.resolve(record.workflow, record.version)
             except UnknownWorkflow as exc:
-                return record.command_id, str(exc)
+                return record.command_id, str(exc), True
             runtime = self._new_runtime(InstanceState(record.instance_id), definition)
+        elif self._applied_before(runtime.state, record.command_id):
+            return record.command_id, None, False  # re-delivered: it changes nothing
         error = self._guarded(runtime, record, out, touched)
-        if error is None and runtime.ignored and not isinstance(record, StartWorkflow):
-            if runtime.state.status.finished:
-                # Recorded and ignored; the publisher learns why (InstanceFinished).
-                return record.command_id, finished_reason(runtime.state.status.value)
-        return record.command_id, error
+        if error is not None:
+            return record.command_id, error, True
+        if runtime.ignored and not isinstance(record, StartWorkflow):
+            # Recorded as ignored (CommandIgnored); the publisher learns why.
+            return record.command_id, ignored_reason(record, runtime.state.status.value), False
+        return record.command_id, None, False
+
+    def _applied_before(self, state: InstanceState, command_id: str) -> bool:
+        """Whether this client command was applied to the instance already: in memory
+        for the recent ones, else one point read of the committed state."""
+        if command_id in state.recent_commands or command_id in state.new_commands:
+            return True
+        return (
+            is_client_command(command_id)
+            and self.backend.store.get(keys.command(state.instance_id, command_id)) is not None
+        )
 
     def _check_payload(self, command: Command) -> str | None:
         """Clients check payloads before publishing; this catches what got past them."""
@@ -397,9 +419,21 @@ class PartitionProcessor:
         self, state: InstanceState, definition: WorkflowDefinition | None
     ) -> InstanceRuntime:
         runtime = InstanceRuntime(
-            state, definition, codec=self._codec, clock=self._clock, epoch=self.backend.epoch
+            state,
+            definition,
+            codec=self._codec,
+            clock=self._clock,
+            epoch=self.backend.epoch,
+            max_payload_bytes=self._config.max_payload_bytes,
         )
         self._cache[state.instance_id] = runtime
+        return runtime
+
+    def _cached(self, instance_id: str) -> InstanceRuntime | None:
+        """The cached runtime, now the most recently used (eviction takes the least)."""
+        runtime = self._cache.get(instance_id)
+        if runtime is not None:
+            self._cache.move_to_end(instance_id)
         return runtime
 
     def _load(self, instance_id: str) -> InstanceRuntime | None:

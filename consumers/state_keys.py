@@ -5,6 +5,7 @@ Layout (all keys local to one partition):
   e\\0<instance>\\0<key>       one entry per replay key
   h\\0<instance>\\0<seq:8>     the instance's history records, Avro single-object encoded
   a\\0<instance>              index of unfinished instances (loaded on restore)
+  c\\0<instance>\\0<command>   a client command applied to the instance (duplicates skipped)
   t\\0<fire_at:8><timer_id>   timer index ordered by fire time -> instance id
   T\\0<timer_id>              timer id -> fire time (to cancel)
 """
@@ -17,6 +18,7 @@ META = b"m\x00"
 ENTRY = b"e\x00"
 HISTORY = b"h\x00"
 ACTIVE = b"a\x00"
+COMMAND = b"c\x00"
 TIMER = b"t\x00"
 TIMER_BY_ID = b"T\x00"
 _SEQ = struct.Struct(">Q")
@@ -44,6 +46,10 @@ def history(instance_id: str, seq: int) -> bytes:
 
 def active(instance_id: str) -> bytes:
     return ACTIVE + instance_id.encode()
+
+
+def command(instance_id: str, command_id: str) -> bytes:
+    return COMMAND + instance_id.encode() + b"\x00" + command_id.encode()
 
 
 def timer(fire_at_ms: int, timer_id: str) -> bytes:

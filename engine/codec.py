@@ -14,6 +14,9 @@ from engine.records import Payload
 
 JSON = "application/json"
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+# Error messages and reasons are text from user code (an exception's str, a cancel
+# reason): recorded, but never big enough to make a record the broker refuses.
+MAX_MESSAGE_CHARS = 8 * 1024
 
 
 class PayloadCodec(Protocol):
@@ -67,6 +70,14 @@ def check_size(payload: Payload, limit: int, *, what: str) -> Payload:
     if len(payload.data) > limit:
         raise PayloadTooLarge(
             f"{what} is {len(payload.data)} bytes, over the limit of {limit} bytes; "
-            "store large data elsewhere and pass a reference, or raise max_payload_bytes"
+            "store large data elsewhere and pass a reference, or raise the limit "
+            "(STEPSTREAM_MAX_PAYLOAD_BYTES; keep the broker's message.max.bytes above it)"
         )
     return payload
+
+
+def clip_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters cut]"

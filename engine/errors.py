@@ -33,6 +33,10 @@ class InstanceFinished(StepstreamError):
     """The instance already completed, failed or was cancelled."""
 
 
+class InstanceNotPaused(StepstreamError):
+    """A resume of an instance that is not paused (it is recorded and ignored)."""
+
+
 class WorkflowFailed(StepstreamError):
     """The workflow raised, or a step failed and the workflow did not handle it."""
 

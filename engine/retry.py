@@ -27,7 +27,8 @@ class RetryPolicy:
     def delay_ms(self, failed_attempt: int) -> int:
         """Milliseconds to wait after attempt ``failed_attempt`` (1-based) failed."""
         seconds = self.initial_interval * self.backoff ** (failed_attempt - 1)
-        return math.ceil(min(seconds, self.max_interval) * 1000)
+        # Rounded first so float noise (0.2 * 3 = 0.6000000000000001) adds no millisecond.
+        return math.ceil(round(min(seconds, self.max_interval) * 1000, 6))
 
 
 DEFAULT_RETRY = RetryPolicy()

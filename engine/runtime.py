@@ -20,12 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.codec import PayloadCodec
+from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, PayloadCodec, check_size, clip_message
 from engine.context import Context
 from engine.errors import (
     EventTimeout,
     HistoryDiverged,
     InvalidPayload,
+    PayloadTooLarge,
     StepFailed,
     StepstreamError,
 )
@@ -128,8 +129,10 @@ class InstanceRuntime:
         codec: PayloadCodec,
         clock: Clock,
         epoch: int,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     ) -> None:
         self.state = state
+        self.max_payload_bytes = max_payload_bytes
         self.definition = definition
         self.codec = codec
         self.clock = clock
@@ -283,7 +286,7 @@ class InstanceRuntime:
         if self.state.status.finished:
             self._ignore(msg, f"instance is {self.state.status.value}")
             return
-        self._finish(WorkflowCancelled, reason=msg.reason)
+        self._finish(WorkflowCancelled, reason=clip_message(msg.reason))
 
     def _on_pause(self, msg: PauseWorkflow) -> None:
         if self.state.status.finished or self.state.status is Status.PAUSED:
@@ -353,7 +356,7 @@ class InstanceRuntime:
             key=entry.key,
             attempt=entry.attempt,
             error_type=error_type,
-            error_message=message,
+            error_message=clip_message(message),
             next_attempt_at_ms=next_at,
         )
         if not retry:
@@ -496,14 +499,18 @@ class InstanceRuntime:
             self._fail_workflow(type(exc).__name__, str(exc) or repr(exc))
             return
         try:
-            result = self.codec.encode(self._task.result())
-        except InvalidPayload as err:
-            self._fail_workflow("InvalidPayload", f"workflow result: {err}")
+            result = check_size(
+                self.codec.encode(self._task.result()),
+                self.max_payload_bytes,
+                what=f"the result of instance {self.state.instance_id}",
+            )
+        except (InvalidPayload, PayloadTooLarge) as err:
+            self._fail_workflow(type(err).__name__, f"workflow result: {err}")
             return
         self._finish(WorkflowCompleted, result=result)
 
     def _fail_workflow(self, error_type: str, message: str) -> None:
-        self._finish(WorkflowFailed, error_type=error_type, error_message=message)
+        self._finish(WorkflowFailed, error_type=error_type, error_message=clip_message(message))
 
     def _finish(self, cls: type[HistoryRecord], **attrs: Any) -> None:
         for entry in self.state.pending_timers():

@@ -1,22 +1,44 @@
 """What became of a command, as the processor tells its publisher.
 
-A settled command is ``None`` (applied) or a reason string: the reason it went to
-dead-letters, or that it was recorded and ignored because its instance had finished.
+A settled command is ``None`` (applied, or a no-op such as pausing a paused instance) or
+a reason string: the reason it went to dead-letters, or why it was recorded and ignored
+(its instance had finished; a resume of an instance that is not paused).
 Reasons cross process boundaries (HTTP, websocket), so they are plain strings with
 well-known prefixes, turned back into the user's error here.
 """
 
 from __future__ import annotations
 
-from engine.errors import InstanceFinished, StepstreamError, UnknownInstance, UnknownWorkflow
+from engine.errors import (
+    InstanceFinished,
+    InstanceNotPaused,
+    StepstreamError,
+    UnknownInstance,
+    UnknownWorkflow,
+)
+from engine.records import Command, PauseWorkflow, ResumeWorkflow
 
 FINISHED = "instance finished:"
+NOT_PAUSED = "instance not paused:"
 UNKNOWN_INSTANCE = "unknown instance"
 UNKNOWN_WORKFLOW = "unknown workflow"
+_FINISHED_STATUSES = ("completed", "failed", "cancelled")
 
 
 def finished_reason(status: str) -> str:
     return f"{FINISHED} {status}"
+
+
+def ignored_reason(command: Command, status: str) -> str | None:
+    """What the publisher of a command recorded as ignored is told: nothing for a pause
+    of a paused instance (pausing is idempotent), else why it had no effect."""
+    if status in _FINISHED_STATUSES:
+        return finished_reason(status)
+    if isinstance(command, ResumeWorkflow):
+        return f"{NOT_PAUSED} {status}"
+    if isinstance(command, PauseWorkflow):
+        return None
+    return f"ignored while {status}"
 
 
 def finished_error(instance_id: str, status: str, action: str) -> InstanceFinished:
@@ -29,6 +51,12 @@ def finished_error(instance_id: str, status: str, action: str) -> InstanceFinish
 def error_for(reason: str, instance_id: str, action: str) -> StepstreamError:
     if reason.startswith(FINISHED):
         return finished_error(instance_id, reason[len(FINISHED) :].strip(), action)
+    if reason.startswith(NOT_PAUSED):
+        status = reason[len(NOT_PAUSED) :].strip()
+        return InstanceNotPaused(
+            f"instance {instance_id} is {status}, not paused; only a paused instance can be "
+            "resumed (check `stepstream status`)"
+        )
     if reason.startswith(UNKNOWN_INSTANCE):
         return UnknownInstance(reason)
     if reason.startswith(UNKNOWN_WORKFLOW):

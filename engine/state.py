@@ -164,6 +164,14 @@ class BufferedEvent:
 
 
 RECENT_COMMANDS = 64
+# Ids of commands the engine makes itself. Each is applied at most once by construction
+# (a step outcome names its attempt, a timer fire its timer); every other command id is
+# a client's, kept for good so that a re-delivered command is never applied twice.
+INTERNAL_COMMAND_PREFIXES = ("step:", "recover:", "fire:", "fence:")
+
+
+def is_client_command(command_id: str) -> bool:
+    return bool(command_id) and not command_id.startswith(INTERNAL_COMMAND_PREFIXES)
 
 
 @dataclass(slots=True)
@@ -184,6 +192,8 @@ class InstanceState:
     entries: dict[str, Entry] = field(default_factory=dict)
     recent_commands: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_COMMANDS))
     dirty_entries: set[str] = field(default_factory=set)
+    # Client command ids applied since the state was last written (stored one key each).
+    new_commands: set[str] = field(default_factory=set)
 
     # ---- the state machine ----------------------------------------------------------
 
@@ -204,10 +214,11 @@ class InstanceState:
             return
         self.seq = record.seq
         self.updated_ms = record.time_ms
-        if record.command_id and (
-            not self.recent_commands or self.recent_commands[-1] != record.command_id
-        ):
-            self.recent_commands.append(record.command_id)
+        command_id = record.command_id
+        if command_id and (not self.recent_commands or self.recent_commands[-1] != command_id):
+            self.recent_commands.append(command_id)
+            if is_client_command(command_id):
+                self.new_commands.add(command_id)
         match record:
             case WorkflowStarted():
                 self.workflow = record.workflow

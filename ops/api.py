@@ -23,6 +23,7 @@ from engine.codec import parse_json_text
 from engine.errors import (
     ConnectionFailed,
     InstanceFinished,
+    InstanceNotPaused,
     InvalidPayload,
     PayloadTooLarge,
     ResultTimeout,
@@ -45,6 +46,7 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
     UnknownInstance: 404,
     UnknownWorkflow: 404,
     InstanceFinished: 409,
+    InstanceNotPaused: 409,
     PayloadTooLarge: 413,
     WorkflowFailed: 422,
     WorkflowCancelled: 422,

@@ -381,7 +381,7 @@ class KafkaTransport(CommandPublisher):
             ) from None
         self._settlements.settle(command.command_id, reason)
 
-    async def _check_live(self, instance_id: str, action: str) -> None:
+    async def _check_exists(self, instance_id: str) -> None:
         """No round trip before publishing: the owner settles a command for an unknown
         instance as a dead letter (UnknownInstance) and one for a finished instance as
         recorded and ignored (InstanceFinished), and ``_submit`` raises either."""

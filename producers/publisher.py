@@ -14,8 +14,9 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from engine.codec import PayloadCodec, check_size
+from engine.codec import MAX_MESSAGE_CHARS, PayloadCodec, check_size
 from engine.errors import (
+    PayloadTooLarge,
     ResultTimeout,
     WorkflowCancelled,
     WorkflowFailed,
@@ -29,7 +30,7 @@ from engine.records import (
     SendEvent,
     StartWorkflow,
 )
-from engine.settle import error_for, finished_error
+from engine.settle import error_for
 from engine.state import InstanceState, Status
 from engine.views import HistoryEntry, InstanceStatus
 from engine.workflow import WorkflowDefinition
@@ -120,9 +121,10 @@ class CommandPublisher(abc.ABC):
         return check_size(self._codec.encode(value), self._limit, what=what)
 
     @abc.abstractmethod
-    async def _check_live(self, instance_id: str, action: str) -> None:
-        """Raise ``UnknownInstance`` or ``InstanceFinished`` (``finished_error``) unless
-        the instance exists and is not finished."""
+    async def _check_exists(self, instance_id: str) -> None:
+        """Raise ``UnknownInstance`` if the transport can tell cheaply that there is no
+        such instance. Commands for finished instances are published all the same: the
+        owner records them as ignored and settles them with the reason."""
 
     async def start(self, workflow: str, input: Any, instance_id: str) -> str:
         definition = self._publishing.resolve(workflow)
@@ -140,7 +142,7 @@ class CommandPublisher(abc.ABC):
 
     async def send_event(self, instance_id: str, name: str, payload: Any) -> None:
         encoded = self._encode(payload, f"event {name!r} for instance {instance_id}")
-        await self._check_live(instance_id, "sending an event")
+        await self._check_exists(instance_id)
         await self._submit(
             SendEvent(
                 instance_id=instance_id, command_id=str(uuid.uuid4()), name=name, payload=encoded
@@ -148,17 +150,22 @@ class CommandPublisher(abc.ABC):
         )
 
     async def cancel(self, instance_id: str, reason: str) -> None:
-        await self._check_live(instance_id, "cancel")
+        if len(reason) > MAX_MESSAGE_CHARS:
+            raise PayloadTooLarge(
+                f"the cancel reason for instance {instance_id} is {len(reason)} characters, "
+                f"over the limit of {MAX_MESSAGE_CHARS}; say it in fewer words"
+            )
+        await self._check_exists(instance_id)
         await self._submit(
             CancelWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4()), reason=reason)
         )
 
     async def pause(self, instance_id: str) -> None:
-        await self._check_live(instance_id, "pause")
+        await self._check_exists(instance_id)
         await self._submit(PauseWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4())))
 
     async def resume(self, instance_id: str) -> None:
-        await self._check_live(instance_id, "resume")
+        await self._check_exists(instance_id)
         await self._submit(ResumeWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4())))
 
     @abc.abstractmethod
@@ -195,10 +202,10 @@ class LogTransport(CommandPublisher):
         )
         self._reader = reader
 
-    async def _check_live(self, instance_id: str, action: str) -> None:
-        if self._reader.finished(instance_id):
-            status = self._reader.read_state(instance_id, entries=False).status.value
-            raise finished_error(instance_id, status, action)
+    async def _check_exists(self, instance_id: str) -> None:
+        # Raises UnknownInstance. A command for a finished instance is published: the
+        # processor records it as ignored and the publisher raises InstanceFinished.
+        self._reader.finished(instance_id)
 
     async def status(self, instance_id: str) -> InstanceStatus:
         return InstanceStatus.of(self._reader.read_state(instance_id))

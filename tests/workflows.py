@@ -206,3 +206,51 @@ async def nap_then_step(ctx: Context, args: dict[str, Any]) -> str:
     await ctx.step("first", record_body, f"{args['name']}-first")
     await ctx.sleep("nap", args["seconds"])
     return await ctx.step("second", record_body, f"{args['name']}-second")
+
+
+@workflow("big-result")
+async def big_result(ctx: Context, size: int) -> str:
+    """Returns a value of ``size`` characters (the workflow's own result, no step)."""
+    return "x" * size
+
+
+def shout(size: int) -> None:
+    raise NonRetryableError("!" * size)
+
+
+@workflow("loud-failure")
+async def loud_failure(ctx: Context, size: int) -> str:
+    """A step whose error message is ``size`` characters long."""
+    try:
+        await ctx.step("shout", shout, size)
+    except StepFailed as exc:
+        return f"caught {len(str(exc))}"
+    return "not reached"
+
+
+# How many times the code of each "counted" instance began to run (in this process).
+RUNS: dict[str, int] = {}
+
+
+@workflow("counted")
+async def counted(ctx: Context, n: int) -> int:
+    """Counts its own (re)starts: with the live-instance cache, a running instance's code
+    starts once, however many steps it takes."""
+    RUNS[ctx.instance_id] = RUNS.get(ctx.instance_id, 0) + 1
+    value = 0
+    for i in range(n):
+        value = await ctx.step(f"s{i}", add, value, 1)
+    await ctx.sleep("nap", 0.01)
+    return value
+
+
+@workflow("event-steps-event")
+async def event_steps_event(ctx: Context, steps: int) -> list[Any]:
+    """Two waits for one event name with many steps between: more commands than any
+    in-memory window of recent command ids holds."""
+    first = await ctx.wait_for_event("item", key="item-1")
+    value = 0
+    for i in range(steps):
+        value = await ctx.step(f"s{i}", add, value, 1)
+    second = await ctx.wait_for_event("item", key="item-2")
+    return [first, value, second]

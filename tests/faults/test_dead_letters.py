@@ -8,6 +8,7 @@ reason and its original bytes, and that good commands behind them still run.
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,5 +326,30 @@ async def test_undecodable_timer_record_is_dead_lettered(tmp_path: Path) -> None
         await run_good_instance(engine)
         letters = dead_letters(engine)
         assert [(d.source_topic, d.value) for d in letters] == [(TIMERS, b"garbage")]
+    finally:
+        await engine.close()
+
+
+async def test_command_for_a_finished_instance_is_recorded_not_dead_lettered(
+    tmp_path: Path,
+) -> None:
+    """design.md: commands for a finished instance are recorded and ignored; dead letters
+    are for bad input, and such a command is not bad input."""
+    data = tmp_path / "data"
+    engine = await open_engine(data)
+    try:
+        await run_good_instance(engine)
+        late = SendEvent(instance_id=GOOD, command_id="ev-late", name="go", payload=CODEC.encode(1))
+        await engine.db.log.append([Append(COMMANDS, GOOD.encode(), SERDE.encode(late))])
+        client = Client(engine.make_transport())
+        for _ in range(200):
+            history = await client.history(GOOD)
+            if history[-1].type == "CommandIgnored":
+                break
+            await asyncio.sleep(0.01)
+        assert history[-1].type == "CommandIgnored", [h.type for h in history]
+        assert history[-1].attributes["command_type"] == "SendEvent"
+        assert history[-1].command_id == "ev-late"
+        assert dead_letters(engine) == []
     finally:
         await engine.close()

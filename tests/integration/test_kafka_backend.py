@@ -394,6 +394,7 @@ async def test_reprocessing_is_idempotent_and_an_empty_state_dir_restores(
             for workflow, arg in [
                 ("arith", 3),
                 ("chain", 6),
+                ("chain", 70),  # more commands than the in-memory window of recent ids
                 ("retrying", {"key": uuid.uuid4().hex, "fail": 1, "max": 3}),
                 ("sleeper", 0.1),
                 ("parallel", 4),
@@ -409,6 +410,15 @@ async def test_reprocessing_is_idempotent_and_an_empty_state_dir_restores(
             await client.send_event(events, "item", "a")
             await client.send_event(events, "item", "b")
             finished[events] = await client.result(events, timeout=20)
+            # A re-delivered event must not be claimed again by a later wait.
+            twice = await client.start(
+                "event-steps-event", 70, instance_id=f"twice-{uuid.uuid4().hex[:6]}"
+            )
+            await client.send_event(twice, "item", "first")
+            for _ in range(500):
+                if [w.key for w in (await client.status(twice)).waits] == ["item-2"]:
+                    break
+                await asyncio.sleep(0.02)
             waiting = await client.start("gated", "g", instance_id=f"gate-{uuid.uuid4().hex[:6]}")
             napping = await client.start(
                 "nap-then-step",
@@ -416,7 +426,7 @@ async def test_reprocessing_is_idempotent_and_an_empty_state_dir_restores(
                 instance_id=f"nap-{uuid.uuid4().hex[:6]}",
             )
             await asyncio.sleep(0.3)
-            stories = {i: await story(client, i) for i in [*finished, waiting, napping]}
+            stories = {i: await story(client, i) for i in [*finished, twice, waiting, napping]}
 
             # 1. The same commands again, byte for byte: nothing changes.
             commands = await asyncio.to_thread(read_topic, settings, "commands")
@@ -428,8 +438,13 @@ async def test_reprocessing_is_idempotent_and_an_empty_state_dir_restores(
                 if instance == napping:
                     now = now[: len(expected)]
                 assert now == expected, instance
+            await client.send_event(twice, "item", "second")
+            finished[twice] = await client.result(twice, timeout=20)
+            assert finished[twice] == ["first", 70, "second"]
+            stories[twice] = await story(client, twice)
 
-            # 2. A worker without local state, and the group's offsets back at 0.
+            # 2. A worker without local state, and the group's offsets back at 0 (the
+            # offsets carried on the history records say where the commands resume).
             await asyncio.to_thread(worker.stop)
             shutil.rmtree(tmp_path / "first")
             await asyncio.to_thread(reset_group_offsets, settings)

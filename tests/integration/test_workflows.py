@@ -12,6 +12,7 @@ import pytest
 from producers.client import Client
 from stepstream import (
     InstanceFinished,
+    InstanceNotPaused,
     InvalidPayload,
     PayloadTooLarge,
     UnknownInstance,
@@ -19,7 +20,7 @@ from stepstream import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from tests.workflows import ledger_count
+from tests.workflows import RUNS, ledger_count
 
 
 def new_id(prefix: str) -> str:
@@ -46,6 +47,13 @@ async def test_sync_and_async_steps(client: Client) -> None:
 
 async def test_many_sequential_steps(client: Client) -> None:
     assert await run(client, "chain", 25) == 25
+
+
+async def test_live_instances_are_cached_not_replayed(client: Client) -> None:
+    """Each step and the timer resume the cached coroutine: the code starts once."""
+    instance = await client.start("counted", 20, instance_id=new_id("cached"))
+    assert await client.result(instance, timeout=20) == 20
+    assert RUNS[instance] == 1
 
 
 async def test_retries_then_success(client: Client) -> None:
@@ -142,6 +150,33 @@ async def test_unencodable_step_result_fails_step_with_message(client: Client) -
         await client.result(instance, timeout=10)
 
 
+async def test_oversized_workflow_result_fails_the_instance(client: Client) -> None:
+    """The limit that guards inputs and step results guards the workflow's own result."""
+    instance = await client.start("big-result", 2 * 1024 * 1024, instance_id=new_id("big"))
+    with pytest.raises(WorkflowFailed, match="over the limit") as failed:
+        await client.result(instance, timeout=20)
+    assert failed.value.error_type == "PayloadTooLarge"
+
+
+async def test_huge_error_messages_are_cut(client: Client) -> None:
+    """An exception's text is recorded, but cut to a size any broker accepts."""
+    result = await run(client, "loud-failure", 3 * 1024 * 1024)
+    assert result.startswith("caught ") and int(result.split()[1]) < 10_000
+    instance = await client.start("loud-failure", 50_000, instance_id=new_id("loud"))
+    await client.result(instance, timeout=20)
+    [failed] = [h for h in await client.history(instance) if h.type == "StepFailed"]
+    message = failed.attributes["error_message"]
+    assert message.startswith("!" * 100) and message.endswith("more characters cut]")
+    assert len(message) < 10_000
+
+
+async def test_overlong_cancel_reason_is_rejected_at_the_client(client: Client) -> None:
+    instance = await client.start("waiter", None, instance_id=new_id("reason"))
+    with pytest.raises(PayloadTooLarge, match="cancel reason"):
+        await client.cancel(instance, reason="why" * 10_000)
+    assert (await client.status(instance)).status == "running"
+
+
 async def test_workflow_exception_fails_instance(client: Client) -> None:
     instance = await client.start("boom", None, instance_id=new_id("boom"))
     with pytest.raises(WorkflowFailed, match="ValueError: workflow code raised"):
@@ -170,8 +205,11 @@ async def test_pause_and_resume(client: Client, ledger: Path) -> None:
     name = new_id("gate")
     instance = await client.start("gated", name, instance_id=name)
     await wait_for_status(client, instance, lambda s: any(w.kind == "wait" for w in s.waits))
+    with pytest.raises(InstanceNotPaused, match="is running, not paused"):
+        await client.resume(instance)
     await client.pause(instance)
     assert (await client.status(instance)).status == "paused"
+    await client.pause(instance)  # pausing is idempotent
     await client.send_event(instance, "go", "green")
     await asyncio.sleep(0.2)
     # The event is recorded while paused, but the code does not move on.
@@ -180,6 +218,8 @@ async def test_pause_and_resume(client: Client, ledger: Path) -> None:
     await client.resume(instance)
     assert await client.result(instance, timeout=10) == [f"{name}-before", "green", f"{name}-after"]
     assert ledger_count(ledger, f"{name}-before") == 1
+    ignored = [h.attributes for h in await client.history(instance) if h.type == "CommandIgnored"]
+    assert [i["command_type"] for i in ignored] == ["ResumeWorkflow", "PauseWorkflow"]
 
 
 async def test_commands_for_finished_instance_are_rejected(client: Client) -> None:
@@ -194,6 +234,14 @@ async def test_commands_for_finished_instance_are_rejected(client: Client) -> No
         with pytest.raises(InstanceFinished, match="already completed"):
             await action
     assert (await client.status(instance)).status == "completed"
+    # Recorded and ignored, in the order they were sent.
+    ignored = [h.attributes for h in await client.history(instance) if h.type == "CommandIgnored"]
+    assert [i["command_type"] for i in ignored] == [
+        "CancelWorkflow",
+        "PauseWorkflow",
+        "ResumeWorkflow",
+        "SendEvent",
+    ]
 
 
 async def test_status_lifecycle_fields(client: Client) -> None:

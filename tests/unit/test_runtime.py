@@ -978,3 +978,49 @@ def test_property_replay_reaches_the_live_state(
     )
     assert replay.result() == result
     assert out.launches == []
+
+
+# ---- retry backoff --------------------------------------------------------------------
+
+
+def test_retry_delays_grow_by_the_backoff_and_stop_at_the_cap() -> None:
+    policy = RetryPolicy(max_attempts=6, initial_interval=0.2, backoff=3.0, max_interval=2.0)
+
+    async def flaky(ctx: Context, _: Any) -> str:
+        try:
+            return str(await ctx.step("flaky", ident, "x", retry=policy))
+        except StepFailed as exc:
+            return f"gave up after {exc.attempts}"
+
+    h = Harness(define("flaky", flaky))
+    h.start(None)
+    delays = []
+    for _ in range(5):
+        h.fail("flaky")
+        [failed] = h.of_type(StepFailedRecord, "flaky")[-1:]
+        assert failed.next_attempt_at_ms is not None
+        delays.append(failed.next_attempt_at_ms - h.clock.ms)
+        timer = h.state.entries["flaky"].timer_id
+        assert timer is not None and h.timers[timer] == failed.next_attempt_at_ms
+        h.fire()  # the retry waits for its timer: no attempt before it fires
+    assert delays == [200, 600, 1800, 2000, 2000]
+    h.fail("flaky")
+    last = h.of_type(StepFailedRecord, "flaky")[-1]
+    assert last.attempt == 6 and last.next_attempt_at_ms is None
+    assert h.result() == "gave up after 6"
+    assert len(h.of_type(StepAttemptStarted, "flaky")) == 6
+
+
+def test_retry_policy_delay_formula_and_validation() -> None:
+    policy = RetryPolicy(initial_interval=0.1, backoff=2.0, max_interval=0.5)
+    assert [policy.delay_ms(n) for n in range(1, 6)] == [100, 200, 400, 500, 500]
+    assert RetryPolicy(initial_interval=0.2, backoff=3.0).delay_ms(2) == 600
+    assert RetryPolicy(initial_interval=1, backoff=1.0).delay_ms(10) == 1000
+    for bad in (
+        {"max_attempts": 0},
+        {"initial_interval": -1},
+        {"max_interval": -1},
+        {"backoff": 0.5},
+    ):
+        with pytest.raises(ValueError, match="RetryPolicy"):
+            RetryPolicy(**bad)  # type: ignore[arg-type]
