@@ -41,7 +41,7 @@ from engine.seams import (
 from engine.serde import RecordSerde
 from engine.settle import UNKNOWN_INSTANCE, ignored_reason
 from engine.state import InstanceState, entry_json, is_client_command
-from engine.topics import COMMANDS, HISTORY, TIMERS
+from engine.topics import COMMANDS, HISTORY, TIMERS, partition_for
 from engine.workflow import Registry, WorkflowDefinition
 
 log = logging.getLogger("stepstream.partition")
@@ -277,6 +277,16 @@ class PartitionProcessor:
             return "", f"undecodable record: {exc}", True
         if not isinstance(record, Command):
             return record.command_id, f"{record.type} is not a command", True
+        home = partition_for(record.instance_id, self.backend.partitions)
+        if home != self.partition:
+            return (
+                record.command_id,
+                f"misrouted: instance {record.instance_id!r} lives on partition {home}, this "
+                f"record is on partition {self.partition}; produce commands keyed by "
+                "instance id with Kafka's murmur2 partitioner (librdkafka: "
+                "partitioner=murmur2_random)",
+                True,
+            )
         problem = self._check_payload(record)
         if problem is not None:
             return record.command_id, problem, True

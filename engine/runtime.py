@@ -309,6 +309,8 @@ class InstanceRuntime:
         entry = next((e for e in self.state.pending_timers() if e.timer_id == msg.timer_id), None)
         if entry is None:
             return  # cancelled, superseded or already fired: a duplicate fire is harmless
+        if entry.fire_at_ms is not None and msg.fire_at_ms < entry.fire_at_ms:
+            return  # a fire of an older schedule: the timer is not due yet
         if entry.state is EntryState.SLEEPING:
             self._emit(SleepElapsed, key=entry.key)
             self._resolve(entry)

@@ -74,6 +74,7 @@ class InstanceStatus:
                 event=e.event_name,
             )
             for e in sorted(state.open_entries(), key=lambda e: e.seq)
+            if not state.status.finished  # a cancelled instance waits for nothing
         ]
         error = None
         if state.error_type:

@@ -92,7 +92,8 @@ class Registry:
             known = ", ".join(sorted(self._by_name)) or "none"
             raise UnknownWorkflow(
                 f"unknown workflow {name!r} (registered: {known}); "
-                "register it with @workflow and load its module with --workflows"
+                "register it with @workflow and load its module where the engine runs "
+                "(`--workflows MOD` of stepstream dev/worker, or STEPSTREAM_WORKFLOWS)"
             )
         if version is None:
             return self._latest[name]

@@ -265,6 +265,12 @@ def _with_client(args: argparse.Namespace, command: Callable[[Client], Awaitable
 
 def _start(args: argparse.Namespace) -> int:
     value = _json_flag(args.input, "--input")
+    if args.id is not None and not args.id.strip():
+        raise _UsageError("--id is empty; give an instance id, or leave --id out for a new uuid")
+    if args.timeout is not None and not args.wait:
+        raise _UsageError("--timeout only applies with --wait")
+    if args.timeout is not None and args.timeout <= 0:
+        raise _UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
 
     async def command(client: Client) -> int:
         instance_id = await client.start(args.workflow, value, instance_id=args.id)

@@ -16,6 +16,7 @@ from consumers.embedded.partition import EmbeddedPartition
 from consumers.host import PartitionHost
 from consumers.partition import ProcessorConfig
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from engine.environ import env_int
 from engine.records import Command
 from engine.seams import Append, Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
@@ -39,12 +40,12 @@ class EmbeddedConfig:
         env = os.environ
         values: dict[str, Any] = {
             "data_dir": env.get("STEPSTREAM_DATA", DEFAULT_DATA_DIR),
-            "max_payload_bytes": int(
-                env.get("STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)
+            "max_payload_bytes": env_int(
+                env, "STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES
             ),
         }
         if "STEPSTREAM_PARTITIONS" in env:
-            values["partitions"] = int(env["STEPSTREAM_PARTITIONS"])
+            values["partitions"] = env_int(env, "STEPSTREAM_PARTITIONS", 4)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 

@@ -29,6 +29,7 @@ from consumers.kafka import (
 )
 from consumers.partition import ProcessorConfig
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from engine.environ import env_int
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError, UnknownInstance
 from engine.kafka_settings import KafkaSettings
 from engine.records import Command, HistoryRecord
@@ -64,8 +65,8 @@ class KafkaWorkerConfig:
         env = os.environ
         values: dict[str, Any] = {
             "state_dir": env.get("STEPSTREAM_STATE_DIR", DEFAULT_STATE_DIR),
-            "max_payload_bytes": int(
-                env.get("STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)
+            "max_payload_bytes": env_int(
+                env, "STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES
             ),
         }
         if "STEPSTREAM_ADVERTISE" in env:

@@ -76,7 +76,14 @@ class Client:
     ) -> str:
         """Start an instance and return its id. Idempotent on ``instance_id``: starting an
         id that exists returns it and leaves the existing instance as it is."""
-        return await self._transport.start(workflow, input, instance_id or str(uuid.uuid4()))
+        if instance_id is None:
+            instance_id = str(uuid.uuid4())
+        elif not isinstance(instance_id, str) or not instance_id.strip():
+            raise ValueError(
+                f"instance_id must be a non-empty string, got {instance_id!r}; "
+                "leave it out for a new uuid"
+            )
+        return await self._transport.start(workflow, input, instance_id)
 
     async def send_event(self, instance_id: str, name: str, payload: Any = None) -> None:
         await self._transport.send_event(instance_id, name, payload)

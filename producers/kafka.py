@@ -35,6 +35,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from engine.environ import env_int
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
 from engine.kafka_settings import KafkaSettings, KafkaSettingsError
 from engine.records import Command
@@ -556,7 +557,7 @@ async def _connect(url: str, options: dict[str, Any]) -> Transport:
     command_timeout = float(options.pop("command_timeout", DEFAULT_COMMAND_TIMEOUT_S))
     limit = int(
         options.pop("max_payload_bytes", None)
-        or os.environ.get("STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)
+        or env_int(os.environ, "STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)
     )
     codec: PayloadCodec = options.pop("codec", None) or JsonCodec()
     if options:

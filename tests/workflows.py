@@ -254,3 +254,12 @@ async def event_steps_event(ctx: Context, steps: int) -> list[Any]:
         value = await ctx.step(f"s{i}", add, value, 1)
     second = await ctx.wait_for_event("item", key="item-2")
     return [first, value, second]
+
+
+@workflow("late-waits")
+async def late_waits(ctx: Context, seconds: float) -> list[Any]:
+    """Sleeps before it waits twice: events sent meanwhile are buffered."""
+    await ctx.sleep("first", seconds)
+    one = await ctx.wait_for_event("item", key="item-1")
+    two = await ctx.wait_for_event("item", key="item-2")
+    return [one, two]

@@ -22,13 +22,17 @@ from consumers.kafka.db import PartitionDB
 from consumers.kafka.group import KafkaSource
 from consumers.kafka.producer import LogProducer, OutRecord
 from engine.seams import CommitBatch, PartitionLost
-from engine.topics import COMMANDS, HISTORY, TopicNames, partition_for
+from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TopicNames, partition_for
 
 Consumed = Callable[[str, int, int], None]
 
 
 class PartitionRevoked(PartitionLost):
     """A commit on a partition this worker no longer owns."""
+
+
+class PartitionFenced(PartitionRevoked):
+    """A commit found that a newer owner fenced the partition."""
 
 
 class KafkaPartition:
@@ -108,11 +112,12 @@ class KafkaPartition:
                 [(keys.HEADER_OFFSETS, keys.encode_offsets_header(self.epoch, commands_offset))],
             )
         try:
-            offsets = await self._producer.send(records)
+            offsets = await self._send(records)
             if self._revoked or self.db.closed:
                 # Produced, but the state is no longer ours to write; the next owner's
                 # restore folds these records (or skips them, after its fence).
                 raise PartitionRevoked(f"partition {self.partition} was revoked during a commit")
+            self._check_contiguous(records, offsets)
             covered = dict(batch.offsets)
             tail_crc = None
             if last_history >= 0:
@@ -134,3 +139,40 @@ class KafkaPartition:
             raise PartitionLost(f"partition {self.partition}: commit failed: {exc}") from exc
         for kind, offset in batch.offsets.items():
             self._consumed(kind, self.partition, offset)
+
+    async def _send(self, records: list[OutRecord]) -> list[int]:
+        """Produce the batch. Dead letters first, acknowledged before the rest: the offsets
+        header on the history says their commands are done, so a crash must not leave
+        that header on the topic without the dead letters."""
+        dead = self._topics.name(DEAD_LETTERS)
+        first = [i for i, r in enumerate(records) if r.topic == dead]
+        if not first or len(first) == len(records):
+            return await self._producer.send(records)
+        rest = [i for i, r in enumerate(records) if r.topic != dead]
+        offsets = [0] * len(records)
+        for group in (first, rest):
+            for i, offset in zip(
+                group, await self._producer.send([records[i] for i in group]), strict=True
+            ):
+                offsets[i] = offset
+        return offsets
+
+    def _check_contiguous(self, records: list[OutRecord], offsets: list[int]) -> None:
+        """Only this owner appends to its history partition, so its records land right
+        after the ones its state covers. A gap means another worker appended (a newer
+        owner's fence): this one was deposed, and what it just produced is ignored by
+        every reader. Its state is left as it was, consistent with the history before
+        the gap, and it stops here."""
+        history = self._topics.name(HISTORY)
+        expected = self.db.offset(HISTORY)
+        for record, offset in zip(records, offsets, strict=True):
+            if record.topic != history:
+                continue
+            if expected is not None and offset != expected:
+                self._revoked = True
+                raise PartitionFenced(
+                    f"partition {self.partition}: another worker appended to {history} "
+                    f"(expected offset {expected}, got {offset}); this worker was fenced "
+                    "out and stops processing the partition"
+                )
+            expected = offset + 1

@@ -54,6 +54,7 @@ READER_REQUIRED: dict[str, object] = {
 }
 READER_DEFAULTS: dict[str, object] = {"fetch.wait.max.ms": 5, "fetch.min.bytes": 1}
 _STALL_S = 60.0
+_FENCE_TRIES = 5
 
 Headers = list[tuple[str, str | bytes | None]] | dict[str, str | bytes | None] | None
 OnRecord = Callable[[int, bytes, Headers], None]
@@ -84,6 +85,15 @@ class HistoryReader:
             {**READER_REQUIRED, "group.id": f"{settings.prefix}.restore"},
         )
         self._consumer = make_client(Consumer, config, "restore consumer")
+
+    def end(self, partition: int) -> tuple[int, int]:
+        """The first and the next offset of the history partition. The broker's
+        ListOffsets answer may place the end at the start of the last record batch
+        (docs/kafka-notes.md), so the end is found by reading from just before it."""
+        low, high = self._consumer.get_watermark_offsets(
+            TopicPartition(self._topic, partition), timeout=10, cached=False
+        )
+        return low, self.read(partition, max(high - 1, low), None, lambda *_: None)
 
     def read(self, partition: int, start: int, stop_at: int | None, on_record: OnRecord) -> int:
         """Feed records from ``start`` on to ``on_record``; stop at the end of the
@@ -167,18 +177,29 @@ async def restore_partition(
     if the old state had to be discarded) and what the restore decided."""
     began = time.monotonic()
     start = db.offset(HISTORY) or 0
+    low, end = await asyncio.to_thread(reader.end, partition)
+    if low > 0:
+        raise RestoreFailed(
+            f"{topics.history}[{partition}] starts at offset {low}: records were deleted "
+            "(retention), so instance state cannot be rebuilt from it; the history topic "
+            "must keep records forever (retention.ms=-1, as `stepstream topics create` sets)"
+        )
     fold = _Fold(db, serde, start, db.epoch)
-    end = await asyncio.to_thread(reader.read, partition, max(start - 1, 0), None, fold)
+    if start > end:
+        reason = f"it ends at offset {end}, before the local state's {start}"
+    else:
+        end = await asyncio.to_thread(reader.read, partition, max(start - 1, 0), None, fold)
+        reason = f"it does not hold that record (it ends at {end})"
     if start > 0 and fold.before_start != (start - 1, db.history_tail):
         log.warning(
-            "partition=%d local state covers history up to offset %d, but %s[%d] does not "
-            "hold that record (it ends at %d): the topics were recreated or lost; "
-            "discarding the local state and restoring from offset 0",
+            "partition=%d local state covers history up to offset %d, but %s[%d]: %s; "
+            "the topics were recreated or lost: discarding the local state and restoring "
+            "from offset 0",
             partition,
             start,
             topics.history,
             partition,
-            end,
+            reason,
         )
         db = await asyncio.to_thread(db.wiped)
         start = 0
@@ -186,25 +207,42 @@ async def restore_partition(
         end = await asyncio.to_thread(reader.read, partition, 0, None, fold)
 
     epoch = max(fold.restorer.fence_epoch + 1, db.epoch + 1, clock.now_ms())
-    fence = PartitionFenced(
-        instance_id="",
-        time_ms=clock.now_ms(),
-        command_id=f"fence:{epoch}",
-        epoch=epoch,
-        partition=partition,
-    )
-    [fence_offset] = await producer.send(
-        [OutRecord(topics.history, partition, b"", serde.encode(fence))]
-    )
-    end = await asyncio.to_thread(reader.read, partition, end, fence_offset + 1, fold)
+    for _ in range(_FENCE_TRIES):
+        fence = PartitionFenced(
+            instance_id="",
+            time_ms=clock.now_ms(),
+            command_id=f"fence:{epoch}",
+            epoch=epoch,
+            partition=partition,
+        )
+        [fence_offset] = await producer.send(
+            [OutRecord(topics.history, partition, b"", serde.encode(fence))]
+        )
+        end = await asyncio.to_thread(reader.read, partition, end, fence_offset + 1, fold)
+        if fold.restorer.fence_epoch == epoch:
+            break
+        # Another owner fenced higher between our read and our fence: ours is void.
+        log.warning(
+            "partition=%d: a fence of epoch %d landed before ours (%d); fencing again",
+            partition,
+            fold.restorer.fence_epoch,
+            epoch,
+        )
+        epoch = max(fold.restorer.fence_epoch + 1, clock.now_ms())
+    else:
+        raise RestoreFailed(
+            f"{topics.history}[{partition}]: another worker keeps fencing this partition "
+            f"({_FENCE_TRIES} tries); are two consumer groups using prefix {topics.prefix!r}?"
+        )
 
     batch = fold.restorer.batch()
     touched = [key[len(state_keys.META) :] for key in batch.puts if key.startswith(state_keys.META)]
+    local_timers = db.offset(TIMERS) or 0
     starts = {
         COMMANDS: max(
             db.offset(COMMANDS) or 0, fold.commands or 0, group_offsets.get(COMMANDS) or 0
         ),
-        TIMERS: max(db.offset(TIMERS) or 0, group_offsets.get(TIMERS) or 0),
+        TIMERS: max(local_timers, group_offsets.get(TIMERS) or 0),
     }
     db.write(
         puts=batch.puts.items(),
@@ -213,7 +251,13 @@ async def restore_partition(
         epoch=epoch,
         history_tail=fold.tail,
     )
-    timers = _reindex_timers(db, [t.decode() for t in touched])
+    if starts[TIMERS] > local_timers:
+        # Timer records this state never indexed are skipped (another owner indexed
+        # them): every unfinished instance's timers come from its state instead.
+        reindex = [key[len(state_keys.ACTIVE) :] for key, _ in db.scan(state_keys.ACTIVE)]
+    else:
+        reindex = touched
+    timers = _reindex_timers(db, [t.decode() for t in reindex])
     seconds = time.monotonic() - began
     log.info(
         "partition=%d restored epoch=%d history=%d..%d records=%d instances=%d timers=%d "

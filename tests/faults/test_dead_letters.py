@@ -88,20 +88,25 @@ def bad_records(marker: Path) -> list[Bad]:
         Bad("pickle", pickle.dumps(_CreatesFileWhenUnpickled(marker)), "not the Avro"),
         Bad(
             "unknown-workflow",
-            SERDE.encode(_start("dl-unknown-wf", workflow="no-such-workflow")),
+            SERDE.encode(_start(id_on(PARTITION, "dl-unknown-wf"), workflow="no-such-workflow")),
             "unknown workflow 'no-such-workflow'",
         ),
         Bad(
             "unknown-instance",
             SERDE.encode(
                 SendEvent(
-                    instance_id="dl-ghost",
+                    instance_id=id_on(PARTITION, "dl-ghost"),
                     command_id="ev-ghost",
                     name="go",
                     payload=CODEC.encode(1),
                 )
             ),
-            "unknown instance 'dl-ghost'",
+            f"unknown instance {id_on(PARTITION, 'dl-ghost')!r}",
+        ),
+        Bad(
+            "misrouted",
+            SERDE.encode(_start(id_on(1 - PARTITION, "dl-misrouted"))),
+            f"lives on partition {1 - PARTITION}",
         ),
     ]
 

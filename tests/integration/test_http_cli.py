@@ -12,6 +12,7 @@ import json
 import os
 import re
 import select
+import shlex
 import signal
 import socket
 import subprocess
@@ -295,6 +296,28 @@ def test_bad_json_flag_is_rejected_and_nothing_is_started(fresh_dev: Dev) -> Non
     assert "--payload" in err and "JSON" in err
 
 
+def test_unusable_flags_and_settings_are_refused_and_nothing_is_started(fresh_dev: Dev) -> None:
+    err = refused(fresh_dev, "start", "greet", "--id", "", code=2)
+    assert "--id is empty" in err
+    assert "only applies with --wait" in refused(
+        fresh_dev, "start", "greet", "--id", "t-1", "--timeout", "5", code=2
+    )
+    assert "positive" in refused(
+        fresh_dev, "start", "greet", "--id", "t-1", "--wait", "--timeout", "-1", code=2
+    )
+    assert cli_json(fresh_dev, "list") == []
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "run", f"{MODULE}:greet"],
+        cwd=fresh_dev.root,
+        env={**fresh_dev.env(), "STEPSTREAM_MAX_PAYLOAD_BYTES": "1MiB"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "STEPSTREAM_MAX_PAYLOAD_BYTES='1MiB' is not a whole number" in done.stderr
+
+
 async def test_unknown_workflow(dev: Dev) -> None:
     err = refused(dev, "start", "nope", "--input", "{}")
     assert "unknown workflow 'nope'" in err and "greet" in err
@@ -393,3 +416,24 @@ def test_run_prints_result_and_timeline(dev: Dev) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert "card declined" in done.stderr and "Traceback" not in done.stderr
     assert re.search(r"step\s+charge\s+failed", done.stdout), done.stdout
+
+
+def test_readme_quick_start_runs_the_example(tmp_path: Path) -> None:
+    """The second command of the README's quick start, exactly as written there."""
+    readme = (Path(REPO) / "README.md").read_text()
+    quick_start = readme.split("## Quick start", 1)[1].split("```", 2)[1]
+    [command] = [line for line in quick_start.splitlines() if line.startswith("stepstream run")]
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "stepstream"), *shlex.split(command)[1:]],
+        cwd=tmp_path,  # from anywhere: the examples are installed with the package
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"status:\s+completed", done.stdout), done.stdout
+    assert '"receipt": "receipt for' in done.stdout
+    for step in ("reserve-stock", "charge", "send-receipt"):
+        assert re.search(rf"step\s+{step}\s+ok", done.stdout), done.stdout
+    assert re.search(r"sleep\s+cool-off\s+elapsed", done.stdout), done.stdout
+    assert list(tmp_path.iterdir()) == []  # nothing left behind in the working directory

@@ -113,6 +113,21 @@ async def test_events_sent_early_are_buffered_in_order(client: Client) -> None:
     assert await client.result(instance, timeout=10) == [1, 2]
 
 
+async def test_events_sent_before_any_wait_are_buffered_and_claimed_in_order(
+    client: Client,
+) -> None:
+    instance = await client.start("late-waits", 0.5, instance_id=new_id("late"))
+    for n in (1, 2, 3):
+        await client.send_event(instance, "item", n)
+    assert (await client.status(instance)).buffered_events == 3
+    assert await client.result(instance, timeout=10) == [1, 2]
+    history = await client.history(instance)
+    assert [h.type for h in history].count("EventBuffered") == 3
+    claimed = [h.attributes["event_command_id"] for h in history if h.type == "WaitSatisfied"]
+    buffered = [h.command_id for h in history if h.type == "EventBuffered"]
+    assert claimed == buffered[:2]  # each claimed once, in order of arrival
+
+
 async def test_event_for_other_name_stays_buffered(client: Client) -> None:
     instance = await client.start("waiter", None, instance_id=new_id("wait"))
     await client.send_event(instance, "unrelated", 1)
@@ -199,6 +214,7 @@ async def test_cancel_with_reason(client: Client) -> None:
         await client.result(instance, timeout=10)
     status = await client.status(instance)
     assert status.status == "cancelled"
+    assert status.waits == []  # the wait it was in ended with it
 
 
 async def test_pause_and_resume(client: Client, ledger: Path) -> None:

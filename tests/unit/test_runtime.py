@@ -613,6 +613,19 @@ def test_timer_fired_for_unknown_timer_is_ignored() -> None:
     assert h.state.entries["nap"].state is EntryState.SLEEPING
 
 
+def test_fire_of_an_earlier_schedule_does_not_end_a_sleep_early() -> None:
+    h = Harness(define("nap", _nap))
+    h.start(None)
+    (timer,) = h.timers
+    early = TimerFired(
+        instance_id="inst-1", command_id="early", timer_id=timer, fire_at_ms=T0 + 1000
+    )
+    assert h.feed(early).history == []
+    assert h.state.entries["nap"].state is EntryState.SLEEPING
+    h.run_all()
+    assert h.result() == "after"
+
+
 def test_sleep_elapses_at_or_after_wake_time() -> None:
     h = Harness(define("nap", _nap))
     h.start(None)
