@@ -117,7 +117,7 @@ def plain_schemas() -> dict[bytes, dict[str, Any]]:
     paths = sorted((REPO / "schemas").rglob("*.avsc"), key=lambda p: p.parts[-3] != "common")
     for path in paths:
         schema = fastavro.parse_schema(json.loads(path.read_text()), named)
-        full = expand_schema(schema)
+        full: dict[str, Any] = expand_schema(schema)  # type: ignore[assignment]
         canonical = to_parsing_canonical_form(full)
         by_fingerprint[bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))] = full
     return by_fingerprint
@@ -357,7 +357,8 @@ async def test_command_for_unknown_instance_is_refused_by_its_owner_and_kept(
             await client.send_event("ghost", "approval", 1)
     letters = await asyncio.to_thread(read_topic, settings, "dead-letters")
     decoded = [default_serde().decode(r.value) for r in letters]
-    assert [(d.instance_id, d.reason.split(":")[0]) for d in decoded] == [
+    assert all(isinstance(d, DeadLetter) for d in decoded)
+    assert [(d.instance_id, d.reason.split(":")[0]) for d in decoded] == [  # type: ignore[attr-defined]
         ("ghost", "unknown instance 'ghost'")
     ]
 
