@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from engine.codec import JSON, PayloadCodec
-from engine.errors import InvalidPayload
+from engine.codec import PayloadCodec
+from engine.errors import StepstreamError
 from engine.records import HistoryRecord, Payload
 from engine.state import InstanceState
 
@@ -126,12 +126,15 @@ _ENVELOPE = frozenset(
 
 def _plain(value: Any, codec: PayloadCodec) -> Any:
     if isinstance(value, Payload):
-        if value.content_type == JSON:
-            try:
-                return codec.decode(value)
-            except InvalidPayload:
-                pass
-        return {"content_type": value.content_type, "base64": base64.b64encode(value.data).decode()}
+        # Decoded by the configured codec (the hook may seal JSON under its own content
+        # type); what it cannot read is shown as it is stored.
+        try:
+            return codec.decode(value)
+        except StepstreamError:
+            return {
+                "content_type": value.content_type,
+                "base64": base64.b64encode(value.data).decode(),
+            }
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     return value

@@ -25,6 +25,7 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
+from engine.records import Payload
 from engine.retry import RetryPolicy
 from engine.views import HistoryEntry, InstanceStatus
 from engine.workflow import workflow
@@ -44,6 +45,7 @@ __all__ = [
     "InvalidPayload",
     "JsonCodec",
     "NonRetryableError",
+    "Payload",
     "PayloadCodec",
     "PayloadTooLarge",
     "ResultTimeout",

@@ -3,11 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import stepstream
-from stepstream import Client, StepstreamError, Worker
+from engine.topics import HISTORY
+from engine.workflow import Registry
+from ops.embedded import EmbeddedConfig, open_embedded
+from stepstream import (
+    Client,
+    InvalidPayload,
+    JsonCodec,
+    Payload,
+    StepstreamError,
+    Worker,
+)
 from tests.workflows import arith
 
 
@@ -26,6 +37,7 @@ def test_public_names_are_pinned() -> None:
             "InvalidPayload",
             "JsonCodec",
             "NonRetryableError",
+            "Payload",
             "PayloadCodec",
             "PayloadTooLarge",
             "ResultTimeout",
@@ -78,3 +90,53 @@ def test_workflow_must_be_async() -> None:
         @stepstream.workflow("sync")
         def not_async(ctx: stepstream.Context, x: int) -> int:  # type: ignore[type-var]
             return x
+
+
+class SealedCodec:
+    """A codec hook as a user would write one: JSON, then sealed (a toy XOR here), under
+    its own content type so readers know what they hold."""
+
+    content_type = "application/x-sealed+json"
+
+    def __init__(self) -> None:
+        self._json = JsonCodec()
+
+    @staticmethod
+    def _xor(data: bytes) -> bytes:
+        return bytes(b ^ 0x5A for b in data)
+
+    def encode(self, value: Any) -> Payload:
+        return Payload(self.content_type, self._xor(self._json.encode(value).data))
+
+    def decode(self, payload: Payload) -> Any:
+        if payload.content_type != self.content_type:
+            raise InvalidPayload(f"not sealed: {payload.content_type}")
+        return self._json.decode(Payload("application/json", self._xor(payload.data)))
+
+
+async def test_a_codec_hook_seals_every_user_payload(tmp_path: Path) -> None:
+    registry = Registry()
+    registry.add_module("tests.workflows")
+    engine = await open_embedded(
+        registry, EmbeddedConfig(data_dir=str(tmp_path / "data")), codec=SealedCodec()
+    )
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        done = await client.start("arith", 20, instance_id="sealed-1")
+        assert await client.result(done, timeout=10) == {"total": 21, "doubled": 42}
+        waiting = await client.start("waiter", None, instance_id="sealed-2")
+        await client.send_event(waiting, "approval", {"secret": "swordfish"})
+        assert await client.result(waiting, timeout=10) == {"secret": "swordfish"}
+        # The history reads back decoded, through the same hook.
+        history = await client.history(waiting)
+        assert [h.attributes.get("payload") for h in history if h.type == "WaitSatisfied"] == [
+            {"secret": "swordfish"}
+        ]
+        log = engine.db.log
+        raw = [
+            entry.value
+            for partition in range(log.partitions)
+            for entry in log.read(HISTORY, partition, 0, 10_000)
+        ]
+    sealed = b"application/x-sealed+json"
+    assert sum(sealed in value for value in raw) == 7  # inputs, step results, event, results
+    assert not any(b"swordfish" in value or b'"total"' in value for value in raw)
