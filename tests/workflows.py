@@ -263,3 +263,26 @@ async def late_waits(ctx: Context, seconds: float) -> list[Any]:
     one = await ctx.wait_for_event("item", key="item-1")
     two = await ctx.wait_for_event("item", key="item-2")
     return [one, two]
+
+
+@workflow("attempt-aware")
+async def attempt_aware(ctx: Context, succeed_on: int) -> dict[str, Any]:
+    """Step bodies (sync in a thread, async on the loop) read ``ctx.attempt``."""
+
+    def sync_body() -> int:
+        if ctx.attempt < succeed_on:
+            raise RuntimeError(f"attempt {ctx.attempt} fails")
+        return ctx.attempt
+
+    async def async_body() -> int:
+        await asyncio.sleep(0)
+        if ctx.attempt < succeed_on:
+            raise RuntimeError(f"attempt {ctx.attempt} fails")
+        return ctx.attempt
+
+    policy = RetryPolicy(max_attempts=succeed_on, initial_interval=0.01)
+    return {
+        "sync": await ctx.step("sync", sync_body, retry=policy),
+        "async": await ctx.step("async", async_body, retry=policy),
+        "outside": ctx.attempt,
+    }

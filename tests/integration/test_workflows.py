@@ -62,6 +62,10 @@ async def test_retries_then_success(client: Client) -> None:
     assert result == "ok after 3"
 
 
+async def test_step_bodies_see_their_attempt_number(client: Client) -> None:
+    assert await run(client, "attempt-aware", 3) == {"sync": 3, "async": 3, "outside": 0}
+
+
 async def test_step_failed_is_catchable_after_last_attempt(client: Client) -> None:
     key = new_id("k")
     result = await run(client, "retrying", {"key": key, "fail": 10, "max": 3})
