@@ -76,6 +76,15 @@ class PartitionHost:
         await timers.start()
         self._owned[backend.partition] = _Owned(processor, timers)
 
+    async def drain(self, partitions: list[int]) -> None:
+        """A graceful hand-over of ``partitions``: timers stop firing, and running step
+        attempts finish and are recorded (within the drain timeout) while nothing new
+        starts. The partitions stay owned, and committing, until ``revoke``."""
+        draining = [self._owned[p] for p in partitions if p in self._owned]
+        for owned in draining:
+            await owned.timers.stop()
+        await asyncio.gather(*(owned.processor.drain() for owned in draining))
+
     async def revoke(self, partition: int) -> None:
         owned = self._owned.pop(partition, None)
         if owned is not None:
@@ -83,6 +92,7 @@ class PartitionHost:
             await owned.processor.stop()
 
     async def close(self) -> None:
+        await self.drain(list(self._owned))
         for partition in list(self._owned):
             await self.revoke(partition)
         self.executor.shutdown()

@@ -14,6 +14,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from consumers import state_keys as keys
 from consumers.dead_letters import dead_letter
@@ -47,6 +48,7 @@ from engine.workflow import Registry, WorkflowDefinition
 log = logging.getLogger("stepstream.partition")
 
 RESTART_BACKOFF_S = 0.1
+DEFAULT_DRAIN_TIMEOUT_S = 10.0
 MAX_RESTART_BACKOFF_S = 30.0
 
 
@@ -55,6 +57,9 @@ class ProcessorConfig:
     max_batch: int = 1000
     cache_size: int = 10_000
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    # On a graceful hand-over (revoke, shutdown): how long step attempts that are
+    # running may take to finish and be recorded before the partition is let go.
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,8 @@ class PartitionProcessor:
         self._fetch: asyncio.Task[list[LogEntry]] | None = None
         self._source = backend.source(COMMANDS)
         self._missing_versions: set[tuple[str, str]] = set()
+        self._draining = False
+        self._committed = asyncio.Event()
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -170,6 +177,38 @@ class PartitionProcessor:
         for runtime in self._cache.values():
             runtime.close()
         self._cache.clear()
+
+    async def drain(self, timeout: float | None = None) -> int:
+        """Let running step attempts finish and be recorded, starting nothing new, for
+        up to ``timeout`` seconds (the config's by default). Returns how many were still
+        running when it gave up: the next owner records those as lost attempts."""
+        self._draining = True
+        for runtime in self._cache.values():
+            runtime.draining = True
+        self._wake.set()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (self._config.drain_timeout_s if timeout is None else timeout)
+        while self._running_attempts() and self._task is not None and not self._task.done():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            self._committed.clear()
+            try:
+                await asyncio.wait_for(self._committed.wait(), remaining)
+            except TimeoutError:
+                break
+        left = self._running_attempts()
+        if left:
+            log.warning(
+                "partition=%d: %d step attempts still running after the drain timeout; "
+                "the next owner records them as lost attempts",
+                self.partition,
+                left,
+            )
+        return left
+
+    def _running_attempts(self) -> int:
+        return sum(len(runtime.inflight) for runtime in self._cache.values())
 
     def deliver(self, outcome: StepOutcome) -> None:
         self._outcomes.append(outcome)
@@ -222,18 +261,19 @@ class PartitionProcessor:
         wake_task: asyncio.Task[bool] | None = None
         try:
             while True:
-                if self._fetch is None:
+                if self._fetch is None and not self._draining:
                     fetch = self._source.fetch(self._config.max_batch, 1.0)
                     self._fetch = loop.create_task(fetch)
-                if not self._outcomes and not self._fetch.done():
+                if not self._outcomes and (self._fetch is None or not self._fetch.done()):
                     if wake_task is None or wake_task.done():
                         self._wake.clear()
                         wake_task = loop.create_task(self._wake.wait())
-                    await asyncio.wait(
-                        {self._fetch, wake_task}, return_when=asyncio.FIRST_COMPLETED
-                    )
+                    waits: set[asyncio.Future[Any]] = {wake_task}
+                    if self._fetch is not None:
+                        waits.add(self._fetch)
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                 entries: list[LogEntry] = []
-                if self._fetch.done():
+                if self._fetch is not None and self._fetch.done():
                     entries = self._fetch.result()
                     self._fetch = None
                 outcomes, self._outcomes = self._outcomes, []
@@ -402,6 +442,7 @@ class PartitionProcessor:
                 self._cache.pop(instance_id, None)
         self._evict()
         self._on_commit(Committed([rt.state for rt in touched.values()], settled))
+        self._committed.set()
 
     def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
         return dead_letter(
@@ -436,6 +477,7 @@ class PartitionProcessor:
             epoch=self.backend.epoch,
             max_payload_bytes=self._config.max_payload_bytes,
         )
+        runtime.draining = self._draining
         self._cache[state.instance_id] = runtime
         return runtime
 

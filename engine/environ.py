@@ -26,3 +26,18 @@ def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1
     if value < minimum:
         raise ConfigError(f"{name}={raw!r} must be at least {minimum}")
     return value
+
+
+def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw.strip().removesuffix("s"))
+    except ValueError:
+        raise ConfigError(
+            f"{name}={raw!r} is not a number of seconds; set it to e.g. {default:g} or unset it"
+        ) from None
+    if value < 0:
+        raise ConfigError(f"{name}={raw!r} must not be negative")
+    return value

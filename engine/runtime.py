@@ -140,6 +140,9 @@ class InstanceRuntime:
         self.inflight: set[tuple[str, int]] = set()
         # Whether the last input was recorded as ignored (CommandIgnored).
         self.ignored = False
+        # Set while the partition is handed over: attempts that run may finish, but no
+        # new one starts (the next owner replays and starts it, losing no attempt).
+        self.draining = False
         self._intents: dict[str, _StepIntent] = {}
         self._loop: WorkflowLoop | None = None
         self._task: asyncio.Task[Any] | None = None
@@ -321,6 +324,8 @@ class InstanceRuntime:
             if self.state.status is Status.PAUSED:
                 return  # resume replays and starts overdue retries
             intent = self._intents.get(entry.key)
+            if self.draining:
+                return  # the next owner finds the retry overdue and starts it
             if intent is None or self._task is None:
                 self._drive()  # replay re-creates the intent and starts the retry
                 return
@@ -439,6 +444,8 @@ class InstanceRuntime:
         entry = self.state.entries.get(key)
         if what == "step":
             intent = self._intents[key]
+            if self.draining and (entry is None or entry.state is EntryState.BACKOFF):
+                return  # held: the next owner's replay starts it
             if entry is None:
                 self._start_attempt(key, intent, 1)
             elif entry.state is EntryState.RUNNING:  # attempt lost with the previous owner

@@ -14,9 +14,9 @@ from typing import Any
 from consumers.embedded.db import EmbeddedDB
 from consumers.embedded.partition import EmbeddedPartition
 from consumers.host import PartitionHost
-from consumers.partition import ProcessorConfig
+from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, ProcessorConfig
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
-from engine.environ import env_int
+from engine.environ import env_int, env_seconds
 from engine.records import Command
 from engine.seams import Append, Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
@@ -34,6 +34,8 @@ class EmbeddedConfig:
     partitions: int | None = None
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     cache_size: int = 10_000
+    # On close: how long running step attempts may take to finish and be recorded.
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
     @classmethod
     def from_env(cls, **overrides: Any) -> EmbeddedConfig:
@@ -44,6 +46,9 @@ class EmbeddedConfig:
                 env, "STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES
             ),
         }
+        values["drain_timeout_s"] = env_seconds(
+            env, "STEPSTREAM_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S
+        )
         if "STEPSTREAM_PARTITIONS" in env:
             values["partitions"] = env_int(env, "STEPSTREAM_PARTITIONS", 4)
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -108,7 +113,9 @@ async def open_embedded(
         codec=codec,
         clock=clock or SystemClock(),
         max_payload_bytes=config.max_payload_bytes,
-        config=ProcessorConfig(cache_size=config.cache_size),
+        config=ProcessorConfig(
+            cache_size=config.cache_size, drain_timeout_s=config.drain_timeout_s
+        ),
     )
     try:
         for partition in range(db.partitions):

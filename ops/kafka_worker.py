@@ -27,9 +27,9 @@ from consumers.kafka import (
     StateDir,
     topic_partitions,
 )
-from consumers.partition import ProcessorConfig
+from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, ProcessorConfig
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
-from engine.environ import env_int
+from engine.environ import env_int, env_seconds
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError, UnknownInstance
 from engine.kafka_settings import KafkaSettings
 from engine.records import Command, HistoryRecord
@@ -69,6 +69,9 @@ class KafkaWorkerConfig:
                 env, "STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES
             ),
         }
+        values["processor"] = ProcessorConfig(
+            drain_timeout_s=env_seconds(env, "STEPSTREAM_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S)
+        )
         if "STEPSTREAM_ADVERTISE" in env:
             values["advertise"] = env["STEPSTREAM_ADVERTISE"]
         values.update({k: v for k, v in overrides.items() if v is not None})

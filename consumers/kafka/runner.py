@@ -132,6 +132,9 @@ class KafkaRunner:
         self._on_fatal(exc)
 
     async def _revoke(self, partitions: list[int]) -> None:
+        # Still the owner until this returns (the group waits for it): running step
+        # attempts finish and are recorded here rather than lost to the next owner.
+        await self._host.drain([p for p in partitions if p in self._owned])
         for partition in partitions:
             backend = self._owned.pop(partition, None)
             if backend is None:

@@ -276,6 +276,22 @@ async def test_two_workers_share_the_partitions_and_hand_over_cleanly(
             )
             await client.start("gated", on_b, instance_id=on_b)
             await until(lambda: _waiting(client, on_b), f"{on_b} waiting for its event")
+            # A step with a single attempt is running on b when b is stopped: the
+            # hand-over lets it finish and records it, so no attempt is lost (a lost
+            # one would fail this workflow).
+            busy = next(
+                f"drain-{n}"
+                for n in range(1000)
+                if owners[partition_for(f"drain-{n}", partitions)] == b.url
+            )
+            await client.start(
+                "long-step", {"name": busy, "seconds": 1.5, "max": 1}, instance_id=busy
+            )
+
+            async def running() -> bool:
+                return ledger_count(ledger, f"{busy}-started") == 1
+
+            await until(running, f"{busy} running its step")
             await asyncio.to_thread(b.stop)
             await owned_by(
                 view, partitions, lambda o: set(o.values()) == {a.url} and len(o) == partitions
@@ -283,7 +299,13 @@ async def test_two_workers_share_the_partitions_and_hand_over_cleanly(
             await client.send_event(on_b, "go", 1)
             assert await client.result(on_b, timeout=30) == [f"{on_b}-before", "1", f"{on_b}-after"]
             await no_duplicate_success(client, on_b)
-            assert {s.instance_id for s in await client.list()} == {*ids, on_b}
+            assert await client.result(busy, timeout=30) == busy
+            history = await client.history(busy)
+            assert [h.attributes.get("error_type") for h in history if h.type == "StepFailed"] == []
+            assert ledger_count(ledger, f"{busy}-started") == 1
+            assert ledger_count(ledger, f"{busy}-finished") == 1
+            assert ledger_count(ledger, f"{busy}-tail") == 1
+            assert {s.instance_id for s in await client.list()} == {*ids, on_b, busy}
     finally:
         a.stop()
         b.stop()

@@ -486,3 +486,30 @@ async def test_kill_9_loses_no_acknowledged_write_and_applies_no_commit_by_half(
         assert total > seen, "the restarted child made no progress"
         seen = total
         assert processed > 0
+
+
+async def test_a_graceful_stop_lets_a_running_step_finish(tmp_path: Path, ledger: Path) -> None:
+    """Closing the engine (Ctrl-C, SIGTERM of `stepstream dev`) drains: the attempt that
+    is running finishes and is recorded, so a single-attempt step survives a restart."""
+    from ops.embedded import EmbeddedConfig, open_embedded
+    from producers.client import Client
+    from tests.conftest import test_registry
+    from tests.workflows import ledger_count
+
+    config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=2)
+    engine = await open_embedded(test_registry(), config)
+    client = Client(engine.make_transport())
+    await client.start("long-step", {"name": "g", "seconds": 0.5, "max": 1}, instance_id="g")
+    for _ in range(500):
+        if ledger_count(ledger, "g-started"):
+            break
+        await asyncio.sleep(0.01)
+    await engine.close()
+    assert ledger_count(ledger, "g-finished") == 1
+
+    engine = await open_embedded(test_registry(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        assert await client.result("g", timeout=10) == "g"
+        history = await client.history("g")
+    assert [h.type for h in history].count("StepFailed") == 0, history
+    assert ledger_count(ledger, "g-started") == 1 and ledger_count(ledger, "g-tail") == 1

@@ -1037,3 +1037,37 @@ def test_retry_policy_delay_formula_and_validation() -> None:
     ):
         with pytest.raises(ValueError, match="RetryPolicy"):
             RetryPolicy(**bad)  # type: ignore[arg-type]
+
+
+# ---- graceful hand-over -----------------------------------------------------------------
+
+
+def test_a_draining_instance_records_running_attempts_and_starts_nothing_new() -> None:
+    h = Harness(_long(1))
+    h.start(None)
+    h.runtime.draining = True
+    out = h.run("long")  # the attempt that was running finishes during the drain
+    assert [r.type for r in out.history] == ["StepSucceeded"]
+    assert out.launches == [] and h.of_type(StepAttemptStarted, "tail") == []
+    # The next owner replays and starts the held step as its first attempt.
+    out = h.crash()
+    assert [
+        (r.type, getattr(r, "key", None), getattr(r, "attempt", None)) for r in out.history
+    ] == [("StepAttemptStarted", "tail", 1)]
+    h.run_all()
+    assert h.result() == "long"
+    h.check_history()
+
+
+def test_a_draining_instance_leaves_a_retry_to_the_next_owner() -> None:
+    h = Harness(_long(3))
+    h.start(None)
+    h.fail("long")
+    h.runtime.draining = True
+    assert h.fire().history == []  # the retry is due but not started here
+    out = h.crash()
+    assert [(r.type, getattr(r, "attempt", None)) for r in out.history] == [
+        ("StepAttemptStarted", 2)
+    ]
+    h.run_all()
+    assert h.result() == "long"
