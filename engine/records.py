@@ -231,6 +231,40 @@ class TimerCancelled(TimerRecord):
     timer_id: str
 
 
+# ---- snapshots ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotRecord(Record):
+    topic_kind: ClassVar[str] = "snapshots"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateChunk(SnapshotRecord):
+    """Key/value pairs of a partition's state store, part ``index`` of a snapshot."""
+
+    snapshot_id: str
+    index: int
+    keys: list[bytes]
+    values: list[bytes]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SnapshotTaken(SnapshotRecord):
+    """Closes a complete snapshot: its chunks start at ``first_offset`` and it covers the
+    history before ``history_offset`` (whose last record has CRC-32 ``history_tail``)."""
+
+    snapshot_id: str
+    partition: int
+    first_offset: int
+    chunks: int
+    entries: int
+    history_offset: int
+    history_tail: int
+    commands_offset: int
+    timers_offset: int
+
+
 # ---- dead letters ---------------------------------------------------------------------
 
 
@@ -274,4 +308,11 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     PartitionFenced,
 )
 TIMER_TYPES: tuple[type[TimerRecord], ...] = (TimerScheduled, TimerCancelled)
-ALL_TYPES: tuple[type[Record], ...] = (*COMMAND_TYPES, *HISTORY_TYPES, *TIMER_TYPES, DeadLetter)
+SNAPSHOT_TYPES: tuple[type[SnapshotRecord], ...] = (StateChunk, SnapshotTaken)
+ALL_TYPES: tuple[type[Record], ...] = (
+    *COMMAND_TYPES,
+    *HISTORY_TYPES,
+    *TIMER_TYPES,
+    DeadLetter,
+    *SNAPSHOT_TYPES,
+)

@@ -42,6 +42,7 @@ _DOMAIN_OF_TOPIC: Final = {
     "history": "history",
     "timers": "timers",
     "dead-letters": "deadletters",
+    "snapshots": "snapshots",
 }
 _COMMON: Final = "common"
 _DOMAINS: Final = frozenset({_COMMON, *_DOMAIN_OF_TOPIC.values()})

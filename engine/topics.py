@@ -10,7 +10,8 @@ HISTORY = "history"
 TIMERS = "timers"
 DEAD_LETTERS = "dead-letters"
 MEMBERS = "members"
-TOPIC_KINDS = (COMMANDS, HISTORY, TIMERS, DEAD_LETTERS)
+SNAPSHOTS = "snapshots"
+TOPIC_KINDS = (COMMANDS, HISTORY, TIMERS, DEAD_LETTERS, SNAPSHOTS)
 DEFAULT_PREFIX = "stepstream"
 
 
@@ -36,6 +37,10 @@ class TopicNames:
     @property
     def dead_letters(self) -> str:
         return self.name(DEAD_LETTERS)
+
+    @property
+    def snapshots(self) -> str:
+        return self.name(SNAPSHOTS)
 
 
 def murmur2(data: bytes) -> int:

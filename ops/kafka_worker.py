@@ -27,6 +27,7 @@ from consumers.kafka import (
     StateDir,
     topic_partitions,
 )
+from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, ProcessorConfig
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
@@ -59,6 +60,8 @@ class KafkaWorkerConfig:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     cache_size: int = 10_000
     processor: ProcessorConfig = field(default_factory=ProcessorConfig)
+    # History records between snapshots of a partition's state (0: no snapshots).
+    snapshot_every: int = DEFAULT_SNAPSHOT_EVERY
 
     @classmethod
     def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
@@ -71,6 +74,9 @@ class KafkaWorkerConfig:
         }
         values["processor"] = ProcessorConfig(
             drain_timeout_s=env_seconds(env, "STEPSTREAM_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S)
+        )
+        values["snapshot_every"] = env_int(
+            env, "STEPSTREAM_SNAPSHOT_EVERY", DEFAULT_SNAPSHOT_EVERY, minimum=0
         )
         if "STEPSTREAM_ADVERTISE" in env:
             values["advertise"] = env["STEPSTREAM_ADVERTISE"]
@@ -213,6 +219,7 @@ class KafkaWorker:
                 clock=self._clock,
                 on_owned=self._announce,
                 on_fatal=self._fatal,
+                snapshot_every=self.config.snapshot_every,
             )
             await self._runner.start()
         except BaseException:

@@ -65,7 +65,9 @@ def kafka_settings(broker: Broker, prefix: str | None = None) -> KafkaSettings:
 class ThreadedWorker:
     """A ``KafkaWorker`` on its own thread and event loop, driven from a test's loop."""
 
-    def __init__(self, settings: KafkaSettings, state_dir: Path, registry: Registry) -> None:
+    def __init__(
+        self, settings: KafkaSettings, state_dir: Path, registry: Registry, **config: Any
+    ) -> None:
         from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
 
         self.settings = settings
@@ -74,8 +76,8 @@ class ThreadedWorker:
             target=self._loop.run_forever, name="test-kafka-worker", daemon=True
         )
         self._thread.start()
-        config = KafkaWorkerConfig(settings, state_dir=str(state_dir), port=0)
-        self.worker: Any = self.call_sync(_build(KafkaWorker, registry, config))
+        built = KafkaWorkerConfig(settings, state_dir=str(state_dir), port=0, **config)
+        self.worker: Any = self.call_sync(_build(KafkaWorker, registry, built))
 
     def call_sync(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=120)

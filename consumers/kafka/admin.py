@@ -25,6 +25,8 @@ from engine.topics import MEMBERS, TOPIC_KINDS, TopicNames
 ADMIN_REQUIRED: dict[str, object] = {"allow.auto.create.topics": False}
 _TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     "history": {"retention.ms": "-1", "retention.bytes": "-1"},
+    # Only the newest snapshot of a partition is read; older ones may go.
+    "snapshots": {"retention.ms": str(7 * 24 * 3600 * 1000)},
     MEMBERS: {"cleanup.policy": "compact"},
 }
 

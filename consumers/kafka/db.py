@@ -104,6 +104,14 @@ class PartitionDB:
         """CRC-32 of the last history record this state covers."""
         return self._meta_u64(keys.META_HISTORY_TAIL)
 
+    def offset_meta(self, key: bytes) -> int | None:
+        """Another unsigned number kept in ``meta`` (``keys.META_*``)."""
+        return self._meta_u64(key)
+
+    def state_snapshot(self) -> Any:
+        """A point-in-time view of the state column family (``items()`` in key order)."""
+        return self._state.snapshot()
+
     def write(
         self,
         *,
@@ -112,6 +120,7 @@ class PartitionDB:
         offsets: Mapping[str, int] | None = None,
         epoch: int | None = None,
         history_tail: int | None = None,
+        meta: Mapping[bytes, int] | None = None,
     ) -> None:
         """One atomic write: state changes (deletes first) and the offsets they cover."""
         batch = WriteBatch(raw_mode=True)
@@ -120,13 +129,15 @@ class PartitionDB:
             batch.delete(key, state)
         for key, value in puts:
             batch.put(key, value, state)
-        meta = self._meta_handle
+        meta_cf = self._meta_handle
         for kind, offset in (offsets or {}).items():
-            batch.put(keys.offset_key(kind), keys.encode_u64(offset), meta)
+            batch.put(keys.offset_key(kind), keys.encode_u64(offset), meta_cf)
         if epoch is not None:
-            batch.put(keys.META_EPOCH, keys.encode_u64(epoch), meta)
+            batch.put(keys.META_EPOCH, keys.encode_u64(epoch), meta_cf)
         if history_tail is not None:
-            batch.put(keys.META_HISTORY_TAIL, keys.encode_u64(history_tail), meta)
+            batch.put(keys.META_HISTORY_TAIL, keys.encode_u64(history_tail), meta_cf)
+        for key, number in (meta or {}).items():
+            batch.put(key, keys.encode_u64(number), meta_cf)
         self._db.write(batch, self._write_options)
 
     def wiped(self) -> PartitionDB:

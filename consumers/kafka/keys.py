@@ -30,6 +30,8 @@ META_EPOCH = b"epoch"
 # topic still holds that record where the state says, and discards the state if not (the
 # topics were recreated, or the broker lost them).
 META_HISTORY_TAIL = b"history-tail"
+# The history offset of the last snapshot of this partition taken or loaded here.
+META_SNAPSHOT_HISTORY = b"snapshot-history"
 _META_OFFSET = b"offset/"
 
 # Files under ``<state dir>/<topic prefix>/``.

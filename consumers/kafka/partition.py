@@ -21,6 +21,7 @@ from consumers.kafka import keys
 from consumers.kafka.db import PartitionDB
 from consumers.kafka.group import KafkaSource
 from consumers.kafka.producer import LogProducer, OutRecord
+from consumers.kafka.snapshots import Snapshotter
 from engine.seams import CommitBatch, PartitionLost
 from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TopicNames, partition_for
 
@@ -48,6 +49,7 @@ class KafkaPartition:
         topics: TopicNames,
         consumed: Consumed,
         on_failure: Callable[[BaseException], None],
+        snapshots: Snapshotter | None = None,
     ) -> None:
         self.partition = partition
         self.partitions = partitions
@@ -59,6 +61,7 @@ class KafkaPartition:
         self._consumed = consumed
         self._on_failure = on_failure
         self._revoked = False
+        self.snapshots = snapshots
 
     @property
     def store(self) -> PartitionDB:
@@ -139,6 +142,8 @@ class KafkaPartition:
             raise PartitionLost(f"partition {self.partition}: commit failed: {exc}") from exc
         for kind, offset in batch.offsets.items():
             self._consumed(kind, self.partition, offset)
+        if self.snapshots is not None:
+            self.snapshots.maybe_take(self.db)
 
     async def _send(self, records: list[OutRecord]) -> list[int]:
         """Produce the batch. Dead letters first, acknowledged before the rest: the offsets

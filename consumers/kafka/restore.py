@@ -26,6 +26,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -43,6 +44,9 @@ from engine.records import PartitionFenced
 from engine.seams import Clock
 from engine.serde import RecordSerde
 from engine.topics import COMMANDS, HISTORY, TIMERS, TopicNames
+
+if TYPE_CHECKING:
+    from consumers.kafka.snapshots import SnapshotReader
 
 log = logging.getLogger("stepstream.kafka.restore")
 
@@ -69,19 +73,20 @@ class Restored:
     epoch: int
     # Where the group consumer starts: topic kind -> next offset.
     starts: dict[str, int]
-    records: int
+    records: int  # history records folded
     seconds: float
+    snapshot: str | None = None  # the id of the snapshot the state started from
 
 
 class HistoryReader:
     """A consumer outside the group (assign + seek; no join) that reads one history
     partition at a time. Blocking: call from a thread, one read at a time."""
 
-    def __init__(self, settings: KafkaSettings) -> None:
-        self._topic = TopicNames(settings.prefix).history
+    def __init__(self, settings: KafkaSettings, kind: str = HISTORY) -> None:
+        self._topic = TopicNames(settings.prefix).name(kind)
         config = settings.client_config(
             "consumer",
-            {**READER_DEFAULTS, "client.id": "stepstream-restore"},
+            {**READER_DEFAULTS, "client.id": f"stepstream-restore-{kind}"},
             {**READER_REQUIRED, "group.id": f"{settings.prefix}.restore"},
         )
         self._consumer = make_client(Consumer, config, "restore consumer")
@@ -132,6 +137,10 @@ class HistoryReader:
         self._consumer.close()
 
 
+class _NotThisHistory(Exception):
+    """The history topic does not hold the record the local state ends with."""
+
+
 class _Fold:
     """Folds history records into a Restorer and notes what they say about offsets."""
 
@@ -139,16 +148,25 @@ class _Fold:
         self.restorer = Restorer(db, serde)
         self.restorer.fence_epoch = fence_epoch
         self.start = start
+        self.expected_tail = db.history_tail
         self.commands: int | None = None
         self.tail: int | None = None
         self.before_start: tuple[int, int] | None = None
         self.records = 0
+
+    @property
+    def matches(self) -> bool:
+        """Whether the record before ``start`` is the one the state says it covers."""
+        return self.start == 0 or self.before_start == (self.start - 1, self.expected_tail)
 
     def __call__(self, offset: int, value: bytes, headers: Headers) -> None:
         crc = zlib.crc32(value)
         if offset < self.start:
             self.before_start = (offset, crc)
             return
+        if self.records == 0 and not self.matches:
+            # Not the history this state was made from: folding it would be nonsense.
+            raise _NotThisHistory
         self.restorer.apply(value)
         self.records += 1
         self.tail = crc
@@ -172,10 +190,20 @@ async def restore_partition(
     clock: Clock,
     topics: TopicNames,
     group_offsets: dict[str, int | None],
+    snapshots: SnapshotReader | None = None,
 ) -> tuple[PartitionDB, Restored]:
     """Fence ``partition`` and bring ``db`` up to its history. Returns the db (a new one
-    if the old state had to be discarded) and what the restore decided."""
+    if the old state had to be discarded) and what the restore decided. Without local
+    state, the newest snapshot (if any) is loaded first, so only the history after it is
+    folded."""
     began = time.monotonic()
+    snapshot: str | None = None
+    if snapshots is not None and db.offset(HISTORY) is None:
+        taken = await asyncio.to_thread(snapshots.load, partition, db)
+        if taken is not None:
+            snapshot = taken.snapshot_id
+        elif not db.empty:
+            db = await asyncio.to_thread(db.wiped)  # a snapshot that could not be read whole
     start = db.offset(HISTORY) or 0
     low, end = await asyncio.to_thread(reader.end, partition)
     if low > 0:
@@ -188,9 +216,12 @@ async def restore_partition(
     if start > end:
         reason = f"it ends at offset {end}, before the local state's {start}"
     else:
-        end = await asyncio.to_thread(reader.read, partition, max(start - 1, 0), None, fold)
-        reason = f"it does not hold that record (it ends at {end})"
-    if start > 0 and fold.before_start != (start - 1, db.history_tail):
+        reason = f"it holds another record at offset {start - 1}"
+        try:
+            end = await asyncio.to_thread(reader.read, partition, max(start - 1, 0), None, fold)
+        except _NotThisHistory:
+            pass
+    if not fold.matches:
         log.warning(
             "partition=%d local state covers history up to offset %d, but %s[%d]: %s; "
             "the topics were recreated or lost: discarding the local state and restoring "
@@ -203,6 +234,7 @@ async def restore_partition(
         )
         db = await asyncio.to_thread(db.wiped)
         start = 0
+        snapshot = None
         fold = _Fold(db, serde, 0, 0)
         end = await asyncio.to_thread(reader.read, partition, 0, None, fold)
 
@@ -251,19 +283,21 @@ async def restore_partition(
         epoch=epoch,
         history_tail=fold.tail,
     )
-    if starts[TIMERS] > local_timers:
+    if snapshot is not None or starts[TIMERS] > local_timers:
         # Timer records this state never indexed are skipped (another owner indexed
-        # them): every unfinished instance's timers come from its state instead.
+        # them), or the state came from a snapshot (which has no timer index): every
+        # unfinished instance's timers come from its state instead.
         reindex = [key[len(state_keys.ACTIVE) :] for key, _ in db.scan(state_keys.ACTIVE)]
     else:
         reindex = touched
     timers = _reindex_timers(db, [t.decode() for t in reindex])
     seconds = time.monotonic() - began
     log.info(
-        "partition=%d restored epoch=%d history=%d..%d records=%d instances=%d timers=%d "
-        "commands_from=%d timers_from=%d in %.3fs",
+        "partition=%d restored epoch=%d snapshot=%s history=%d..%d records=%d instances=%d "
+        "timers=%d commands_from=%d timers_from=%d in %.3fs",
         partition,
         epoch,
+        snapshot,
         start,
         end,
         fold.records,
@@ -273,7 +307,7 @@ async def restore_partition(
         starts[TIMERS],
         seconds,
     )
-    return db, Restored(epoch, starts, fold.records, seconds)
+    return db, Restored(epoch, starts, fold.records, seconds, snapshot)
 
 
 def _reindex_timers(db: PartitionDB, instance_ids: list[str]) -> int:

@@ -15,11 +15,12 @@ from consumers.kafka.group import KINDS, GroupConsumer, KafkaSource, Position
 from consumers.kafka.partition import KafkaPartition
 from consumers.kafka.producer import LogProducer
 from consumers.kafka.restore import HistoryReader, restore_partition
+from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY, SnapshotReader, Snapshotter
 from consumers.kafka.state_dir import StateDir
 from engine.kafka_settings import KafkaSettings
 from engine.seams import Clock
 from engine.serde import RecordSerde
-from engine.topics import TopicNames
+from engine.topics import SNAPSHOTS, TopicNames
 
 log = logging.getLogger("stepstream.kafka.runner")
 
@@ -38,6 +39,7 @@ class KafkaRunner:
         clock: Clock,
         on_owned: OnOwned,
         on_fatal: Callable[[BaseException], None],
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
     ) -> None:
         self._settings = settings
         self._host = host
@@ -50,6 +52,8 @@ class KafkaRunner:
         self._topics = TopicNames(settings.prefix)
         self._owned: dict[int, KafkaPartition] = {}
         self._reader: HistoryReader | None = None
+        self._snapshot_reader: SnapshotReader | None = None
+        self._snapshot_every = snapshot_every
         self._group = GroupConsumer(
             settings,
             on_assign=self._assign,
@@ -66,6 +70,8 @@ class KafkaRunner:
 
     async def start(self) -> None:
         self._reader = await asyncio.to_thread(HistoryReader, self._settings)
+        snapshots = await asyncio.to_thread(HistoryReader, self._settings, SNAPSHOTS)
+        self._snapshot_reader = SnapshotReader(snapshots, self._serde)
         self._group.start()
 
     async def stop(self) -> None:
@@ -76,6 +82,9 @@ class KafkaRunner:
         if self._reader is not None:
             await asyncio.to_thread(self._reader.close)
             self._reader = None
+        if self._snapshot_reader is not None:
+            await asyncio.to_thread(self._snapshot_reader.close)
+            self._snapshot_reader = None
 
     async def _assign(
         self, partitions: list[int], committed: dict[Position, int | None]
@@ -104,6 +113,7 @@ class KafkaRunner:
                 clock=self._clock,
                 topics=self._topics,
                 group_offsets={kind: committed.get((kind, partition)) for kind in KINDS},
+                snapshots=self._snapshot_reader,
             )
             sources = {kind: KafkaSource(kind, partition, restored.starts[kind]) for kind in KINDS}
             for source in sources.values():
@@ -118,6 +128,15 @@ class KafkaRunner:
                 topics=self._topics,
                 consumed=self._group.consumed,
                 on_failure=self._commit_failed,
+                snapshots=Snapshotter(
+                    partition=partition,
+                    every=self._snapshot_every,
+                    producer=self._producer,
+                    serde=self._serde,
+                    clock=self._clock,
+                    topics=self._topics,
+                    epoch=restored.epoch,
+                ),
             )
             await self._host.assign(backend)
         except BaseException:
@@ -139,6 +158,8 @@ class KafkaRunner:
             backend = self._owned.pop(partition, None)
             if backend is None:
                 continue
+            if backend.snapshots is not None:
+                await backend.snapshots.stop()
             backend.revoke()
             self._group.detach(partition)
             await self._host.revoke(partition)

@@ -171,7 +171,7 @@ def test_topics_create_is_idempotent_and_says_what_exists(kafka_broker: Broker) 
     args = ("topics", "create", "--bootstrap", kafka_broker.bootstrap, "--prefix", prefix)
     first = cli(*args, "--partitions", "3")
     assert first.returncode == 0, first.stderr
-    kinds = ("commands", "history", "timers", "dead-letters")
+    kinds = ("commands", "history", "timers", "dead-letters", "snapshots")
     for kind in kinds:
         assert f"created {prefix}.{kind} (3 partitions)" in first.stdout
     assert f"created {prefix}.members (1 partitions)" in first.stdout

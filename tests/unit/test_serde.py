@@ -33,7 +33,9 @@ from engine.records import (
     SendEvent,
     SleepElapsed,
     SleepStarted,
+    SnapshotTaken,
     StartWorkflow,
+    StateChunk,
     StepAttemptStarted,
     StepFailed,
     StepSucceeded,
@@ -133,6 +135,25 @@ SAMPLES: list[Record] = [
         value=b"\x00\xffnot avro",
         reason="undecodable record: ...",
     ),
+    StateChunk(
+        **env(0, instance_id=""),
+        snapshot_id="p3-1795312000123",
+        index=2,
+        keys=[b"m\x00order-7f3a", b"e\x00order-7f3a\x00charge", b""],
+        values=[b'{"w":"order"}', b"", b"\x00\xff"],
+    ),
+    SnapshotTaken(
+        **env(0, instance_id=""),
+        snapshot_id="p3-1795312000123",
+        partition=3,
+        first_offset=40,
+        chunks=3,
+        entries=2_000,
+        history_offset=123_456,
+        history_tail=0xFFFFFFFF,
+        commands_offset=7_890,
+        timers_offset=456,
+    ),
 ]
 
 # CRC-64-AVRO of every released schema. A change here means a released schema was edited:
@@ -165,6 +186,8 @@ RELEASED_FINGERPRINTS = {
     "TimerScheduled": 0xB4AE2FC2C4B99D4A,
     "TimerCancelled": 0x7D2D600A77336189,
     "DeadLetter": 0x7957B60467690570,
+    "StateChunk": 0x5A45AC1F7B231275,
+    "SnapshotTaken": 0xA785D6253084131F,
 }
 
 

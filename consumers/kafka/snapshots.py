@@ -1,0 +1,281 @@
+"""Snapshots of a partition's state on the ``<prefix>.snapshots`` topic, so that a worker
+without local state restores from the live state plus the history after it, not from
+the whole history.
+
+Writing: once the history a partition's state covers has grown by ``every`` records
+since the last snapshot, its owner notes the offsets its state covers and copies the
+state instance by instance (each instance's keys read together on the loop's thread),
+appending ``StateChunk`` records closed by one ``SnapshotTaken`` with those offsets. A
+crash or a revoke halfway leaves chunks without a closing record; readers skip them.
+
+Reading: the newest complete snapshot is the one whose ``SnapshotTaken`` is the last
+record of the partition (found by reading from just before the end, so the cost does
+not grow with the topic). Its history offset and the CRC-32 of the record before it are
+checked against the history topic by restore, as for any local state; a snapshot that
+does not match (topics recreated) is discarded the same way. Who wrote a snapshot does
+not matter: a deposed owner's state never covers records past a newer fence (its commits
+stop at the first gap), so any complete snapshot is a state the history folds from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from consumers import state_keys
+from consumers.kafka import keys
+from consumers.kafka.db import PartitionDB
+from consumers.kafka.producer import LogProducer, OutRecord
+from consumers.kafka.restore import Headers, HistoryReader
+from engine.errors import UndecodableRecord
+from engine.records import SnapshotTaken, StateChunk
+from engine.seams import Clock
+from engine.serde import RecordSerde
+from engine.topics import COMMANDS, HISTORY, TIMERS, TopicNames
+
+log = logging.getLogger("stepstream.kafka.snapshots")
+
+DEFAULT_SNAPSHOT_EVERY = 100_000  # history records between snapshots of a partition
+CHUNK_BYTES = 256 * 1024
+
+
+class Snapshotter:
+    """Takes the snapshots of one owned partition. ``maybe_take`` after each commit."""
+
+    def __init__(
+        self,
+        *,
+        partition: int,
+        every: int,
+        producer: LogProducer,
+        serde: RecordSerde,
+        clock: Clock,
+        topics: TopicNames,
+        epoch: int,
+    ) -> None:
+        self.partition = partition
+        self.every = every
+        self._producer = producer
+        self._serde = serde
+        self._clock = clock
+        self._topic = topics.snapshots
+        self._epoch = epoch
+        self._task: asyncio.Task[None] | None = None
+        self.taken = 0
+
+    def maybe_take(self, db: PartitionDB) -> None:
+        """Start a snapshot if enough history has accumulated and none is being written."""
+        if self.every <= 0 or self.busy:
+            return
+        history = db.offset(HISTORY) or 0
+        if history - (db.offset_meta(keys.META_SNAPSHOT_HISTORY) or 0) < self.every:
+            return
+        self._task = asyncio.get_running_loop().create_task(self._write(db))
+
+    @property
+    def busy(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def stop(self) -> None:
+        """Abandon a snapshot being written (its chunks stay unclosed and are skipped).
+        Call before the partition's db is closed."""
+        if self.busy:
+            assert self._task is not None
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    async def wait(self) -> None:
+        """Until the snapshot being written (if any) is complete."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def _write(self, db: PartitionDB) -> None:
+        began = time.monotonic()
+        # Where the snapshot starts: every instance is copied at this point or later.
+        history = db.offset(HISTORY) or 0
+        tail = db.history_tail or 0
+        commands = db.offset(COMMANDS) or 0
+        timers = db.offset(TIMERS) or 0
+        snapshot_id = f"p{self.partition}-{history}-{self._clock.now_ms()}"
+        first: int | None = None
+        count = entries = 0
+        try:
+            async for names, values in _chunks(db):
+                record = StateChunk(
+                    instance_id="",
+                    time_ms=self._clock.now_ms(),
+                    command_id=f"snapshot:{snapshot_id}",
+                    epoch=self._epoch,
+                    snapshot_id=snapshot_id,
+                    index=count,
+                    keys=names,
+                    values=values,
+                )
+                [offset] = await self._producer.send([self._out(record)])
+                first = offset if first is None else first
+                count += 1
+                entries += len(names)
+            taken = SnapshotTaken(
+                instance_id="",
+                time_ms=self._clock.now_ms(),
+                command_id=f"snapshot:{snapshot_id}",
+                epoch=self._epoch,
+                snapshot_id=snapshot_id,
+                partition=self.partition,
+                first_offset=-1 if first is None else first,
+                chunks=count,
+                entries=entries,
+                history_offset=history,
+                history_tail=tail,
+                commands_offset=commands,
+                timers_offset=timers,
+            )
+            await self._producer.send([self._out(taken)])
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("partition=%d: snapshot %s failed", self.partition, snapshot_id)
+            return
+        if not db.closed:
+            db.write(meta={keys.META_SNAPSHOT_HISTORY: history})
+        self.taken += 1
+        log.info(
+            "partition=%d snapshot %s: %d entries in %d chunks, history to %d, in %.3fs",
+            self.partition,
+            snapshot_id,
+            entries,
+            count,
+            history,
+            time.monotonic() - began,
+        )
+
+    def _out(self, record: StateChunk | SnapshotTaken) -> OutRecord:
+        return OutRecord(self._topic, self.partition, b"", self._serde.encode(record))
+
+
+# Per-instance key families copied into a snapshot (the timer index is not: restore
+# rebuilds it from the instances' pending timers).
+_INSTANCE_PREFIXES = (state_keys.ENTRY, state_keys.HISTORY, state_keys.COMMAND)
+_YIELD_EVERY = 100  # instances copied between returns to the event loop
+
+
+async def _chunks(db: PartitionDB) -> AsyncIterator[tuple[list[bytes], list[bytes]]]:
+    """The state, instance by instance. Each instance's keys are read together on the
+    loop's thread, where every write happens, so each is a state its history folded to;
+    instances differ in how far (each at or after the snapshot's start), which a restore
+    handles as it handles any state that is ahead of a history record (by sequence)."""
+    names: list[bytes] = []
+    values: list[bytes] = []
+    size = copied = 0
+    for meta_key, _ in db.scan(state_keys.META):
+        instance = meta_key[len(state_keys.META) :]
+        pairs: list[tuple[bytes, bytes]] = []
+        meta = db.get(meta_key)
+        if meta is None:
+            continue
+        pairs.append((meta_key, meta))
+        active = state_keys.ACTIVE + instance
+        if db.get(active) is not None:
+            pairs.append((active, b""))
+        for prefix in _INSTANCE_PREFIXES:
+            pairs.extend(db.scan(prefix + instance + b"\x00"))
+        for key, value in pairs:
+            names.append(key)
+            values.append(value)
+            size += len(key) + len(value) + 8
+        copied += 1
+        if size >= CHUNK_BYTES:
+            yield names, values
+            names, values, size = [], [], 0
+        if copied % _YIELD_EVERY == 0:
+            await asyncio.sleep(0)
+    if names:
+        yield names, values
+
+
+# ---- reading ---------------------------------------------------------------------------
+
+
+class SnapshotReader:
+    """Finds the newest complete snapshot of a partition and loads it into a state store.
+    Blocking: call from a thread."""
+
+    def __init__(self, reader: HistoryReader, serde: RecordSerde) -> None:
+        self._reader = reader  # a reader of the snapshots topic
+        self._serde = serde
+
+    def close(self) -> None:
+        self._reader.close()
+
+    def latest(self, partition: int) -> tuple[SnapshotTaken, int] | None:
+        """The newest complete snapshot's closing record and its offset, or None if the
+        partition ends with anything else (no snapshot yet, or one cut short)."""
+        low, end = self._reader.end(partition)
+        if end <= low:
+            return None
+        last: list[bytes] = []
+
+        def keep(_offset: int, value: bytes, _headers: Headers) -> None:
+            last[:] = [value]
+
+        self._reader.read(partition, end - 1, end, keep)
+        try:
+            taken = self._serde.decode(last[0]) if last else None
+        except UndecodableRecord as exc:
+            log.warning("partition=%d: the last snapshot record is unreadable: %s", partition, exc)
+            return None
+        if not isinstance(taken, SnapshotTaken) or (taken.chunks and taken.first_offset < low):
+            return None
+        return taken, end - 1
+
+    def load(self, partition: int, db: PartitionDB) -> SnapshotTaken | None:
+        """Write the newest complete snapshot into the (empty) ``db`` with the offsets it
+        covers. None if there is none or it cannot be read whole; ``db`` may then hold
+        part of it and must be wiped."""
+        found = self.latest(partition)
+        if found is None:
+            return None
+        taken, stop = found
+        loaded = 0
+
+        def apply(_offset: int, value: bytes, _headers: Headers) -> None:
+            nonlocal loaded
+            try:
+                record = self._serde.decode(value)
+            except UndecodableRecord:
+                return
+            if not isinstance(record, StateChunk) or record.snapshot_id != taken.snapshot_id:
+                return  # a chunk of a snapshot that was cut short
+            if record.index == loaded:
+                db.write(puts=zip(record.keys, record.values, strict=True))
+                loaded += 1
+
+        if taken.chunks:
+            self._reader.read(partition, taken.first_offset, stop, apply)
+        if loaded != taken.chunks:
+            log.warning(
+                "partition=%d: snapshot %s has %d of its %d chunks; not used",
+                partition,
+                taken.snapshot_id,
+                loaded,
+                taken.chunks,
+            )
+            return None
+        db.write(
+            offsets={
+                HISTORY: taken.history_offset,
+                COMMANDS: taken.commands_offset,
+                TIMERS: taken.timers_offset,
+            },
+            history_tail=taken.history_tail,
+            # The writer's epoch: the newest fence before history_offset (an owner's
+            # commits stop at the first record of a newer one).
+            epoch=taken.epoch,
+            meta={keys.META_SNAPSHOT_HISTORY: taken.history_offset},
+        )
+        return taken
