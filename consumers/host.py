@@ -174,6 +174,9 @@ class PartitionHost:
             raise _unknown(instance_id)
         return finished
 
+    def settled_before(self, instance_id: str, command_id: str) -> tuple[bool, str | None]:
+        return self._processor(instance_id).settled_before(instance_id, command_id)
+
     def read_state(self, instance_id: str, *, entries: bool = True) -> InstanceState:
         state = self._processor(instance_id).read_state(instance_id, entries=entries)
         if state is None:

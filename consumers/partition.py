@@ -19,10 +19,11 @@ from typing import Any
 from consumers import state_keys as keys
 from consumers.dead_letters import dead_letter
 from consumers.steps import StepExecutor
-from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, PayloadCodec, check_size
+from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, PayloadCodec, check_size, decode_safely
 from engine.errors import StepstreamError, UndecodableRecord, UnknownWorkflow
 from engine.records import (
     Command,
+    CommandIgnored,
     HistoryRecord,
     PartitionFenced,
     SendEvent,
@@ -40,7 +41,7 @@ from engine.seams import (
     StateStore,
 )
 from engine.serde import RecordSerde
-from engine.settle import UNKNOWN_INSTANCE, ignored_reason
+from engine.settle import UNKNOWN_INSTANCE, ignored_reason, recorded_reason
 from engine.state import InstanceState, entry_json, is_client_command
 from engine.topics import COMMANDS, HISTORY, TIMERS, partition_for
 from engine.workflow import Registry, WorkflowDefinition
@@ -200,8 +201,8 @@ class PartitionProcessor:
         left = self._running_attempts()
         if left:
             log.warning(
-                "partition=%d: %d step attempts still running after the drain timeout; "
-                "the next owner records them as lost attempts",
+                "partition=%d: %d step attempts still running after the drain timeout "
+                "(STEPSTREAM_DRAIN_TIMEOUT_S); the next owner records them as lost attempts",
                 self.partition,
                 left,
             )
@@ -379,7 +380,7 @@ class PartitionProcessor:
             return None
         try:
             check_size(payload, self._config.max_payload_bytes, what=what)
-            self._codec.decode(payload)
+            decode_safely(self._codec, payload)
         except StepstreamError as exc:
             return f"{type(exc).__name__}: {exc}"
         return None
@@ -516,6 +517,21 @@ class PartitionProcessor:
         if store.get(keys.meta(instance_id)) is None:
             return None
         return store.get(keys.active(instance_id)) is None
+
+    def settled_before(self, instance_id: str, command_id: str) -> tuple[bool, str | None]:
+        """Whether the instance's committed state shows ``command_id`` applied (maybe by
+        an earlier owner), and what its publisher is told about it."""
+        store = self.backend.store
+        state = load_state(store, instance_id, entries=False)
+        if state is None or (
+            command_id not in state.recent_commands
+            and store.get(keys.command(instance_id, command_id)) is None
+        ):
+            return False, None
+        for record in reversed(self.read_history(instance_id)):
+            if record.command_id == command_id and isinstance(record, CommandIgnored):
+                return True, recorded_reason(record.command_type, record.reason)
+        return True, None
 
     def read_state(self, instance_id: str, *, entries: bool = True) -> InstanceState | None:
         return load_state(self.backend.store, instance_id, entries=entries)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from engine.codec import PayloadCodec, check_size
+from engine.codec import PayloadCodec, check_size, encode_safely
 from engine.context import current_attempt
 from engine.errors import NonRetryableError, StepstreamError
 from engine.runtime import StepLaunch, StepOutcome
@@ -51,7 +51,9 @@ class StepExecutor:
             return self._failed(launch, exc, retryable=True)
         try:
             payload = check_size(
-                self._codec.encode(value), self._limit, what=f"result of step {launch.key!r}"
+                encode_safely(self._codec, value),
+                self._limit,
+                what=f"result of step {launch.key!r}",
             )
         except StepstreamError as exc:
             # Retrying a body that returns an unencodable value would return it again.

@@ -20,9 +20,39 @@ MAX_MESSAGE_CHARS = 8 * 1024
 
 
 class PayloadCodec(Protocol):
+    """``encode`` and ``decode`` raise ``InvalidPayload`` for what they cannot handle;
+    any other exception from them is treated the same way (see ``decode_safely``)."""
+
     def encode(self, value: Any) -> Payload: ...
 
     def decode(self, payload: Payload) -> Any: ...
+
+
+def encode_safely(codec: PayloadCodec, value: Any) -> Payload:
+    """``codec.encode``, with whatever a user's codec raises turned into InvalidPayload."""
+    try:
+        return codec.encode(value)
+    except InvalidPayload:
+        raise
+    except Exception as exc:
+        raise InvalidPayload(
+            f"the payload codec cannot encode a value of type {type(value).__name__}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+
+
+def decode_safely(codec: PayloadCodec, payload: Payload) -> Any:
+    """``codec.decode``, with whatever a user's codec raises turned into InvalidPayload
+    (a bad token from an encryption library must not take a partition down)."""
+    try:
+        return codec.decode(payload)
+    except InvalidPayload:
+        raise
+    except Exception as exc:
+        raise InvalidPayload(
+            f"the payload codec cannot decode a {payload.content_type!r} payload: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
 
 
 class JsonCodec:

@@ -3,6 +3,7 @@ name the variable and what it should hold."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from engine.errors import StepstreamError
@@ -38,6 +39,6 @@ def env_seconds(env: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(
             f"{name}={raw!r} is not a number of seconds; set it to e.g. {default:g} or unset it"
         ) from None
-    if value < 0:
-        raise ConfigError(f"{name}={raw!r} must not be negative")
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{name}={raw!r} must be a finite number of seconds, not negative")
     return value

@@ -20,7 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, PayloadCodec, check_size, clip_message
+from engine.codec import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    PayloadCodec,
+    check_size,
+    clip_message,
+    decode_safely,
+    encode_safely,
+)
 from engine.context import Context
 from engine.errors import (
     EventTimeout,
@@ -368,10 +375,10 @@ class InstanceRuntime:
         )
         if not retry:
             self._resolve(entry)
-        elif now and intent is not None:
+        elif now and intent is not None and not self.draining:
             self._start_attempt(entry.key, intent, entry.attempt + 1)
         else:
-            self._schedule(entry, "retry")
+            self._schedule(entry, "retry")  # draining: the next owner finds it overdue
 
     # ---- driving the code -----------------------------------------------------------
 
@@ -393,7 +400,7 @@ class InstanceRuntime:
         self._diverged = None
         self._replaying = bool(self.state.entries)
         try:
-            arg = self.codec.decode(self.state.input)
+            arg = decode_safely(self.codec, self.state.input)
         except StepstreamError as exc:
             self._fail_workflow("InvalidPayload", f"cannot decode workflow input: {exc}")
             return
@@ -509,7 +516,7 @@ class InstanceRuntime:
             return
         try:
             result = check_size(
-                self.codec.encode(self._task.result()),
+                encode_safely(self.codec, self._task.result()),
                 self.max_payload_bytes,
                 what=f"the result of instance {self.state.instance_id}",
             )
@@ -572,7 +579,7 @@ class InstanceRuntime:
             case EntryState.SUCCEEDED | EntryState.SATISFIED | EntryState.RECORDED:
                 assert entry.result is not None
                 try:
-                    fut.set_result(self.codec.decode(entry.result))
+                    fut.set_result(decode_safely(self.codec, entry.result))
                 except StepstreamError as exc:
                     fut.set_exception(exc)
             case EntryState.FAILED:
@@ -660,7 +667,7 @@ class InstanceRuntime:
         entry = self._visit(key, EntryKind.VALUE)
         if entry is not None:
             assert entry.result is not None
-            return self.codec.decode(entry.result)
+            return decode_safely(self.codec, entry.result)
         value = produce()
-        self._emit(ValueRecorded, key=key, kind=kind, value=self.codec.encode(value))
+        self._emit(ValueRecorded, key=key, kind=kind, value=encode_safely(self.codec, value))
         return value

@@ -22,11 +22,25 @@ FINISHED = "instance finished:"
 NOT_PAUSED = "instance not paused:"
 UNKNOWN_INSTANCE = "unknown instance"
 UNKNOWN_WORKFLOW = "unknown workflow"
+IGNORED = "ignored"
 _FINISHED_STATUSES = ("completed", "failed", "cancelled")
 
 
 def finished_reason(status: str) -> str:
     return f"{FINISHED} {status}"
+
+
+def recorded_reason(command_type: str, ignored_because: str) -> str | None:
+    """The settlement of a command recorded as ignored (a ``CommandIgnored`` with its
+    type and reason), for a publisher that asks after the fact (another owner now)."""
+    words = ignored_because.replace(",", " ").split()
+    finished = next((w for w in words if w in _FINISHED_STATUSES), None)
+    if finished is not None:
+        return finished_reason(finished)
+    if command_type == "ResumeWorkflow" and "not paused" in ignored_because:
+        status = next((w for w in words if w not in ("instance", "is", "not", "paused")), "")
+        return f"{NOT_PAUSED} {status}"
+    return None
 
 
 def ignored_reason(command: Command, status: str) -> str | None:
@@ -38,7 +52,7 @@ def ignored_reason(command: Command, status: str) -> str | None:
         return f"{NOT_PAUSED} {status}"
     if isinstance(command, PauseWorkflow):
         return None
-    return f"ignored while {status}"
+    return f"{IGNORED} while {status}"
 
 
 def finished_error(instance_id: str, status: str, action: str) -> InstanceFinished:
@@ -61,4 +75,6 @@ def error_for(reason: str, instance_id: str, action: str) -> StepstreamError:
         return UnknownInstance(reason)
     if reason.startswith(UNKNOWN_WORKFLOW):
         return UnknownWorkflow(reason)
+    if reason.startswith(IGNORED):
+        return StepstreamError(f"{action} for instance {instance_id} was recorded and {reason}")
     return StepstreamError(f"command rejected and sent to dead-letters: {reason}")

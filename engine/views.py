@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from engine.codec import PayloadCodec
+from engine.codec import PayloadCodec, decode_safely
 from engine.errors import StepstreamError
 from engine.records import HistoryRecord, Payload
 from engine.state import InstanceState
@@ -129,7 +129,7 @@ def _plain(value: Any, codec: PayloadCodec) -> Any:
         # Decoded by the configured codec (the hook may seal JSON under its own content
         # type); what it cannot read is shown as it is stored.
         try:
-            return codec.decode(value)
+            return decode_safely(codec, value)
         except StepstreamError:
             return {
                 "content_type": value.content_type,

@@ -227,6 +227,63 @@ async def _embedded(path: str) -> AsyncIterator[tuple[Client, dict[str, Any]]]:
         extra["fsyncs"] = engine.db.batches_written
     finally:
         await engine.close()
+    # Restore: reopening the data directory the workload left (state is local: the
+    # engine resumes the unfinished instances; the log is not replayed).
+    began = time.perf_counter()
+    engine = await open_embedded(registry, EmbeddedConfig(data_dir=path))
+    extra["restore_s"] = round(time.perf_counter() - began, 3)
+    await engine.close()
+
+
+async def _kafka_restore(bootstrap: str, prefix: str, partitions: int) -> dict[str, Any]:
+    """What a worker without local state spends restoring every partition, from the
+    newest snapshots and from the whole history, on the topics a workload left."""
+    from consumers.kafka import HistoryReader, LogProducer, PartitionDB, restore_partition
+    from consumers.kafka.snapshots import SnapshotReader
+    from engine.kafka_settings import KafkaSettings
+    from engine.seams import SystemClock
+    from engine.serde import default_serde
+    from engine.topics import SNAPSHOTS, TopicNames
+
+    settings = KafkaSettings(bootstrap=bootstrap, prefix=prefix)
+    serde = default_serde()
+    producer = await asyncio.to_thread(LogProducer, settings, client_id="stepstream-bench")
+    reader = await asyncio.to_thread(HistoryReader, settings)
+    snapshots = SnapshotReader(await asyncio.to_thread(HistoryReader, settings, SNAPSHOTS), serde)
+    out: dict[str, Any] = {}
+    try:
+        for label, source in (("snapshot", snapshots), ("full", None)):
+            seconds = 0.0
+            records = from_snapshot = 0
+            with tempfile.TemporaryDirectory(prefix="stepstream-restore-") as tmp:
+                for partition in range(partitions):
+                    db = PartitionDB.open(os.path.join(tmp, str(partition)), partition, partitions)
+                    began = time.perf_counter()
+                    db, restored = await restore_partition(
+                        db,
+                        partition,
+                        reader=reader,
+                        producer=producer,
+                        serde=serde,
+                        clock=SystemClock(),
+                        topics=TopicNames(prefix),
+                        group_offsets={},
+                        snapshots=source,
+                    )
+                    seconds += time.perf_counter() - began
+                    records += restored.records
+                    from_snapshot += restored.snapshot is not None
+                    db.close()
+            out[label] = {
+                "restore_s": round(seconds, 3),
+                "history_records_folded": records,
+                "partitions_from_snapshot": from_snapshot,
+            }
+    finally:
+        await asyncio.to_thread(reader.close)
+        await asyncio.to_thread(snapshots.close)
+        await asyncio.to_thread(producer.close)
+    return out
 
 
 @contextlib.asynccontextmanager
@@ -263,16 +320,19 @@ async def _kafka(
         stdout=subprocess.DEVNULL,
         start_new_session=True,
     )
+    extra: dict[str, Any] = {"partitions": partitions}
     try:
         async with Client.connect(f"kafka://{bootstrap}?prefix={prefix}") as client:
             await _until_ready(client, worker)
-            yield client, {"partitions": partitions}
+            yield client, extra
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
             await asyncio.to_thread(worker.wait, 30)
         except subprocess.TimeoutExpired:
             worker.kill()
+    print("restore: timing a worker without local state", file=sys.stderr, flush=True)
+    extra["restore"] = await _kafka_restore(bootstrap, prefix, partitions)
 
 
 async def _until_ready(client: Client, worker: subprocess.Popen[bytes]) -> None:

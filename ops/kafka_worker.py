@@ -31,7 +31,7 @@ from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, ProcessorConfig
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
-from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError, UnknownInstance
+from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
 from engine.kafka_settings import KafkaSettings
 from engine.records import Command, HistoryRecord
 from engine.seams import Clock, SystemClock
@@ -143,13 +143,10 @@ class _OwnedReader:
             if instance_id is not None and not settled.done():
                 self._check(instance_id)
                 # Settled before this worker took the partition over? The instance
-                # remembers the commands it applied last.
-                try:
-                    state = self._host.read_state(instance_id, entries=False)
-                except UnknownInstance:
-                    state = None
-                if state is not None and command_id in state.recent_commands:
-                    return None
+                # keeps the ids of the commands applied to it, and their history.
+                applied, reason = self._host.settled_before(instance_id, command_id)
+                if applied:
+                    return reason
             return await asyncio.wait_for(asyncio.shield(settled), timeout)
         except TimeoutError:
             raise ResultTimeout(

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from engine.codec import MAX_MESSAGE_CHARS, PayloadCodec, check_size
+from engine.codec import MAX_MESSAGE_CHARS, PayloadCodec, check_size, decode_safely, encode_safely
 from engine.errors import (
     PayloadTooLarge,
     ResultTimeout,
@@ -75,7 +75,7 @@ def raise_for_outcome(state: InstanceState, codec: PayloadCodec) -> Any:
     """The result of a finished instance, or the error that describes how it ended."""
     if state.status is Status.COMPLETED:
         assert state.result is not None
-        return codec.decode(state.result)
+        return decode_safely(codec, state.result)
     if state.status is Status.CANCELLED:
         raise WorkflowCancelled(
             f"instance {state.instance_id} was cancelled: {state.cancel_reason or 'no reason'}",
@@ -87,6 +87,15 @@ def raise_for_outcome(state: InstanceState, codec: PayloadCodec) -> Any:
         instance_id=state.instance_id,
         error_type=state.error_type,
     )
+
+
+_ACTIONS = {
+    "StartWorkflow": "start",
+    "SendEvent": "sending an event",
+    "CancelWorkflow": "cancel",
+    "PauseWorkflow": "pause",
+    "ResumeWorkflow": "resume",
+}
 
 
 class CommandPublisher(abc.ABC):
@@ -115,10 +124,11 @@ class CommandPublisher(abc.ABC):
         finally:
             self._publishing.forget(command.command_id)
         if reason is not None:
-            raise error_for(reason, command.instance_id, command.type)
+            action = _ACTIONS.get(command.type, command.type)
+            raise error_for(reason, command.instance_id, action)
 
     def _encode(self, value: Any, what: str) -> Any:
-        return check_size(self._codec.encode(value), self._limit, what=what)
+        return check_size(encode_safely(self._codec, value), self._limit, what=what)
 
     @abc.abstractmethod
     async def _check_exists(self, instance_id: str) -> None:

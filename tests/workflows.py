@@ -286,3 +286,10 @@ async def attempt_aware(ctx: Context, succeed_on: int) -> dict[str, Any]:
         "async": await ctx.step("async", async_body, retry=policy),
         "outside": ctx.attempt,
     }
+
+
+@workflow("counted-waits")
+async def counted_waits(ctx: Context, n: int) -> list[Any]:
+    """Counts its own (re)starts while it waits for ``n`` events in turn."""
+    RUNS[ctx.instance_id] = RUNS.get(ctx.instance_id, 0) + 1
+    return [await ctx.wait_for_event("e", key=f"e{i}") for i in range(n)]

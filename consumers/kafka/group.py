@@ -126,6 +126,7 @@ class GroupConsumer:
         *,
         on_assign: AssignHandler,
         on_revoke: RevokeHandler,
+        on_lost: RevokeHandler | None = None,
         on_fatal: Callable[[BaseException], None],
         client_id: str = "stepstream-worker",
     ) -> None:
@@ -142,6 +143,9 @@ class GroupConsumer:
         )
         self._on_assign = on_assign
         self._on_revoke = on_revoke
+        # Partitions lost (session expired): another member may own them already, so
+        # they are given up at once rather than drained.
+        self._on_lost = on_lost or on_revoke
         self._on_fatal = on_fatal
         self._sources: dict[Position, KafkaSource] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -353,7 +357,7 @@ class GroupConsumer:
             for key in [k for k in self._to_commit if k[1] in partitions]:
                 del self._to_commit[key]
         try:
-            self._call(self._on_revoke(partitions))
+            self._call(self._on_lost(partitions))
         except BaseException as exc:
             self._fail(exc)
 

@@ -32,6 +32,8 @@ META_EPOCH = b"epoch"
 META_HISTORY_TAIL = b"history-tail"
 # The history offset of the last snapshot of this partition taken or loaded here.
 META_SNAPSHOT_HISTORY = b"snapshot-history"
+META_SNAPSHOT_ENTRIES = b"snapshot-entries"  # key/value pairs that snapshot held
+META_SNAPSHOT_TIMERS = b"snapshot-timers"  # the timers offset of a snapshot loaded here
 _META_OFFSET = b"offset/"
 
 # Files under ``<state dir>/<topic prefix>/``.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from consumers.kafka import keys
 from consumers.kafka.db import PartitionDB
@@ -26,6 +26,8 @@ from engine.seams import CommitBatch, PartitionLost
 from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TopicNames, partition_for
 
 Consumed = Callable[[str, int, int], None]
+# (partition, start, stop) -> the highest epoch of a fence in history[start:stop], or 0.
+FencesBetween = Callable[[int, int, int], Awaitable[int]]
 
 
 class PartitionRevoked(PartitionLost):
@@ -50,6 +52,7 @@ class KafkaPartition:
         consumed: Consumed,
         on_failure: Callable[[BaseException], None],
         snapshots: Snapshotter | None = None,
+        fences_between: FencesBetween | None = None,
     ) -> None:
         self.partition = partition
         self.partitions = partitions
@@ -62,6 +65,7 @@ class KafkaPartition:
         self._on_failure = on_failure
         self._revoked = False
         self.snapshots = snapshots
+        self._fences_between = fences_between
 
     @property
     def store(self) -> PartitionDB:
@@ -120,7 +124,7 @@ class KafkaPartition:
                 # Produced, but the state is no longer ours to write; the next owner's
                 # restore folds these records (or skips them, after its fence).
                 raise PartitionRevoked(f"partition {self.partition} was revoked during a commit")
-            self._check_contiguous(records, offsets)
+            await self._check_gaps(records, offsets)
             covered = dict(batch.offsets)
             tail_crc = None
             if last_history >= 0:
@@ -162,22 +166,29 @@ class KafkaPartition:
                 offsets[i] = offset
         return offsets
 
-    def _check_contiguous(self, records: list[OutRecord], offsets: list[int]) -> None:
+    async def _check_gaps(self, records: list[OutRecord], offsets: list[int]) -> None:
         """Only this owner appends to its history partition, so its records land right
-        after the ones its state covers. A gap means another worker appended (a newer
-        owner's fence): this one was deposed, and what it just produced is ignored by
-        every reader. Its state is left as it was, consistent with the history before
-        the gap, and it stops here."""
+        after the ones its state covers. A gap means another worker appended: a stale
+        owner of a lower epoch (its records are ignored by every reader; carry on), or a
+        newer owner's fence (this one was deposed: what it just produced is ignored by
+        every reader, its state stays as it was, consistent with the history before the
+        gap, and it stops processing the partition, which the group hands over)."""
         history = self._topics.name(HISTORY)
         expected = self.db.offset(HISTORY)
         for record, offset in zip(records, offsets, strict=True):
             if record.topic != history:
                 continue
             if expected is not None and offset != expected:
-                self._revoked = True
-                raise PartitionFenced(
-                    f"partition {self.partition}: another worker appended to {history} "
-                    f"(expected offset {expected}, got {offset}); this worker was fenced "
-                    "out and stops processing the partition"
-                )
+                newer = 0
+                if self._fences_between is not None:
+                    newer = await self._fences_between(self.partition, expected, offset)
+                if self._fences_between is None or newer > self.epoch:
+                    self._revoked = True
+                    raise PartitionFenced(
+                        f"partition {self.partition}: another worker fenced {history} "
+                        f"(epoch {newer or 'unknown'}, ours {self.epoch}) between offsets "
+                        f"{expected} and {offset}; this worker stops processing the "
+                        "partition. If no rebalance follows, two consumer groups may be "
+                        "using one topic prefix"
+                    )
             expected = offset + 1

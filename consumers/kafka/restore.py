@@ -269,28 +269,36 @@ async def restore_partition(
 
     batch = fold.restorer.batch()
     touched = [key[len(state_keys.META) :] for key in batch.puts if key.startswith(state_keys.META)]
-    local_timers = db.offset(TIMERS) or 0
+    local_timers = db.offset(TIMERS)
+    # A state loaded from a snapshot has no timer index yet: the snapshot's offset says
+    # where the timers topic resumes once the index is rebuilt from the instances.
+    snapshot_timers = db.offset_meta(keys.META_SNAPSHOT_TIMERS) if local_timers is None else 0
     starts = {
         COMMANDS: max(
             db.offset(COMMANDS) or 0, fold.commands or 0, group_offsets.get(COMMANDS) or 0
         ),
-        TIMERS: max(local_timers, group_offsets.get(TIMERS) or 0),
+        TIMERS: max(local_timers or 0, snapshot_timers or 0, group_offsets.get(TIMERS) or 0),
     }
+    # The timers offset moves only together with the index that covers it (below), so a
+    # crash in between leaves a state whose next restore rebuilds the index again.
     db.write(
         puts=batch.puts.items(),
         deletes=batch.deletes,
-        offsets={HISTORY: end, **starts},
+        offsets={HISTORY: end, COMMANDS: starts[COMMANDS]},
         epoch=epoch,
         history_tail=fold.tail,
     )
-    if snapshot is not None or starts[TIMERS] > local_timers:
+    rebuild = snapshot is not None or starts[TIMERS] > (local_timers or 0)
+    if rebuild:
         # Timer records this state never indexed are skipped (another owner indexed
         # them), or the state came from a snapshot (which has no timer index): every
         # unfinished instance's timers come from its state instead.
         reindex = [key[len(state_keys.ACTIVE) :] for key, _ in db.scan(state_keys.ACTIVE)]
     else:
         reindex = touched
-    timers = _reindex_timers(db, [t.decode() for t in reindex])
+    timers = _reindex_timers(
+        db, [t.decode() for t in reindex], timers_offset=starts[TIMERS], replace=rebuild
+    )
     seconds = time.monotonic() - began
     log.info(
         "partition=%d restored epoch=%d snapshot=%s history=%d..%d records=%d instances=%d "
@@ -310,9 +318,19 @@ async def restore_partition(
     return db, Restored(epoch, starts, fold.records, seconds, snapshot)
 
 
-def _reindex_timers(db: PartitionDB, instance_ids: list[str]) -> int:
-    """Put the timers that ``instance_ids`` wait on into the timer index."""
+def _reindex_timers(
+    db: PartitionDB, instance_ids: list[str], *, timers_offset: int, replace: bool
+) -> int:
+    """Put the timers that ``instance_ids`` wait on into the timer index (all of it anew
+    with ``replace``), in one write with the timers offset the index then covers."""
     puts: list[tuple[bytes, bytes]] = []
+    deletes: list[bytes] = []
+    if replace:
+        deletes = [
+            key
+            for prefix in (state_keys.TIMER, state_keys.TIMER_BY_ID)
+            for key, _ in db.scan(prefix)
+        ]
     for instance_id in instance_ids:
         state = load_state(db, instance_id)
         if state is None or state.status.finished:
@@ -320,6 +338,5 @@ def _reindex_timers(db: PartitionDB, instance_ids: list[str]) -> int:
         for entry in state.pending_timers():
             assert entry.timer_id is not None and entry.fire_at_ms is not None
             puts.extend(index_entries(entry.fire_at_ms, entry.timer_id, instance_id))
-    if puts:
-        db.write(puts=puts)
+    db.write(puts=puts, deletes=deletes, offsets={TIMERS: timers_offset})
     return len(puts) // 2

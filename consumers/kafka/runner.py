@@ -14,10 +14,12 @@ from consumers.kafka.db import PartitionDB
 from consumers.kafka.group import KINDS, GroupConsumer, KafkaSource, Position
 from consumers.kafka.partition import KafkaPartition
 from consumers.kafka.producer import LogProducer
-from consumers.kafka.restore import HistoryReader, restore_partition
+from consumers.kafka.restore import Headers, HistoryReader, restore_partition
 from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY, SnapshotReader, Snapshotter
 from consumers.kafka.state_dir import StateDir
+from engine.errors import UndecodableRecord
 from engine.kafka_settings import KafkaSettings
+from engine.records import PartitionFenced
 from engine.seams import Clock
 from engine.serde import RecordSerde
 from engine.topics import SNAPSHOTS, TopicNames
@@ -53,11 +55,14 @@ class KafkaRunner:
         self._owned: dict[int, KafkaPartition] = {}
         self._reader: HistoryReader | None = None
         self._snapshot_reader: SnapshotReader | None = None
+        self._gap_reader: HistoryReader | None = None
+        self._gap_lock = asyncio.Lock()
         self._snapshot_every = snapshot_every
         self._group = GroupConsumer(
             settings,
             on_assign=self._assign,
             on_revoke=self._revoke,
+            on_lost=self._lose,
             on_fatal=on_fatal,
             client_id=f"stepstream-worker-{state_dir.worker_id[:8]}",
         )
@@ -72,6 +77,7 @@ class KafkaRunner:
         self._reader = await asyncio.to_thread(HistoryReader, self._settings)
         snapshots = await asyncio.to_thread(HistoryReader, self._settings, SNAPSHOTS)
         self._snapshot_reader = SnapshotReader(snapshots, self._serde)
+        self._gap_reader = await asyncio.to_thread(HistoryReader, self._settings)
         self._group.start()
 
     async def stop(self) -> None:
@@ -85,6 +91,9 @@ class KafkaRunner:
         if self._snapshot_reader is not None:
             await asyncio.to_thread(self._snapshot_reader.close)
             self._snapshot_reader = None
+        if self._gap_reader is not None:
+            await asyncio.to_thread(self._gap_reader.close)
+            self._gap_reader = None
 
     async def _assign(
         self, partitions: list[int], committed: dict[Position, int | None]
@@ -137,6 +146,7 @@ class KafkaRunner:
                     topics=self._topics,
                     epoch=restored.epoch,
                 ),
+                fences_between=self._fences_between,
             )
             await self._host.assign(backend)
         except BaseException:
@@ -146,14 +156,37 @@ class KafkaRunner:
         self._owned[partition] = backend
         return backend
 
+    async def _fences_between(self, partition: int, start: int, stop: int) -> int:
+        """The highest epoch of a fence in history[start:stop] (0 if none): what a gap
+        in a commit's offsets holds."""
+        found = 0
+
+        def note(_offset: int, value: bytes, _headers: Headers) -> None:
+            nonlocal found
+            try:
+                record = self._serde.decode(value)
+            except UndecodableRecord:
+                return
+            if isinstance(record, PartitionFenced):
+                found = max(found, record.epoch)
+
+        async with self._gap_lock:
+            assert self._gap_reader is not None
+            await asyncio.to_thread(self._gap_reader.read, partition, start, stop, note)
+        return found
+
     def _commit_failed(self, exc: BaseException) -> None:
         log.error("a commit failed; stopping this worker so the partitions are restored: %s", exc)
         self._on_fatal(exc)
 
-    async def _revoke(self, partitions: list[int]) -> None:
-        # Still the owner until this returns (the group waits for it): running step
-        # attempts finish and are recorded here rather than lost to the next owner.
-        await self._host.drain([p for p in partitions if p in self._owned])
+    async def _lose(self, partitions: list[int]) -> None:
+        await self._revoke(partitions, drain=False)
+
+    async def _revoke(self, partitions: list[int], *, drain: bool = True) -> None:
+        if drain:
+            # Still the owner until this returns (the group waits for it): running step
+            # attempts finish and are recorded here rather than lost to the next owner.
+            await self._host.drain([p for p in partitions if p in self._owned])
         for partition in partitions:
             backend = self._owned.pop(partition, None)
             if backend is None:

@@ -2,11 +2,12 @@
 without local state restores from the live state plus the history after it, not from
 the whole history.
 
-Writing: once the history a partition's state covers has grown by ``every`` records
-since the last snapshot, its owner notes the offsets its state covers and copies the
-state instance by instance (each instance's keys read together on the loop's thread),
-appending ``StateChunk`` records closed by one ``SnapshotTaken`` with those offsets. A
-crash or a revoke halfway leaves chunks without a closing record; readers skip them.
+Writing: once the history a partition's state covers has grown since the last snapshot
+by ``every`` records and by as many records as that snapshot held entries, its owner
+notes the offsets its state covers and copies the state instance by instance (each
+instance's keys read together on the loop's thread), appending ``StateChunk`` records
+closed by one ``SnapshotTaken`` with those offsets. A crash or a revoke halfway leaves
+chunks without a closing record; readers skip them.
 
 Reading: the newest complete snapshot is the one whose ``SnapshotTaken`` is the last
 record of the partition (found by reading from just before the end, so the cost does
@@ -37,7 +38,7 @@ from engine.topics import COMMANDS, HISTORY, TIMERS, TopicNames
 
 log = logging.getLogger("stepstream.kafka.snapshots")
 
-DEFAULT_SNAPSHOT_EVERY = 100_000  # history records between snapshots of a partition
+DEFAULT_SNAPSHOT_EVERY = 10_000  # history records between snapshots of a partition, at least
 CHUNK_BYTES = 256 * 1024
 
 
@@ -70,7 +71,11 @@ class Snapshotter:
         if self.every <= 0 or self.busy:
             return
         history = db.offset(HISTORY) or 0
-        if history - (db.offset_meta(keys.META_SNAPSHOT_HISTORY) or 0) < self.every:
+        since = history - (db.offset_meta(keys.META_SNAPSHOT_HISTORY) or 0)
+        # At least ``every`` records, and at least as many as the last snapshot held:
+        # snapshots cost O(history) in all, and a restore reads at most about twice the
+        # live state (the snapshot, then no more history than that).
+        if since < max(self.every, db.offset_meta(keys.META_SNAPSHOT_ENTRIES) or 0):
             return
         self._task = asyncio.get_running_loop().create_task(self._write(db))
 
@@ -142,7 +147,9 @@ class Snapshotter:
             log.exception("partition=%d: snapshot %s failed", self.partition, snapshot_id)
             return
         if not db.closed:
-            db.write(meta={keys.META_SNAPSHOT_HISTORY: history})
+            db.write(
+                meta={keys.META_SNAPSHOT_HISTORY: history, keys.META_SNAPSHOT_ENTRIES: entries}
+            )
         self.taken += 1
         log.info(
             "partition=%d snapshot %s: %d entries in %d chunks, history to %d, in %.3fs",
@@ -267,15 +274,16 @@ class SnapshotReader:
             )
             return None
         db.write(
-            offsets={
-                HISTORY: taken.history_offset,
-                COMMANDS: taken.commands_offset,
-                TIMERS: taken.timers_offset,
-            },
+            # No timers offset: the index is rebuilt by restore, which then sets it.
+            offsets={HISTORY: taken.history_offset, COMMANDS: taken.commands_offset},
             history_tail=taken.history_tail,
             # The writer's epoch: the newest fence before history_offset (an owner's
             # commits stop at the first record of a newer one).
             epoch=taken.epoch,
-            meta={keys.META_SNAPSHOT_HISTORY: taken.history_offset},
+            meta={
+                keys.META_SNAPSHOT_HISTORY: taken.history_offset,
+                keys.META_SNAPSHOT_ENTRIES: taken.entries,
+                keys.META_SNAPSHOT_TIMERS: taken.timers_offset,
+            },
         )
         return taken

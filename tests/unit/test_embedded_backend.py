@@ -513,3 +513,27 @@ async def test_a_graceful_stop_lets_a_running_step_finish(tmp_path: Path, ledger
         history = await client.history("g")
     assert [h.type for h in history].count("StepFailed") == 0, history
     assert ledger_count(ledger, "g-started") == 1 and ledger_count(ledger, "g-tail") == 1
+
+
+async def test_the_instance_cache_keeps_the_most_recently_used(tmp_path: Path) -> None:
+    """With room for two, the instance that keeps getting commands stays cached while
+    others come and go: its code never restarts."""
+    from ops.embedded import EmbeddedConfig, open_embedded
+    from producers.client import Client
+    from tests.conftest import test_registry
+    from tests.workflows import RUNS
+
+    config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1, cache_size=2)
+    engine = await open_embedded(test_registry(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        hot = await client.start("counted-waits", 4, instance_id="hot")
+        for i in range(3):
+            await client.start("counted-waits", 1, instance_id=f"cold-{i}")
+            await client.send_event(hot, "e", i)  # the hot one is used after each newcomer
+        await client.send_event(hot, "e", 3)
+        assert await client.result(hot, timeout=10) == [0, 1, 2, 3]
+        assert RUNS["hot"] == 1
+        # A cold one was evicted meanwhile: it replays when it is used again.
+        await client.send_event("cold-0", "e", "x")
+        assert await client.result("cold-0", timeout=10) == ["x"]
+        assert RUNS["cold-0"] == 2

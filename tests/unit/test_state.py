@@ -508,3 +508,18 @@ def test_meta_is_small_and_does_not_grow_with_entries() -> None:
         state.apply(rec(StepSucceeded, f"c{i}", key=f"s{i}", attempt=1, result=pj("1")))
     # recent_commands is bounded, entries are stored apart: meta stays O(1).
     assert len(state.meta_json()) < small + RECENT_COMMANDS * 8 + 200
+
+
+def test_the_settlement_of_a_recorded_ignore_is_rebuilt_from_its_record() -> None:
+    """What a publisher is told about a command an earlier owner recorded as ignored."""
+    from engine.settle import error_for, recorded_reason
+
+    assert recorded_reason("SendEvent", "instance is completed") == "instance finished: completed"
+    assert recorded_reason("ResumeWorkflow", "instance is cancelled, not paused") == (
+        "instance finished: cancelled"
+    )
+    reason = recorded_reason("ResumeWorkflow", "instance is running, not paused")
+    assert reason is not None
+    assert "is running, not paused" in str(error_for(reason, "i-1", "resume"))
+    assert recorded_reason("PauseWorkflow", "instance is paused") is None
+    assert recorded_reason("StartWorkflow", "instance already exists (status running)") is None
