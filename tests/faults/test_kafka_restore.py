@@ -345,6 +345,45 @@ async def test_a_deposed_owner_stops_at_the_gap_and_its_successor_ignores_it(
                 await asyncio.to_thread(worker.stop)
 
 
+async def test_records_of_a_stale_lower_epoch_writer_do_not_stop_the_owner(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """A gap in the owner's history offsets that holds only records of a lower epoch (a
+    stale writer that has not noticed it was fenced) is ignored by every reader, and
+    the owner carries on."""
+    settings = await new_topics(kafka_broker)
+    partition = 0
+    worker = await started_worker(settings, tmp_path / "a")
+    try:
+        async with Client.connect(kafka_url(settings), command_timeout=10) as client:
+            instance = instance_on(partition, "stale")
+            await client.start("gated", instance, instance_id=instance)
+            await wait_for_status(client, instance, lambda s: [w.event for w in s.waits] == ["go"])
+            stale = WorkflowStarted(
+                instance_id=instance,
+                seq=99,
+                command_id="stale",
+                epoch=1,
+                workflow="gated",
+                version="1",
+                input=_payload(),
+            )
+            await asyncio.to_thread(
+                produce_raw,
+                settings,
+                HISTORY,
+                [(partition, instance.encode(), SERDE.encode(stale))],
+            )
+            await client.send_event(instance, "go", "on")
+            result = await result_or_explain(client, instance, timeout=20)
+            assert result == [f"{instance}-before", "on", f"{instance}-after"]
+            assert worker.worker.failed is None, worker.worker.failed
+            entries = await client.history(instance)
+            assert [e.seq for e in entries] == list(range(1, len(entries) + 1))
+    finally:
+        await asyncio.to_thread(worker.stop)
+
+
 # ---- 4. history shorter than the local state ---------------------------------------------
 
 

@@ -8,7 +8,10 @@ from typing import Any
 import pytest
 
 import stepstream
-from engine.topics import HISTORY
+from engine.records import SendEvent
+from engine.seams import Append
+from engine.serde import default_serde
+from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY
 from engine.workflow import Registry
 from ops.embedded import EmbeddedConfig, open_embedded
 from stepstream import (
@@ -140,3 +143,46 @@ async def test_a_codec_hook_seals_every_user_payload(tmp_path: Path) -> None:
     sealed = b"application/x-sealed+json"
     assert sum(sealed in value for value in raw) == 7  # inputs, step results, event, results
     assert not any(b"swordfish" in value or b'"total"' in value for value in raw)
+
+
+class FussyCodec(SealedCodec):
+    """A codec whose decode raises what a library raises (not InvalidPayload) for data
+    it does not like, as an encryption library does for a bad token."""
+
+    def decode(self, payload: Payload) -> Any:
+        if payload.content_type != self.content_type:
+            raise ValueError("bad token")
+        return super().decode(payload)
+
+
+async def test_a_codec_that_raises_anything_is_treated_as_invalid_payload(tmp_path: Path) -> None:
+    registry = Registry()
+    registry.add_module("tests.workflows")
+    engine = await open_embedded(
+        registry, EmbeddedConfig(data_dir=str(tmp_path / "data")), codec=FussyCodec()
+    )
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        waiting = await client.start("waiter", None, instance_id="fussy")
+        # An event in plain JSON reaches the processor past the client (a foreign
+        # producer): dead-lettered with the codec's complaint; the instance still waits.
+        plain = SendEvent(
+            instance_id="fussy",
+            command_id="plain",
+            name="approval",
+            payload=JsonCodec().encode({"x": 1}),
+        )
+        await engine.db.log.append([Append(COMMANDS, b"fussy", default_serde().encode(plain))])
+        await client.send_event(waiting, "approval", "sealed")
+        assert await client.result(waiting, timeout=10) == "sealed"
+        letters = [
+            default_serde().decode(e.value)
+            for p in range(engine.db.log.partitions)
+            for e in engine.db.log.read(DEAD_LETTERS, p, 0, 100)
+        ]
+        assert [getattr(d, "reason", "") for d in letters] == [
+            "InvalidPayload: the payload codec cannot decode a 'application/json' payload: "
+            "ValueError: bad token"
+        ]
+        # History still reads: what the codec cannot decode is shown as stored.
+        history = await client.history(waiting)
+        assert [h.type for h in history][-1] == "WorkflowCompleted"

@@ -1071,3 +1071,25 @@ def test_a_draining_instance_leaves_a_retry_to_the_next_owner() -> None:
     ]
     h.run_all()
     assert h.result() == "long"
+
+
+def test_a_lost_attempt_found_while_draining_is_retried_by_the_next_owner() -> None:
+    h = Harness(_long(3))
+    h.start(None)
+    h.runtime.close()
+    h.launches.clear()
+    h.epoch += 1
+    h.runtime = h._runtime(fold(h.instance_id, h.records))
+    h.runtime.draining = True  # recovered in a partition that is being handed over
+    out = Output()
+    h.runtime.recover(out)
+    h._commit(out)
+    assert [(r.type, getattr(r, "attempt", None)) for r in out.history] == [("StepFailed", 1)]
+    assert out.launches == []  # nothing starts while draining...
+    assert [t.purpose for t in out.timers if isinstance(t, TimerScheduled)] == ["retry"]
+    out = h.crash()  # ...the next owner finds the retry due and starts it
+    assert [(r.type, getattr(r, "attempt", None)) for r in out.history] == [
+        ("StepAttemptStarted", 2)
+    ]
+    h.run_all()
+    assert h.result() == "long"
