@@ -132,6 +132,9 @@ class PartitionProcessor:
         self._missing_versions: set[tuple[str, str]] = set()
         self._draining = False
         self._committed = asyncio.Event()
+        # Instances whose earlier inputs in the batch being processed were undone.
+        self._poisoned: set[str] = set()
+        self._last_instance = ""  # the instance the last command applied to
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -289,11 +292,15 @@ class PartitionProcessor:
         batch = CommitBatch()
         touched: dict[str, InstanceRuntime] = {}
         settled: dict[str, str | None] = {}
+        applied: dict[str, list[tuple[LogEntry, str]]] = {}
+        self._poisoned.clear()
         for entry in entries:
             command_id, reason, rejected = self._apply_command(entry, out, touched)
             if rejected:
                 assert reason is not None
                 batch.appends.append(self._dead_letter(entry, reason))
+            elif command_id and self._last_instance:
+                applied.setdefault(self._last_instance, []).append((entry, command_id))
             if command_id:
                 settled[command_id] = reason
         for outcome in outcomes:
@@ -301,6 +308,16 @@ class PartitionProcessor:
             if runtime is None:
                 continue  # the instance finished or was dropped; a late outcome changes nothing
             self._guarded(runtime, outcome, out, touched)
+        for instance_id in self._poisoned:
+            # Its decisions in this batch were all undone: so are the commands that led
+            # to them, kept in dead-letters with a reason the publisher sees.
+            for entry, command_id in applied.get(instance_id, ()):
+                reason = (
+                    f"not applied: a later input of instance {instance_id} in the same batch "
+                    "hit an internal error (see the worker's log); send the command again"
+                )
+                batch.appends.append(self._dead_letter(entry, reason))
+                settled[command_id] = reason
         if entries:
             batch.offsets[COMMANDS] = entries[-1].offset + 1
         self._persist(out, touched, batch)
@@ -312,6 +329,7 @@ class PartitionProcessor:
     ) -> tuple[str, str | None, bool]:
         """Apply one command. Returns its id, why it did not take effect (None if it
         did) and whether it is rejected (dead-lettered) rather than recorded as ignored."""
+        self._last_instance = ""
         try:
             record = self._serde.decode(entry.value)
         except UndecodableRecord as exc:
@@ -355,6 +373,7 @@ class PartitionProcessor:
         error = self._guarded(runtime, record, out, touched)
         if error is not None:
             return record.command_id, error, True
+        self._last_instance = record.instance_id
         if runtime.ignored and not isinstance(record, StartWorkflow):
             # Recorded as ignored (CommandIgnored); the publisher learns why.
             return record.command_id, ignored_reason(record, runtime.state.status.value), False
@@ -392,7 +411,6 @@ class PartitionProcessor:
         out: Output,
         touched: dict[str, InstanceRuntime],
     ) -> str | None:
-        marks = (len(out.history), len(out.timers), len(out.launches))
         try:
             runtime.handle(msg, out)
         except Exception as exc:
@@ -403,9 +421,15 @@ class PartitionProcessor:
                 self.partition,
                 runtime.state.instance_id,
             )
-            del out.history[marks[0] :], out.timers[marks[1] :], out.launches[marks[2] :]
-            self._cache.pop(runtime.state.instance_id, None)
-            touched.pop(runtime.state.instance_id, None)
+            # Undo every decision of this instance in the batch, not only this input's:
+            # its in-memory state is gone, so its earlier records would have no state.
+            instance_id = runtime.state.instance_id
+            out.history[:] = [r for r in out.history if r.instance_id != instance_id]
+            out.timers[:] = [t for t in out.timers if t.instance_id != instance_id]
+            out.launches[:] = [x for x in out.launches if x.instance_id != instance_id]
+            self._cache.pop(instance_id, None)
+            if touched.pop(instance_id, None) is not None:
+                self._poisoned.add(instance_id)
             runtime.close()
             return f"internal error while applying {type(msg).__name__}: {exc!r}"
         touched[runtime.state.instance_id] = runtime

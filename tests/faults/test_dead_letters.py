@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from consumers.embedded import EmbeddedDB
 from engine.codec import JsonCodec
 from engine.records import (
@@ -358,3 +360,65 @@ async def test_command_for_a_finished_instance_is_recorded_not_dead_lettered(
         assert dead_letters(engine) == []
     finally:
         await engine.close()
+
+
+async def test_an_internal_error_undoes_the_instance_s_whole_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug while applying a command (not user code) must not leave records of the same
+    instance from earlier in the batch without the state that goes with them: all its
+    inputs in the batch are undone and dead-lettered, other instances are unaffected."""
+    from engine.runtime import InstanceRuntime
+
+    real = InstanceRuntime._on_event
+
+    def buggy(self: InstanceRuntime, msg: SendEvent) -> None:
+        if msg.name == "boom":
+            raise RuntimeError("a bug in the engine")
+        real(self, msg)
+
+    monkeypatch.setattr(InstanceRuntime, "_on_event", buggy)
+    data = tmp_path / "data"
+    engine = await open_engine(data)
+    try:
+        client = Client(engine.make_transport())
+        hit = id_on(PARTITION, "dl-hit")
+        other = id_on(PARTITION, "dl-other")
+        for instance in (hit, other):
+            await client.start("two-events", None, instance_id=instance)
+            await wait_waiting(client, instance)
+        events = [
+            SendEvent(instance_id=hit, command_id="e1", name="item", payload=CODEC.encode(1)),
+            SendEvent(instance_id=other, command_id="o1", name="item", payload=CODEC.encode(9)),
+            SendEvent(instance_id=hit, command_id="e2", name="boom", payload=CODEC.encode(2)),
+        ]
+        await engine.db.log.append(
+            [Append(COMMANDS, e.instance_id.encode(), SERDE.encode(e), PARTITION) for e in events]
+        )
+        for _ in range(200):
+            if len(dead_letters(engine)) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        letters = sorted(dead_letters(engine), key=lambda d: d.offset)
+        assert [SERDE.decode(d.value).command_id for d in letters] == ["e1", "e2"], [
+            d.reason for d in letters
+        ]
+        assert "not applied" in letters[0].reason and "internal error" in letters[1].reason
+        # The hit instance is as it was; the other one moved on.
+        history = await client.history(hit)
+        assert [h.seq for h in history] == list(range(1, len(history) + 1))
+        assert [h.type for h in history].count("WaitSatisfied") == 0
+        assert [h.type for h in await client.history(other)].count("WaitSatisfied") == 1
+        await client.send_event(hit, "item", 1)
+        await client.send_event(hit, "item", 2)
+        assert await client.result(hit, timeout=10) == [1, 2]
+    finally:
+        await engine.close()
+
+
+async def wait_waiting(client: Client, instance: str) -> None:
+    for _ in range(500):
+        if (await client.status(instance)).waits:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{instance} never waited")
