@@ -92,13 +92,24 @@ class HistoryReader:
         self._consumer = make_client(Consumer, config, "restore consumer")
 
     def end(self, partition: int) -> tuple[int, int]:
-        """The first and the next offset of the history partition. The broker's
-        ListOffsets answer may place the end at the start of the last record batch
+        """The first and the next offset of the partition. The broker's ListOffsets
+        answer may place the end at the start of the last record batch
         (docs/kafka-notes.md), so the end is found by reading from just before it."""
+        low, end, _ = self.tail(partition)
+        return low, end
+
+    def tail(self, partition: int) -> tuple[int, int, bytes | None]:
+        """The first and the next offset of the partition, and its last record's value."""
         low, high = self._consumer.get_watermark_offsets(
             TopicPartition(self._topic, partition), timeout=10, cached=False
         )
-        return low, self.read(partition, max(high - 1, low), None, lambda *_: None)
+        last: list[bytes] = []
+
+        def keep(_offset: int, value: bytes, _headers: Headers) -> None:
+            last[:] = [value]
+
+        end = self.read(partition, max(high - 1, low), None, keep)
+        return low, end, (last[0] if last else None)
 
     def read(self, partition: int, start: int, stop_at: int | None, on_record: OnRecord) -> int:
         """Feed records from ``start`` on to ``on_record``; stop at the end of the

@@ -222,17 +222,11 @@ class SnapshotReader:
     def latest(self, partition: int) -> tuple[SnapshotTaken, int] | None:
         """The newest complete snapshot's closing record and its offset, or None if the
         partition ends with anything else (no snapshot yet, or one cut short)."""
-        low, end = self._reader.end(partition)
-        if end <= low:
+        low, end, last = self._reader.tail(partition)
+        if end <= low or last is None:
             return None
-        last: list[bytes] = []
-
-        def keep(_offset: int, value: bytes, _headers: Headers) -> None:
-            last[:] = [value]
-
-        self._reader.read(partition, end - 1, end, keep)
         try:
-            taken = self._serde.decode(last[0]) if last else None
+            taken = self._serde.decode(last)
         except UndecodableRecord as exc:
             log.warning("partition=%d: the last snapshot record is unreadable: %s", partition, exc)
             return None
