@@ -24,6 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from consumers import state_keys
 from consumers.kafka import keys
@@ -112,11 +113,7 @@ class Snapshotter:
         try:
             async for names, values in _chunks(db):
                 record = StateChunk(
-                    instance_id="",
-                    time_ms=self._clock.now_ms(),
-                    command_id=f"snapshot:{snapshot_id}",
-                    epoch=self._epoch,
-                    snapshot_id=snapshot_id,
+                    **self._envelope(snapshot_id),
                     index=count,
                     keys=names,
                     values=values,
@@ -126,11 +123,7 @@ class Snapshotter:
                 count += 1
                 entries += len(names)
             taken = SnapshotTaken(
-                instance_id="",
-                time_ms=self._clock.now_ms(),
-                command_id=f"snapshot:{snapshot_id}",
-                epoch=self._epoch,
-                snapshot_id=snapshot_id,
+                **self._envelope(snapshot_id),
                 partition=self.partition,
                 first_offset=-1 if first is None else first,
                 chunks=count,
@@ -160,6 +153,15 @@ class Snapshotter:
             history,
             time.monotonic() - began,
         )
+
+    def _envelope(self, snapshot_id: str) -> dict[str, Any]:
+        return {
+            "instance_id": "",
+            "time_ms": self._clock.now_ms(),
+            "command_id": f"snapshot:{snapshot_id}",
+            "epoch": self._epoch,
+            "snapshot_id": snapshot_id,
+        }
 
     def _out(self, record: StateChunk | SnapshotTaken) -> OutRecord:
         return OutRecord(self._topic, self.partition, b"", self._serde.encode(record))

@@ -12,7 +12,6 @@ import asyncio
 import logging
 import re
 import uuid
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings
 from tests.conftest import test_registry as workflows_registry
 from tests.integration.test_kafka_backend import (
     decode,
+    each_step_succeeded_once,
     instance_on,
     produce_raw,
     read_topic,
@@ -72,6 +72,16 @@ async def snapshots_on(settings: KafkaSettings) -> dict[int, list[SnapshotTaken]
     return found
 
 
+async def first_worker(
+    broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> tuple[KafkaSettings, ThreadedWorker]:
+    """Fresh topics and a worker on them; restores are logged where the test sees them."""
+    caplog.set_level(logging.INFO, logger="stepstream.kafka.restore")
+    settings = kafka_settings(broker)
+    await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)
+    return settings, await worker(settings, tmp_path / "first")
+
+
 def restores(caplog: pytest.LogCaptureFixture) -> dict[int, tuple[str, int]]:
     """Partition -> (snapshot id or "None", history records folded), of the last restore."""
     out = {}
@@ -85,10 +95,7 @@ def restores(caplog: pytest.LogCaptureFixture) -> dict[int, tuple[str, int]]:
 async def test_a_worker_without_state_restores_from_the_newest_snapshot(
     kafka_broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="stepstream.kafka.restore")
-    settings = kafka_settings(kafka_broker)
-    await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)
-    first = await worker(settings, tmp_path / "first")
+    settings, first = await first_worker(kafka_broker, tmp_path, caplog)
     second: ThreadedWorker | None = None
     try:
         async with Client.connect(kafka_url(settings)) as client:
@@ -137,13 +144,7 @@ async def test_a_worker_without_state_restores_from_the_newest_snapshot(
             await client.resume(paused)
             await client.send_event(paused, "go", "g")
             assert await client.result(paused, timeout=20) == ["p-before", "g", "p-after"]
-            for instance in stories:
-                successes = Counter(
-                    h.attributes["key"]
-                    for h in await client.history(instance)
-                    if h.type == "StepSucceeded"
-                )
-                assert all(n == 1 for n in successes.values()), (instance, successes)
+            await each_step_succeeded_once(client, stories)
     finally:
         await asyncio.to_thread((second or first).stop)
 
@@ -152,10 +153,7 @@ async def test_a_worker_without_state_restores_from_the_newest_snapshot(
 async def test_a_snapshot_that_cannot_be_used_falls_back_to_the_whole_history(
     kafka_broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
 ) -> None:
-    caplog.set_level(logging.INFO, logger="stepstream.kafka.restore")
-    settings = kafka_settings(kafka_broker)
-    await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)
-    first = await worker(settings, tmp_path / "first")
+    settings, first = await first_worker(kafka_broker, tmp_path, caplog)
     second: ThreadedWorker | None = None
     try:
         async with Client.connect(kafka_url(settings)) as client:

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,6 +151,14 @@ async def barrier(client: Client) -> None:
 
 async def story(client: Client, instance: str) -> list[tuple[int, str, dict[str, Any]]]:
     return [(h.seq, h.type, h.attributes) for h in await client.history(instance)]
+
+
+async def each_step_succeeded_once(client: Client, instances: Iterable[str]) -> None:
+    for instance in instances:
+        successes = Counter(
+            h.attributes["key"] for h in await client.history(instance) if h.type == "StepSucceeded"
+        )
+        assert all(n == 1 for n in successes.values()), (instance, successes)
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -473,13 +482,7 @@ async def test_reprocessing_is_idempotent_and_an_empty_state_dir_restores(
             assert await client.result(waiting, timeout=20) == ["g-before", "green", "g-after"]
             assert await client.result(napping, timeout=20) == "nap-second"
             assert await client.result(await client.start("chain", 3), timeout=20) == 3
-            for instance in stories:
-                successes = Counter(
-                    h.attributes["key"]
-                    for h in await client.history(instance)
-                    if h.type == "StepSucceeded"
-                )
-                assert all(n == 1 for n in successes.values()), (instance, successes)
+            await each_step_succeeded_once(client, stories)
     finally:
         if second is not None:
             await asyncio.to_thread(second.stop)
