@@ -195,4 +195,7 @@ class PartitionHost:
 
 
 def _unknown(instance_id: str) -> UnknownInstance:
-    return UnknownInstance(f"no instance {instance_id!r}; check the id, or start it first")
+    return UnknownInstance(
+        f"no instance {instance_id!r}; check the id, or start it first (a finished instance "
+        "is forgotten once STEPSTREAM_RETENTION_S, 30 days by default, has passed)"
+    )

@@ -50,6 +50,9 @@ log = logging.getLogger("stepstream.partition")
 
 RESTART_BACKOFF_S = 0.1
 DEFAULT_DRAIN_TIMEOUT_S = 10.0
+DEFAULT_RETENTION_S = 30 * 24 * 3600.0
+SWEEP_INTERVAL_S = 60.0
+SWEEP_BATCH = 1000  # finished instances forgotten per sweep at most
 MAX_RESTART_BACKOFF_S = 30.0
 
 
@@ -61,6 +64,10 @@ class ProcessorConfig:
     # On a graceful hand-over (revoke, shutdown): how long step attempts that are
     # running may take to finish and be recorded before the partition is let go.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    # How long a finished instance (status, result, history) stays readable after it
+    # finished; then its state is deleted (the history topic keeps its records). 0: ever.
+    retention_s: float = DEFAULT_RETENTION_S
+    sweep_interval_s: float = SWEEP_INTERVAL_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +104,7 @@ def write_state(state: InstanceState, batch: CommitBatch) -> None:
     state.new_commands.clear()
     if state.status.finished:
         batch.delete(keys.active(instance_id))
+        batch.put(keys.finished(state.finished_ms, instance_id), b"")
     else:
         batch.put(keys.active(instance_id), b"")
 
@@ -134,6 +142,7 @@ class PartitionProcessor:
         self._committed = asyncio.Event()
         # Instances whose earlier inputs in the batch being processed were undone.
         self._poisoned: set[str] = set()
+        self._last_sweep = 0.0
         self._last_instance = ""  # the instance the last command applied to
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -283,6 +292,8 @@ class PartitionProcessor:
                 outcomes, self._outcomes = self._outcomes, []
                 if entries or outcomes:
                     await self._process(entries, outcomes)
+                if self._sweep_due(loop.time()):
+                    await self._sweep()
         finally:
             if wake_task is not None:
                 wake_task.cancel()
@@ -468,6 +479,53 @@ class PartitionProcessor:
         self._evict()
         self._on_commit(Committed([rt.state for rt in touched.values()], settled))
         self._committed.set()
+
+    # ---- retention -------------------------------------------------------------------
+
+    def _sweep_due(self, now: float) -> bool:
+        if self._config.retention_s <= 0 or self._draining:
+            return False
+        if now - self._last_sweep < self._config.sweep_interval_s:
+            return False
+        self._last_sweep = now
+        return True
+
+    async def _sweep(self) -> int:
+        """Forget instances that finished longer than the retention ago (oldest first, a
+        bounded number per sweep), in one commit: every key of theirs goes."""
+        store = self.backend.store
+        cutoff = self._clock.now_ms() - int(self._config.retention_s * 1000)
+        batch = CommitBatch()
+        forgotten = 0
+        for key, _ in store.scan(keys.FINISHED):
+            finished_ms, instance_id = keys.split_finished(key)
+            if finished_ms > cutoff or forgotten >= SWEEP_BATCH:
+                break
+            for prefix in (
+                keys.entry_prefix(instance_id),
+                keys.history_prefix(instance_id),
+                keys.command_prefix(instance_id),
+            ):
+                for stale, _ in store.scan(prefix):
+                    batch.delete(stale)
+            batch.delete(keys.meta(instance_id))
+            batch.delete(keys.active(instance_id))
+            batch.delete(key)
+            runtime = self._cache.pop(instance_id, None)
+            if runtime is not None:
+                runtime.close()
+            forgotten += 1
+        if forgotten >= SWEEP_BATCH:
+            self._last_sweep = 0.0  # more are due: sweep again after the next batch
+        if forgotten:
+            await self.backend.commit(batch)
+            log.info(
+                "partition=%d forgot %d instances finished before the retention of %.0f s",
+                self.partition,
+                forgotten,
+                self._config.retention_s,
+            )
+        return forgotten
 
     def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
         return dead_letter(

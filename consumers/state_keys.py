@@ -6,6 +6,7 @@ Layout (all keys local to one partition):
   h\\0<instance>\\0<seq:8>     the instance's history records, Avro single-object encoded
   a\\0<instance>              index of unfinished instances (loaded on restore)
   c\\0<instance>\\0<command>   a client command applied to the instance (duplicates skipped)
+  f\\0<finished:8><instance>  finished instances by when they finished (retention)
   t\\0<fire_at:8><timer_id>   timer index ordered by fire time -> instance id
   T\\0<timer_id>              timer id -> fire time (to cancel)
 """
@@ -19,6 +20,7 @@ ENTRY = b"e\x00"
 HISTORY = b"h\x00"
 ACTIVE = b"a\x00"
 COMMAND = b"c\x00"
+FINISHED = b"f\x00"
 TIMER = b"t\x00"
 TIMER_BY_ID = b"T\x00"
 _SEQ = struct.Struct(">Q")
@@ -48,8 +50,21 @@ def active(instance_id: str) -> bytes:
     return ACTIVE + instance_id.encode()
 
 
+def command_prefix(instance_id: str) -> bytes:
+    return COMMAND + instance_id.encode() + b"\x00"
+
+
 def command(instance_id: str, command_id: str) -> bytes:
-    return COMMAND + instance_id.encode() + b"\x00" + command_id.encode()
+    return command_prefix(instance_id) + command_id.encode()
+
+
+def finished(finished_ms: int, instance_id: str) -> bytes:
+    return FINISHED + _SEQ.pack(finished_ms) + instance_id.encode()
+
+
+def split_finished(key: bytes) -> tuple[int, str]:
+    body = key[len(FINISHED) :]
+    return _SEQ.unpack(body[:8])[0], body[8:].decode()
 
 
 def timer(fire_at_ms: int, timer_id: str) -> bytes:

@@ -188,6 +188,7 @@ class InstanceState:
     error_type: str = ""
     error_message: str = ""
     cancel_reason: str = ""
+    finished_ms: int = 0  # when it completed, failed or was cancelled
     buffered: list[BufferedEvent] = field(default_factory=list)
     entries: dict[str, Entry] = field(default_factory=dict)
     recent_commands: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_COMMANDS))
@@ -289,13 +290,16 @@ class InstanceState:
                 self._transition_to(Status.RUNNING)
             case WorkflowCompleted():
                 self._transition_to(Status.COMPLETED)
+                self.finished_ms = record.time_ms
                 self.result = record.result
             case WorkflowFailed():
                 self._transition_to(Status.FAILED)
+                self.finished_ms = record.time_ms
                 self.error_type = record.error_type
                 self.error_message = record.error_message
             case WorkflowCancelled():
                 self._transition_to(Status.CANCELLED)
+                self.finished_ms = record.time_ms
                 self.cancel_reason = record.reason
             case _:
                 pass
@@ -338,6 +342,7 @@ class InstanceState:
             "et": self.error_type,
             "em": self.error_message,
             "cr": self.cancel_reason,
+            "fm": self.finished_ms,
             "b": [[b.name, _payload_json(b.payload), b.command_id, b.seq] for b in self.buffered],
             "rc": list(self.recent_commands),
         }
@@ -361,6 +366,8 @@ class InstanceState:
             error_type=raw["et"],
             error_message=raw["em"],
             cancel_reason=raw["cr"],
+            # State written before finish times were kept: the last update is the finish.
+            finished_ms=raw.get("fm") or (raw["u"] if Status(raw["st"]).finished else 0),
             buffered=[
                 BufferedEvent(name, _payload_req(p), cid, seq) for name, p, cid, seq in raw["b"]
             ],

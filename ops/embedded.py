@@ -14,7 +14,12 @@ from typing import Any
 from consumers.embedded.db import EmbeddedDB
 from consumers.embedded.partition import EmbeddedPartition
 from consumers.host import PartitionHost
-from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, ProcessorConfig
+from consumers.partition import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_RETENTION_S,
+    SWEEP_INTERVAL_S,
+    ProcessorConfig,
+)
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
 from engine.records import Command
@@ -36,6 +41,9 @@ class EmbeddedConfig:
     cache_size: int = 10_000
     # On close: how long running step attempts may take to finish and be recorded.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    # How long finished instances stay readable (0: for ever).
+    retention_s: float = DEFAULT_RETENTION_S
+    sweep_interval_s: float = SWEEP_INTERVAL_S  # how often expired instances are looked for
 
     @classmethod
     def from_env(cls, **overrides: Any) -> EmbeddedConfig:
@@ -49,6 +57,7 @@ class EmbeddedConfig:
         values["drain_timeout_s"] = env_seconds(
             env, "STEPSTREAM_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S
         )
+        values["retention_s"] = env_seconds(env, "STEPSTREAM_RETENTION_S", DEFAULT_RETENTION_S)
         if "STEPSTREAM_PARTITIONS" in env:
             values["partitions"] = env_int(env, "STEPSTREAM_PARTITIONS", 4)
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -114,7 +123,10 @@ async def open_embedded(
         clock=clock or SystemClock(),
         max_payload_bytes=config.max_payload_bytes,
         config=ProcessorConfig(
-            cache_size=config.cache_size, drain_timeout_s=config.drain_timeout_s
+            cache_size=config.cache_size,
+            drain_timeout_s=config.drain_timeout_s,
+            retention_s=config.retention_s,
+            sweep_interval_s=config.sweep_interval_s,
         ),
     )
     try:

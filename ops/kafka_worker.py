@@ -28,7 +28,7 @@ from consumers.kafka import (
     topic_partitions,
 )
 from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
-from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, ProcessorConfig
+from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_RETENTION_S, ProcessorConfig
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
@@ -73,7 +73,8 @@ class KafkaWorkerConfig:
             ),
         }
         values["processor"] = ProcessorConfig(
-            drain_timeout_s=env_seconds(env, "STEPSTREAM_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S)
+            drain_timeout_s=env_seconds(env, "STEPSTREAM_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S),
+            retention_s=env_seconds(env, "STEPSTREAM_RETENTION_S", DEFAULT_RETENTION_S),
         )
         values["snapshot_every"] = env_int(
             env, "STEPSTREAM_SNAPSHOT_EVERY", DEFAULT_SNAPSHOT_EVERY, minimum=0

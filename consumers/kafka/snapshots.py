@@ -35,6 +35,7 @@ from engine.errors import UndecodableRecord
 from engine.records import SnapshotTaken, StateChunk
 from engine.seams import Clock
 from engine.serde import RecordSerde
+from engine.state import InstanceState
 from engine.topics import COMMANDS, HISTORY, TIMERS, TopicNames
 
 log = logging.getLogger("stepstream.kafka.snapshots")
@@ -191,6 +192,9 @@ async def _chunks(db: PartitionDB) -> AsyncIterator[tuple[list[bytes], list[byte
         active = state_keys.ACTIVE + instance
         if db.get(active) is not None:
             pairs.append((active, b""))
+        else:
+            state = InstanceState.from_storage(instance.decode(), meta, [])
+            pairs.append((state_keys.finished(state.finished_ms, state.instance_id), b""))
         for prefix in _INSTANCE_PREFIXES:
             pairs.extend(db.scan(prefix + instance + b"\x00"))
         for key, value in pairs:

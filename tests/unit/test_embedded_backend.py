@@ -537,3 +537,51 @@ async def test_the_instance_cache_keeps_the_most_recently_used(tmp_path: Path) -
         await client.send_event("cold-0", "e", "x")
         assert await client.result("cold-0", timeout=10) == ["x"]
         assert RUNS["cold-0"] == 2
+
+
+async def test_finished_instances_are_forgotten_after_the_retention(tmp_path: Path) -> None:
+    """Finished instances leave the state (all their keys) once the retention has passed
+    since they finished; running ones stay; the id can then be started afresh."""
+    from consumers import state_keys
+    from ops.embedded import EmbeddedConfig, open_embedded
+    from producers.client import Client
+    from stepstream import UnknownInstance
+    from tests.conftest import test_registry
+
+    config = EmbeddedConfig(
+        data_dir=str(tmp_path / "data"), partitions=1, retention_s=0.3, sweep_interval_s=0.05
+    )
+    engine = await open_embedded(test_registry(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        done = await client.start("arith", 1, instance_id="done")
+        assert await client.result(done, timeout=10) == {"total": 2, "doubled": 4}
+        waiting = await client.start("waiter", None, instance_id="waiting")
+        assert (await client.status(done)).status == "completed"  # within the retention
+        for _ in range(200):
+            try:
+                await client.status(done)
+            except UnknownInstance as exc:
+                assert "STEPSTREAM_RETENTION_S" in str(exc)
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the finished instance was never forgotten")
+        store = engine.host._processor("done").backend.store
+        left = [
+            key
+            for prefix in (
+                state_keys.META,
+                state_keys.ENTRY,
+                state_keys.HISTORY,
+                state_keys.COMMAND,
+            )
+            for key, _ in store.scan(prefix)
+            if b"done" in key
+        ]
+        assert left == [] and list(store.scan(state_keys.FINISHED)) == []
+        assert (await client.status(waiting)).status == "running"  # not finished: kept
+        await client.send_event(waiting, "approval", "ok")
+        assert await client.result(waiting, timeout=10) == "ok"
+        # A new instance may take the forgotten id.
+        await client.start("arith", 5, instance_id="done")
+        assert await client.result("done", timeout=10) == {"total": 6, "doubled": 12}
