@@ -483,42 +483,46 @@ class PartitionProcessor:
     # ---- retention -------------------------------------------------------------------
 
     def _sweep_due(self, now: float) -> bool:
-        if self._config.retention_s <= 0 or self._draining:
-            return False
-        if now - self._last_sweep < self._config.sweep_interval_s:
+        if self._draining or now - self._last_sweep < self._config.sweep_interval_s:
             return False
         self._last_sweep = now
         return True
 
     async def _sweep(self) -> int:
-        """Forget instances that finished longer than the retention ago (oldest first, a
-        bounded number per sweep), in one commit: every key of theirs goes."""
+        """Housekeeping, in one commit: forget instances that finished longer than the
+        retention ago (oldest first, a bounded number per sweep: every key of theirs
+        goes), and let the backend drop log records no longer needed: commands and timers
+        consumed, history older than the retention (the log's end offset is noted at
+        each sweep, so the offset that old is known). The last record of each log is kept
+        (a local log recovers its end offset from it)."""
         store = self.backend.store
-        cutoff = self._clock.now_ms() - int(self._config.retention_s * 1000)
         batch = CommitBatch()
         forgotten = 0
-        for key, _ in store.scan(keys.FINISHED):
-            finished_ms, instance_id = keys.split_finished(key)
-            if finished_ms > cutoff or forgotten >= SWEEP_BATCH:
-                break
-            for prefix in (
-                keys.entry_prefix(instance_id),
-                keys.history_prefix(instance_id),
-                keys.command_prefix(instance_id),
-            ):
-                for stale, _ in store.scan(prefix):
-                    batch.delete(stale)
-            batch.delete(keys.meta(instance_id))
-            batch.delete(keys.active(instance_id))
-            batch.delete(key)
-            runtime = self._cache.pop(instance_id, None)
-            if runtime is not None:
-                runtime.close()
-            forgotten += 1
+        retention_ms = int(self._config.retention_s * 1000)
+        if retention_ms > 0:
+            now = self._clock.now_ms()
+            cutoff = now - retention_ms
+            for key, _ in store.scan(keys.FINISHED):
+                finished_ms, instance_id = keys.split_finished(key)
+                if finished_ms > cutoff or forgotten >= SWEEP_BATCH:
+                    break
+                self._forget(instance_id, batch)
+                batch.delete(key)
+                forgotten += 1
+            history_before = 0
+            for key, value in store.scan(keys.LOG_MARK):
+                if keys.split_log_mark(key) > cutoff:
+                    break
+                history_before = keys.decode_offset(value)
+                batch.delete(key)
+            batch.put(keys.log_mark(now), keys.encode_offset(self.backend.end_offset(HISTORY)))
+            self._trim(batch, HISTORY, history_before)
+        for kind in (COMMANDS, TIMERS):
+            self._trim(batch, kind, self.backend.committed_offset(kind))
         if forgotten >= SWEEP_BATCH:
             self._last_sweep = 0.0  # more are due: sweep again after the next batch
+        await self.backend.commit(batch)
         if forgotten:
-            await self.backend.commit(batch)
             log.info(
                 "partition=%d forgot %d instances finished before the retention of %.0f s",
                 self.partition,
@@ -526,6 +530,26 @@ class PartitionProcessor:
                 self._config.retention_s,
             )
         return forgotten
+
+    def _forget(self, instance_id: str, batch: CommitBatch) -> None:
+        store = self.backend.store
+        for prefix in (
+            keys.entry_prefix(instance_id),
+            keys.history_prefix(instance_id),
+            keys.command_prefix(instance_id),
+        ):
+            for stale, _ in store.scan(prefix):
+                batch.delete(stale)
+        batch.delete(keys.meta(instance_id))
+        batch.delete(keys.active(instance_id))
+        runtime = self._cache.pop(instance_id, None)
+        if runtime is not None:
+            runtime.close()
+
+    def _trim(self, batch: CommitBatch, kind: str, before: int) -> None:
+        keep_last = self.backend.end_offset(kind) - 1
+        if min(before, keep_last) > 0:
+            batch.trims[kind] = min(before, keep_last)
 
     def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
         return dead_letter(

@@ -7,6 +7,7 @@ Layout (all keys local to one partition):
   a\\0<instance>              index of unfinished instances (loaded on restore)
   c\\0<instance>\\0<command>   a client command applied to the instance (duplicates skipped)
   f\\0<finished:8><instance>  finished instances by when they finished (retention)
+  l\\0<time:8>               the history log's end offset at that time (log trimming)
   t\\0<fire_at:8><timer_id>   timer index ordered by fire time -> instance id
   T\\0<timer_id>              timer id -> fire time (to cancel)
 """
@@ -21,6 +22,7 @@ HISTORY = b"h\x00"
 ACTIVE = b"a\x00"
 COMMAND = b"c\x00"
 FINISHED = b"f\x00"
+LOG_MARK = b"l\x00"
 TIMER = b"t\x00"
 TIMER_BY_ID = b"T\x00"
 _SEQ = struct.Struct(">Q")
@@ -65,6 +67,22 @@ def finished(finished_ms: int, instance_id: str) -> bytes:
 def split_finished(key: bytes) -> tuple[int, str]:
     body = key[len(FINISHED) :]
     return _SEQ.unpack(body[:8])[0], body[8:].decode()
+
+
+def log_mark(time_ms: int) -> bytes:
+    return LOG_MARK + _SEQ.pack(time_ms)
+
+
+def split_log_mark(key: bytes) -> int:
+    return int(_SEQ.unpack(key[len(LOG_MARK) :])[0])
+
+
+def encode_offset(offset: int) -> bytes:
+    return _SEQ.pack(offset)
+
+
+def decode_offset(raw: bytes) -> int:
+    return int(_SEQ.unpack(raw)[0])
 
 
 def timer(fire_at_ms: int, timer_id: str) -> bytes:

@@ -76,6 +76,9 @@ class CommitBatch:
     deletes: set[bytes] = field(default_factory=set)
     # topic kind -> next offset to consume from it, applied with the state changes
     offsets: dict[str, int] = field(default_factory=dict)
+    # Topic kind -> offset of this partition below which its log records are no longer
+    # needed. A backend with a local log drops them; Kafka leaves it to topic retention.
+    trims: dict[str, int] = field(default_factory=dict)
 
     def put(self, key: bytes, value: bytes) -> None:
         self.deletes.discard(key)
@@ -86,7 +89,7 @@ class CommitBatch:
         self.deletes.add(key)
 
     def __bool__(self) -> bool:
-        return bool(self.appends or self.puts or self.deletes or self.offsets)
+        return bool(self.appends or self.puts or self.deletes or self.offsets or self.trims)
 
 
 class PartitionLost(Exception):
@@ -108,5 +111,9 @@ class PartitionBackend(Protocol):
     def source(self, kind: str) -> Source: ...
 
     def committed_offset(self, kind: str) -> int: ...
+
+    def end_offset(self, kind: str) -> int:
+        """The next offset of this partition's ``kind`` records, as far as it knows."""
+        ...
 
     async def commit(self, batch: CommitBatch) -> None: ...

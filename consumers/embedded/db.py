@@ -58,6 +58,7 @@ class _Write:
     appends: Sequence[Append]
     puts: Sequence[tuple[bytes, bytes]]
     deletes: Sequence[bytes]
+    trims: Sequence[tuple[bytes, bytes]] = ()  # [begin, end) key ranges of the log
 
 
 @dataclass(slots=True)
@@ -166,6 +167,7 @@ class EmbeddedDB:
         appends: Sequence[Append] = (),
         puts: Sequence[tuple[bytes, bytes]] = (),
         deletes: Sequence[bytes] = (),
+        trims: Sequence[tuple[bytes, bytes]] = (),
     ) -> list[tuple[int, int]]:
         """Make one atomic write durable; return the (partition, offset) of each append.
 
@@ -176,7 +178,7 @@ class EmbeddedDB:
         self._check_writable()
         _check_write(appends, puts, deletes, self.partitions)
         done: asyncio.Future[list[tuple[int, int]]] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Queued(_Write(appends, puts, deletes), done))
+        self._queue.append(_Queued(_Write(appends, puts, deletes, trims), done))
         self._wakeup.set()
         return await done
 
@@ -281,6 +283,8 @@ class EmbeddedDB:
         for queued in taken:
             write = queued.write
             positions.append(self.log.stage(batch, log_cf, write.appends, staged))
+            for begin, end in write.trims:
+                batch.delete_range(begin, end, log_cf)
             for key in write.deletes:
                 batch.delete(key, state_cf)
             for key, value in write.puts:

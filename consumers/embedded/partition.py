@@ -85,6 +85,9 @@ class EmbeddedPartition:
         stored = self._db.get(keys.STATE_CF, keys.state_offset_key(self.partition, kind))
         return 0 if stored is None else keys.decode_u64(stored)
 
+    def end_offset(self, kind: str) -> int:
+        return self._db.log.end_offset(kind, self.partition)
+
     async def commit(self, batch: CommitBatch) -> None:
         """Make ``batch`` durable as one atomic write: its appends (at offsets the writer
         assigns), its state changes and its consumed offsets, or none of them."""
@@ -102,4 +105,8 @@ class EmbeddedPartition:
                 )
             puts.append((keys.state_offset_key(self.partition, kind), keys.encode_u64(offset)))
         deletes = [self._user_prefix + key for key in batch.deletes]
-        await self._db.write(appends=appends, puts=puts, deletes=deletes)
+        trims = [
+            (keys.log_key(kind, self.partition, 0), keys.log_key(kind, self.partition, offset))
+            for kind, offset in batch.trims.items()
+        ]
+        await self._db.write(appends=appends, puts=puts, deletes=deletes, trims=trims)

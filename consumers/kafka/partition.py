@@ -84,13 +84,17 @@ class KafkaPartition:
         """The next offset of ``kind`` the local state covers (0 if none)."""
         return self.db.offset(kind) or 0
 
+    def end_offset(self, kind: str) -> int:
+        """The next offset the local state covers (Kafka keeps its own retention)."""
+        return self.committed_offset(kind)
+
     def revoke(self) -> None:
         """No commit may change anything from now on (the partition has a new owner)."""
         self._revoked = True
 
     async def commit(self, batch: CommitBatch) -> None:
-        if not batch:
-            return
+        if not (batch.appends or batch.puts or batch.deletes or batch.offsets):
+            return  # trims: Kafka keeps to the topics' own retention
         if self._revoked or self.db.closed:
             raise PartitionRevoked(f"partition {self.partition} is no longer owned here")
         records: list[OutRecord] = []

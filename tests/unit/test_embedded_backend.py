@@ -585,3 +585,24 @@ async def test_finished_instances_are_forgotten_after_the_retention(tmp_path: Pa
         # A new instance may take the forgotten id.
         await client.start("arith", 5, instance_id="done")
         assert await client.result("done", timeout=10) == {"total": 6, "doubled": 12}
+        # The log keeps what is still needed: consumed commands and history older than
+        # the retention go at a sweep, the last record of each log stays.
+        log = engine.db.log
+        ends = {kind: log.end_offset(kind, 0) for kind in (COMMANDS, HISTORY)}
+        # A processor sweeps between batches and at least once a second when idle (its
+        # fetch times out), noting the history's end; once such a note is older than the
+        # retention, what came before it goes.
+        for n in range(50):
+            first = {k: log.read(k, 0, 0, 10**6)[0].offset for k in (COMMANDS, HISTORY)}
+            if first[COMMANDS] >= ends[COMMANDS] - 1 and first[HISTORY] >= ends[HISTORY] - 1:
+                break
+            await client.start("arith", n, instance_id=f"later-{n}")
+            await asyncio.sleep(0.2)
+        else:
+            raise AssertionError(f"logs not trimmed: first offsets {first}, ends were {ends}")
+    # Reopened, each log still ends where it ended, and work goes on.
+    engine = await open_embedded(test_registry(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        assert engine.db.log.end_offset(COMMANDS, 0) > ends[COMMANDS]
+        await client.start("arith", 9, instance_id="after-reopen")
+        assert await client.result("after-reopen", timeout=10) == {"total": 10, "doubled": 20}
