@@ -98,6 +98,10 @@ class PartitionHost:
         self.executor.shutdown()
 
     @property
+    def drain_timeout_s(self) -> float:
+        return self._config.drain_timeout_s
+
+    @property
     def owned(self) -> list[int]:
         return sorted(self._owned)
 

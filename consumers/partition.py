@@ -25,6 +25,7 @@ from engine.records import (
     Command,
     CommandIgnored,
     HistoryRecord,
+    InstanceForgotten,
     PartitionFenced,
     SendEvent,
     StartWorkflow,
@@ -65,7 +66,8 @@ class ProcessorConfig:
     # running may take to finish and be recorded before the partition is let go.
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     # How long a finished instance (status, result, history) stays readable after it
-    # finished; then its state is deleted (the history topic keeps its records). 0: ever.
+    # finished; then its state is deleted and an InstanceForgotten recorded (the Kafka
+    # history topic keeps its records; the embedded log drops them). 0: for ever.
     retention_s: float = DEFAULT_RETENTION_S
     sweep_interval_s: float = SWEEP_INTERVAL_S
 
@@ -107,6 +109,24 @@ def write_state(state: InstanceState, batch: CommitBatch) -> None:
         batch.put(keys.finished(state.finished_ms, instance_id), b"")
     else:
         batch.put(keys.active(instance_id), b"")
+
+
+def forget_instance(store: StateStore, instance_id: str, batch: CommitBatch) -> None:
+    """Queue the deletion of every key an instance has in ``store``."""
+    meta = store.get(keys.meta(instance_id))
+    if meta is not None:
+        state = InstanceState.from_storage(instance_id, meta, [])
+        if state.status.finished:
+            batch.delete(keys.finished(state.finished_ms, instance_id))
+    for prefix in (
+        keys.entry_prefix(instance_id),
+        keys.history_prefix(instance_id),
+        keys.command_prefix(instance_id),
+    ):
+        for key, _ in store.scan(prefix):
+            batch.delete(key)
+    batch.delete(keys.meta(instance_id))
+    batch.delete(keys.active(instance_id))
 
 
 class PartitionProcessor:
@@ -171,11 +191,24 @@ class PartitionProcessor:
                 continue
             runtime.recover(out)
             touched[instance_id] = runtime
+        self._index_finished(batch)
         self._persist(out, touched, batch)
         await self.backend.commit(batch)
         self._after_commit(out, touched, {})
         if touched:
             log.info("partition=%d resumed %d unfinished instances", self.partition, len(touched))
+
+    def _index_finished(self, batch: CommitBatch) -> None:
+        """Once per state store: index the instances that finished before finish times
+        were indexed (state written by an older version), so retention reaches them."""
+        store = self.backend.store
+        if store.get(keys.FINISHED_INDEXED) is not None:
+            return
+        for key, meta in store.scan(keys.META):
+            state = InstanceState.from_storage(key[len(keys.META) :].decode(), meta, [])
+            if state.status.finished:
+                batch.put(keys.finished(state.finished_ms, state.instance_id), b"")
+        batch.put(keys.FINISHED_INDEXED, b"")
 
     async def stop(self) -> None:
         for task in (self._task, self._fetch):
@@ -304,9 +337,20 @@ class PartitionProcessor:
         touched: dict[str, InstanceRuntime] = {}
         settled: dict[str, str | None] = {}
         applied: dict[str, list[tuple[LogEntry, str]]] = {}
+        undone: list[tuple[LogEntry, str]] = []
         self._poisoned.clear()
+
+        def undo_poisoned() -> None:
+            # An instance whose decisions in this batch were all undone: so are the
+            # commands before the failure that led to them (later ones applied anew).
+            for instance_id in self._poisoned - poisoned_seen:
+                undone.extend(applied.pop(instance_id, ()))
+                poisoned_seen.add(instance_id)
+
+        poisoned_seen: set[str] = set()
         for entry in entries:
             command_id, reason, rejected = self._apply_command(entry, out, touched)
+            undo_poisoned()
             if rejected:
                 assert reason is not None
                 batch.appends.append(self._dead_letter(entry, reason))
@@ -319,21 +363,48 @@ class PartitionProcessor:
             if runtime is None:
                 continue  # the instance finished or was dropped; a late outcome changes nothing
             self._guarded(runtime, outcome, out, touched)
-        for instance_id in self._poisoned:
-            # Its decisions in this batch were all undone: so are the commands that led
-            # to them, kept in dead-letters with a reason the publisher sees.
-            for entry, command_id in applied.get(instance_id, ()):
+            undo_poisoned()
+        for entry, command_id in undone:
+            if is_client_command(command_id):
                 reason = (
-                    f"not applied: a later input of instance {instance_id} in the same batch "
-                    "hit an internal error (see the worker's log); send the command again"
+                    "not applied: a later input of its instance in the same batch hit an "
+                    "internal error (see the worker's log); send the command again"
                 )
                 batch.appends.append(self._dead_letter(entry, reason))
                 settled[command_id] = reason
+            else:  # a timer fire: nobody would send it again, so it goes round again
+                batch.appends.append(Append(COMMANDS, entry.key, entry.value, self.partition))
         if entries:
             batch.offsets[COMMANDS] = entries[-1].offset + 1
         self._persist(out, touched, batch)
         await self.backend.commit(batch)
         self._after_commit(out, touched, settled)
+        if poisoned_seen:
+            await self._recover(sorted(poisoned_seen))
+
+    async def _recover(self, instance_ids: list[str]) -> None:
+        """Reload instances whose batch was undone and drive them from their committed
+        state (attempts their undone inputs started or finished are recovered as lost),
+        so they do not wait for an input that may never come."""
+        out = Output()
+        batch = CommitBatch()
+        touched: dict[str, InstanceRuntime] = {}
+        for instance_id in instance_ids:
+            runtime = self._cached(instance_id) or self._load(instance_id)
+            if runtime is None:
+                continue
+            try:
+                runtime.recover(out)
+            except Exception:
+                log.exception(
+                    "partition=%d instance=%s: recovery failed", self.partition, instance_id
+                )
+                self._cache.pop(instance_id, None)
+                continue
+            touched[instance_id] = runtime
+        self._persist(out, touched, batch)
+        await self.backend.commit(batch)
+        self._after_commit(out, touched, {})
 
     def _apply_command(
         self, entry: LogEntry, out: Output, touched: dict[str, InstanceRuntime]
@@ -506,8 +577,32 @@ class PartitionProcessor:
                 finished_ms, instance_id = keys.split_finished(key)
                 if finished_ms > cutoff or forgotten >= SWEEP_BATCH:
                     break
-                self._forget(instance_id, batch)
-                batch.delete(key)
+                runtime = self._cache.get(instance_id)
+                if runtime is not None and runtime.busy:
+                    continue  # an attempt of it still runs: next time
+                state = load_state(store, instance_id, entries=False)
+                if state is None:
+                    batch.delete(key)
+                    continue
+                # Recorded, so that whoever folds this history drops the instance too
+                # (and its id may begin a new instance).
+                forget = InstanceForgotten(
+                    instance_id=instance_id,
+                    seq=state.seq + 1,
+                    time_ms=now,
+                    command_id=f"forget:{instance_id}",
+                    epoch=self.backend.epoch,
+                    finished_ms=finished_ms,
+                )
+                batch.appends.append(
+                    Append(
+                        HISTORY, instance_id.encode(), self._serde.encode(forget), self.partition
+                    )
+                )
+                forget_instance(store, instance_id, batch)
+                runtime = self._cache.pop(instance_id, None)
+                if runtime is not None:
+                    runtime.close()
                 forgotten += 1
             history_before = 0
             for key, value in store.scan(keys.LOG_MARK):
@@ -530,21 +625,6 @@ class PartitionProcessor:
                 self._config.retention_s,
             )
         return forgotten
-
-    def _forget(self, instance_id: str, batch: CommitBatch) -> None:
-        store = self.backend.store
-        for prefix in (
-            keys.entry_prefix(instance_id),
-            keys.history_prefix(instance_id),
-            keys.command_prefix(instance_id),
-        ):
-            for stale, _ in store.scan(prefix):
-                batch.delete(stale)
-        batch.delete(keys.meta(instance_id))
-        batch.delete(keys.active(instance_id))
-        runtime = self._cache.pop(instance_id, None)
-        if runtime is not None:
-            runtime.close()
 
     def _trim(self, batch: CommitBatch, kind: str, before: int) -> None:
         keep_last = self.backend.end_offset(kind) - 1

@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 
 from consumers import state_keys as keys
-from consumers.partition import load_state, write_state
+from consumers.partition import forget_instance, load_state, write_state
 from engine.errors import UndecodableRecord
-from engine.records import HistoryRecord, PartitionFenced
+from engine.records import HistoryRecord, InstanceForgotten, PartitionFenced, WorkflowStarted
 from engine.seams import CommitBatch, StateStore
 from engine.serde import RecordSerde
 from engine.state import InstanceState
@@ -29,6 +29,10 @@ class Restorer:
         self._serde = serde
         self._states: dict[str, InstanceState] = {}
         self._history: dict[bytes, bytes] = {}
+        # Instances forgotten in what was folded: their stored keys go (queued here), and
+        # their stored state is not loaded again.
+        self._deletes = CommitBatch()
+        self._forgotten: set[str] = set()
         self.fence_epoch = 0
         self.applied = 0
         self.skipped = 0
@@ -46,11 +50,30 @@ class Restorer:
         if not isinstance(record, HistoryRecord) or record.epoch < self.fence_epoch:
             self.skipped += 1
             return
-        state = self._states.get(record.instance_id)
+        instance_id = record.instance_id
+        state = self._states.get(instance_id)
         if state is None:
-            state = load_state(self._store, record.instance_id) or InstanceState(record.instance_id)
-            self._states[record.instance_id] = state
+            stored = (
+                None if instance_id in self._forgotten else load_state(self._store, instance_id)
+            )
+            state = stored or InstanceState(instance_id)
+            self._states[instance_id] = state
+        if isinstance(record, InstanceForgotten):
+            if record.seq > state.seq:
+                self._forget(instance_id)
+            return
         if record.seq <= state.seq:
+            return
+        if state.seq == 0 and not (isinstance(record, WorkflowStarted) and record.seq == 1):
+            # Only a WorkflowStarted begins an instance: this is the rest of one that was
+            # forgotten (or of a history that does not start at the beginning).
+            log.warning(
+                "restore: skipping %s seq %d of instance %s, which this state does not hold",
+                record.type,
+                record.seq,
+                instance_id,
+            )
+            self.skipped += 1
             return
         if record.seq != state.seq + 1:
             log.warning(
@@ -63,9 +86,20 @@ class Restorer:
         self._history[keys.history(record.instance_id, record.seq)] = value
         self.applied += 1
 
+    def _forget(self, instance_id: str) -> None:
+        """Drop the instance: what was folded of it here, and its stored keys."""
+        self._states.pop(instance_id, None)
+        prefix = keys.history_prefix(instance_id)
+        for key in [k for k in self._history if k.startswith(prefix)]:
+            del self._history[key]
+        if instance_id not in self._forgotten:
+            forget_instance(self._store, instance_id, self._deletes)
+            self._forgotten.add(instance_id)
+
     def batch(self) -> CommitBatch:
         """The state changes so far, as one batch; resets the pending changes."""
-        batch = CommitBatch()
+        batch, self._deletes = self._deletes, CommitBatch()
+        self._forgotten.clear()
         for key, value in self._history.items():
             batch.put(key, value)
         for state in self._states.values():

@@ -8,6 +8,7 @@ Layout (all keys local to one partition):
   c\\0<instance>\\0<command>   a client command applied to the instance (duplicates skipped)
   f\\0<finished:8><instance>  finished instances by when they finished (retention)
   l\\0<time:8>               the history log's end offset at that time (log trimming)
+  v\\0finished-indexed        set once every finished instance is in the f\\0 index
   t\\0<fire_at:8><timer_id>   timer index ordered by fire time -> instance id
   T\\0<timer_id>              timer id -> fire time (to cancel)
 """
@@ -23,6 +24,7 @@ ACTIVE = b"a\x00"
 COMMAND = b"c\x00"
 FINISHED = b"f\x00"
 LOG_MARK = b"l\x00"
+FINISHED_INDEXED = b"v\x00finished-indexed"
 TIMER = b"t\x00"
 TIMER_BY_ID = b"T\x00"
 _SEQ = struct.Struct(">Q")

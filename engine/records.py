@@ -204,6 +204,14 @@ class CommandIgnored(HistoryRecord):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InstanceForgotten(HistoryRecord):
+    """A finished instance was forgotten once the retention had passed; readers drop it,
+    and a later ``WorkflowStarted`` (seq 1) with its id begins a new instance."""
+
+    finished_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class PartitionFenced(HistoryRecord):
     """Written by a new owner of a partition before anything else; records of lower epochs
     that follow it are ignored by every reader. ``instance_id`` is empty."""
@@ -245,6 +253,7 @@ class StateChunk(SnapshotRecord):
 
     snapshot_id: str
     index: int
+    previous_offset: int  # the newest complete snapshot's SnapshotTaken, or -1
     keys: list[bytes]
     values: list[bytes]
 
@@ -306,6 +315,7 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     WorkflowCancelled,
     CommandIgnored,
     PartitionFenced,
+    InstanceForgotten,
 )
 TIMER_TYPES: tuple[type[TimerRecord], ...] = (TimerScheduled, TimerCancelled)
 SNAPSHOT_TYPES: tuple[type[SnapshotRecord], ...] = (StateChunk, SnapshotTaken)

@@ -167,7 +167,7 @@ RECENT_COMMANDS = 64
 # Ids of commands the engine makes itself. Each is applied at most once by construction
 # (a step outcome names its attempt, a timer fire its timer); every other command id is
 # a client's, kept for good so that a re-delivered command is never applied twice.
-INTERNAL_COMMAND_PREFIXES = ("step:", "recover:", "fire:", "fence:")
+INTERNAL_COMMAND_PREFIXES = ("step:", "recover:", "fire:", "fence:", "forget:", "snapshot:")
 
 
 def is_client_command(command_id: str) -> bool:

@@ -26,7 +26,11 @@ ADMIN_REQUIRED: dict[str, object] = {"allow.auto.create.topics": False}
 _TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     "history": {"retention.ms": "-1", "retention.bytes": "-1"},
     # Only the newest snapshot of a partition is read; older ones may go.
-    "snapshots": {"retention.ms": str(7 * 24 * 3600 * 1000)},
+    # A chunk holds whole keys: one may hold a value of up to about 1.4x the payload
+    # limit (a payload inside an instance's JSON state).
+    # Kept like history: snapshots are taken ever more rarely as state grows, so they cost
+    # no more than the history they summarise.
+    "snapshots": {"retention.ms": "-1", "max.message.bytes": str(8 << 20)},
     MEMBERS: {"cleanup.policy": "compact"},
 }
 

@@ -108,10 +108,6 @@ class PartitionDB:
         """Another unsigned number kept in ``meta`` (``keys.META_*``)."""
         return self._meta_u64(key)
 
-    def state_snapshot(self) -> Any:
-        """A point-in-time view of the state column family (``items()`` in key order)."""
-        return self._state.snapshot()
-
     def write(
         self,
         *,

@@ -34,6 +34,7 @@ META_HISTORY_TAIL = b"history-tail"
 META_SNAPSHOT_HISTORY = b"snapshot-history"
 META_SNAPSHOT_ENTRIES = b"snapshot-entries"  # key/value pairs that snapshot held
 META_SNAPSHOT_TIMERS = b"snapshot-timers"  # the timers offset of a snapshot loaded here
+META_SNAPSHOT_OFFSET = b"snapshot-offset"  # where that snapshot's SnapshotTaken is
 _META_OFFSET = b"offset/"
 
 # Files under ``<state dir>/<topic prefix>/``.

@@ -129,6 +129,8 @@ class KafkaPartition:
                 # restore folds these records (or skips them, after its fence).
                 raise PartitionRevoked(f"partition {self.partition} was revoked during a commit")
             await self._check_gaps(records, offsets)
+            if self._revoked or self.db.closed:
+                raise PartitionRevoked(f"partition {self.partition} was revoked during a commit")
             covered = dict(batch.offsets)
             tail_crc = None
             if last_history >= 0:
@@ -150,7 +152,7 @@ class KafkaPartition:
             raise PartitionLost(f"partition {self.partition}: commit failed: {exc}") from exc
         for kind, offset in batch.offsets.items():
             self._consumed(kind, self.partition, offset)
-        if self.snapshots is not None:
+        if self.snapshots is not None and not self._revoked:
             self.snapshots.maybe_take(self.db)
 
     async def _send(self, records: list[OutRecord]) -> list[int]:

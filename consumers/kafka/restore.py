@@ -210,6 +210,8 @@ async def restore_partition(
     began = time.monotonic()
     snapshot: str | None = None
     if snapshots is not None and db.offset(HISTORY) is None:
+        if not db.empty:  # what an interrupted load left behind
+            db = await asyncio.to_thread(db.wiped)
         taken = await asyncio.to_thread(snapshots.load, partition, db)
         if taken is not None:
             snapshot = taken.snapshot_id

@@ -170,9 +170,14 @@ class KafkaRunner:
             if isinstance(record, PartitionFenced):
                 found = max(found, record.epoch)
 
-        async with self._gap_lock:
-            assert self._gap_reader is not None
-            await asyncio.to_thread(self._gap_reader.read, partition, start, stop, note)
+        async def read() -> None:
+            async with self._gap_lock:
+                assert self._gap_reader is not None
+                await asyncio.to_thread(self._gap_reader.read, partition, start, stop, note)
+
+        # Shielded: a cancelled commit must not release the reader while its thread
+        # still uses it.
+        await asyncio.shield(asyncio.get_running_loop().create_task(read()))
         return found
 
     def _commit_failed(self, exc: BaseException) -> None:
@@ -185,16 +190,20 @@ class KafkaRunner:
     async def _revoke(self, partitions: list[int], *, drain: bool = True) -> None:
         if drain:
             # Still the owner until this returns (the group waits for it): running step
-            # attempts finish and are recorded here rather than lost to the next owner.
-            await self._host.drain([p for p in partitions if p in self._owned])
+            # attempts finish and are recorded here rather than lost to the next owner,
+            # and a snapshot being written gets the same time to complete.
+            owned = [p for p in partitions if p in self._owned]
+            snapshots = [s for p in owned if (s := self._owned[p].snapshots) is not None]
+            timeout = self._host.drain_timeout_s
+            await asyncio.gather(self._host.drain(owned), *(s.finish(timeout) for s in snapshots))
         for partition in partitions:
             backend = self._owned.pop(partition, None)
             if backend is None:
                 continue
-            if backend.snapshots is not None:
-                await backend.snapshots.stop()
-            backend.revoke()
+            backend.revoke()  # no commit from here on, so no new snapshot either
             self._group.detach(partition)
             await self._host.revoke(partition)
+            if backend.snapshots is not None:
+                await backend.snapshots.stop()  # its iterator must go before the db
             backend.db.close()
         await self._on_owned(self.owned)

@@ -32,7 +32,7 @@ from consumers.kafka.db import PartitionDB
 from consumers.kafka.producer import LogProducer, OutRecord
 from consumers.kafka.restore import Headers, HistoryReader
 from engine.errors import UndecodableRecord
-from engine.records import SnapshotTaken, StateChunk
+from engine.records import Record, SnapshotTaken, StateChunk
 from engine.seams import Clock
 from engine.serde import RecordSerde
 from engine.state import InstanceState
@@ -66,13 +66,17 @@ class Snapshotter:
         self._topic = topics.snapshots
         self._epoch = epoch
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._retry_at = 0
         self.taken = 0
 
     def maybe_take(self, db: PartitionDB) -> None:
         """Start a snapshot if enough history has accumulated and none is being written."""
-        if self.every <= 0 or self.busy:
+        if self.every <= 0 or self.busy or self._stopped:
             return
         history = db.offset(HISTORY) or 0
+        if history < self._retry_at:
+            return  # the last attempt failed: not again before ``every`` more records
         since = history - (db.offset_meta(keys.META_SNAPSHOT_HISTORY) or 0)
         # At least ``every`` records, and at least as many as the last snapshot held:
         # snapshots cost O(history) in all, and a restore reads at most about twice the
@@ -85,9 +89,20 @@ class Snapshotter:
     def busy(self) -> bool:
         return self._task is not None and not self._task.done()
 
+    async def finish(self, timeout: float) -> None:
+        """On a graceful hand-over: start no new snapshot, and give the one being written
+        up to ``timeout`` seconds to complete (a cut-short one is of no use to anyone)."""
+        self._stopped = True
+        if self._task is not None and not self._task.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout)
+            except (TimeoutError, Exception):
+                pass
+
     async def stop(self) -> None:
-        """Abandon a snapshot being written (its chunks stay unclosed and are skipped).
-        Call before the partition's db is closed."""
+        """Abandon a snapshot being written (its chunks stay unclosed and are skipped)
+        and take no more. Call before the partition's db is closed."""
+        self._stopped = True
         if self.busy:
             assert self._task is not None
             self._task.cancel()
@@ -95,11 +110,6 @@ class Snapshotter:
                 await self._task
             except (asyncio.CancelledError, Exception):
                 pass
-
-    async def wait(self) -> None:
-        """Until the snapshot being written (if any) is complete."""
-        if self._task is not None:
-            await asyncio.shield(self._task)
 
     async def _write(self, db: PartitionDB) -> None:
         began = time.monotonic()
@@ -109,6 +119,8 @@ class Snapshotter:
         commands = db.offset(COMMANDS) or 0
         timers = db.offset(TIMERS) or 0
         snapshot_id = f"p{self.partition}-{history}-{self._clock.now_ms()}"
+        known = db.offset_meta(keys.META_SNAPSHOT_OFFSET)
+        previous = -1 if known is None else known
         first: int | None = None
         count = entries = 0
         try:
@@ -116,6 +128,7 @@ class Snapshotter:
                 record = StateChunk(
                     **self._envelope(snapshot_id),
                     index=count,
+                    previous_offset=previous,
                     keys=names,
                     values=values,
                 )
@@ -134,15 +147,25 @@ class Snapshotter:
                 commands_offset=commands,
                 timers_offset=timers,
             )
-            await self._producer.send([self._out(taken)])
+            [taken_at] = await self._producer.send([self._out(taken)])
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("partition=%d: snapshot %s failed", self.partition, snapshot_id)
+            log.exception(
+                "partition=%d: snapshot %s failed; trying again after %d more history records",
+                self.partition,
+                snapshot_id,
+                self.every,
+            )
+            self._retry_at = history + self.every
             return
         if not db.closed:
             db.write(
-                meta={keys.META_SNAPSHOT_HISTORY: history, keys.META_SNAPSHOT_ENTRIES: entries}
+                meta={
+                    keys.META_SNAPSHOT_HISTORY: history,
+                    keys.META_SNAPSHOT_ENTRIES: entries,
+                    keys.META_SNAPSHOT_OFFSET: taken_at,
+                }
             )
         self.taken += 1
         log.info(
@@ -198,13 +221,14 @@ async def _chunks(db: PartitionDB) -> AsyncIterator[tuple[list[bytes], list[byte
         for prefix in _INSTANCE_PREFIXES:
             pairs.extend(db.scan(prefix + instance + b"\x00"))
         for key, value in pairs:
+            pair = len(key) + len(value) + 8
+            if names and size + pair > CHUNK_BYTES:
+                yield names, values  # an instance may span chunks: a chunk stays small
+                names, values, size = [], [], 0
             names.append(key)
             values.append(value)
-            size += len(key) + len(value) + 8
+            size += pair
         copied += 1
-        if size >= CHUNK_BYTES:
-            yield names, values
-            names, values, size = [], [], 0
         if copied % _YIELD_EVERY == 0:
             await asyncio.sleep(0)
     if names:
@@ -226,19 +250,31 @@ class SnapshotReader:
         self._reader.close()
 
     def latest(self, partition: int) -> tuple[SnapshotTaken, int] | None:
-        """The newest complete snapshot's closing record and its offset, or None if the
-        partition ends with anything else (no snapshot yet, or one cut short)."""
+        """The newest complete snapshot's closing record and its offset, or None: the
+        last record of the partition, or, if that is a chunk of a snapshot cut short,
+        the complete one its writer knew of."""
         low, end, last = self._reader.tail(partition)
         if end <= low or last is None:
             return None
+        record = self._decode(partition, last)
+        at = end - 1
+        if isinstance(record, StateChunk) and record.previous_offset >= low:
+            at = record.previous_offset
+            found: list[bytes] = []
+            self._reader.read(partition, at, at + 1, lambda _o, v, _h: found.append(v))
+            record = self._decode(partition, found[0]) if found else None
+        if not isinstance(record, SnapshotTaken):
+            return None
+        if record.chunks and record.first_offset < low:
+            return None
+        return record, at
+
+    def _decode(self, partition: int, value: bytes) -> Record | None:
         try:
-            taken = self._serde.decode(last)
+            return self._serde.decode(value)
         except UndecodableRecord as exc:
-            log.warning("partition=%d: the last snapshot record is unreadable: %s", partition, exc)
+            log.warning("partition=%d: an unreadable snapshot record: %s", partition, exc)
             return None
-        if not isinstance(taken, SnapshotTaken) or (taken.chunks and taken.first_offset < low):
-            return None
-        return taken, end - 1
 
     def load(self, partition: int, db: PartitionDB) -> SnapshotTaken | None:
         """Write the newest complete snapshot into the (empty) ``db`` with the offsets it
@@ -284,6 +320,7 @@ class SnapshotReader:
                 keys.META_SNAPSHOT_HISTORY: taken.history_offset,
                 keys.META_SNAPSHOT_ENTRIES: taken.entries,
                 keys.META_SNAPSHOT_TIMERS: taken.timers_offset,
+                keys.META_SNAPSHOT_OFFSET: stop,
             },
         )
         return taken

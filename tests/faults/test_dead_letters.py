@@ -391,6 +391,7 @@ async def test_an_internal_error_undoes_the_instance_s_whole_batch(
             SendEvent(instance_id=hit, command_id="e1", name="item", payload=CODEC.encode(1)),
             SendEvent(instance_id=other, command_id="o1", name="item", payload=CODEC.encode(9)),
             SendEvent(instance_id=hit, command_id="e2", name="boom", payload=CODEC.encode(2)),
+            SendEvent(instance_id=hit, command_id="e3", name="item", payload=CODEC.encode(3)),
         ]
         await engine.db.log.append(
             [Append(COMMANDS, e.instance_id.encode(), SERDE.encode(e), PARTITION) for e in events]
@@ -404,14 +405,15 @@ async def test_an_internal_error_undoes_the_instance_s_whole_batch(
             d.reason for d in letters
         ]
         assert "not applied" in letters[0].reason and "internal error" in letters[1].reason
-        # The hit instance is as it was; the other one moved on.
+        # What came before the failure is undone, what came after it applied (once);
+        # the other instance moved on.
         history = await client.history(hit)
         assert [h.seq for h in history] == list(range(1, len(history) + 1))
-        assert [h.type for h in history].count("WaitSatisfied") == 0
+        claimed = [h.attributes["event_command_id"] for h in history if h.type == "WaitSatisfied"]
+        assert claimed == ["e3"], [(h.type, h.command_id) for h in history]
         assert [h.type for h in await client.history(other)].count("WaitSatisfied") == 1
-        await client.send_event(hit, "item", 1)
-        await client.send_event(hit, "item", 2)
-        assert await client.result(hit, timeout=10) == [1, 2]
+        await client.send_event(hit, "item", 4)
+        assert await client.result(hit, timeout=10) == [3, 4]
     finally:
         await engine.close()
 

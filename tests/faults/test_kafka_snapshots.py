@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 
 from consumers.kafka import create_topics
+from consumers.partition import ProcessorConfig
 from engine.kafka_settings import KafkaSettings
 from engine.records import SnapshotTaken, StateChunk
 from engine.serde import default_serde
 from producers.client import Client
+from stepstream import UnknownInstance
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
 from tests.conftest import test_registry as workflows_registry
 from tests.integration.test_kafka_backend import (
@@ -149,6 +151,49 @@ async def test_a_worker_without_state_restores_from_the_newest_snapshot(
         await asyncio.to_thread((second or first).stop)
 
 
+async def test_a_snapshot_cut_short_leads_to_the_complete_one_before_it(
+    kafka_broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings, first = await first_worker(kafka_broker, tmp_path, caplog)
+    second: ThreadedWorker | None = None
+    try:
+        async with Client.connect(kafka_url(settings)) as client:
+            finished = await run_some(client)
+            for _ in range(200):
+                if 0 in await snapshots_on(settings):
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.to_thread(first.stop)
+            records = [r for r in await asyncio.to_thread(read_topic, settings, "snapshots")]
+            [taken_at, *_] = [
+                r.offset
+                for r in reversed(records)
+                if r.partition == 0 and isinstance(SERDE.decode(r.value), SnapshotTaken)
+            ]
+            newest = SERDE.decode(
+                next(r.value for r in records if r.offset == taken_at and r.partition == 0)
+            )
+            assert isinstance(newest, SnapshotTaken)
+            dead = StateChunk(
+                instance_id="",
+                snapshot_id="dead",
+                index=0,
+                previous_offset=taken_at,
+                keys=[b"x"],
+                values=[b"y"],
+            )
+            await asyncio.to_thread(
+                produce_raw, settings, "snapshots", [(0, b"", SERDE.encode(dead))]
+            )
+            caplog.clear()
+            second = await worker(settings, tmp_path / "second")
+            assert restores(caplog)[0][0] == newest.snapshot_id, caplog.text
+            for instance, result in finished.items():
+                assert await client.result(instance, timeout=5) == result
+    finally:
+        await asyncio.to_thread((second or first).stop)
+
+
 @pytest.mark.parametrize("damage", ["cut-short", "stale"])
 async def test_a_snapshot_that_cannot_be_used_falls_back_to_the_whole_history(
     kafka_broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
@@ -166,7 +211,12 @@ async def test_a_snapshot_that_cannot_be_used_falls_back_to_the_whole_history(
             [newest, *_] = reversed((await snapshots_on(settings))[0])
             if damage == "cut-short":  # a snapshot whose writer died after one chunk
                 bad: StateChunk | SnapshotTaken = StateChunk(
-                    instance_id="", snapshot_id="dead", index=0, keys=[b"x"], values=[b"y"]
+                    instance_id="",
+                    snapshot_id="dead",
+                    index=0,
+                    previous_offset=-1,
+                    keys=[b"x"],
+                    values=[b"y"],
                 )
             else:  # a closing record whose history does not match the topic
                 bad = SnapshotTaken(
@@ -203,3 +253,66 @@ async def test_a_snapshot_that_cannot_be_used_falls_back_to_the_whole_history(
             assert await client.result(fresh, timeout=20) == 3
     finally:
         await asyncio.to_thread((second or first).stop)
+
+
+@pytest.mark.parametrize("snapshot_every", [0, 5], ids=["snapshots-off", "snapshots-on"])
+async def test_a_forgotten_instance_stays_forgotten_after_a_restore(
+    kafka_broker: Broker, tmp_path: Path, snapshot_every: int
+) -> None:
+    """Retention forgets a finished instance in the history too (InstanceForgotten): a
+    worker restoring without local state drops it, and a new instance that took its id
+    is the one restored."""
+    settings = kafka_settings(kafka_broker)
+    await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)
+    short = ProcessorConfig(retention_s=0.5, sweep_interval_s=0.05)
+    first = ThreadedWorker(
+        settings,
+        tmp_path / "a",
+        workflows_registry(),
+        snapshot_every=snapshot_every,
+        processor=short,
+    )
+    await asyncio.to_thread(first.start)
+    second: ThreadedWorker | None = None
+    try:
+        async with Client.connect(kafka_url(settings)) as client:
+            await client.start("arith", 1, instance_id="reused")
+            assert await client.result("reused", timeout=20) == {"total": 2, "doubled": 4}
+            gone = await client.start("arith", 2, instance_id="gone")
+            await client.result(gone, timeout=20)
+            for _ in range(300):
+                try:
+                    await client.status("reused")
+                    await client.status(gone)
+                except UnknownInstance:
+                    if all([await forgotten(client, i) for i in ("reused", gone)]):
+                        break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("never forgotten")
+            await client.start("arith", 5, instance_id="reused")
+            assert await client.result("reused", timeout=20) == {"total": 6, "doubled": 12}
+            await asyncio.to_thread(first.stop)
+            second = ThreadedWorker(
+                settings,
+                tmp_path / "b",
+                workflows_registry(),
+                processor=ProcessorConfig(retention_s=0),
+            )
+            await asyncio.to_thread(second.start)
+            assert await client.result("reused", timeout=20) == {"total": 6, "doubled": 12}
+            history = await client.history("reused")
+            assert [h.seq for h in history] == list(range(1, len(history) + 1))
+            assert [h.type for h in history].count("WorkflowStarted") == 1
+            with pytest.raises(UnknownInstance):
+                await client.status(gone)
+    finally:
+        await asyncio.to_thread((second or first).stop)
+
+
+async def forgotten(client: Client, instance: str) -> bool:
+    try:
+        await client.status(instance)
+    except UnknownInstance:
+        return True
+    return False

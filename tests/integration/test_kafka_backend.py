@@ -235,6 +235,9 @@ async def test_history_topic_tells_the_story_with_fastavro_alone(
             continue
         if story_ and header["seq"] <= story_[-1][1]["header"]["seq"]:
             continue
+        if name == "InstanceForgotten":
+            story_.clear()
+            continue
         story_.append((name, body))
 
     for instance, entries in expected.items():

@@ -549,7 +549,7 @@ async def test_finished_instances_are_forgotten_after_the_retention(tmp_path: Pa
     from tests.conftest import test_registry
 
     config = EmbeddedConfig(
-        data_dir=str(tmp_path / "data"), partitions=1, retention_s=0.3, sweep_interval_s=0.05
+        data_dir=str(tmp_path / "data"), partitions=1, retention_s=1.0, sweep_interval_s=0.05
     )
     engine = await open_embedded(test_registry(), config)
     async with Client(engine.make_transport(owns_engine=True)) as client:
@@ -557,7 +557,7 @@ async def test_finished_instances_are_forgotten_after_the_retention(tmp_path: Pa
         assert await client.result(done, timeout=10) == {"total": 2, "doubled": 4}
         waiting = await client.start("waiter", None, instance_id="waiting")
         assert (await client.status(done)).status == "completed"  # within the retention
-        for _ in range(200):
+        for _ in range(400):
             try:
                 await client.status(done)
             except UnknownInstance as exc:

@@ -25,6 +25,7 @@ from engine.records import (
     CommandIgnored,
     DeadLetter,
     EventBuffered,
+    InstanceForgotten,
     PartitionFenced,
     PauseWorkflow,
     Payload,
@@ -135,10 +136,12 @@ SAMPLES: list[Record] = [
         value=b"\x00\xffnot avro",
         reason="undecodable record: ...",
     ),
+    InstanceForgotten(**env(12), finished_ms=1_795_312_000_456),
     StateChunk(
         **env(0, instance_id=""),
         snapshot_id="p3-1795312000123",
         index=2,
+        previous_offset=17,
         keys=[b"m\x00order-7f3a", b"e\x00order-7f3a\x00charge", b""],
         values=[b'{"w":"order"}', b"", b"\x00\xff"],
     ),
@@ -185,8 +188,9 @@ RELEASED_FINGERPRINTS = {
     "PartitionFenced": 0x093A9B81DAC9A2BD,
     "TimerScheduled": 0xB4AE2FC2C4B99D4A,
     "TimerCancelled": 0x7D2D600A77336189,
+    "InstanceForgotten": 0xDC666A14987A6A01,
     "DeadLetter": 0x7957B60467690570,
-    "StateChunk": 0x5A45AC1F7B231275,
+    "StateChunk": 0x0FE98AA0F413F858,
     "SnapshotTaken": 0xA785D6253084131F,
 }
 
