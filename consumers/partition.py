@@ -162,6 +162,8 @@ class PartitionProcessor:
         self._committed = asyncio.Event()
         # Instances whose earlier inputs in the batch being processed were undone.
         self._poisoned: set[str] = set()
+        # Attempts still running for instances whose runtime an internal error dropped.
+        self._orphaned: dict[str, set[tuple[str, int]]] = {}
         self._last_sweep = 0.0
         self._last_instance = ""  # the instance the last command applied to
 
@@ -340,12 +342,22 @@ class PartitionProcessor:
         undone: list[tuple[LogEntry, str]] = []
         self._poisoned.clear()
 
+        applied_outcomes: dict[str, list[StepOutcome]] = {}
+
         def undo_poisoned() -> None:
-            # An instance whose decisions in this batch were all undone: so are the
-            # commands before the failure that led to them (later ones applied anew).
-            for instance_id in self._poisoned - poisoned_seen:
+            # An instance whose decisions in this batch were all undone (so far): so are
+            # the inputs before the failure that led to them (later ones apply anew).
+            # Commands are dead-lettered or sent round again below; step outcomes go
+            # round again, their attempts still counted as running.
+            for instance_id in self._poisoned:
                 undone.extend(applied.pop(instance_id, ()))
+                for outcome in applied_outcomes.pop(instance_id, ()):
+                    self._orphaned.setdefault(instance_id, set()).add(
+                        (outcome.key, outcome.attempt)
+                    )
+                    self._outcomes.append(outcome)
                 poisoned_seen.add(instance_id)
+            self._poisoned.clear()
 
         poisoned_seen: set[str] = set()
         for entry in entries:
@@ -360,9 +372,12 @@ class PartitionProcessor:
                 settled[command_id] = reason
         for outcome in outcomes:
             runtime = self._cached(outcome.instance_id)
+            if runtime is None and outcome.instance_id in poisoned_seen:
+                runtime = self._load(outcome.instance_id)  # it keeps its running attempts
             if runtime is None:
                 continue  # the instance finished or was dropped; a late outcome changes nothing
-            self._guarded(runtime, outcome, out, touched)
+            if self._guarded(runtime, outcome, out, touched) is None:
+                applied_outcomes.setdefault(outcome.instance_id, []).append(outcome)
             undo_poisoned()
         for entry, command_id in undone:
             if is_client_command(command_id):
@@ -393,14 +408,19 @@ class PartitionProcessor:
             runtime = self._cached(instance_id) or self._load(instance_id)
             if runtime is None:
                 continue
+            own = Output()  # merged only if the whole recovery succeeds
             try:
-                runtime.recover(out)
+                runtime.recover(own)
             except Exception:
                 log.exception(
                     "partition=%d instance=%s: recovery failed", self.partition, instance_id
                 )
                 self._cache.pop(instance_id, None)
+                runtime.close()
                 continue
+            out.history.extend(own.history)
+            out.timers.extend(own.timers)
+            out.launches.extend(own.launches)
             touched[instance_id] = runtime
         self._persist(out, touched, batch)
         await self.backend.commit(batch)
@@ -506,6 +526,12 @@ class PartitionProcessor:
             # Undo every decision of this instance in the batch, not only this input's:
             # its in-memory state is gone, so its earlier records would have no state.
             instance_id = runtime.state.instance_id
+            # Attempts started before this batch still run: whoever reloads the instance
+            # must wait for them rather than count them lost.
+            started_here = {
+                (x.key, x.attempt) for x in out.launches if x.instance_id == instance_id
+            }
+            self._orphaned.setdefault(instance_id, set()).update(runtime.inflight - started_here)
             out.history[:] = [r for r in out.history if r.instance_id != instance_id]
             out.timers[:] = [t for t in out.timers if t.instance_id != instance_id]
             out.launches[:] = [x for x in out.launches if x.instance_id != instance_id]
@@ -581,9 +607,9 @@ class PartitionProcessor:
                 if runtime is not None and runtime.busy:
                     continue  # an attempt of it still runs: next time
                 state = load_state(store, instance_id, entries=False)
-                if state is None:
-                    batch.delete(key)
-                    continue
+                batch.delete(key)
+                if state is None or state.finished_ms != finished_ms:
+                    continue  # a stale index key (the instance is gone, or began anew)
                 # Recorded, so that whoever folds this history drops the instance too
                 # (and its id may begin a new instance).
                 forget = InstanceForgotten(
@@ -679,7 +705,9 @@ class PartitionProcessor:
         state = load_state(self.backend.store, instance_id)
         if state is None:
             return None
-        return self._new_runtime(state, self._definition(state))
+        runtime = self._new_runtime(state, self._definition(state))
+        runtime.inflight |= self._orphaned.pop(instance_id, set())
+        return runtime
 
     def _evict(self) -> None:
         excess = len(self._cache) - self._config.cache_size

@@ -28,7 +28,7 @@ class Restorer:
         self._store = store
         self._serde = serde
         self._states: dict[str, InstanceState] = {}
-        self._history: dict[bytes, bytes] = {}
+        self._history: dict[str, dict[int, bytes]] = {}  # instance -> seq -> record
         # Instances forgotten in what was folded: their stored keys go (queued here), and
         # their stored state is not loaded again.
         self._deletes = CommitBatch()
@@ -83,15 +83,13 @@ class Restorer:
                 record.seq,
             )
         state.apply(record)
-        self._history[keys.history(record.instance_id, record.seq)] = value
+        self._history.setdefault(instance_id, {})[record.seq] = value
         self.applied += 1
 
     def _forget(self, instance_id: str) -> None:
         """Drop the instance: what was folded of it here, and its stored keys."""
         self._states.pop(instance_id, None)
-        prefix = keys.history_prefix(instance_id)
-        for key in [k for k in self._history if k.startswith(prefix)]:
-            del self._history[key]
+        self._history.pop(instance_id, None)
         if instance_id not in self._forgotten:
             forget_instance(self._store, instance_id, self._deletes)
             self._forgotten.add(instance_id)
@@ -100,8 +98,9 @@ class Restorer:
         """The state changes so far, as one batch; resets the pending changes."""
         batch, self._deletes = self._deletes, CommitBatch()
         self._forgotten.clear()
-        for key, value in self._history.items():
-            batch.put(key, value)
+        for instance_id, records in self._history.items():
+            for seq, value in records.items():
+                batch.put(keys.history(instance_id, seq), value)
         for state in self._states.values():
             write_state(state, batch)
         self._history.clear()

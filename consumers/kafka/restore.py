@@ -294,6 +294,9 @@ async def restore_partition(
     }
     # The timers offset moves only together with the index that covers it (below), so a
     # crash in between leaves a state whose next restore rebuilds the index again.
+    if start == 0 or snapshot is not None:
+        # Built whole by this version: every finished instance is in the finish index.
+        batch.put(state_keys.FINISHED_INDEXED, b"")
     db.write(
         puts=batch.puts.items(),
         deletes=batch.deletes,

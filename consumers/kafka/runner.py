@@ -92,8 +92,9 @@ class KafkaRunner:
             await asyncio.to_thread(self._snapshot_reader.close)
             self._snapshot_reader = None
         if self._gap_reader is not None:
-            await asyncio.to_thread(self._gap_reader.close)
-            self._gap_reader = None
+            async with self._gap_lock:  # a shielded read may still be using it
+                await asyncio.to_thread(self._gap_reader.close)
+                self._gap_reader = None
 
     async def _assign(
         self, partitions: list[int], committed: dict[Position, int | None]

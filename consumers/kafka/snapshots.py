@@ -258,7 +258,7 @@ class SnapshotReader:
             return None
         record = self._decode(partition, last)
         at = end - 1
-        if isinstance(record, StateChunk) and record.previous_offset >= low:
+        if isinstance(record, StateChunk) and low <= record.previous_offset < end - 1:
             at = record.previous_offset
             found: list[bytes] = []
             self._reader.read(partition, at, at + 1, lambda _o, v, _h: found.append(v))

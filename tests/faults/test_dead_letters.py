@@ -424,3 +424,47 @@ async def wait_waiting(client: Client, instance: str) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{instance} never waited")
+
+
+async def test_two_internal_errors_of_one_instance_in_a_batch_undo_what_each_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.runtime import InstanceRuntime
+
+    real = InstanceRuntime._on_event
+
+    def buggy(self: InstanceRuntime, msg: SendEvent) -> None:
+        if msg.name == "boom":
+            raise RuntimeError("a bug in the engine")
+        real(self, msg)
+
+    monkeypatch.setattr(InstanceRuntime, "_on_event", buggy)
+    engine = await open_engine(tmp_path / "data")
+    try:
+        client = Client(engine.make_transport())
+        hit = id_on(PARTITION, "dl-twice")
+        await client.start("two-events", None, instance_id=hit)
+        await wait_waiting(client, hit)
+        names = [("e1", "item"), ("e2", "boom"), ("e3", "item"), ("e4", "boom")]
+        events = [
+            SendEvent(instance_id=hit, command_id=c, name=n, payload=CODEC.encode(c))
+            for c, n in names
+        ]
+        await engine.db.log.append(
+            [Append(COMMANDS, hit.encode(), SERDE.encode(e), PARTITION) for e in events]
+        )
+        for _ in range(200):
+            if len(dead_letters(engine)) >= 4:
+                break
+            await asyncio.sleep(0.01)
+        letters = sorted(dead_letters(engine), key=lambda d: d.offset)
+        assert [SERDE.decode(d.value).command_id for d in letters] == ["e1", "e2", "e3", "e4"]
+        assert ["not applied" in d.reason for d in letters] == [True, False, True, False]
+        history = await client.history(hit)
+        assert [h.seq for h in history] == list(range(1, len(history) + 1))
+        assert "WaitSatisfied" not in [h.type for h in history]
+        await client.send_event(hit, "item", 1)
+        await client.send_event(hit, "item", 2)
+        assert await client.result(hit, timeout=10) == [1, 2]
+    finally:
+        await engine.close()
