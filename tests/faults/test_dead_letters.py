@@ -368,16 +368,7 @@ async def test_an_internal_error_undoes_the_instance_s_whole_batch(
     """A bug while applying a command (not user code) must not leave records of the same
     instance from earlier in the batch without the state that goes with them: all its
     inputs in the batch are undone and dead-lettered, other instances are unaffected."""
-    from engine.runtime import InstanceRuntime
-
-    real = InstanceRuntime._on_event
-
-    def buggy(self: InstanceRuntime, msg: SendEvent) -> None:
-        if msg.name == "boom":
-            raise RuntimeError("a bug in the engine")
-        real(self, msg)
-
-    monkeypatch.setattr(InstanceRuntime, "_on_event", buggy)
+    events_named_boom_hit_a_bug(monkeypatch)
     data = tmp_path / "data"
     engine = await open_engine(data)
     try:
@@ -418,6 +409,20 @@ async def test_an_internal_error_undoes_the_instance_s_whole_batch(
         await engine.close()
 
 
+def events_named_boom_hit_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine bug, injected: applying an event named "boom" raises."""
+    from engine.runtime import InstanceRuntime
+
+    real = InstanceRuntime._on_event
+
+    def buggy(self: InstanceRuntime, msg: SendEvent) -> None:
+        if msg.name == "boom":
+            raise RuntimeError("a bug in the engine")
+        real(self, msg)
+
+    monkeypatch.setattr(InstanceRuntime, "_on_event", buggy)
+
+
 async def wait_waiting(client: Client, instance: str) -> None:
     for _ in range(500):
         if (await client.status(instance)).waits:
@@ -429,16 +434,7 @@ async def wait_waiting(client: Client, instance: str) -> None:
 async def test_two_internal_errors_of_one_instance_in_a_batch_undo_what_each_follows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.runtime import InstanceRuntime
-
-    real = InstanceRuntime._on_event
-
-    def buggy(self: InstanceRuntime, msg: SendEvent) -> None:
-        if msg.name == "boom":
-            raise RuntimeError("a bug in the engine")
-        real(self, msg)
-
-    monkeypatch.setattr(InstanceRuntime, "_on_event", buggy)
+    events_named_boom_hit_a_bug(monkeypatch)
     engine = await open_engine(tmp_path / "data")
     try:
         client = Client(engine.make_transport())

@@ -84,6 +84,14 @@ async def first_worker(
     return settings, await worker(settings, tmp_path / "first")
 
 
+async def a_snapshot_of_partition_0(settings: KafkaSettings) -> None:
+    for _ in range(200):
+        if 0 in await snapshots_on(settings):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("partition 0 never had a snapshot")
+
+
 def restores(caplog: pytest.LogCaptureFixture) -> dict[int, tuple[str, int]]:
     """Partition -> (snapshot id or "None", history records folded), of the last restore."""
     out = {}
@@ -159,10 +167,7 @@ async def test_a_snapshot_cut_short_leads_to_the_complete_one_before_it(
     try:
         async with Client.connect(kafka_url(settings)) as client:
             finished = await run_some(client)
-            for _ in range(200):
-                if 0 in await snapshots_on(settings):
-                    break
-                await asyncio.sleep(0.05)
+            await a_snapshot_of_partition_0(settings)
             await asyncio.to_thread(first.stop)
             records = [r for r in await asyncio.to_thread(read_topic, settings, "snapshots")]
             [taken_at, *_] = [
@@ -203,10 +208,7 @@ async def test_a_snapshot_that_cannot_be_used_falls_back_to_the_whole_history(
     try:
         async with Client.connect(kafka_url(settings)) as client:
             finished = await run_some(client)
-            for _ in range(200):
-                if 0 in await snapshots_on(settings):
-                    break
-                await asyncio.sleep(0.05)
+            await a_snapshot_of_partition_0(settings)
             await asyncio.to_thread(first.stop)
             [newest, *_] = reversed((await snapshots_on(settings))[0])
             if damage == "cut-short":  # a snapshot whose writer died after one chunk
