@@ -372,8 +372,11 @@ class PartitionProcessor:
                 settled[command_id] = reason
         for outcome in outcomes:
             runtime = self._cached(outcome.instance_id)
-            if runtime is None and outcome.instance_id in poisoned_seen:
-                runtime = self._load(outcome.instance_id)  # it keeps its running attempts
+            if runtime is None and (
+                outcome.instance_id in poisoned_seen or outcome.instance_id in self._orphaned
+            ):
+                # Dropped after an internal error: reloaded, it keeps its running attempts.
+                runtime = self._load(outcome.instance_id)
             if runtime is None:
                 continue  # the instance finished or was dropped; a late outcome changes nothing
             if self._guarded(runtime, outcome, out, touched) is None:
