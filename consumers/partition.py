@@ -111,18 +111,16 @@ def write_state(state: InstanceState, batch: CommitBatch) -> None:
         batch.put(keys.active(instance_id), b"")
 
 
-def forget_instance(store: StateStore, instance_id: str, batch: CommitBatch) -> None:
-    """Queue the deletion of every key an instance has in ``store``."""
-    meta = store.get(keys.meta(instance_id))
-    if meta is not None:
-        state = InstanceState.from_storage(instance_id, meta, [])
-        if state.status.finished:
-            batch.delete(keys.finished(state.finished_ms, instance_id))
-    for prefix in (
-        keys.entry_prefix(instance_id),
-        keys.history_prefix(instance_id),
-        keys.command_prefix(instance_id),
-    ):
+def forget_instance(
+    store: StateStore, instance_id: str, batch: CommitBatch, state: InstanceState | None = None
+) -> None:
+    """Queue the deletion of every key an instance has in ``store`` (``state``: its meta,
+    if the caller has already read it)."""
+    if state is None:
+        state = load_state(store, instance_id, entries=False)
+    if state is not None and state.status.finished:
+        batch.delete(keys.finished(state.finished_ms, instance_id))
+    for prefix in keys.instance_prefixes(instance_id):
         for key, _ in store.scan(prefix):
             batch.delete(key)
     batch.delete(keys.meta(instance_id))
@@ -628,7 +626,7 @@ class PartitionProcessor:
                         HISTORY, instance_id.encode(), self._serde.encode(forget), self.partition
                     )
                 )
-                forget_instance(store, instance_id, batch)
+                forget_instance(store, instance_id, batch, state)
                 runtime = self._cache.pop(instance_id, None)
                 if runtime is not None:
                     runtime.close()

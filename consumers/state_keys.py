@@ -50,6 +50,12 @@ def history(instance_id: str, seq: int) -> bytes:
     return history_prefix(instance_id) + _SEQ.pack(seq)
 
 
+def instance_prefixes(instance_id: str) -> tuple[bytes, ...]:
+    """The prefixes of every multi-key family one instance has (entries, history,
+    applied commands); its single keys are ``meta``, ``active`` and ``finished``."""
+    return (entry_prefix(instance_id), history_prefix(instance_id), command_prefix(instance_id))
+
+
 def active(instance_id: str) -> bytes:
     return ACTIVE + instance_id.encode()
 

@@ -191,9 +191,6 @@ class Snapshotter:
         return OutRecord(self._topic, self.partition, b"", self._serde.encode(record))
 
 
-# Per-instance key families copied into a snapshot (the timer index is not: restore
-# rebuilds it from the instances' pending timers).
-_INSTANCE_PREFIXES = (state_keys.ENTRY, state_keys.HISTORY, state_keys.COMMAND)
 _YIELD_EVERY = 100  # instances copied between returns to the event loop
 
 
@@ -206,20 +203,20 @@ async def _chunks(db: PartitionDB) -> AsyncIterator[tuple[list[bytes], list[byte
     values: list[bytes] = []
     size = copied = 0
     for meta_key, _ in db.scan(state_keys.META):
-        instance = meta_key[len(state_keys.META) :]
-        pairs: list[tuple[bytes, bytes]] = []
+        instance_id = meta_key[len(state_keys.META) :].decode()
         meta = db.get(meta_key)
         if meta is None:
-            continue
-        pairs.append((meta_key, meta))
-        active = state_keys.ACTIVE + instance
+            continue  # forgotten meanwhile
+        pairs: list[tuple[bytes, bytes]] = [(meta_key, meta)]
+        active = state_keys.active(instance_id)
         if db.get(active) is not None:
             pairs.append((active, b""))
         else:
-            state = InstanceState.from_storage(instance.decode(), meta, [])
-            pairs.append((state_keys.finished(state.finished_ms, state.instance_id), b""))
-        for prefix in _INSTANCE_PREFIXES:
-            pairs.extend(db.scan(prefix + instance + b"\x00"))
+            state = InstanceState.from_storage(instance_id, meta, [])
+            pairs.append((state_keys.finished(state.finished_ms, instance_id), b""))
+        # (The timer index is not copied: restore rebuilds it from pending timers.)
+        for prefix in state_keys.instance_prefixes(instance_id):
+            pairs.extend(db.scan(prefix))
         for key, value in pairs:
             pair = len(key) + len(value) + 8
             if names and size + pair > CHUNK_BYTES:
