@@ -56,7 +56,11 @@ class PartitionHost:
         # Commands settled lately, for a publisher that asks after the commit (Kafka
         # clients ask the owner over HTTP once their produce is acknowledged).
         self._recent: OrderedDict[str, str | None] = OrderedDict()
-        self._finished: defaultdict[str, list[asyncio.Future[InstanceState]]] = defaultdict(list)
+        # Waiters per instance, in a dict used as an ordered set: removing one is O(1),
+        # however many wait for the same instance.
+        self._finished: defaultdict[str, dict[asyncio.Future[InstanceState], None]] = (
+            defaultdict(dict)
+        )
 
     # ---- ownership ------------------------------------------------------------------
 
@@ -153,7 +157,7 @@ class PartitionHost:
 
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
         fut: asyncio.Future[InstanceState] = asyncio.get_running_loop().create_future()
-        self._finished[instance_id].append(fut)
+        self._finished[instance_id][fut] = None
         try:
             # Read after registering, so a commit in between cannot be missed.
             if self.finished(instance_id):
@@ -161,10 +165,8 @@ class PartitionHost:
             return await asyncio.wait_for(fut, timeout)
         finally:
             waiters = self._finished.get(instance_id)
-            if waiters is not None and fut in waiters:
-                waiters.remove(fut)
-                if not waiters:
-                    del self._finished[instance_id]
+            if waiters is not None and waiters.pop(fut, 0) is None and not waiters:
+                del self._finished[instance_id]
 
     # ---- reads ----------------------------------------------------------------------
 
@@ -173,28 +175,28 @@ class PartitionHost:
 
     def finished(self, instance_id: str) -> bool:
         """Whether the instance finished; raises UnknownInstance if there is none."""
-        finished = self._processor(instance_id).finished(instance_id)
+        finished = self._processor(instance_id).reads.finished(instance_id)
         if finished is None:
             raise _unknown(instance_id)
         return finished
 
     def settled_before(self, instance_id: str, command_id: str) -> tuple[bool, str | None]:
-        return self._processor(instance_id).settled_before(instance_id, command_id)
+        return self._processor(instance_id).reads.settled_before(instance_id, command_id)
 
     def read_state(self, instance_id: str, *, entries: bool = True) -> InstanceState:
-        state = self._processor(instance_id).read_state(instance_id, entries=entries)
+        state = self._processor(instance_id).reads.read_state(instance_id, entries=entries)
         if state is None:
             raise _unknown(instance_id)
         return state
 
     def read_history(self, instance_id: str) -> list[HistoryRecord]:
         self.finished(instance_id)
-        return self._processor(instance_id).read_history(instance_id)
+        return self._processor(instance_id).reads.read_history(instance_id)
 
     def list_instances(self) -> list[InstanceState]:
         found: list[InstanceState] = []
         for owned in self._owned.values():
-            found.extend(owned.processor.list_instances())
+            found.extend(owned.processor.reads.list_instances())
         return found
 
 

@@ -11,25 +11,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from consumers import state_keys as keys
 from consumers.dead_letters import dead_letter
+from consumers.instance_store import InstanceReads, write_state
+from consumers.retention import Sweeper
+from consumers.runtime_cache import RuntimeCache
 from consumers.steps import StepExecutor
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, PayloadCodec, check_size, decode_safely
 from engine.errors import StepstreamError, UndecodableRecord, UnknownWorkflow
+from engine.names import name_problem
 from engine.records import (
     Command,
-    CommandIgnored,
-    HistoryRecord,
-    InstanceForgotten,
     PartitionFenced,
     SendEvent,
     StartWorkflow,
     TimerFired,
+    TimerScheduled,
 )
 from engine.runtime import InstanceRuntime, Output, StepOutcome
 from engine.seams import (
@@ -39,13 +40,12 @@ from engine.seams import (
     LogEntry,
     PartitionBackend,
     PartitionLost,
-    StateStore,
 )
 from engine.serde import RecordSerde
-from engine.settle import UNKNOWN_INSTANCE, ignored_reason, recorded_reason
-from engine.state import InstanceState, entry_json, is_client_command
+from engine.settle import UNKNOWN_INSTANCE, ignored_reason
+from engine.state import InstanceState, is_client_command
 from engine.topics import COMMANDS, HISTORY, TIMERS, partition_for
-from engine.workflow import Registry, WorkflowDefinition
+from engine.workflow import Registry
 
 log = logging.getLogger("stepstream.partition")
 
@@ -53,8 +53,10 @@ RESTART_BACKOFF_S = 0.1
 DEFAULT_DRAIN_TIMEOUT_S = 10.0
 DEFAULT_RETENTION_S = 30 * 24 * 3600.0
 SWEEP_INTERVAL_S = 60.0
-SWEEP_BATCH = 1000  # finished instances forgotten per sweep at most
 MAX_RESTART_BACKOFF_S = 30.0
+# A timer fire that hit an internal error is fired again after this long (the instance is
+# re-driven at once; a bug that is not transient is retried this slowly).
+REFIRE_AFTER_INTERNAL_ERROR_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,52 +83,6 @@ class Committed:
     commands: dict[str, str | None]
 
 
-def load_state(
-    store: StateStore, instance_id: str, *, entries: bool = True
-) -> InstanceState | None:
-    """An instance's committed state; without ``entries`` only its meta (status, result,
-    error, timestamps), which is all a status or result check needs."""
-    meta = store.get(keys.meta(instance_id))
-    if meta is None:
-        return None
-    prefix = keys.entry_prefix(instance_id)
-    found = [(k[len(prefix) :].decode(), v) for k, v in store.scan(prefix)] if entries else []
-    return InstanceState.from_storage(instance_id, meta, found)
-
-
-def write_state(state: InstanceState, batch: CommitBatch) -> None:
-    """Queue the changed parts of an instance's state: meta, dirty entries, active index."""
-    instance_id = state.instance_id
-    batch.put(keys.meta(instance_id), state.meta_json())
-    for key in state.dirty_entries:
-        batch.put(keys.entry(instance_id, key), entry_json(state.entries[key]))
-    state.dirty_entries.clear()
-    for command_id in state.new_commands:
-        batch.put(keys.command(instance_id, command_id), b"")
-    state.new_commands.clear()
-    if state.status.finished:
-        batch.delete(keys.active(instance_id))
-        batch.put(keys.finished(state.finished_ms, instance_id), b"")
-    else:
-        batch.put(keys.active(instance_id), b"")
-
-
-def forget_instance(
-    store: StateStore, instance_id: str, batch: CommitBatch, state: InstanceState | None = None
-) -> None:
-    """Queue the deletion of every key an instance has in ``store`` (``state``: its meta,
-    if the caller has already read it)."""
-    if state is None:
-        state = load_state(store, instance_id, entries=False)
-    if state is not None and state.status.finished:
-        batch.delete(keys.finished(state.finished_ms, instance_id))
-    for prefix in keys.instance_prefixes(instance_id):
-        for key, _ in store.scan(prefix):
-            batch.delete(key)
-    batch.delete(keys.meta(instance_id))
-    batch.delete(keys.active(instance_id))
-
-
 class PartitionProcessor:
     def __init__(
         self,
@@ -148,21 +104,39 @@ class PartitionProcessor:
         self._clock = clock
         self._executor = executor
         self._on_commit = on_commit
-        self._config = config or ProcessorConfig()
-        self._cache: OrderedDict[str, InstanceRuntime] = OrderedDict()
+        self._config = config = config or ProcessorConfig()
+        self.reads = InstanceReads(backend.store, serde)
+        self._cache = RuntimeCache(
+            backend.store,
+            registry,
+            partition=backend.partition,
+            codec=codec,
+            clock=clock,
+            epoch=backend.epoch,
+            max_payload_bytes=config.max_payload_bytes,
+            size=config.cache_size,
+        )
+        self._sweeper = Sweeper(
+            backend,
+            self._cache,
+            serde=serde,
+            clock=clock,
+            retention_s=config.retention_s,
+            interval_s=config.sweep_interval_s,
+        )
         self._outcomes: list[StepOutcome] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._fetch: asyncio.Task[list[LogEntry]] | None = None
         self._source = backend.source(COMMANDS)
-        self._missing_versions: set[tuple[str, str]] = set()
-        self._draining = False
         self._committed = asyncio.Event()
         # Instances whose earlier inputs in the batch being processed were undone.
         self._poisoned: set[str] = set()
-        # Attempts still running for instances whose runtime an internal error dropped.
-        self._orphaned: dict[str, set[tuple[str, int]]] = {}
-        self._last_sweep = 0.0
+        # Instances any input of the batch being processed hit an internal error on: they
+        # are reloaded and driven from their committed state after the commit.
+        self._redrive: set[str] = set()
+        # Timer fires that hit an internal error: scheduled again, a little later.
+        self._refires: list[TimerScheduled] = []
         self._last_instance = ""  # the instance the last command applied to
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -185,8 +159,8 @@ class PartitionProcessor:
         batch.appends.append(Append(HISTORY, b"", self._serde.encode(fence), self.partition))
         touched: dict[str, InstanceRuntime] = {}
         for key, _ in list(self.backend.store.scan(keys.ACTIVE)):
-            instance_id = key[len(keys.ACTIVE) :].decode()
-            runtime = self._load(instance_id)
+            instance_id = keys.split_active(key)
+            runtime = self._cache.load(instance_id)
             if runtime is None:
                 continue
             runtime.recover(out)
@@ -205,7 +179,7 @@ class PartitionProcessor:
         if store.get(keys.FINISHED_INDEXED) is not None:
             return
         for key, meta in store.scan(keys.META):
-            state = InstanceState.from_storage(key[len(keys.META) :].decode(), meta, [])
+            state = InstanceState.from_storage(keys.split_meta(key), meta, [])
             if state.status.finished:
                 batch.put(keys.finished(state.finished_ms, state.instance_id), b"")
         batch.put(keys.FINISHED_INDEXED, b"")
@@ -220,21 +194,17 @@ class PartitionProcessor:
                     await task
                 except (asyncio.CancelledError, Exception):
                     pass
-        for runtime in self._cache.values():
-            runtime.close()
         self._cache.clear()
 
     async def drain(self, timeout: float | None = None) -> int:
         """Let running step attempts finish and be recorded, starting nothing new, for
         up to ``timeout`` seconds (the config's by default). Returns how many were still
         running when it gave up: the next owner records those as lost attempts."""
-        self._draining = True
-        for runtime in self._cache.values():
-            runtime.draining = True
+        self._cache.drain()
         self._wake.set()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (self._config.drain_timeout_s if timeout is None else timeout)
-        while self._running_attempts() and self._task is not None and not self._task.done():
+        while self._cache.running_attempts() and self._task is not None and not self._task.done():
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
@@ -243,7 +213,7 @@ class PartitionProcessor:
                 await asyncio.wait_for(self._committed.wait(), remaining)
             except TimeoutError:
                 break
-        left = self._running_attempts()
+        left = self._cache.running_attempts()
         if left:
             log.warning(
                 "partition=%d: %d step attempts still running after the drain timeout "
@@ -252,9 +222,6 @@ class PartitionProcessor:
                 left,
             )
         return left
-
-    def _running_attempts(self) -> int:
-        return sum(len(runtime.inflight) for runtime in self._cache.values())
 
     def deliver(self, outcome: StepOutcome) -> None:
         self._outcomes.append(outcome)
@@ -295,8 +262,6 @@ class PartitionProcessor:
             except (asyncio.CancelledError, Exception):
                 pass
             self._fetch = None
-        for runtime in self._cache.values():
-            runtime.close()
         self._cache.clear()
         self._outcomes.clear()  # attempts still running are recovered as lost attempts
         self._source.rewind(self.backend.committed_offset(COMMANDS))
@@ -307,7 +272,7 @@ class PartitionProcessor:
         wake_task: asyncio.Task[bool] | None = None
         try:
             while True:
-                if self._fetch is None and not self._draining:
+                if self._fetch is None and not self._cache.draining:
                     fetch = self._source.fetch(self._config.max_batch, 1.0)
                     self._fetch = loop.create_task(fetch)
                 if not self._outcomes and (self._fetch is None or not self._fetch.done()):
@@ -325,8 +290,8 @@ class PartitionProcessor:
                 outcomes, self._outcomes = self._outcomes, []
                 if entries or outcomes:
                     await self._process(entries, outcomes)
-                if self._sweep_due(loop.time()):
-                    await self._sweep()
+                if self._sweeper.due(loop.time()):
+                    await self._sweeper.sweep()
         finally:
             if wake_task is not None:
                 wake_task.cancel()
@@ -339,6 +304,8 @@ class PartitionProcessor:
         applied: dict[str, list[tuple[LogEntry, str]]] = {}
         undone: list[tuple[LogEntry, str]] = []
         self._poisoned.clear()
+        self._redrive.clear()
+        self._refires.clear()
 
         applied_outcomes: dict[str, list[StepOutcome]] = {}
 
@@ -350,7 +317,7 @@ class PartitionProcessor:
             for instance_id in self._poisoned:
                 undone.extend(applied.pop(instance_id, ()))
                 for outcome in applied_outcomes.pop(instance_id, ()):
-                    self._orphaned.setdefault(instance_id, set()).add(
+                    self._cache.orphaned.setdefault(instance_id, set()).add(
                         (outcome.key, outcome.attempt)
                     )
                     self._outcomes.append(outcome)
@@ -369,12 +336,12 @@ class PartitionProcessor:
             if command_id:
                 settled[command_id] = reason
         for outcome in outcomes:
-            runtime = self._cached(outcome.instance_id)
+            runtime = self._cache.get(outcome.instance_id)
             if runtime is None and (
-                outcome.instance_id in poisoned_seen or outcome.instance_id in self._orphaned
+                outcome.instance_id in poisoned_seen or outcome.instance_id in self._cache.orphaned
             ):
                 # Dropped after an internal error: reloaded, it keeps its running attempts.
-                runtime = self._load(outcome.instance_id)
+                runtime = self._cache.load(outcome.instance_id)
             if runtime is None:
                 continue  # the instance finished or was dropped; a late outcome changes nothing
             if self._guarded(runtime, outcome, out, touched) is None:
@@ -390,23 +357,31 @@ class PartitionProcessor:
                 settled[command_id] = reason
             else:  # a timer fire: nobody would send it again, so it goes round again
                 batch.appends.append(Append(COMMANDS, entry.key, entry.value, self.partition))
+        for refire in self._refires:
+            batch.appends.append(
+                Append(
+                    TIMERS, refire.instance_id.encode(), self._serde.encode(refire), self.partition
+                )
+            )
         if entries:
             batch.offsets[COMMANDS] = entries[-1].offset + 1
         self._persist(out, touched, batch)
         await self.backend.commit(batch)
         self._after_commit(out, touched, settled)
-        if poisoned_seen:
-            await self._recover(sorted(poisoned_seen))
+        redrive = poisoned_seen | self._redrive
+        if redrive:
+            await self._recover(sorted(redrive))
 
     async def _recover(self, instance_ids: list[str]) -> None:
-        """Reload instances whose batch was undone and drive them from their committed
-        state (attempts their undone inputs started or finished are recovered as lost),
-        so they do not wait for an input that may never come."""
+        """Reload instances that hit an internal error (or whose batch was undone) and
+        drive them from their committed state (attempts whose outcomes were undone or
+        hit the error are recovered as lost), so they do not wait for an input that may
+        never come."""
         out = Output()
         batch = CommitBatch()
         touched: dict[str, InstanceRuntime] = {}
         for instance_id in instance_ids:
-            runtime = self._cached(instance_id) or self._load(instance_id)
+            runtime = self._cache.get_or_load(instance_id)
             if runtime is None:
                 continue
             own = Output()  # merged only if the whole recovery succeeds
@@ -416,8 +391,7 @@ class PartitionProcessor:
                 log.exception(
                     "partition=%d instance=%s: recovery failed", self.partition, instance_id
                 )
-                self._cache.pop(instance_id, None)
-                runtime.close()
+                self._cache.drop(instance_id)
                 continue
             out.history.extend(own.history)
             out.timers.extend(own.timers)
@@ -439,6 +413,9 @@ class PartitionProcessor:
             return "", f"undecodable record: {exc}", True
         if not isinstance(record, Command):
             return record.command_id, f"{record.type} is not a command", True
+        problem = self._check_payload(record)
+        if problem is not None:
+            return record.command_id, problem, True
         home = partition_for(record.instance_id, self.backend.partitions)
         if home != self.partition:
             return (
@@ -449,12 +426,7 @@ class PartitionProcessor:
                 "partitioner=murmur2_random)",
                 True,
             )
-        problem = self._check_payload(record)
-        if problem is not None:
-            return record.command_id, problem, True
-        runtime = touched.get(record.instance_id) or self._cached(record.instance_id)
-        if runtime is None:
-            runtime = self._load(record.instance_id)
+        runtime = touched.get(record.instance_id) or self._cache.get_or_load(record.instance_id)
         if runtime is None:
             if isinstance(record, TimerFired):
                 # The timer of an instance that is gone: harmless.
@@ -470,10 +442,25 @@ class PartitionProcessor:
                 definition = self._registry.resolve(record.workflow, record.version)
             except UnknownWorkflow as exc:
                 return record.command_id, str(exc), True
-            runtime = self._new_runtime(InstanceState(record.instance_id), definition)
-        elif self._applied_before(runtime.state, record.command_id):
+            runtime = self._cache.new(InstanceState(record.instance_id), definition)
+        elif self.reads.applied(runtime.state, record.command_id):
             return record.command_id, None, False  # re-delivered: it changes nothing
         error = self._guarded(runtime, record, out, touched)
+        if error is not None and isinstance(record, TimerFired):
+            # Dead-lettered, the fire would be lost (the index let the timer go when it
+            # fired): it is scheduled again instead, and accepted as the timer's fire.
+            self._refires.append(
+                TimerScheduled(
+                    instance_id=record.instance_id,
+                    time_ms=self._clock.now_ms(),
+                    command_id=record.command_id,
+                    epoch=self.backend.epoch,
+                    timer_id=record.timer_id,
+                    fire_at_ms=self._clock.now_ms() + int(REFIRE_AFTER_INTERNAL_ERROR_S * 1000),
+                    purpose="refire",
+                )
+            )
+            return record.command_id, None, False
         if error is not None:
             return record.command_id, error, True
         self._last_instance = record.instance_id
@@ -482,18 +469,17 @@ class PartitionProcessor:
             return record.command_id, ignored_reason(record, runtime.state.status.value), False
         return record.command_id, None, False
 
-    def _applied_before(self, state: InstanceState, command_id: str) -> bool:
-        """Whether this client command was applied to the instance already: in memory
-        for the recent ones, else one point read of the committed state."""
-        if command_id in state.recent_commands or command_id in state.new_commands:
-            return True
-        return (
-            is_client_command(command_id)
-            and self.backend.store.get(keys.command(state.instance_id, command_id)) is not None
-        )
-
     def _check_payload(self, command: Command) -> str | None:
-        """Clients check payloads before publishing; this catches what got past them."""
+        """Clients check names and payloads before publishing; this catches what got
+        past them (a foreign producer)."""
+        if not isinstance(command, TimerFired):
+            problem = name_problem(command.instance_id)
+            if problem is not None:
+                return f"InvalidPayload: instance id {problem}"
+        if isinstance(command, SendEvent):
+            problem = name_problem(command.name)
+            if problem is not None:
+                return f"InvalidPayload: event name {problem}"
         if isinstance(command, StartWorkflow):
             payload, what = command.input, "workflow input"
         elif isinstance(command, SendEvent):
@@ -532,14 +518,16 @@ class PartitionProcessor:
             started_here = {
                 (x.key, x.attempt) for x in out.launches if x.instance_id == instance_id
             }
-            self._orphaned.setdefault(instance_id, set()).update(runtime.inflight - started_here)
+            self._cache.orphaned.setdefault(instance_id, set()).update(
+                runtime.inflight - started_here
+            )
             out.history[:] = [r for r in out.history if r.instance_id != instance_id]
             out.timers[:] = [t for t in out.timers if t.instance_id != instance_id]
             out.launches[:] = [x for x in out.launches if x.instance_id != instance_id]
-            self._cache.pop(instance_id, None)
+            self._cache.drop(instance_id)
+            self._redrive.add(instance_id)
             if touched.pop(instance_id, None) is not None:
                 self._poisoned.add(instance_id)
-            runtime.close()
             return f"internal error while applying {type(msg).__name__}: {exc!r}"
         touched[runtime.state.instance_id] = runtime
         return None
@@ -573,196 +561,12 @@ class PartitionProcessor:
             self._executor.launch(launch, self.deliver)
         for instance_id, runtime in touched.items():
             if runtime.state.status.finished and not runtime.busy:
-                self._cache.pop(instance_id, None)
-        self._evict()
+                self._cache.drop(instance_id)
+        self._cache.evict()
         self._on_commit(Committed([rt.state for rt in touched.values()], settled))
         self._committed.set()
-
-    # ---- retention -------------------------------------------------------------------
-
-    def _sweep_due(self, now: float) -> bool:
-        if self._draining or now - self._last_sweep < self._config.sweep_interval_s:
-            return False
-        self._last_sweep = now
-        return True
-
-    async def _sweep(self) -> int:
-        """Housekeeping, in one commit: forget instances that finished longer than the
-        retention ago (oldest first, a bounded number per sweep: every key of theirs
-        goes), and let the backend drop log records no longer needed: commands and timers
-        consumed, history older than the retention (the log's end offset is noted at
-        each sweep, so the offset that old is known). The last record of each log is kept
-        (a local log recovers its end offset from it)."""
-        store = self.backend.store
-        batch = CommitBatch()
-        forgotten = 0
-        retention_ms = int(self._config.retention_s * 1000)
-        if retention_ms > 0:
-            now = self._clock.now_ms()
-            cutoff = now - retention_ms
-            for key, _ in store.scan(keys.FINISHED):
-                finished_ms, instance_id = keys.split_finished(key)
-                if finished_ms > cutoff or forgotten >= SWEEP_BATCH:
-                    break
-                runtime = self._cache.get(instance_id)
-                if runtime is not None and runtime.busy:
-                    continue  # an attempt of it still runs: next time
-                state = load_state(store, instance_id, entries=False)
-                batch.delete(key)
-                if state is None or state.finished_ms != finished_ms:
-                    continue  # a stale index key (the instance is gone, or began anew)
-                # Recorded, so that whoever folds this history drops the instance too
-                # (and its id may begin a new instance).
-                forget = InstanceForgotten(
-                    instance_id=instance_id,
-                    seq=state.seq + 1,
-                    time_ms=now,
-                    command_id=f"forget:{instance_id}",
-                    epoch=self.backend.epoch,
-                    finished_ms=finished_ms,
-                )
-                batch.appends.append(
-                    Append(
-                        HISTORY, instance_id.encode(), self._serde.encode(forget), self.partition
-                    )
-                )
-                forget_instance(store, instance_id, batch, state)
-                runtime = self._cache.pop(instance_id, None)
-                if runtime is not None:
-                    runtime.close()
-                forgotten += 1
-            history_before = 0
-            for key, value in store.scan(keys.LOG_MARK):
-                if keys.split_log_mark(key) > cutoff:
-                    break
-                history_before = keys.decode_offset(value)
-                batch.delete(key)
-            batch.put(keys.log_mark(now), keys.encode_offset(self.backend.end_offset(HISTORY)))
-            self._trim(batch, HISTORY, history_before)
-        for kind in (COMMANDS, TIMERS):
-            self._trim(batch, kind, self.backend.committed_offset(kind))
-        if forgotten >= SWEEP_BATCH:
-            self._last_sweep = 0.0  # more are due: sweep again after the next batch
-        await self.backend.commit(batch)
-        if forgotten:
-            log.info(
-                "partition=%d forgot %d instances finished before the retention of %.0f s",
-                self.partition,
-                forgotten,
-                self._config.retention_s,
-            )
-        return forgotten
-
-    def _trim(self, batch: CommitBatch, kind: str, before: int) -> None:
-        keep_last = self.backend.end_offset(kind) - 1
-        if min(before, keep_last) > 0:
-            batch.trims[kind] = min(before, keep_last)
 
     def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
         return dead_letter(
             entry, reason, serde=self._serde, backend=self.backend, clock=self._clock
         )
-
-    # ---- the instance cache ---------------------------------------------------------
-
-    def _definition(self, state: InstanceState) -> WorkflowDefinition | None:
-        try:
-            return self._registry.resolve(state.workflow, state.version)
-        except UnknownWorkflow as exc:
-            if (state.workflow, state.version) not in self._missing_versions:
-                self._missing_versions.add((state.workflow, state.version))
-                log.error(
-                    "partition=%d: instances of %s v%s cannot advance: %s",
-                    self.partition,
-                    state.workflow,
-                    state.version,
-                    exc,
-                )
-            return None
-
-    def _new_runtime(
-        self, state: InstanceState, definition: WorkflowDefinition | None
-    ) -> InstanceRuntime:
-        runtime = InstanceRuntime(
-            state,
-            definition,
-            codec=self._codec,
-            clock=self._clock,
-            epoch=self.backend.epoch,
-            max_payload_bytes=self._config.max_payload_bytes,
-        )
-        runtime.draining = self._draining
-        self._cache[state.instance_id] = runtime
-        return runtime
-
-    def _cached(self, instance_id: str) -> InstanceRuntime | None:
-        """The cached runtime, now the most recently used (eviction takes the least)."""
-        runtime = self._cache.get(instance_id)
-        if runtime is not None:
-            self._cache.move_to_end(instance_id)
-        return runtime
-
-    def _load(self, instance_id: str) -> InstanceRuntime | None:
-        state = load_state(self.backend.store, instance_id)
-        if state is None:
-            return None
-        runtime = self._new_runtime(state, self._definition(state))
-        runtime.inflight |= self._orphaned.pop(instance_id, set())
-        return runtime
-
-    def _evict(self) -> None:
-        excess = len(self._cache) - self._config.cache_size
-        if excess <= 0:
-            return
-        for instance_id in list(self._cache)[: excess * 2]:
-            runtime = self._cache[instance_id]
-            if not runtime.busy:
-                runtime.close()
-                del self._cache[instance_id]
-                excess -= 1
-                if excess <= 0:
-                    return
-
-    # ---- reads (committed state only) -----------------------------------------------
-
-    def finished(self, instance_id: str) -> bool | None:
-        """None if no such instance, else whether it finished: two point reads, no
-        decoding, for checks on the hot path of every command."""
-        store = self.backend.store
-        if store.get(keys.meta(instance_id)) is None:
-            return None
-        return store.get(keys.active(instance_id)) is None
-
-    def settled_before(self, instance_id: str, command_id: str) -> tuple[bool, str | None]:
-        """Whether the instance's committed state shows ``command_id`` applied (maybe by
-        an earlier owner), and what its publisher is told about it."""
-        store = self.backend.store
-        state = load_state(store, instance_id, entries=False)
-        if state is None or (
-            command_id not in state.recent_commands
-            and store.get(keys.command(instance_id, command_id)) is None
-        ):
-            return False, None
-        for record in reversed(self.read_history(instance_id)):
-            if record.command_id == command_id and isinstance(record, CommandIgnored):
-                return True, recorded_reason(record.command_type, record.reason)
-        return True, None
-
-    def read_state(self, instance_id: str, *, entries: bool = True) -> InstanceState | None:
-        return load_state(self.backend.store, instance_id, entries=entries)
-
-    def read_history(self, instance_id: str) -> list[HistoryRecord]:
-        records = []
-        for _, value in self.backend.store.scan(keys.history_prefix(instance_id)):
-            record = self._serde.decode(value)
-            assert isinstance(record, HistoryRecord)
-            records.append(record)
-        return records
-
-    def list_instances(self) -> list[InstanceState]:
-        found = []
-        for key, _ in self.backend.store.scan(keys.META):
-            state = self.read_state(key[len(keys.META) :].decode(), entries=False)
-            if state is not None:
-                found.append(state)
-        return found

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 
 from consumers import state_keys as keys
-from consumers.partition import forget_instance, load_state, write_state
+from consumers.instance_store import forget_instance, load_state, write_state
 from engine.errors import UndecodableRecord
 from engine.records import HistoryRecord, InstanceForgotten, PartitionFenced, WorkflowStarted
 from engine.seams import CommitBatch, StateStore

@@ -1,16 +1,22 @@
 """Every reserved key of a partition's state store, in one place.
 
-Layout (all keys local to one partition):
-  m\\0<instance>              instance meta (engine.state JSON)
-  e\\0<instance>\\0<key>       one entry per replay key
-  h\\0<instance>\\0<seq:8>     the instance's history records, Avro single-object encoded
-  a\\0<instance>              index of unfinished instances (loaded on restore)
-  c\\0<instance>\\0<command>   a client command applied to the instance (duplicates skipped)
-  f\\0<finished:8><instance>  finished instances by when they finished (retention)
-  l\\0<time:8>               the history log's end offset at that time (log trimming)
-  v\\0finished-indexed        set once every finished instance is in the f\\0 index
-  t\\0<fire_at:8><timer_id>   timer index ordered by fire time -> instance id
-  T\\0<timer_id>              timer id -> fire time (to cancel)
+Layout (all keys local to one partition; ``<id>`` is an instance id, escaped):
+  m\\0<id>                    instance meta (engine.state JSON)
+  e\\0<id>\\0<key>              one entry per replay key
+  h\\0<id>\\0<seq:8>            the instance's history records, Avro single-object encoded
+  a\\0<id>                    index of unfinished instances (loaded on restore)
+  c\\0<id>\\0<command>          a client command applied to the instance (duplicates skipped)
+  f\\0<finished:8><id>        finished instances by when they finished (retention)
+  l\\0<time:8>                the history log's end offset at that time (log trimming)
+  v\\0finished-indexed         set once every finished instance is in the f\\0 index
+  t\\0<fire_at:8><id>\\0<timer>  timer index ordered by fire time
+  T\\0<id>\\0<timer>            (instance, timer id) -> fire time (to cancel)
+
+An instance id is escaped so that no id's keys fall under another id's prefix, whatever
+bytes ids hold: 0x01 becomes 0x01 0x01 and 0x00 becomes 0x01 0x02, so an escaped id has no
+0x00 and the 0x00 after it ends it. Ids without those two bytes (every id clients may
+send: ``engine.names`` refuses control characters) are stored as they are. Timer ids are
+unique within their instance only, so the timer index is keyed by both.
 """
 
 from __future__ import annotations
@@ -28,14 +34,41 @@ FINISHED_INDEXED = b"v\x00finished-indexed"
 TIMER = b"t\x00"
 TIMER_BY_ID = b"T\x00"
 _SEQ = struct.Struct(">Q")
+_END = b"\x00"
+
+
+def escape_id(instance_id: str) -> bytes:
+    raw = instance_id.encode()
+    if b"\x00" in raw or b"\x01" in raw:
+        raw = raw.replace(b"\x01", b"\x01\x01").replace(b"\x00", b"\x01\x02")
+    return raw
+
+
+def unescape_id(raw: bytes) -> str:
+    if b"\x01" in raw:
+        out = bytearray()
+        index = 0
+        while index < len(raw):
+            byte = raw[index]
+            if byte == 1:
+                index += 1
+                byte = 0 if raw[index] == 2 else 1
+            out.append(byte)
+            index += 1
+        raw = bytes(out)
+    return raw.decode()
 
 
 def meta(instance_id: str) -> bytes:
-    return META + instance_id.encode()
+    return META + escape_id(instance_id)
+
+
+def split_meta(key: bytes) -> str:
+    return unescape_id(key[len(META) :])
 
 
 def entry_prefix(instance_id: str) -> bytes:
-    return ENTRY + instance_id.encode() + b"\x00"
+    return ENTRY + escape_id(instance_id) + _END
 
 
 def entry(instance_id: str, key: str) -> bytes:
@@ -43,7 +76,7 @@ def entry(instance_id: str, key: str) -> bytes:
 
 
 def history_prefix(instance_id: str) -> bytes:
-    return HISTORY + instance_id.encode() + b"\x00"
+    return HISTORY + escape_id(instance_id) + _END
 
 
 def history(instance_id: str, seq: int) -> bytes:
@@ -57,11 +90,15 @@ def instance_prefixes(instance_id: str) -> tuple[bytes, ...]:
 
 
 def active(instance_id: str) -> bytes:
-    return ACTIVE + instance_id.encode()
+    return ACTIVE + escape_id(instance_id)
+
+
+def split_active(key: bytes) -> str:
+    return unescape_id(key[len(ACTIVE) :])
 
 
 def command_prefix(instance_id: str) -> bytes:
-    return COMMAND + instance_id.encode() + b"\x00"
+    return COMMAND + escape_id(instance_id) + _END
 
 
 def command(instance_id: str, command_id: str) -> bytes:
@@ -69,12 +106,12 @@ def command(instance_id: str, command_id: str) -> bytes:
 
 
 def finished(finished_ms: int, instance_id: str) -> bytes:
-    return FINISHED + _SEQ.pack(finished_ms) + instance_id.encode()
+    return FINISHED + _SEQ.pack(finished_ms) + escape_id(instance_id)
 
 
 def split_finished(key: bytes) -> tuple[int, str]:
     body = key[len(FINISHED) :]
-    return _SEQ.unpack(body[:8])[0], body[8:].decode()
+    return _SEQ.unpack(body[:8])[0], unescape_id(body[8:])
 
 
 def log_mark(time_ms: int) -> bytes:
@@ -93,14 +130,31 @@ def decode_offset(raw: bytes) -> int:
     return int(_SEQ.unpack(raw)[0])
 
 
-def timer(fire_at_ms: int, timer_id: str) -> bytes:
-    return TIMER + _SEQ.pack(fire_at_ms) + timer_id.encode()
+def timer(fire_at_ms: int, instance_id: str, timer_id: str) -> bytes:
+    return TIMER + _SEQ.pack(fire_at_ms) + escape_id(instance_id) + _END + timer_id.encode()
 
 
-def timer_by_id(timer_id: str) -> bytes:
-    return TIMER_BY_ID + timer_id.encode()
+def timer_by_id(instance_id: str, timer_id: str) -> bytes:
+    return TIMER_BY_ID + escape_id(instance_id) + _END + timer_id.encode()
 
 
-def split_timer(key: bytes) -> tuple[int, str]:
+def split_timer(key: bytes) -> tuple[int, str, str]:
+    """(fire time, instance id, timer id) of a timer index key."""
     body = key[len(TIMER) :]
-    return _SEQ.unpack(body[:8])[0], body[8:].decode()
+    instance, _, timer_id = body[8:].partition(_END)
+    return _SEQ.unpack(body[:8])[0], unescape_id(instance), timer_id.decode()
+
+
+def legacy_timer(key: bytes, value: bytes) -> tuple[int, str, str] | None:
+    """(fire time, instance id, timer id) of a timer index key of the layout before the
+    index was keyed by instance (timer id alone, the instance as the value); None for a
+    key of today's layout, whose value is empty."""
+    if not value:
+        return None
+    body = key[len(TIMER) :]
+    return _SEQ.unpack(body[:8])[0], value.decode(), body[8:].decode()
+
+
+def legacy_timer_by_id(key: bytes) -> bool:
+    """Whether a ``T`` key is of the layout before the index was keyed by instance."""
+    return _END not in key[len(TIMER_BY_ID) :]

@@ -39,6 +39,13 @@ class StepExecutor:
             value = await asyncio.wait_for(self._call(launch), launch.timeout)
         except NonRetryableError as exc:
             return self._failed(launch, exc, retryable=False)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the executor itself is being stopped
+            # The body raised CancelledError of its own (an inner task it awaited was
+            # cancelled): a failed attempt like any other, or it would never report.
+            return self._failed(launch, exc, retryable=True)
         except TimeoutError:
             return StepOutcome(
                 launch.instance_id,

@@ -13,7 +13,7 @@ from consumers import state_keys as keys
 from consumers.dead_letters import dead_letter
 from engine.errors import UndecodableRecord
 from engine.records import TimerCancelled, TimerFired, TimerScheduled
-from engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend
+from engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend, StateStore
 from engine.serde import RecordSerde
 from engine.topics import COMMANDS, TIMERS
 
@@ -23,9 +23,22 @@ log = logging.getLogger("stepstream.timers")
 def index_entries(fire_at_ms: int, timer_id: str, instance_id: str) -> list[tuple[bytes, bytes]]:
     """The state keys that put one timer into the index (by fire time, and by id)."""
     return [
-        (keys.timer(fire_at_ms, timer_id), instance_id.encode()),
-        (keys.timer_by_id(timer_id), str(fire_at_ms).encode()),
+        (keys.timer(fire_at_ms, instance_id, timer_id), b""),
+        (keys.timer_by_id(instance_id, timer_id), str(fire_at_ms).encode()),
     ]
+
+
+def _upgrade_legacy(store: StateStore, legacy: list[tuple[bytes, int, str, str]]) -> CommitBatch:
+    """Rewrite index keys of the layout keyed by timer id alone into today's layout."""
+    batch = CommitBatch()
+    for key, fire_at, instance_id, timer_id in legacy:
+        batch.delete(key)
+        for new_key, value in index_entries(fire_at, timer_id, instance_id):
+            batch.put(new_key, value)
+    for key, _ in store.scan(keys.TIMER_BY_ID):
+        if keys.legacy_timer_by_id(key):
+            batch.delete(key)
+    return batch
 
 
 class TimerService:
@@ -36,8 +49,9 @@ class TimerService:
         self._serde = serde
         self._clock = clock
         self._max_batch = max_batch
-        self._heap: list[tuple[int, str, str]] = []  # (fire_at_ms, timer_id, instance_id)
-        self._live: dict[str, int] = {}  # timer_id -> fire_at_ms of the live schedule
+        self._heap: list[tuple[int, str, str]] = []  # (fire_at_ms, instance_id, timer_id)
+        # (instance_id, timer_id) -> fire_at_ms of the live schedule
+        self._live: dict[tuple[str, str], int] = {}
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()
@@ -47,9 +61,17 @@ class TimerService:
         return len(self._live)
 
     async def start(self) -> None:
+        legacy: list[tuple[bytes, int, str, str]] = []
         for key, value in self.backend.store.scan(keys.TIMER):
-            fire_at, timer_id = keys.split_timer(key)
-            self._push(fire_at, timer_id, value.decode())
+            old = keys.legacy_timer(key, value)
+            if old is not None:
+                legacy.append((key, *old))
+                fire_at, instance_id, timer_id = old
+            else:
+                fire_at, instance_id, timer_id = keys.split_timer(key)
+            self._push(fire_at, instance_id, timer_id)
+        if legacy:
+            await self.backend.commit(_upgrade_legacy(self.backend.store, legacy))
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._consume()), loop.create_task(self._fire())]
 
@@ -62,9 +84,9 @@ class TimerService:
             except (asyncio.CancelledError, Exception):
                 pass
 
-    def _push(self, fire_at: int, timer_id: str, instance_id: str) -> None:
-        self._live[timer_id] = fire_at
-        heapq.heappush(self._heap, (fire_at, timer_id, instance_id))
+    def _push(self, fire_at: int, instance_id: str, timer_id: str) -> None:
+        self._live[instance_id, timer_id] = fire_at
+        heapq.heappush(self._heap, (fire_at, instance_id, timer_id))
 
     async def _consume(self) -> None:
         source = self.backend.source(TIMERS)
@@ -84,23 +106,23 @@ class TimerService:
                 batch.appends.append(self._dead_letter(entry, f"undecodable record: {exc}"))
                 continue
             if isinstance(record, TimerScheduled):
-                old = self._live.get(record.timer_id)
+                old = self._live.get((record.instance_id, record.timer_id))
                 if old is not None:
-                    batch.delete(keys.timer(old, record.timer_id))
+                    batch.delete(keys.timer(old, record.instance_id, record.timer_id))
                 for key, value in index_entries(
                     record.fire_at_ms, record.timer_id, record.instance_id
                 ):
                     batch.put(key, value)
-                self._push(record.fire_at_ms, record.timer_id, record.instance_id)
+                self._push(record.fire_at_ms, record.instance_id, record.timer_id)
             elif not isinstance(record, TimerCancelled):
                 batch.appends.append(
                     self._dead_letter(entry, f"{record.type} is not a timer record")
                 )
             else:
-                fire_at = self._live.pop(record.timer_id, None)
+                fire_at = self._live.pop((record.instance_id, record.timer_id), None)
                 if fire_at is not None:
-                    batch.delete(keys.timer(fire_at, record.timer_id))
-                    batch.delete(keys.timer_by_id(record.timer_id))
+                    batch.delete(keys.timer(fire_at, record.instance_id, record.timer_id))
+                    batch.delete(keys.timer_by_id(record.instance_id, record.timer_id))
         batch.offsets[TIMERS] = entries[-1].offset + 1
         await self.backend.commit(batch)
 
@@ -114,7 +136,7 @@ class TimerService:
             self._changed.clear()
             now = self._clock.now_ms()
             heap = self._heap
-            while heap and self._live.get(heap[0][1]) != heap[0][0]:
+            while heap and self._live.get((heap[0][1], heap[0][2])) != heap[0][0]:
                 heapq.heappop(heap)  # cancelled or rescheduled
             if heap and heap[0][0] <= now:
                 async with self._lock:
@@ -131,10 +153,10 @@ class TimerService:
         heap = self._heap
         fired = 0
         while heap and heap[0][0] <= now and fired < self._max_batch:
-            fire_at, timer_id, instance_id = heapq.heappop(heap)
-            if self._live.get(timer_id) != fire_at:
+            fire_at, instance_id, timer_id = heapq.heappop(heap)
+            if self._live.get((instance_id, timer_id)) != fire_at:
                 continue
-            del self._live[timer_id]
+            del self._live[instance_id, timer_id]
             command = TimerFired(
                 instance_id=instance_id,
                 time_ms=now,
@@ -151,8 +173,8 @@ class TimerService:
                     self.backend.partition,
                 )
             )
-            batch.delete(keys.timer(fire_at, timer_id))
-            batch.delete(keys.timer_by_id(timer_id))
+            batch.delete(keys.timer(fire_at, instance_id, timer_id))
+            batch.delete(keys.timer_by_id(instance_id, timer_id))
             fired += 1
         if batch:
             await self.backend.commit(batch)

@@ -189,6 +189,9 @@ class InstanceState:
     error_message: str = ""
     cancel_reason: str = ""
     finished_ms: int = 0  # when it completed, failed or was cancelled
+    # Why an unfinished instance cannot advance where it is owned now (its version is
+    # not deployed there); "" when it can. Set by the owner, not by history.
+    parked: str = ""
     buffered: list[BufferedEvent] = field(default_factory=list)
     entries: dict[str, Entry] = field(default_factory=dict)
     recent_commands: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_COMMANDS))
@@ -343,6 +346,7 @@ class InstanceState:
             "em": self.error_message,
             "cr": self.cancel_reason,
             "fm": self.finished_ms,
+            "pk": self.parked,
             "b": [[b.name, _payload_json(b.payload), b.command_id, b.seq] for b in self.buffered],
             "rc": list(self.recent_commands),
         }
@@ -368,6 +372,7 @@ class InstanceState:
             cancel_reason=raw["cr"],
             # State written before finish times were kept: the last update is the finish.
             finished_ms=raw.get("fm") or (raw["u"] if Status(raw["st"]).finished else 0),
+            parked=raw.get("pk", ""),
             buffered=[
                 BufferedEvent(name, _payload_req(p), cid, seq) for name, p, cid, seq in raw["b"]
             ],

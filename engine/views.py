@@ -81,6 +81,8 @@ class InstanceStatus:
             error = f"{state.error_type}: {state.error_message}"
         elif state.cancel_reason:
             error = f"cancelled: {state.cancel_reason}"
+        elif state.parked and not state.status.finished:
+            error = state.parked
         return cls(
             instance_id=state.instance_id,
             status=state.status.value,

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from engine.errors import StepstreamError
+from engine.names import check_name
 from engine.views import HistoryEntry, InstanceStatus
 
 DEFAULT_CONNECT = "http://127.0.0.1:8233"
@@ -78,36 +79,34 @@ class Client:
         id that exists returns it and leaves the existing instance as it is."""
         if instance_id is None:
             instance_id = str(uuid.uuid4())
-        elif not isinstance(instance_id, str) or not instance_id.strip():
-            raise ValueError(
-                f"instance_id must be a non-empty string, got {instance_id!r}; "
-                "leave it out for a new uuid"
-            )
+        check_name(workflow, "workflow name")
+        check_name(instance_id, "instance id")
         return await self._transport.start(workflow, input, instance_id)
 
     async def send_event(self, instance_id: str, name: str, payload: Any = None) -> None:
-        await self._transport.send_event(instance_id, name, payload)
+        check_name(name, "event name")
+        await self._transport.send_event(_id(instance_id), name, payload)
 
     async def cancel(self, instance_id: str, *, reason: str = "") -> None:
-        await self._transport.cancel(instance_id, reason)
+        await self._transport.cancel(_id(instance_id), reason)
 
     async def pause(self, instance_id: str) -> None:
-        await self._transport.pause(instance_id)
+        await self._transport.pause(_id(instance_id))
 
     async def resume(self, instance_id: str) -> None:
-        await self._transport.resume(instance_id)
+        await self._transport.resume(_id(instance_id))
 
     async def status(self, instance_id: str) -> InstanceStatus:
-        return await self._transport.status(instance_id)
+        return await self._transport.status(_id(instance_id))
 
     async def result(self, instance_id: str, *, timeout: float | None = 60.0) -> Any:
         """The workflow's return value; raises ``WorkflowFailed`` or ``WorkflowCancelled``
         if it did not complete, ``ResultTimeout`` if it is still running after
         ``timeout`` seconds."""
-        return await self._transport.result(instance_id, timeout)
+        return await self._transport.result(_id(instance_id), timeout)
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
-        return await self._transport.history(instance_id)
+        return await self._transport.history(_id(instance_id))
 
     async def list(self, *, status: str | None = None) -> list[InstanceStatus]:
         return await self._transport.list(status)
@@ -120,6 +119,11 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _id(instance_id: str) -> str:
+    """Refused before it travels: an id no instance can have (``InvalidPayload``)."""
+    return check_name(instance_id, "instance id")
 
 
 class _Connecting:

@@ -16,11 +16,13 @@ from typing import Any, Protocol
 
 from engine.codec import MAX_MESSAGE_CHARS, PayloadCodec, check_size, decode_safely, encode_safely
 from engine.errors import (
+    InvalidPayload,
     PayloadTooLarge,
     ResultTimeout,
     WorkflowCancelled,
     WorkflowFailed,
 )
+from engine.names import check_name, text_problem
 from engine.records import (
     CancelWorkflow,
     Command,
@@ -137,6 +139,8 @@ class CommandPublisher(abc.ABC):
         owner records them as ignored and settles them with the reason."""
 
     async def start(self, workflow: str, input: Any, instance_id: str) -> str:
+        check_name(instance_id, "instance id")
+        check_name(workflow, "workflow name")
         definition = self._publishing.resolve(workflow)
         payload = self._encode(input, f"input of instance {instance_id}")
         await self._submit(
@@ -151,6 +155,8 @@ class CommandPublisher(abc.ABC):
         return instance_id
 
     async def send_event(self, instance_id: str, name: str, payload: Any) -> None:
+        check_name(instance_id, "instance id")
+        check_name(name, f"the name of an event for instance {instance_id}:")
         encoded = self._encode(payload, f"event {name!r} for instance {instance_id}")
         await self._check_exists(instance_id)
         await self._submit(
@@ -160,6 +166,12 @@ class CommandPublisher(abc.ABC):
         )
 
     async def cancel(self, instance_id: str, reason: str) -> None:
+        check_name(instance_id, "instance id")
+        if not isinstance(reason, str):
+            raise InvalidPayload(f"the cancel reason must be a string, not {type(reason).__name__}")
+        problem = text_problem(reason)
+        if problem is not None:
+            raise InvalidPayload(f"the cancel reason for instance {instance_id} {problem}")
         if len(reason) > MAX_MESSAGE_CHARS:
             raise PayloadTooLarge(
                 f"the cancel reason for instance {instance_id} is {len(reason)} characters, "
@@ -171,10 +183,12 @@ class CommandPublisher(abc.ABC):
         )
 
     async def pause(self, instance_id: str) -> None:
+        check_name(instance_id, "instance id")
         await self._check_exists(instance_id)
         await self._submit(PauseWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4())))
 
     async def resume(self, instance_id: str) -> None:
+        check_name(instance_id, "instance id")
         await self._check_exists(instance_id)
         await self._submit(ResumeWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4())))
 

@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from consumers import state_keys
+from consumers.instance_store import load_state
 from consumers.kafka import keys
 from consumers.kafka.clients import make_client
 from consumers.kafka.db import PartitionDB
 from consumers.kafka.producer import LogProducer, OutRecord
-from consumers.partition import load_state
 from consumers.restore import Restorer
 from consumers.timers import index_entries
 from engine.errors import StepstreamError
@@ -281,7 +281,7 @@ async def restore_partition(
         )
 
     batch = fold.restorer.batch()
-    touched = [key[len(state_keys.META) :] for key in batch.puts if key.startswith(state_keys.META)]
+    touched = [state_keys.split_meta(key) for key in batch.puts if key.startswith(state_keys.META)]
     local_timers = db.offset(TIMERS)
     # A state loaded from a snapshot has no timer index yet: the snapshot's offset says
     # where the timers topic resumes once the index is rebuilt from the instances.
@@ -309,12 +309,10 @@ async def restore_partition(
         # Timer records this state never indexed are skipped (another owner indexed
         # them), or the state came from a snapshot (which has no timer index): every
         # unfinished instance's timers come from its state instead.
-        reindex = [key[len(state_keys.ACTIVE) :] for key, _ in db.scan(state_keys.ACTIVE)]
+        reindex = [state_keys.split_active(key) for key, _ in db.scan(state_keys.ACTIVE)]
     else:
         reindex = touched
-    timers = _reindex_timers(
-        db, [t.decode() for t in reindex], timers_offset=starts[TIMERS], replace=rebuild
-    )
+    timers = _reindex_timers(db, reindex, timers_offset=starts[TIMERS], replace=rebuild)
     seconds = time.monotonic() - began
     log.info(
         "partition=%d restored epoch=%d snapshot=%s history=%d..%d records=%d instances=%d "

@@ -203,7 +203,7 @@ async def _chunks(db: PartitionDB) -> AsyncIterator[tuple[list[bytes], list[byte
     values: list[bytes] = []
     size = copied = 0
     for meta_key, _ in db.scan(state_keys.META):
-        instance_id = meta_key[len(state_keys.META) :].decode()
+        instance_id = state_keys.split_meta(meta_key)
         meta = db.get(meta_key)
         if meta is None:
             continue  # forgotten meanwhile

@@ -1,0 +1,123 @@
+"""An instance's committed state in a partition's store: how it is read, written and
+forgotten. The processor, restore and snapshots all go through these functions, so one
+instance's keys have one layout (``consumers.state_keys``) and one reader."""
+
+from __future__ import annotations
+
+from consumers import state_keys as keys
+from engine.records import CommandIgnored, HistoryRecord
+from engine.seams import CommitBatch, StateStore
+from engine.serde import RecordSerde
+from engine.settle import recorded_reason
+from engine.state import InstanceState, entry_json, is_client_command
+
+
+def load_state(
+    store: StateStore, instance_id: str, *, entries: bool = True
+) -> InstanceState | None:
+    """An instance's committed state; without ``entries`` only its meta (status, result,
+    error, timestamps), which is all a status or result check needs."""
+    meta = store.get(keys.meta(instance_id))
+    if meta is None:
+        return None
+    prefix = keys.entry_prefix(instance_id)
+    found = [(k[len(prefix) :].decode(), v) for k, v in store.scan(prefix)] if entries else []
+    return InstanceState.from_storage(instance_id, meta, found)
+
+
+def write_state(state: InstanceState, batch: CommitBatch) -> None:
+    """Queue the changed parts of an instance's state: meta, dirty entries, active index."""
+    instance_id = state.instance_id
+    batch.put(keys.meta(instance_id), state.meta_json())
+    for key in state.dirty_entries:
+        batch.put(keys.entry(instance_id, key), entry_json(state.entries[key]))
+    state.dirty_entries.clear()
+    for command_id in state.new_commands:
+        batch.put(keys.command(instance_id, command_id), b"")
+    state.new_commands.clear()
+    if state.status.finished:
+        batch.delete(keys.active(instance_id))
+        batch.put(keys.finished(state.finished_ms, instance_id), b"")
+    else:
+        batch.put(keys.active(instance_id), b"")
+
+
+def forget_instance(
+    store: StateStore, instance_id: str, batch: CommitBatch, state: InstanceState | None = None
+) -> None:
+    """Queue the deletion of every key an instance has in ``store`` (``state``: its meta,
+    if the caller has already read it)."""
+    if state is None:
+        state = load_state(store, instance_id, entries=False)
+    if state is not None and state.status.finished:
+        batch.delete(keys.finished(state.finished_ms, instance_id))
+    for prefix in keys.instance_prefixes(instance_id):
+        for key, _ in store.scan(prefix):
+            batch.delete(key)
+    batch.delete(keys.meta(instance_id))
+    batch.delete(keys.active(instance_id))
+
+
+class InstanceReads:
+    """The reads a partition's owner answers from its committed state: point reads and
+    one instance's prefix, never a scan of the partition (except ``list_instances``)."""
+
+    def __init__(self, store: StateStore, serde: RecordSerde) -> None:
+        self._store = store
+        self._serde = serde
+
+    def finished(self, instance_id: str) -> bool | None:
+        """None if no such instance, else whether it finished: two point reads, no
+        decoding, for checks on the hot path of every command."""
+        if self._store.get(keys.meta(instance_id)) is None:
+            return None
+        return self._store.get(keys.active(instance_id)) is None
+
+    def applied(self, state: InstanceState, command_id: str) -> bool:
+        """Whether the client command ``command_id`` was applied to the instance: in
+        memory for the recent ones, else one point read of the committed state."""
+        if command_id in state.recent_commands or command_id in state.new_commands:
+            return True
+        # Only client commands are kept one key each (timer fires and step outcomes are
+        # told apart by the state they find).
+        return (
+            is_client_command(command_id)
+            and self._store.get(keys.command(state.instance_id, command_id)) is not None
+        )
+
+    def settled_before(self, instance_id: str, command_id: str) -> tuple[bool, str | None]:
+        """Whether the instance's committed state shows ``command_id`` applied (maybe by
+        an earlier owner), and what its publisher is told about it."""
+        state = load_state(self._store, instance_id, entries=False)
+        if state is None or not self.applied(state, command_id):
+            return False, None
+        for record in reversed(self.read_history(instance_id)):
+            if record.command_id == command_id and isinstance(record, CommandIgnored):
+                return True, recorded_reason(record.command_type, record.reason)
+        return True, None
+
+    def read_state(self, instance_id: str, *, entries: bool = True) -> InstanceState | None:
+        return load_state(self._store, instance_id, entries=entries)
+
+    def read_history(self, instance_id: str) -> list[HistoryRecord]:
+        records = []
+        for _, value in self._store.scan(keys.history_prefix(instance_id)):
+            record = self._serde.decode(value)
+            assert isinstance(record, HistoryRecord)
+            records.append(record)
+        return records
+
+    def list_instances(self) -> list[InstanceState]:
+        """Every instance of the partition; unfinished ones with their entries, so a
+        listing shows what each waits on (a finished instance waits for nothing)."""
+        found = []
+        for key, _ in self._store.scan(keys.ACTIVE):
+            state = load_state(self._store, keys.split_active(key))
+            if state is not None:
+                found.append(state)
+        for key, meta in self._store.scan(keys.META):
+            instance_id = keys.split_meta(key)
+            state = InstanceState.from_storage(instance_id, meta, [])
+            if state.status.finished:
+                found.append(state)
+        return found

@@ -1,0 +1,79 @@
+"""What a name may be: instance ids, workflow names and event names that clients send.
+
+Names end up in storage keys, Kafka record keys, log lines and URLs, so they are short
+printable text: 1 to ``MAX_NAME_BYTES`` bytes of UTF-8, no control characters, no lone
+surrogates (which no encoding can store). Every entry point checks them before anything
+is published, and a processor dead-letters a command that got past a client anyway.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from engine.errors import InvalidPayload
+
+MAX_NAME_BYTES = 256
+_SHOWN = 60  # characters of a refused name quoted back
+
+
+def check_name(value: object, what: str) -> str:
+    """``value`` if it is a valid name, else ``InvalidPayload`` saying what is wrong;
+    ``what`` names it for the message ("instance id", "event name")."""
+    problem = name_problem(value)
+    if problem is None:
+        assert isinstance(value, str)
+        return value
+    raise InvalidPayload(f"{what} {_shown(value)} {problem}")
+
+
+def name_problem(value: object) -> str | None:
+    """Why ``value`` is not a valid name, or None if it is."""
+    if not isinstance(value, str):
+        return f"must be a string, not {type(value).__name__}"
+    if not value.strip():
+        return "must not be empty or only spaces"
+    if len(value) > MAX_NAME_BYTES:  # fast path: over the limit in characters already
+        return f"is {len(value)} characters long; the limit is {MAX_NAME_BYTES} bytes"
+    if value.isascii() and value.isprintable():
+        return None  # the usual id: nothing more to look at
+    for position, char in enumerate(value):
+        category = unicodedata.category(char)
+        if category == "Cc":
+            return (
+                f"contains the control character U+{ord(char):04X} at position {position}; "
+                "use printable characters only"
+            )
+        if category == "Cs":
+            return (
+                f"contains a lone surrogate U+{ord(char):04X} at position {position}, "
+                "which is not valid text"
+            )
+    size = len(value.encode())
+    if size > MAX_NAME_BYTES:
+        return f"is {size} bytes of UTF-8; the limit is {MAX_NAME_BYTES}"
+    return None
+
+
+def text_problem(value: str) -> str | None:
+    """Why free text (a cancel reason) cannot be stored, or None: only lone
+    surrogates; its length is limited where it is taken."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        pass
+    else:
+        return None
+    for position, char in enumerate(value):
+        if 0xD800 <= ord(char) <= 0xDFFF:
+            return (
+                f"contains a lone surrogate U+{ord(char):04X} at position {position}, "
+                "which is not valid text"
+            )
+    return None
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    if len(text) > _SHOWN:
+        text = text[:_SHOWN] + f"... ({len(str(value))} characters)"
+    return text
