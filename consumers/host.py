@@ -58,8 +58,8 @@ class PartitionHost:
         self._recent: OrderedDict[str, str | None] = OrderedDict()
         # Waiters per instance, in a dict used as an ordered set: removing one is O(1),
         # however many wait for the same instance.
-        self._finished: defaultdict[str, dict[asyncio.Future[InstanceState], None]] = (
-            defaultdict(dict)
+        self._finished: defaultdict[str, dict[asyncio.Future[InstanceState], None]] = defaultdict(
+            dict
         )
 
     # ---- ownership ------------------------------------------------------------------

@@ -7,6 +7,7 @@ wrap the default and keep the content type honest so readers know what they hold
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Protocol
 
 from engine.errors import InvalidPayload, PayloadTooLarge
@@ -17,6 +18,12 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 # Error messages and reasons are text from user code (an exception's str, a cancel
 # reason): recorded, but never big enough to make a record the broker refuses.
 MAX_MESSAGE_CHARS = 8 * 1024
+# JSON values nest at most this deep: deeper ones fail to parse or to encode somewhere
+# down the line (Python's json recurses), so they are refused where they come in.
+MAX_JSON_DEPTH = 512
+# Text that may hold a UTF-16 surrogate (raw, or as a \u escape); only such text is
+# checked for lone ones, which UTF-8 cannot encode.
+_MAYBE_SURROGATE = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
 
 
 class PayloadCodec(Protocol):
@@ -68,12 +75,15 @@ class JsonCodec:
     def encode(self, value: Any) -> Payload:
         try:
             text = self._encoder.encode(value)
+        except RecursionError:
+            raise InvalidPayload(_too_deep(f"value of type {type(value).__name__}")) from None
         except (TypeError, ValueError) as exc:
             raise InvalidPayload(
                 f"value of type {type(value).__name__} is not JSON-encodable ({exc}); "
                 "return or pass only dict, list, str, int, float, bool or None, "
                 "or configure a payload codec that handles it"
             ) from None
+        check_json_value(value, text, what=f"value of type {type(value).__name__}")
         return Payload(JSON, text.encode())
 
     def decode(self, payload: Payload) -> Any:
@@ -84,16 +94,80 @@ class JsonCodec:
             )
         try:
             return json.loads(payload.data)
+        except RecursionError:
+            raise InvalidPayload(_too_deep("payload")) from None
         except (UnicodeDecodeError, ValueError) as exc:
             raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
 
 
 def parse_json_text(text: str, *, what: str) -> Any:
-    """Parse user-typed JSON (CLI flags, HTTP bodies) with a message that says what was wrong."""
+    """Parse user-typed JSON (CLI flags, HTTP bodies, session frames) with a message that
+    says what was wrong. Refuses what the engine could not store or encode again: values
+    nested deeper than ``MAX_JSON_DEPTH`` and lone surrogates (``"\\ud800"``)."""
     try:
-        return json.loads(text)
+        value = json.loads(text)
+    except RecursionError:
+        raise InvalidPayload(_too_deep(what)) from None
     except ValueError as exc:
         raise InvalidPayload(f"{what} is not valid JSON: {exc}") from None
+    check_json_value(value, text, what=what)
+    return value
+
+
+def dump_json_text(value: Any, *, what: str) -> str:
+    """``value`` as compact JSON text, refused (``InvalidPayload``) if it is not
+    JSON-encodable, nests deeper than ``MAX_JSON_DEPTH`` or holds a lone surrogate."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except RecursionError:
+        raise InvalidPayload(_too_deep(what)) from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(
+            f"{what} is not JSON-encodable ({exc}); pass only dict, list, str, int, "
+            "float (finite), bool or None"
+        ) from None
+    check_json_value(value, text, what=what)
+    return text
+
+
+def check_json_value(value: Any, text: str, *, what: str) -> None:
+    """Refuse ``value`` (parsed from or encoded as ``text``) if it nests deeper than
+    ``MAX_JSON_DEPTH`` or holds a lone surrogate. Cheap scans of ``text`` decide whether
+    the value needs a closer look, so ordinary payloads cost two ``str.count`` calls and
+    one regex search."""
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _nests_deeper(value):
+        raise InvalidPayload(_too_deep(what))
+    if _MAYBE_SURROGATE.search(text) is None:
+        return
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start : exc.end]
+        raise InvalidPayload(
+            f"{what} holds a lone surrogate ({bad!r}): a \\ud800-\\udfff escape that is "
+            "not half of a pair is not Unicode text and cannot be stored; send valid "
+            "Unicode (pairs such as \\ud83d\\ude00 are fine)"
+        ) from None
+
+
+def _nests_deeper(value: Any) -> bool:
+    # Iterative: the point is to look at values too deep for recursion.
+    stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return True
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
+
+
+def _too_deep(what: str) -> str:
+    return (
+        f"{what} nests deeper than {MAX_JSON_DEPTH} levels of arrays and objects; "
+        "flatten it (or store it elsewhere and pass a reference)"
+    )
 
 
 def check_size(payload: Payload, limit: int, *, what: str) -> Payload:
