@@ -3,13 +3,15 @@
 Every route maps onto one transport call; this module owns only the HTTP side of it:
 request validation, status codes and the error body
 ``{"error": {"type": "<ClassName>", "message": ...}}`` (see ``producers.http`` for the
-wire form both sides share). Request bodies are parsed as JSON and nothing else.
+wire form both sides share). Request bodies are parsed as JSON and nothing else; who may
+call at all is ``ops.api_security``'s concern.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -34,8 +36,15 @@ from engine.errors import (
     WorkflowFailed,
 )
 from engine.state import Status
+from ops.api_security import ApiSecurity
 from producers.client import Transport
-from producers.http import error_to_wire, wire_error_class
+from producers.http import (
+    SESSION_FRAME_BYTES,
+    SESSION_FRAME_CALLS,
+    SESSION_MAX_CALLS,
+    error_to_wire,
+    wire_error_class,
+)
 
 log = logging.getLogger("stepstream.api")
 
@@ -77,17 +86,26 @@ class CommandWaiter(Protocol):
         ...
 
 
+SESSIONS: web.AppKey[_Session] = web.AppKey("sessions")
+
+
 def make_app(
     transport: Transport,
     *,
     registry_names: Callable[[], dict[str, list[str]]] | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     commands: CommandWaiter | None = None,
+    security: ApiSecurity | None = None,
+    served_hosts: tuple[str, ...] = (),
 ) -> web.Application:
     """The API over ``transport``. ``registry_names`` answers ``GET /v1/workflows``;
-    ``commands`` (if given) ``GET /v1/commands/{id}?instance=ID&timeout=S``."""
+    ``commands`` (if given) ``GET /v1/commands/{id}?instance=ID&timeout=S``. ``security``
+    (token, allowed hosts; see ``ops.api_security``) guards every route, and
+    ``served_hosts`` are the names the server is reached by (bound host, advertised
+    host). ``app[SESSIONS]`` counts the websocket sessions and their calls."""
     api = _Api(transport, registry_names, max_body_bytes, commands)
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[api.errors])
+    guard = (security or ApiSecurity()).guard(served_hosts)
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[guard, api.errors])
     app.router.add_get("/healthz", api.healthz)
     app.router.add_get("/v1/workflows", api.workflows)
     app.router.add_post("/v1/instances", api.start)
@@ -102,6 +120,7 @@ def make_app(
     if commands is not None:
         app.router.add_get("/v1/commands/{id}", api.command)
     session = _Session(transport, commands, max_body_bytes)
+    app[SESSIONS] = session
     app.router.add_get("/v1/session", session.serve)
     app.on_shutdown.append(session.close_all)
     return app
@@ -226,11 +245,19 @@ class _Api:
 
 class _Session:
     """``GET /v1/session``: the reads and waits of the API over one websocket, for clients
-    that make many at once (the kafka:// client). A text frame is a JSON array of calls
-    ``{"id": n, "op": "status"|"history"|"result"|"finished"|"settled"|"cancel", ...}``;
-    replies
-    ``{"id": n, "ok": ...}`` or ``{"id": n, "error": {"type": ..., "message": ...}}`` come
-    back batched, in whatever order the calls finish. Much cheaper per call than a request.
+    that make many at once (the kafka:// and http:// clients). A text frame is a JSON array
+    of calls ``{"id": n, "op": "status"|"history"|"result"|"finished"|"settled"|"cancel",
+    ...}``; replies ``{"id": n, "ok": ...}`` or ``{"id": n, "error": {"type": ...,
+    "message": ...}}`` come back batched, in whatever order the calls finish. Much cheaper
+    per call than a request.
+
+    What one client can hold: ``SESSION_MAX_CALLS`` calls running (a call over that, or
+    with the id of a call still running, is answered with an error at once), frames of at
+    most ``SESSION_FRAME_CALLS`` calls and the server's body limit in bytes (more closes
+    the session), and no new frame is read while ``SESSION_FRAME_CALLS`` replies wait to
+    be written (a client that does not read stops being served). So a session holds at
+    most ``SESSION_MAX_CALLS`` running calls and about twice that many replies. Closing
+    the session cancels its calls.
     """
 
     def __init__(
@@ -239,82 +266,32 @@ class _Session:
         self._transport = transport
         self._commands = commands
         self._max = max_body_bytes
-        self._open: set[web.WebSocketResponse] = set()
+        self._open: set[_Connection] = set()
+
+    @property
+    def calls_in_flight(self) -> int:
+        """Calls running now, over every open session."""
+        return sum(len(c.calls) for c in self._open)
+
+    @property
+    def sessions(self) -> int:
+        return len(self._open)
 
     async def close_all(self, app: web.Application) -> None:
         """On shutdown: a session would otherwise keep the server waiting for it."""
-        for ws in list(self._open):
-            await ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+        for connection in list(self._open):
+            await connection.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
 
     async def serve(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=self._max)
         await ws.prepare(request)
-        self._open.add(ws)
-        calls: dict[int, asyncio.Task[None]] = {}
-        replies: list[dict[str, Any]] = []
-        ready = asyncio.Event()
-        sender = asyncio.get_running_loop().create_task(self._send(ws, replies, ready))
-
-        async def run(call_id: int, call: dict[str, Any]) -> None:
-            try:
-                replies.append({"id": call_id, "ok": await self._call(call)})
-            except StepstreamError as exc:
-                replies.append({"id": call_id, **error_to_wire(exc)})
-            except Exception:
-                log.exception("session call failed op=%s", call.get("op"))
-                replies.append(
-                    {
-                        "id": call_id,
-                        "error": {
-                            "type": "InternalError",
-                            "message": "internal error; see the server log",
-                        },
-                    }
-                )
-            finally:
-                calls.pop(call_id, None)
-            ready.set()
-
+        connection = _Connection(self, ws)
+        self._open.add(connection)
         try:
-            async for message in ws:
-                if message.type != web.WSMsgType.TEXT:
-                    continue
-                try:
-                    batch = json.loads(message.data)
-                except ValueError:
-                    await ws.close(message=b"frames must be JSON arrays of calls")
-                    break
-                for call in batch if isinstance(batch, list) else ():
-                    call_id = call.get("id") if isinstance(call, dict) else None
-                    if not isinstance(call_id, int):
-                        continue
-                    if call.get("op") == "cancel":
-                        task = calls.pop(call_id, None)
-                        if task is not None:
-                            task.cancel()
-                        continue
-                    calls[call_id] = asyncio.get_running_loop().create_task(run(call_id, call))
+            await connection.serve()
         finally:
-            self._open.discard(ws)
-            for task in [*calls.values(), sender]:
-                task.cancel()
-            for task in [*calls.values(), sender]:
-                with contextlib.suppress(BaseException):
-                    await task
+            self._open.discard(connection)
         return ws
-
-    @staticmethod
-    async def _send(
-        ws: web.WebSocketResponse, replies: list[dict[str, Any]], ready: asyncio.Event
-    ) -> None:
-        # One sender: replies that finish while a frame is being written share the next.
-        while not ws.closed:
-            await ready.wait()
-            ready.clear()
-            if replies:
-                batch = replies[:]
-                del replies[:]
-                await ws.send_str(json.dumps(batch, separators=(",", ":")))
 
     async def _call(self, call: dict[str, Any]) -> Any:
         op = call.get("op")
@@ -340,6 +317,137 @@ class _Session:
         )
 
 
+class _Connection:
+    """One client's session: its running calls and the replies waiting to be written."""
+
+    def __init__(self, session: _Session, ws: web.WebSocketResponse) -> None:
+        self.session = session
+        self.ws = ws
+        self.calls: dict[int, asyncio.Task[None]] = {}
+        self._replies: list[str] = []
+        self._ready = asyncio.Event()  # replies to write
+        self._written = asyncio.Event()  # the replies were written
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        sender = loop.create_task(self._send())
+        try:
+            async for message in self.ws:
+                if message.type != web.WSMsgType.TEXT:
+                    continue
+                # Backpressure: a client that does not read its replies is not served more.
+                while len(self._replies) >= SESSION_FRAME_CALLS and not sender.done():
+                    self._written.clear()
+                    await self._written.wait()
+                if sender.done() or not await self._take(message.data):
+                    break
+        finally:
+            tasks = [*self.calls.values(), sender]
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(BaseException):
+                    await task
+            self.calls.clear()
+
+    async def _take(self, text: str) -> bool:
+        """Start the calls of one frame; False if the frame ended the session."""
+        try:
+            batch = parse_json_text(text, what="session frame")
+        except InvalidPayload as exc:
+            await self.ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=_close_reason(exc))
+            return False
+        if not isinstance(batch, list):
+            await self.ws.close(
+                code=WSCloseCode.UNSUPPORTED_DATA, message=b"frames must be JSON arrays of calls"
+            )
+            return False
+        if len(batch) > SESSION_FRAME_CALLS:
+            await self.ws.close(
+                code=WSCloseCode.MESSAGE_TOO_BIG,
+                message=f"at most {SESSION_FRAME_CALLS} calls per frame".encode(),
+            )
+            return False
+        loop = asyncio.get_running_loop()
+        for call in batch:
+            call_id = call.get("id") if isinstance(call, dict) else None
+            if isinstance(call_id, bool) or not isinstance(call_id, int):
+                self._refuse(None, "every session call needs an integer id")
+                continue
+            assert isinstance(call, dict)
+            if call.get("op") == "cancel":
+                task = self.calls.pop(call_id, None)
+                if task is not None:
+                    task.cancel()
+                continue
+            if call_id in self.calls:
+                self._refuse(
+                    call_id,
+                    f"call id {call_id} is still in flight in this session; use a new id "
+                    "for each call",
+                )
+                continue
+            if len(self.calls) >= SESSION_MAX_CALLS:
+                self._refuse(
+                    call_id,
+                    f"this session has {SESSION_MAX_CALLS} calls in flight, the most it "
+                    "takes; wait for some to finish, or cancel them",
+                )
+                continue
+            task = loop.create_task(self._run(call_id, call))
+            self.calls[call_id] = task
+            task.add_done_callback(functools.partial(self._done, call_id))
+        return True
+
+    async def _run(self, call_id: int, call: dict[str, Any]) -> None:
+        try:
+            reply: dict[str, Any] = {"id": call_id, "ok": await self.session._call(call)}
+        except StepstreamError as exc:
+            reply = {"id": call_id, **error_to_wire(exc)}
+        except Exception:
+            log.exception("session call failed op=%s", call.get("op"))
+            reply = {"id": call_id, **_internal_error()}
+        self._done(call_id, asyncio.current_task())
+        self._queue(reply)
+
+    def _done(self, call_id: int, task: object) -> None:
+        # Also on cancellation, which may come before the call ever ran.
+        if self.calls.get(call_id) is task:
+            del self.calls[call_id]
+
+    def _refuse(self, call_id: int | None, message: str) -> None:
+        self._queue({"id": call_id, "error": {"type": "InvalidPayload", "message": message}})
+
+    def _queue(self, reply: dict[str, Any]) -> None:
+        try:
+            text = json.dumps(reply, separators=(",", ":"))
+        except (TypeError, ValueError):
+            log.exception("session reply not encodable id=%s", reply.get("id"))
+            text = json.dumps({"id": reply.get("id"), **_internal_error()})
+        self._replies.append(text)
+        self._ready.set()
+
+    async def _send(self) -> None:
+        # One sender: replies that finish while a frame is being written share the next,
+        # up to about SESSION_FRAME_BYTES each.
+        ws, replies = self.ws, self._replies
+        try:
+            while not ws.closed:
+                await self._ready.wait()
+                self._ready.clear()
+                while replies:
+                    size, count = 0, 0
+                    while count < len(replies) and (count == 0 or size < SESSION_FRAME_BYTES):
+                        size += len(replies[count]) + 1
+                        count += 1
+                    frame = "[" + ",".join(replies[:count]) + "]"
+                    del replies[:count]
+                    await ws.send_str(frame)
+                self._written.set()
+        finally:
+            self._written.set()  # the reader must not wait for a sender that is gone
+
+
 def _session_timeout(raw: object) -> float | None:
     if raw is None:
         return None
@@ -351,6 +459,16 @@ def _session_timeout(raw: object) -> float | None:
     ):
         raise InvalidPayload(f"timeout={raw!r} is not a number of seconds >= 0")
     return float(raw)
+
+
+def _internal_error() -> dict[str, Any]:
+    message = "internal error; the traceback is in the server log"
+    return {"error": {"type": "InternalError", "message": message}}
+
+
+def _close_reason(exc: Exception) -> bytes:
+    # A close frame's reason is at most 123 bytes.
+    return str(exc).encode()[:120]
 
 
 def _error_response(exc: StepstreamError) -> web.Response:

@@ -33,6 +33,7 @@ from engine.state import Status
 from engine.views import InstanceStatus, Wait
 from engine.workflow import Registry, WorkflowDefinition, definition_of
 from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
+from ops.api_security import ApiSecurity, InsecureBind
 from ops.timeline import render_timeline
 from producers.client import DEFAULT_CONNECT, Client
 
@@ -175,6 +176,8 @@ def _dev(args: argparse.Namespace) -> int:
 async def _serve(registry: Registry, args: argparse.Namespace) -> int:
     from ops.embedded import EmbeddedConfig, open_embedded
 
+    security = _api_security(args)
+    tls = security.ssl_context()
     config = EmbeddedConfig.from_env(data_dir=args.data, partitions=args.partitions)
     sock = _listen(args.host, args.port)
     engine = await open_embedded(registry, config)
@@ -185,6 +188,8 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
             # Leave room above the payload limit so an oversized payload gets the
             # engine's precise message rather than a bare body-size refusal.
             max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * config.max_payload_bytes),
+            security=security,
+            served_hosts=(args.host,),
         )
         # A result request whose client went away must stop waiting.
         runner = web.AppRunner(
@@ -192,9 +197,9 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
         )
         await runner.setup()
         try:
-            await web.SockSite(runner, sock).start()
+            await web.SockSite(runner, sock, ssl_context=tls).start()
             host, port = sock.getsockname()[:2]
-            url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+            url = f"{security.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
             workflows = ", ".join(
                 f"{name} v{'/'.join(versions)}" for name, versions in registry.names().items()
             )
@@ -211,6 +216,23 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
         sock.close()
         await engine.close()
     return EXIT_OK
+
+
+def _api_security(args: argparse.Namespace) -> ApiSecurity:
+    """The API's access settings from the server flags and STEPSTREAM_* variables;
+    refused (exit 2) when they would open the API to anyone."""
+    security = ApiSecurity.from_env(
+        token=args.api_token,
+        insecure=True if args.insecure else None,
+        allowed_hosts=args.allowed_host,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+    try:
+        security.check_bind(args.host)
+    except InsecureBind as exc:
+        raise _UsageError(str(exc)) from None
+    return security
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -252,12 +274,17 @@ async def _until_signalled() -> None:
 
 
 def _with_client(args: argparse.Namespace, command: Callable[[Client], Awaitable[int]]) -> int:
-    module = _TRANSPORT_MODULES.get(args.connect.split(":", 1)[0])
+    scheme = args.connect.split(":", 1)[0]
+    module = _TRANSPORT_MODULES.get(scheme)
     if module is not None:
         importlib.import_module(module)
+    options: dict[str, Any] = {}
+    if scheme in ("http", "https", "kafka"):
+        # Without the flags the transports read STEPSTREAM_API_TOKEN / STEPSTREAM_TLS_CA.
+        options = {"token": args.token, "tls_ca": args.tls_ca}
 
     async def go() -> int:
-        async with Client.connect(args.connect) as client:
+        async with Client.connect(args.connect, **options) as client:
             return await command(client)
 
     return asyncio.run(go())
@@ -378,6 +405,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         advertise=args.advertise,
+        api=_api_security(args),
     )
     worker = KafkaWorker(registry, config)
     await worker.start()
@@ -549,8 +577,54 @@ def _parser() -> argparse.ArgumentParser:
         "--connect",
         default=os.environ.get("STEPSTREAM_CONNECT", DEFAULT_CONNECT),
         metavar="URL",
-        help="engine to talk to: http://HOST:PORT, embedded:PATH or kafka://HOST:PORT "
-        "(default: $STEPSTREAM_CONNECT or %(default)s)",
+        help="engine to talk to: http://HOST:PORT, https://HOST:PORT, embedded:PATH or "
+        "kafka://HOST:PORT (default: $STEPSTREAM_CONNECT or %(default)s)",
+    )
+    connect.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help="the API's bearer token, for servers started with one "
+        "(default: $STEPSTREAM_API_TOKEN)",
+    )
+    connect.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="a CA certificate (PEM) to trust for https:// besides the system's "
+        "(default: $STEPSTREAM_TLS_CA)",
+    )
+    serving = argparse.ArgumentParser(add_help=False)
+    serving.add_argument(
+        "--api-token",
+        "--token",
+        dest="api_token",
+        metavar="TOKEN",
+        help="bearer token every API request must carry (default: $STEPSTREAM_API_TOKEN; "
+        "prefer the variable: flags show in ps). Required to serve beyond loopback",
+    )
+    serving.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve beyond loopback without a token (a trusted network only; also "
+        "STEPSTREAM_INSECURE=1)",
+    )
+    serving.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients reach the API by, besides loopback, IP addresses, --host "
+        "and the advertised URL (repeatable; also $STEPSTREAM_ALLOWED_HOSTS, comma-separated; "
+        "* for any). Requests for other names are refused (DNS rebinding)",
+    )
+    serving.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve https with this certificate chain, PEM (default: $STEPSTREAM_TLS_CERT)",
+    )
+    serving.add_argument(
+        "--tls-key",
+        metavar="FILE",
+        help="the certificate's private key, PEM (default: $STEPSTREAM_TLS_KEY)",
     )
     as_json = argparse.ArgumentParser(add_help=False)
     as_json.add_argument("--json", action="store_true", help="print JSON only")
@@ -578,7 +652,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--data", metavar="DIR", help="data directory (default: a temporary one)")
     run.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
 
-    dev = command("dev", _dev, "serve the embedded engine and its HTTP API")
+    dev = command("dev", _dev, "serve the embedded engine and its HTTP API", [serving])
     dev.add_argument(
         "--workflows",
         required=True,
@@ -588,7 +662,12 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--data", metavar="DIR", help="data directory (default: $STEPSTREAM_DATA or ./.stepstream)"
     )
-    dev.add_argument("--host", default="127.0.0.1", help="address to listen on (%(default)s)")
+    dev.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (%(default)s); beyond loopback it needs --api-token "
+        "or --insecure",
+    )
     dev.add_argument("--port", type=int, default=8233, help="port, 0 for any (%(default)s)")
     dev.add_argument(
         "--partitions",
@@ -660,7 +739,10 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     worker = command(
-        "worker", _worker, "run workflows in a Kafka consumer group, and serve their reads", [kafka]
+        "worker",
+        _worker,
+        "run workflows in a Kafka consumer group, and serve their reads",
+        [kafka, serving],
     )
     worker.add_argument(
         "--workflows",
@@ -674,12 +756,17 @@ def _parser() -> argparse.ArgumentParser:
         help="local state, one RocksDB per owned partition (default: $STEPSTREAM_STATE_DIR "
         "or ./.stepstream-worker)",
     )
-    worker.add_argument("--host", default="127.0.0.1", help="API address (%(default)s)")
+    worker.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="API address (%(default)s); beyond loopback it needs --api-token or --insecure",
+    )
     worker.add_argument("--port", type=int, default=8233, help="API port, 0 for any (%(default)s)")
     worker.add_argument(
         "--advertise",
         metavar="URL",
-        help="the API's URL as clients reach it (default: http://HOST:PORT as bound)",
+        help="the API's URL as clients reach it (default: http://HOST:PORT as bound, "
+        "https with --tls-cert); its host is allowed in Host headers",
     )
 
     topics = commands.add_parser("topics", help="manage the Kafka topics of a prefix")

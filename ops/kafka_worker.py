@@ -16,6 +16,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -40,6 +41,7 @@ from engine.state import InstanceState
 from engine.topics import MEMBERS, TopicNames, partition_for
 from engine.workflow import Registry, WorkflowDefinition
 from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
+from ops.api_security import ApiSecurity
 from producers.kafka_members import Member
 from producers.publisher import LogTransport
 
@@ -62,6 +64,8 @@ class KafkaWorkerConfig:
     processor: ProcessorConfig = field(default_factory=ProcessorConfig)
     # History records between snapshots of a partition's state (0: no snapshots).
     snapshot_every: int = DEFAULT_SNAPSHOT_EVERY
+    # Who may use the API: token, allowed hosts, TLS (STEPSTREAM_API_TOKEN and so on).
+    api: ApiSecurity = field(default_factory=ApiSecurity)
 
     @classmethod
     def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
@@ -81,6 +85,7 @@ class KafkaWorkerConfig:
         )
         if "STEPSTREAM_ADVERTISE" in env:
             values["advertise"] = env["STEPSTREAM_ADVERTISE"]
+        values["api"] = ApiSecurity.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(settings, **values)
 
@@ -191,6 +196,7 @@ class KafkaWorker:
 
     async def start(self) -> None:
         settings = self.config.settings
+        self.config.api.check_bind(self.config.host)
         try:
             partitions = await asyncio.to_thread(topic_partitions, settings)
             self._state_dir = StateDir.claim(self.config.state_dir, settings.prefix)
@@ -365,17 +371,23 @@ class KafkaWorker:
             codec=self._codec,
             max_payload_bytes=self.config.max_payload_bytes,
         )
+        security = self.config.api
+        advertised = urlsplit(self.config.advertise).hostname if self.config.advertise else None
         app = make_app(
             transport,
             registry_names=self.registry.names,
             max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * self.config.max_payload_bytes),
             commands=reader,
+            security=security,
+            served_hosts=(self.config.host, *([advertised] if advertised else [])),
         )
+        tls = security.ssl_context()
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await runner.setup()
         host_name, port = self.config.host, self.config.port
         try:
-            await web.TCPSite(runner, host_name, port, reuse_address=True).start()
+            site = web.TCPSite(runner, host_name, port, reuse_address=True, ssl_context=tls)
+            await site.start()
         except OSError as exc:
             await runner.cleanup()
             raise StepstreamError(
@@ -384,10 +396,10 @@ class KafkaWorker:
             ) from None
         self._http = runner
         bound_host, bound_port = runner.addresses[0][:2]
-        self.url = self.config.advertise or _url(bound_host, bound_port)
+        self.url = self.config.advertise or _url(security.scheme, bound_host, bound_port)
 
 
-def _url(host: str, port: int) -> str:
+def _url(scheme: str, host: str, port: int) -> str:
     if host in ("0.0.0.0", "::"):
         host = socket.gethostname()
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"

@@ -5,6 +5,7 @@ process; ``kafka://HOST:PORT?prefix=P`` joins the Kafka consumer group of that p
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -27,9 +28,10 @@ class Worker:
 
     With ``connect="kafka://HOST:PORT?prefix=P"`` the options are those of
     ``ops.kafka_worker.KafkaWorkerConfig`` (``state_dir``, ``host``, ``port``,
-    ``advertise``, ``max_payload_bytes``) plus ``kafka`` (a dict of client properties) and
-    ``kafka_config`` (a properties file); ``start()`` returns once the group has given
-    this worker its first partitions.
+    ``advertise``, ``max_payload_bytes``, ``api``: an ``ops.api_security.ApiSecurity``)
+    plus ``kafka`` (a dict of client properties), ``kafka_config`` (a properties file) and
+    ``tls_ca`` (a CA file its client trusts for the workers' https APIs); ``start()``
+    returns once the group has given this worker its first partitions.
     """
 
     def __init__(
@@ -66,17 +68,23 @@ class Worker:
 
     async def _start_kafka(self) -> None:
         from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
+        from producers.http import TLS_CA_ENV
         from producers.kafka import open_kafka_transport, settings_from_url
 
         options = dict(self._options)
         settings = settings_from_url(self._connect, options)
+        tls_ca = options.pop("tls_ca", None) or os.environ.get(TLS_CA_ENV)
         config = KafkaWorkerConfig.from_env(settings, **options)
         worker = KafkaWorker(self.registry, config, codec=self._codec)
         await worker.start()
         self._kafka = worker
         await worker.wait_assigned()
         self._kafka_client = await open_kafka_transport(
-            settings, codec=self._codec, max_payload_bytes=config.max_payload_bytes
+            settings,
+            codec=self._codec,
+            max_payload_bytes=config.max_payload_bytes,
+            token=config.api.token,
+            tls_ca=tls_ca,
         )
 
     @property

@@ -1,21 +1,33 @@
-"""``http://HOST:PORT``: the client transport that talks to the stepstream HTTP API (a
-``stepstream dev`` process or the API service), and the wire form of errors that the API
-and this transport share.
+"""``http://HOST:PORT`` and ``https://``: the client transport that talks to the
+stepstream HTTP API (a ``stepstream dev`` process or the API service), the client side of
+its ``/v1/session`` websocket, and the wire form that the API and its clients share.
 
 Errors cross the wire as ``{"error": {"type": "<ClassName>", "message": ..., <fields>}}``
 and become the same ``engine.errors`` class again on this side, found by name in an
 explicit allow-list: the server's words never choose which code runs here.
+
+Commands and short reads are requests on a pool of connections; waits (``result``) are
+calls on one websocket session, so any number of waits never starves the pool. Options
+of ``Client.connect``: ``token`` (the API's bearer token, default
+``$STEPSTREAM_API_TOKEN``), ``tls_ca`` (a CA file to trust for https://, default
+``$STEPSTREAM_TLS_CA``) and ``timeout`` (seconds per request).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import json
+import os
+import ssl
 from typing import Any
 from urllib.parse import quote
 
 import aiohttp
 from yarl import URL
 
+from engine.codec import dump_json_text
 from engine.errors import (
     ConnectionFailed,
     HistoryDiverged,
@@ -64,6 +76,18 @@ _ERROR_FIELDS: dict[type[StepstreamError], tuple[str, ...]] = {
 # gives up on the server itself.
 _RESULT_MARGIN_S = 10.0
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
+_CONNECTIONS = 100  # the pool for commands and reads (waits use the session instead)
+
+# The session websocket (``/v1/session``, see ``ops.api``): calls one session may have in
+# flight (the server answers more with an error), calls per frame (a bigger frame closes
+# the session) and the size a frame's text stays under (a bigger one closes it too).
+SESSION_MAX_CALLS = 10_000
+SESSION_FRAME_CALLS = 1_000
+SESSION_FRAME_BYTES = 1024 * 1024
+_HEARTBEAT_S = 20.0
+
+TOKEN_ENV = "STEPSTREAM_API_TOKEN"
+TLS_CA_ENV = "STEPSTREAM_TLS_CA"
 
 
 def wire_error_class(exc: StepstreamError) -> type[StepstreamError]:
@@ -89,8 +113,110 @@ def error_from_wire(raw: dict[str, Any]) -> StepstreamError:
     return cls(message, **fields)
 
 
+class ApiSession:
+    """One websocket to an API's ``/v1/session``: many calls in flight at once (at most
+    ``SESSION_MAX_CALLS``; more wait here for a free slot), batched both ways. Connected
+    on first use and again after a loss; calls in flight when the connection is lost
+    fail with ``ConnectionFailed``. The websocket upgrade carries the session's headers
+    (the bearer token) like any request."""
+
+    def __init__(self, http: aiohttp.ClientSession, base_url: str) -> None:
+        self._http = http
+        self._url = base_url.rstrip("/") + "/v1/session"
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._connecting = asyncio.Lock()
+        self._slots = asyncio.Semaphore(SESSION_MAX_CALLS)
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._outbox: list[dict[str, Any]] = []
+        self._ready = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ids = itertools.count(1)
+
+    async def call(self, op: str, **args: Any) -> Any:
+        async with self._slots:
+            ws = await self._connect()
+            call_id = next(self._ids)
+            future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            self._pending[call_id] = future
+            self._outbox.append({"id": call_id, "op": op, **args})
+            self._ready.set()
+            try:
+                return await future
+            except asyncio.CancelledError:
+                if self._pending.pop(call_id, None) is not None and not ws.closed:
+                    self._outbox.append({"id": call_id, "op": "cancel"})
+                    self._ready.set()
+                raise
+
+    async def _connect(self) -> aiohttp.ClientWebSocketResponse:
+        if self._ws is not None and not self._ws.closed:
+            return self._ws
+        async with self._connecting:
+            if self._ws is not None and not self._ws.closed:
+                return self._ws
+            try:
+                ws = await self._http.ws_connect(self._url, heartbeat=_HEARTBEAT_S, max_msg_size=0)
+            except aiohttp.WSServerHandshakeError as exc:
+                if exc.status in (401, 403):
+                    raise refused(self._url, exc.status) from None
+                raise ConnectionFailed(f"cannot open {self._url}: HTTP {exc.status}") from None
+            except aiohttp.ClientConnectorCertificateError as exc:
+                raise untrusted(self._url, exc) from None
+            except (aiohttp.ClientError, OSError) as exc:
+                raise ConnectionFailed(f"cannot reach {self._url}: {exc}") from None
+            self._ws = ws
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._read(ws)), loop.create_task(self._write(ws))]
+            return ws
+
+    async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        # One writer: calls made while a frame is being written share the next one.
+        while not ws.closed:
+            await self._ready.wait()
+            self._ready.clear()
+            while self._outbox:
+                batch = self._outbox[:SESSION_FRAME_CALLS]
+                del self._outbox[:SESSION_FRAME_CALLS]
+                try:
+                    await ws.send_str(json.dumps(batch, separators=(",", ":")))
+                except (aiohttp.ClientError, ConnectionError, RuntimeError):
+                    return
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        try:
+            async for message in ws:
+                if message.type != aiohttp.WSMsgType.TEXT:
+                    continue
+                for reply in json.loads(message.data):
+                    future = self._pending.pop(reply.get("id"), None)
+                    if future is None or future.done():
+                        continue
+                    if "error" in reply:
+                        future.set_exception(error_from_wire(reply["error"]))
+                    else:
+                        future.set_result(reply.get("ok"))
+        finally:
+            why = f" ({ws.close_code}: {ws.exception() or 'closed'})" if ws.close_code else ""
+            lost = ConnectionFailed(f"lost the session with {self._url}{why}")
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(lost)
+            self._pending.clear()
+            self._outbox.clear()
+            self._ready.set()  # lets the writer see the closed socket and end
+
+    async def close(self) -> None:
+        if self._ws is not None:
+            await self._ws.close()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+
+
 class HttpTransport:
-    """One ``aiohttp.ClientSession`` for every call; ``close()`` closes it."""
+    """One ``aiohttp.ClientSession`` for every request and one ``ApiSession`` for the
+    waits; ``close()`` closes both."""
 
     def __init__(
         self,
@@ -102,6 +228,7 @@ class HttpTransport:
         self._base = base_url.rstrip("/")
         self._session = session
         self._request_timeout = request_timeout
+        self._calls = ApiSession(session, self._base)
 
     async def start(self, workflow: str, input: Any, instance_id: str) -> str:
         body = {"workflow": workflow, "input": input, "instance_id": instance_id}
@@ -121,21 +248,29 @@ class HttpTransport:
         await self._call("POST", f"{_path(instance_id)}/cancel", data=data)
 
     async def pause(self, instance_id: str) -> None:
-        await self._call("POST", f"{_path(instance_id)}/pause")
+        await self._call("POST", f"{_path(instance_id)}/pause", data=b"{}")
 
     async def resume(self, instance_id: str) -> None:
-        await self._call("POST", f"{_path(instance_id)}/resume")
+        await self._call("POST", f"{_path(instance_id)}/resume", data=b"{}")
 
     async def status(self, instance_id: str) -> InstanceStatus:
         return InstanceStatus.from_json(await self._call("GET", _path(instance_id)))
 
     async def result(self, instance_id: str, timeout: float | None) -> Any:
-        # One long request: the server waits for the instance to finish (it is woken by
-        # the commit, it does not poll) and answers at the latest after ``timeout``.
-        params = {} if timeout is None else {"timeout": repr(float(timeout))}
-        wait = None if timeout is None else timeout + _RESULT_MARGIN_S
-        answer = await self._send("GET", f"{_path(instance_id)}/result", None, params, wait)
-        return answer["result"]
+        # A call on the session: the server waits for the instance to finish (woken by
+        # the commit, it does not poll) and answers at the latest after ``timeout``;
+        # waiting holds no connection of the pool.
+        limit = None if timeout is None else timeout + _RESULT_MARGIN_S
+        try:
+            async with asyncio.timeout(limit):
+                return await self._calls.call("result", instance_id=instance_id, timeout=timeout)
+        except TimeoutError as exc:
+            if isinstance(exc, StepstreamError):
+                raise
+            raise ConnectionFailed(
+                f"stepstream at {self._base} did not answer the wait for {instance_id} within "
+                f"{limit} s; check the server log, then retry"
+            ) from None
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
         answer = await self._call("GET", f"{_path(instance_id)}/history")
@@ -147,6 +282,7 @@ class HttpTransport:
         return [InstanceStatus.from_json(raw) for raw in answer["instances"]]
 
     async def close(self) -> None:
+        await self._calls.close()
         await self._session.close()
 
     async def _call(
@@ -179,6 +315,13 @@ class HttpTransport:
             ) as response:
                 status = response.status
                 raw = await response.read()
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise untrusted(self._base, exc) from None
+        except aiohttp.ClientConnectorSSLError as exc:
+            raise ConnectionFailed(
+                f"TLS with stepstream at {self._base} failed ({exc.os_error}); is it serving "
+                "https (--tls-cert), and http:// vs https:// right?"
+            ) from None
         except aiohttp.ClientConnectorError as exc:
             raise ConnectionFailed(
                 f"cannot reach stepstream at {self._base}: is `stepstream dev` running? "
@@ -192,7 +335,8 @@ class HttpTransport:
             ) from None
         except TimeoutError:
             raise ConnectionFailed(
-                f"stepstream at {self._base} did not answer {method} {path} within {timeout} s; "
+                f"stepstream at {self._base} did not answer {method} {path} within {timeout} s "
+                f"(counting any wait for one of this client's {_CONNECTIONS} connections); "
                 "check the server log, then retry"
             ) from None
         return self._decode(method, path, status, raw)
@@ -213,31 +357,86 @@ class HttpTransport:
         )
 
 
+def refused(url: str, status: int) -> StepstreamError:
+    """What a 401 or 403 on the websocket upgrade means (its body is not readable there)."""
+    if status == 401:
+        return StepstreamError(
+            f"{url} needs the API's bearer token, or refused the one sent (HTTP 401); pass "
+            f"token= to Client.connect, --token or {TOKEN_ENV}"
+        )
+    return StepstreamError(
+        f"{url} refused the request (HTTP 403): the Host or Origin header is not one it "
+        "answers to; connect by an address it serves, or allow it with --allowed-host"
+    )
+
+
+def untrusted(url: str, exc: aiohttp.ClientConnectorCertificateError) -> ConnectionFailed:
+    return ConnectionFailed(
+        f"the TLS certificate of {url} is not trusted ({exc.certificate_error}); pass the CA "
+        f"that signed it as tls_ca= to Client.connect, --tls-ca or {TLS_CA_ENV}"
+    )
+
+
+def client_headers(token: str | None) -> dict[str, str]:
+    """Headers of every request (and websocket upgrade) to a stepstream API."""
+    headers = {"Accept": "application/json"}
+    if token:
+        if not _printable(token):
+            raise StepstreamError(
+                f"the API token holds spaces or characters outside printable ASCII; check "
+                f"token= / --token / {TOKEN_ENV}"
+            )
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def client_ssl(tls_ca: str | None) -> ssl.SSLContext | bool:
+    """The TLS setting for https:// APIs: the system's trust, or also ``tls_ca``."""
+    if not tls_ca:
+        return True
+    try:
+        return ssl.create_default_context(cafile=tls_ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise StepstreamError(
+            f"cannot load the CA file {tls_ca!r} ({exc}); pass a PEM file as tls_ca= / "
+            f"--tls-ca / {TLS_CA_ENV}"
+        ) from None
+
+
+def client_security(options: dict[str, Any]) -> tuple[str | None, str | None]:
+    """Take ``token`` and ``tls_ca`` out of ``options`` (defaults from the environment)."""
+    token = options.pop("token", None) or os.environ.get(TOKEN_ENV) or None
+    tls_ca = options.pop("tls_ca", None) or os.environ.get(TLS_CA_ENV) or None
+    return token, tls_ca
+
+
+def _printable(token: str) -> bool:
+    return token.isascii() and token.isprintable() and " " not in token
+
+
 def _path(instance_id: str) -> str:
     return f"/v1/instances/{quote(instance_id, safe='')}"
 
 
 def _encode(body: dict[str, Any], what: str) -> bytes:
     """Check the user's value here, before anything is sent."""
-    try:
-        return json.dumps(body, ensure_ascii=False, allow_nan=False).encode()
-    except (TypeError, ValueError) as exc:
-        raise InvalidPayload(
-            f"{what} is not JSON-encodable ({exc}); pass only dict, list, str, int, "
-            "float (finite), bool or None"
-        ) from None
+    return dump_json_text(body, what=what).encode()
 
 
 async def _connect(url: str, options: dict[str, Any]) -> Transport:
     request_timeout = float(options.pop("timeout", DEFAULT_REQUEST_TIMEOUT_S))
+    token, tls_ca = client_security(options)
     if options:
         raise StepstreamError(
-            f"unknown options for {url}: {', '.join(sorted(options))} (known: timeout)"
+            f"unknown options for {url}: {', '.join(sorted(options))} "
+            "(known: timeout, token, tls_ca)"
         )
     parsed = URL(url)
     if not parsed.host:
         raise StepstreamError(f"cannot connect to {url!r}: no host; use http://HOST:PORT")
-    session = aiohttp.ClientSession(headers={"Accept": "application/json"})
+    headers = client_headers(token)
+    connector = aiohttp.TCPConnector(limit=_CONNECTIONS, ssl=client_ssl(tls_ca))
+    session = aiohttp.ClientSession(headers=headers, connector=connector)
     return HttpTransport(url, session, request_timeout=request_timeout)
 
 

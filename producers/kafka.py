@@ -6,7 +6,8 @@ enough payloads, instance not finished), then published to ``<prefix>.commands``
 aiokafka (acks=all; not idempotent: its InitProducerId fails against some brokers), on
 the instance's partition. Everything else goes to the worker that owns the instance's
 partition, found on ``<prefix>.members``, over one websocket session per worker (many
-calls in flight, batched both ways; ``list`` over plain HTTP): reads, and the wait until
+calls in flight, batched both ways; ``list`` over plain HTTP; the ``token`` and
+``tls_ca`` options as for http://): reads, and the wait until
 a published command is settled (the worker is woken by its commit). When the owner moves
 (rebalance, crash) a waiting call is abandoned and asked again of the new owner; nothing
 polls in a loop.
@@ -20,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import json
 import logging
 import os
 import ssl
@@ -43,7 +42,13 @@ from engine.serde import RecordSerde, default_serde
 from engine.topics import MEMBERS, TopicNames, partition_for
 from engine.views import HistoryEntry, InstanceStatus
 from producers.client import Transport, register_transport
-from producers.http import DEFAULT_REQUEST_TIMEOUT_S, HttpTransport, error_from_wire
+from producers.http import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    HttpTransport,
+    client_headers,
+    client_security,
+    client_ssl,
+)
 from producers.kafka_members import MembersView, RemoteWorkflow
 from producers.publisher import CommandPublisher
 
@@ -53,7 +58,6 @@ T = TypeVar("T")
 DEFAULT_COMMAND_TIMEOUT_S = 30.0
 _RETRY_S = 1.0  # longest wait for the members view to move on before asking again
 _CONNECT_TIMEOUT_S = 15.0
-_FRAME_CALLS = 1000  # calls per websocket frame (each well under 1 KiB)
 
 # librdkafka property -> (aiokafka argument, converter, clients it applies to)
 _BOTH: frozenset[str] = frozenset({"producer", "consumer"})
@@ -162,105 +166,8 @@ def _ssl_context(properties: Mapping[str, str]) -> ssl.SSLContext:
     return context
 
 
-class _WorkerSession:
-    """One websocket to a worker's ``/v1/session``: many calls in flight at once, batched
-    both ways (see ``ops.api``). Connected on first use and again after a loss; calls in
-    flight when the connection is lost fail with ``ConnectionFailed``."""
-
-    def __init__(self, http: aiohttp.ClientSession, base_url: str) -> None:
-        self._http = http
-        self._url = base_url.rstrip("/") + "/v1/session"
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
-        self._connecting = asyncio.Lock()
-        self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._outbox: list[dict[str, Any]] = []
-        self._ready = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._ids = itertools.count(1)
-
-    async def call(self, op: str, **args: Any) -> Any:
-        ws = await self._connect()
-        call_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[call_id] = future
-        self._outbox.append({"id": call_id, "op": op, **args})
-        self._ready.set()
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if self._pending.pop(call_id, None) is not None and not ws.closed:
-                self._outbox.append({"id": call_id, "op": "cancel"})
-                self._ready.set()
-            raise
-
-    async def _connect(self) -> aiohttp.ClientWebSocketResponse:
-        if self._ws is not None and not self._ws.closed:
-            return self._ws
-        async with self._connecting:
-            if self._ws is not None and not self._ws.closed:
-                return self._ws
-            try:
-                ws = await self._http.ws_connect(self._url, heartbeat=20.0, max_msg_size=0)
-            except (aiohttp.ClientError, OSError) as exc:
-                raise ConnectionFailed(f"cannot reach {self._url}: {exc}") from None
-            self._ws = ws
-            loop = asyncio.get_running_loop()
-            self._tasks = [loop.create_task(self._read(ws)), loop.create_task(self._write(ws))]
-            return ws
-
-    async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        # One writer: calls made while a frame is being written share the next one.
-        while not ws.closed:
-            await self._ready.wait()
-            self._ready.clear()
-            while self._outbox:
-                # Bounded frames: the worker refuses a frame over its request body limit.
-                batch = self._outbox[:_FRAME_CALLS]
-                del self._outbox[:_FRAME_CALLS]
-                try:
-                    await ws.send_str(json.dumps(batch, separators=(",", ":")))
-                except (aiohttp.ClientError, ConnectionError, RuntimeError):
-                    return
-
-    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        try:
-            async for message in ws:
-                if message.type != aiohttp.WSMsgType.TEXT:
-                    continue
-                for reply in json.loads(message.data):
-                    future = self._pending.pop(reply.get("id"), None)
-                    if future is None or future.done():
-                        continue
-                    if "error" in reply:
-                        future.set_exception(error_from_wire(reply["error"]))
-                    else:
-                        future.set_result(reply.get("ok"))
-        finally:
-            lost = ConnectionFailed(f"lost the session with {self._url}")
-            for future in self._pending.values():
-                if not future.done():
-                    future.set_exception(lost)
-            self._pending.clear()
-            self._outbox.clear()
-            self._ready.set()  # lets the writer see the closed socket and end
-
-    async def close(self) -> None:
-        if self._ws is not None:
-            await self._ws.close()
-        for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-
-
 class _WorkerApi(HttpTransport):
     """One worker: reads and waits over its session websocket, listing over HTTP."""
-
-    def __init__(
-        self, base_url: str, session: aiohttp.ClientSession, *, request_timeout: float
-    ) -> None:
-        super().__init__(base_url, session, request_timeout=request_timeout)
-        self._calls = _WorkerSession(session, base_url)
 
     async def settled(self, command_id: str, instance_id: str, timeout: float) -> str | None:
         reason = await self._calls.call(
@@ -284,6 +191,7 @@ class _WorkerApi(HttpTransport):
         return await self._calls.call("result", instance_id=instance_id, timeout=timeout)
 
     async def close(self) -> None:
+        # The HTTP session is the transport's, shared by every worker's API.
         await self._calls.close()
 
 
@@ -560,10 +468,11 @@ async def _connect(url: str, options: dict[str, Any]) -> Transport:
         or env_int(os.environ, "STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)
     )
     codec: PayloadCodec = options.pop("codec", None) or JsonCodec()
+    token, tls_ca = client_security(options)
     if options:
         raise StepstreamError(
             f"unknown options for {url}: {', '.join(sorted(options))} (known: prefix, kafka, "
-            "kafka_config, timeout, command_timeout, max_payload_bytes, codec)"
+            "kafka_config, timeout, command_timeout, max_payload_bytes, codec, token, tls_ca)"
         )
     return await open_kafka_transport(
         settings,
@@ -571,6 +480,8 @@ async def _connect(url: str, options: dict[str, Any]) -> Transport:
         max_payload_bytes=limit,
         request_timeout=request_timeout,
         command_timeout=command_timeout,
+        token=token,
+        tls_ca=tls_ca,
     )
 
 
@@ -581,8 +492,13 @@ async def open_kafka_transport(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
     command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
+    token: str | None = None,
+    tls_ca: str | None = None,
 ) -> KafkaTransport:
+    """``token`` and ``tls_ca``: for the workers' HTTP APIs (see ``producers.http``)."""
     topics = TopicNames(settings.prefix)
+    headers = client_headers(token)
+    worker_tls = client_ssl(tls_ca)
     producer_options = aiokafka_options(settings, "producer")
     producer_options.setdefault("max_request_size", max(2 * max_payload_bytes, 1 << 21))
     producer = AIOKafkaProducer(**producer_options, acks="all", enable_idempotence=False)
@@ -630,9 +546,9 @@ async def open_kafka_transport(
         if members is not None:
             await members.close()
         raise
-    # Result and settle waits are long requests, one connection each: no pool limit.
+    # Waits are calls on one websocket per worker; requests (lists) are few.
     session = aiohttp.ClientSession(
-        headers={"Accept": "application/json"}, connector=aiohttp.TCPConnector(limit=0)
+        headers=headers, connector=aiohttp.TCPConnector(limit=0, ssl=worker_tls)
     )
     return KafkaTransport(
         producer=producer,

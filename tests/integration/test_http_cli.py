@@ -379,7 +379,10 @@ async def test_failed_workflow_and_result_timeout(dev: Dev) -> None:
 
 async def test_raw_http_errors(dev: Dev) -> None:
     async with aiohttp.ClientSession(dev.url) as http:
-        async with http.post("/v1/instances", data=b'{"workflow": "greet",') as r:
+        json_body = {"Content-Type": "application/json"}
+        async with http.post(
+            "/v1/instances", data=b'{"workflow": "greet",', headers=json_body
+        ) as r:
             body = await r.json()
             assert r.status == 400, body
             assert body["error"]["type"] == "InvalidPayload"

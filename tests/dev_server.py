@@ -1,0 +1,104 @@
+"""A `stepstream dev` subprocess for tests, and the `stepstream` CLI beside it.
+
+The server runs a workflows module written to a temp directory, on a free port, with an
+environment cleaned of the STEPSTREAM_* settings that change who may talk to it (so a
+developer's shell cannot change what a test sees); it is stopped by its pid.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = str(Path(__file__).resolve().parents[1])
+# Settings of the server and the clients that the tests set themselves.
+_OWN_SETTINGS = (
+    "STEPSTREAM_API_TOKEN",
+    "STEPSTREAM_TLS_CA",
+    "STEPSTREAM_TLS_CERT",
+    "STEPSTREAM_TLS_KEY",
+    "STEPSTREAM_ALLOWED_HOSTS",
+    "STEPSTREAM_INSECURE",
+    "STEPSTREAM_CONNECT",
+)
+
+
+def clean_env(root: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _OWN_SETTINGS}
+    env["PYTHONPATH"] = os.pathsep.join([str(root), REPO])
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    root: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args],
+        cwd=root,
+        env=env if env is not None else clean_env(root),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@dataclass
+class DevServer:
+    url: str
+    root: Path
+    log: Path
+    proc: subprocess.Popen[bytes]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def cli(self, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+        """The CLI against this server (STEPSTREAM_CONNECT set, no token unless given)."""
+        return run_cli(
+            self.root, *args, env=clean_env(self.root, STEPSTREAM_CONNECT=self.url, **extra_env)
+        )
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"stepstream dev ignored SIGTERM\n{self.log.read_text()}")
+        assert code == 0, f"stepstream dev exited {code} on SIGTERM\n{self.log.read_text()}"
+
+
+def start_dev(
+    root: Path, module: str, source: str, *args: str, env: dict[str, str] | None = None
+) -> DevServer:
+    """``stepstream dev --workflows module --port 0 *args``; fails the test with the
+    server's log if it does not say where it listens within 20 s."""
+    (root / f"{module}.py").write_text(source)
+    log = root / "dev.log"
+    env = env if env is not None else clean_env(root)
+    command = ["dev", "--workflows", module, "--data", str(root / "data"), "--port", "0", *args]
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", *command],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], 20)
+    line = proc.stdout.readline().decode() if ready else ""
+    found = re.search(r"listening on (https?://\S+)", line)
+    if found is None:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"stepstream dev did not start: {line!r}\n{log.read_text()}")
+    return DevServer(found.group(1), root, log, proc, env)
