@@ -1,17 +1,29 @@
-"""RocksDB helpers shared by the backends that keep state in RocksDB (rocksdict)."""
+"""RocksDB helpers shared by the backends that keep state in RocksDB (rocksdict).
+
+rocksdict reports RocksDB's errors as plain ``Exception`` with RocksDB's status text
+("Corruption: ...", "IO error: No space left on device ..."): the predicates here tell
+them apart, so each backend can say what happened and what to do.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import errno
+from collections.abc import Callable, Iterator
 from typing import Any
+
+# Turns an error RocksDB raised into the one to raise instead.
+OnError = Callable[[Exception], BaseException]
 
 
 def prefix_scan(
-    column: Any, prefix: bytes, start: bytes | None = None
+    column: Any, prefix: bytes, start: bytes | None = None, on_error: OnError | None = None
 ) -> Iterator[tuple[bytes, bytes]]:
     """Keys of ``column`` (an Rdict or column family) that start with ``prefix``, from
     ``start`` (default: the prefix) on, in key order. Exhaust or drop the iterator: a
-    live one keeps RocksDB open."""
+    live one keeps RocksDB open.
+
+    An iterator that meets a damaged block just stops being valid; its status says why.
+    It is checked, so a scan never ends early in silence (``on_error`` maps the error)."""
     it = column.iter()
     it.seek(prefix if start is None else start)
     while it.valid():
@@ -21,3 +33,26 @@ def prefix_scan(
         value: bytes = it.value()
         yield key, value
         it.next()
+    check_status(it, on_error)
+
+
+def check_status(it: Any, on_error: OnError | None = None) -> None:
+    """Raise the error that made the iterator ``it`` invalid, if any."""
+    try:
+        it.status()
+    except Exception as exc:
+        if on_error is None:
+            raise
+        raise on_error(exc) from exc
+
+
+def is_corruption(exc: BaseException) -> bool:
+    """RocksDB found damaged files (a checksum mismatch, a truncated or missing file)."""
+    return "Corruption:" in str(exc)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """The write failed for want of space on the disk."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    return "No space left on device" in str(exc)

@@ -2,13 +2,21 @@
 state, so a commit is one atomic, fsynced WriteBatch."""
 
 from consumers.embedded.db import DEFAULT_PARTITIONS, Durability, EmbeddedDB
-from consumers.embedded.errors import DataDirInUse, PartitionCountMismatch, StorageFailed
+from consumers.embedded.errors import (
+    DataDirCorrupted,
+    DataDirInUse,
+    DiskFull,
+    PartitionCountMismatch,
+    StorageFailed,
+)
 from consumers.embedded.log import EmbeddedLog
 from consumers.embedded.partition import EmbeddedPartition, EmbeddedSource, EmbeddedStore
 
 __all__ = [
     "DEFAULT_PARTITIONS",
+    "DataDirCorrupted",
     "DataDirInUse",
+    "DiskFull",
     "Durability",
     "EmbeddedDB",
     "EmbeddedLog",

@@ -28,10 +28,17 @@ from typing import Any
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from consumers.embedded import keys
-from consumers.embedded.errors import DataDirInUse, PartitionCountMismatch, StorageFailed
+from consumers.embedded.errors import (
+    DataDirCorrupted,
+    DataDirInUse,
+    DiskFull,
+    PartitionCountMismatch,
+    StorageFailed,
+)
 from consumers.embedded.log import EmbeddedLog
 from consumers.embedded.wal import WalSync
-from consumers.rocks import prefix_scan
+from consumers.rocks import check_status, is_corruption, is_disk_full, prefix_scan
+from engine.errors import StepstreamError
 from engine.seams import Append
 
 log = logging.getLogger(__name__)
@@ -106,6 +113,7 @@ class EmbeddedDB:
         self._queue: list[_Queued] = []
         self._wakeup = asyncio.Event()
         self._failure: StorageFailed | None = None
+        self._failed = asyncio.Event()
         self._closing = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="stepstream-embedded-writer")
         self.log = EmbeddedLog(self)
@@ -128,15 +136,20 @@ class EmbeddedDB:
         data_dir = os.fspath(path)
         opened = await asyncio.to_thread(_open_sync, data_dir, partitions, durability)
         rocks, lock_fd, count, epoch, wal = opened
-        db = cls(
-            path=data_dir,
-            partitions=count,
-            epoch=epoch,
-            durability=durability,
-            rocks=rocks,
-            lock_fd=lock_fd,
-            wal=wal,
-        )
+        try:
+            db = cls(
+                path=data_dir,
+                partitions=count,
+                epoch=epoch,
+                durability=durability,
+                rocks=rocks,
+                lock_fd=lock_fd,
+                wal=wal,
+            )
+        except BaseException:
+            # The log reads every partition's end: a damaged file may show up there.
+            await asyncio.to_thread(_release, rocks, wal, lock_fd)
+            raise
         log.info(
             "embedded data directory opened path=%s partitions=%d epoch=%d durability=%s",
             data_dir,
@@ -161,6 +174,18 @@ class EmbeddedDB:
     def closed(self) -> bool:
         return self._rocks is None
 
+    @property
+    def failure(self) -> StorageFailed | None:
+        """Why this directory takes no more writes, or None."""
+        return self._failure
+
+    async def failed(self) -> StorageFailed:
+        """Wait until a write or read fails for good (the disk is full or damaged) and
+        return why; whoever runs the engine stops it then, with that message."""
+        await self._failed.wait()
+        assert self._failure is not None
+        return self._failure
+
     async def write(
         self,
         *,
@@ -183,7 +208,11 @@ class EmbeddedDB:
         return await done
 
     def get(self, cf: str, key: bytes) -> bytes | None:
-        value: bytes | None = self._cf(cf).get(key)
+        column = self._cf(cf)
+        try:
+            value: bytes | None = column.get(key)
+        except Exception as exc:
+            raise self._read_failed(exc) from exc
         return value
 
     def scan(
@@ -191,7 +220,7 @@ class EmbeddedDB:
     ) -> Iterator[tuple[bytes, bytes]]:
         """Keys of ``cf`` that start with ``prefix``, from ``start`` (default: the prefix)
         on, in key order. Exhaust or drop the iterator: a live one keeps RocksDB open."""
-        return prefix_scan(self._cf(cf), prefix, start)
+        return prefix_scan(self._cf(cf), prefix, start, on_error=self._read_failed)
 
     def last(self, cf: str, prefix: bytes) -> tuple[bytes, bytes] | None:
         """The greatest key of ``cf`` that starts with ``prefix``, and its value."""
@@ -206,6 +235,7 @@ class EmbeddedDB:
             else:
                 it.seek_to_last()
         if not it.valid():
+            check_status(it, self._read_failed)
             return None
         key: bytes = it.key()
         if not key.startswith(prefix):
@@ -235,7 +265,8 @@ class EmbeddedDB:
 
     def _check_writable(self) -> None:
         if self._failure is not None:
-            raise self._failure
+            # A new exception each time: one raised again and again grows its traceback.
+            raise type(self._failure)(str(self._failure))
         if self._closing or self._rocks is None:
             raise RuntimeError(f"embedded data directory {self.path} is closed")
 
@@ -299,16 +330,76 @@ class EmbeddedDB:
             self._wal.sync()
 
     def _fail(self, exc: Exception, taken: list[_Queued]) -> None:
-        failure = StorageFailed(
-            f"writing to the embedded data directory {self.path} failed ({exc}); "
-            "nothing after this write was acknowledged: fix the disk, then restart"
-        )
-        self._failure = failure
-        log.error("embedded write failed path=%s error=%s", self.path, exc)
+        """A write failed: nothing more is accepted. RocksDB refuses writes after a
+        failed one until it is reopened, and after a failed fsync the OS may have dropped
+        the pages it could not write, so only a restart (which reads back what is
+        durable) can go on safely."""
+        failure = self._note_failure(_write_failure(self.path, exc))
         for queued in [*taken, *self._queue]:
             if not queued.done.done():
-                queued.done.set_exception(failure)
+                queued.done.set_exception(type(failure)(str(failure)))
         self._queue = []
+
+    def _read_failed(self, exc: Exception) -> StorageFailed:
+        """A read failed (a damaged block): nothing read from here can be trusted."""
+        if is_corruption(exc):
+            failure: StorageFailed = _corrupted(self.path, exc)
+        else:
+            failure = StorageFailed(
+                f"reading the embedded data directory {self.path} failed ({_detail(exc)}); "
+                "stepstream stops: fix the disk, then start it again"
+            )
+        self._note_failure(failure)
+        return type(failure)(str(failure))
+
+    def _note_failure(self, failure: StorageFailed) -> StorageFailed:
+        if self._failure is None:
+            self._failure = failure
+            log.error("%s", failure)
+            self._failed.set()
+        return self._failure
+
+
+def _detail(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _write_failure(path: str, exc: BaseException) -> StorageFailed:
+    acknowledged = (
+        f"every command acknowledged before it is stored in {path} and goes on from there; "
+        "nothing after this write was acknowledged"
+    )
+    if is_disk_full(exc):
+        return DiskFull(
+            f"the disk holding the embedded data directory {path} is full ({_detail(exc)}); "
+            f"stepstream stops: free space on that disk, then start it again: {acknowledged}"
+        )
+    if is_corruption(exc):
+        return _corrupted(path, exc)
+    return StorageFailed(
+        f"writing to the embedded data directory {path} failed ({_detail(exc)}); "
+        f"stepstream stops: fix the disk, then start it again: {acknowledged}"
+    )
+
+
+def _open_failure(path: str, exc: BaseException) -> StorageFailed:
+    if is_disk_full(exc):
+        return DiskFull(
+            f"cannot open the embedded data directory {path}: the disk holding it is full "
+            f"({_detail(exc)}); free space on that disk, then start again (what it holds "
+            "is not lost)"
+        )
+    if is_corruption(exc):
+        return _corrupted(path, exc)
+    return StorageFailed(f"cannot open the embedded data directory {path}: {_detail(exc)}")
+
+
+def _corrupted(path: str, exc: BaseException) -> DataDirCorrupted:
+    return DataDirCorrupted(
+        f"the embedded data directory {path} is damaged ({_detail(exc)}); stepstream "
+        f"cannot use it. Restore it from a backup, or move it away (mv {path} "
+        f"{path}.damaged) to start with an empty one: the instances it holds are then lost"
+    )
 
 
 def _check_write(
@@ -338,8 +429,11 @@ def _check_write(
 def _open_sync(
     data_dir: str, partitions: int | None, durability: Durability
 ) -> tuple[_Handles, int, int, int, WalSync | None]:
-    os.makedirs(data_dir, exist_ok=True)
-    lock_fd = _lock(data_dir)
+    try:
+        os.makedirs(data_dir, exist_ok=True)
+        lock_fd = _lock(data_dir)
+    except OSError as exc:
+        raise _open_failure(data_dir, exc) from exc
     rocks: _Handles | None = None
     try:
         rocks = _open_rocks(data_dir)
@@ -348,22 +442,40 @@ def _open_sync(
         if durability is Durability.FSYNC_WAL:
             wal = WalSync(os.path.join(data_dir, ROCKSDB_DIR))
         return rocks, lock_fd, count, epoch, wal
+    except StepstreamError:
+        _release(rocks, None, lock_fd)
+        raise
+    except Exception as exc:
+        _release(rocks, None, lock_fd)
+        raise _open_failure(data_dir, exc) from exc
     except BaseException:
         _release(rocks, None, lock_fd)
         raise
 
 
 def _release(rocks: _Handles | None, wal: WalSync | None, lock_fd: int) -> None:
-    """Close RocksDB (every handle that keeps it open), then give up the directory."""
-    if wal is not None:
-        wal.close()
-    if rocks is not None:
-        rocks.handles.clear()
-        for cf in rocks.cfs.values():
-            cf.close()
-        rocks.cfs.clear()
-        rocks.db.close()
-    _unlock(lock_fd)
+    """Close RocksDB (every handle that keeps it open), then give up the directory.
+
+    Closing flushes, which fails after a failed write (RocksDB keeps the error): that is
+    logged, and the directory is given up all the same."""
+    try:
+        if wal is not None:
+            wal.close()
+        if rocks is not None:
+            rocks.handles.clear()
+            for cf in rocks.cfs.values():
+                _close_quietly(cf)
+            rocks.cfs.clear()
+            _close_quietly(rocks.db)
+    finally:
+        _unlock(lock_fd)
+
+
+def _close_quietly(handle: Any) -> None:
+    try:
+        handle.close()
+    except Exception as exc:
+        log.warning("closing RocksDB failed (what was acknowledged is durable): %s", exc)
 
 
 def _in_use(data_dir: str, holder: str = "") -> DataDirInUse:
@@ -403,11 +515,11 @@ def _open_rocks(data_dir: str) -> _Handles:
     try:
         db = Rdict(os.path.join(data_dir, ROCKSDB_DIR), options, column_families=families)
     except Exception as exc:
-        if "lock" in str(exc).lower():
+        if "lock" in str(exc).lower() and not is_disk_full(exc):
             # Our flock is free, so the holder is this process: an earlier EmbeddedDB that
             # was not closed, or an iterator that outlived it.
             raise _in_use(data_dir, " (this process: close the earlier EmbeddedDB)") from exc
-        raise StorageFailed(f"cannot open the embedded data directory {data_dir}: {exc}") from exc
+        raise _open_failure(data_dir, exc) from exc
     rocks = _Handles(db)
     for name in keys.COLUMN_FAMILIES:
         rocks.cfs[name] = db.get_column_family(name)

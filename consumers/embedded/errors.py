@@ -18,3 +18,13 @@ class StorageFailed(StepstreamError):
 
     After a failed fsync the OS may have dropped the dirty pages, so retrying the write in
     the same process could acknowledge data that never reached the disk."""
+
+
+class DiskFull(StorageFailed):
+    """The disk holding the data directory has no space left; free some, then start
+    again (what was acknowledged is on the disk)."""
+
+
+class DataDirCorrupted(StorageFailed):
+    """RocksDB found the data directory damaged: restore it from a backup, or move it
+    away to start empty."""
