@@ -208,7 +208,14 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                 f"{engine.host.partitions} partitions, workflows: {workflows})",
                 flush=True,
             )
-            await _until_signalled()
+            # A full or damaged disk stops the engine: it says why and what to do.
+            signalled = asyncio.ensure_future(_until_signalled())
+            failed = asyncio.ensure_future(engine.db.failed())
+            await asyncio.wait({signalled, failed}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (signalled, failed):
+                task.cancel()
+            if failed.done() and not failed.cancelled():
+                raise failed.result()
             log.info("shutting down url=%s", url)
         finally:
             await runner.cleanup()

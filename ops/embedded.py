@@ -100,6 +100,10 @@ class EmbeddedEngine:
         if self._closed:
             return
         self._closed = True
+        if self.db.failure is not None:
+            # Nothing more can be recorded: running attempts are not waited for.
+            for partition in self.host.owned:
+                await self.host.revoke(partition)
         await self.host.close()
         await self.db.close()
 
