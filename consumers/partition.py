@@ -518,9 +518,11 @@ class PartitionProcessor:
             started_here = {
                 (x.key, x.attempt) for x in out.launches if x.instance_id == instance_id
             }
-            self._cache.orphaned.setdefault(instance_id, set()).update(
-                runtime.inflight - started_here
-            )
+            running = runtime.inflight - started_here
+            if isinstance(msg, StepOutcome):
+                # Its attempt ended: recovery records it as lost (its outcome is gone).
+                running.discard((msg.key, msg.attempt))
+            self._cache.orphaned.setdefault(instance_id, set()).update(running)
             out.history[:] = [r for r in out.history if r.instance_id != instance_id]
             out.timers[:] = [t for t in out.timers if t.instance_id != instance_id]
             out.launches[:] = [x for x in out.launches if x.instance_id != instance_id]

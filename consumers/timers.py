@@ -55,6 +55,10 @@ class TimerService:
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()
+        # Checked by the loops as well as cancelling them: Python 3.11's wait_for drops a
+        # cancellation that lands as the awaited event is set (a timer record arriving
+        # during shutdown), and the loop would go on.
+        self._stopping = False
 
     @property
     def pending(self) -> int:
@@ -76,6 +80,8 @@ class TimerService:
         self._tasks = [loop.create_task(self._consume()), loop.create_task(self._fire())]
 
     async def stop(self) -> None:
+        self._stopping = True
+        self._changed.set()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -90,7 +96,7 @@ class TimerService:
 
     async def _consume(self) -> None:
         source = self.backend.source(TIMERS)
-        while True:
+        while not self._stopping:
             entries = await source.fetch(self._max_batch, 1.0)
             if entries:
                 async with self._lock:
@@ -132,7 +138,7 @@ class TimerService:
         )
 
     async def _fire(self) -> None:
-        while True:
+        while not self._stopping:
             self._changed.clear()
             now = self._clock.now_ms()
             heap = self._heap

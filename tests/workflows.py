@@ -293,3 +293,20 @@ async def counted_waits(ctx: Context, n: int) -> list[Any]:
     """Counts its own (re)starts while it waits for ``n`` events in turn."""
     RUNS[ctx.instance_id] = RUNS.get(ctx.instance_id, 0) + 1
     return [await ctx.wait_for_event("e", key=f"e{i}") for i in range(n)]
+
+
+async def cancelled_once(key: str) -> str:
+    """Raises CancelledError of its own on its first attempt (as when an inner task it
+    awaited was cancelled), then succeeds."""
+    from engine.context import current_attempt
+
+    if current_attempt.get() == 1:
+        raise asyncio.CancelledError(f"inner task of {key} cancelled")
+    return "second attempt"
+
+
+@workflow("cancelled-step")
+async def cancelled_step(ctx: Context, _: Any) -> str:
+    return await ctx.step(
+        "fragile", cancelled_once, ctx.instance_id, retry=RetryPolicy(initial_interval=0)
+    )
