@@ -129,3 +129,38 @@ async def test_an_instance_whose_version_is_not_deployed_says_so_in_its_status(
         assert (await client.status("orphan")).error is None
         await client.send_event("orphan", "approval", "back")
         assert await client.result("orphan", timeout=10) == "back"
+
+
+async def test_timers_indexed_in_the_layout_before_instances_keyed_it_still_fire(
+    tmp_path: Path,
+) -> None:
+    """State written by the version that keyed the timer index by timer id alone is
+    upgraded when the timer service starts, and its timers fire."""
+    from consumers import state_keys
+    from engine.seams import CommitBatch
+
+    config = EmbeddedConfig(data_dir=str(tmp_path / "d"), partitions=1)
+    engine = await open_embedded(workflows_of_tests(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        await client.start("sleeper", 2.0, instance_id="old-timer")
+        backend = engine.host._processor("old-timer").backend
+        for _ in range(200):
+            indexed = list(backend.store.scan(state_keys.TIMER))
+            if indexed:
+                break
+            await asyncio.sleep(0.01)
+        [(key, _)] = indexed
+        fire_at, instance_id, timer_id = state_keys.split_timer(key)
+        old = CommitBatch()
+        old.delete(key)
+        old.delete(state_keys.timer_by_id(instance_id, timer_id))
+        old.put(state_keys.TIMER + fire_at.to_bytes(8, "big") + timer_id.encode(), b"old-timer")
+        old.put(state_keys.TIMER_BY_ID + timer_id.encode(), str(fire_at).encode())
+        await backend.commit(old)
+    engine = await open_embedded(workflows_of_tests(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        result = await client.result("old-timer", timeout=10)
+        assert result["slept"] >= 2.0
+        store = engine.host._processor("old-timer").backend.store
+        assert list(store.scan(state_keys.TIMER)) == []
+        assert list(store.scan(state_keys.TIMER_BY_ID)) == []
