@@ -12,20 +12,20 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
 from engine.codec import JsonCodec
-from engine.records import DeadLetter, SendEvent, StartWorkflow
+from engine.records import SendEvent, StartWorkflow
 from engine.seams import Append
 from engine.serde import default_serde
-from engine.topics import COMMANDS, DEAD_LETTERS, partition_for
+from engine.topics import COMMANDS, partition_for
 from ops.embedded import EmbeddedConfig, open_embedded
 from producers.client import Client
 from stepstream import InvalidPayload, PayloadTooLarge, UnknownInstance
 from tests.conftest import test_registry as workflows_of_tests
+from tests.faults.test_dead_letters import dead_letters
 
 CODEC = JsonCodec()
 SERDE = default_serde()
@@ -113,15 +113,6 @@ async def test_ids_refused_over_http_get_a_400(tmp_path: Path) -> None:
         await engine.close()
 
 
-def _dead_letters(engine: Any, partition: int) -> list[DeadLetter]:
-    out = []
-    for entry in engine.db.log.read(DEAD_LETTERS, partition, 0, 100):
-        letter = SERDE.decode(entry.value)
-        assert isinstance(letter, DeadLetter)
-        out.append(letter)
-    return out
-
-
 async def test_a_foreign_command_with_a_nul_in_its_id_is_dead_lettered(tmp_path: Path) -> None:
     engine = await open_embedded(
         workflows_of_tests(), EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1)
@@ -143,7 +134,7 @@ async def test_a_foreign_command_with_a_nul_in_its_id_is_dead_lettered(tmp_path:
         ]
         await engine.db.log.append([Append(COMMANDS, b"victim", SERDE.encode(c), 0) for c in bad])
         for _ in range(300):
-            letters = _dead_letters(engine, 0)
+            letters = dead_letters(engine, 0)
             if len(letters) == 2:
                 break
             await asyncio.sleep(0.01)
