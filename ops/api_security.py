@@ -170,12 +170,12 @@ class _Guard:
             if refusal is not None:
                 return _refuse(401, "Unauthorized", refusal, {"WWW-Authenticate": "Bearer"})
         if request.method == "POST" and request.content_type != "application/json":
-            sent = request.headers.get("Content-Type", "no Content-Type")
+            sent = request.headers.get("Content-Type")
             return _refuse(
                 415,
                 "UnsupportedMediaType",
                 f"POST {request.path} takes a JSON body sent with Content-Type: "
-                f"application/json, not {sent}",
+                f"application/json; this one came with {sent or 'no Content-Type'}",
             )
         return await handler(request)
 

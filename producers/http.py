@@ -163,7 +163,10 @@ class ApiSession:
             except aiohttp.ClientConnectorCertificateError as exc:
                 raise untrusted(self._url, exc) from None
             except (aiohttp.ClientError, OSError) as exc:
-                raise ConnectionFailed(f"cannot reach {self._url}: {exc}") from None
+                raise ConnectionFailed(
+                    f"cannot reach stepstream at {self._url}: {exc}; is it running, and is the "
+                    "address right?"
+                ) from None
             self._ws = ws
             loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._read(ws)), loop.create_task(self._write(ws))]

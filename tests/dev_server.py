@@ -10,9 +10,13 @@ from __future__ import annotations
 import os
 import re
 import select
+import shutil
 import signal
+import ssl
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,4 +105,38 @@ def start_dev(
         proc.kill()
         proc.wait()
         pytest.fail(f"stepstream dev did not start: {line!r}\n{log.read_text()}")
-    return DevServer(found.group(1), root, log, proc, env)
+    server = DevServer(found.group(1), root, log, proc, env)
+    _until_serving(server)
+    return server
+
+
+def _until_serving(server: DevServer) -> None:
+    # The line is printed just before the server installs its SIGTERM handler and starts
+    # answering; an answer from /healthz means both are done.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            with urllib.request.urlopen(f"{server.url}/healthz", timeout=5, context=context):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                server.proc.kill()
+                server.proc.wait()
+                pytest.fail(f"stepstream dev does not answer: {exc}\n{server.log.read_text()}")
+            time.sleep(0.05)
+
+
+def self_signed_certificate(root: Path) -> tuple[Path, Path]:
+    """A certificate for localhost and 127.0.0.1 and its key (PEM files), by openssl."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("TLS tests need the openssl command to make a self-signed certificate")
+    cert, key = root / "cert.pem", root / "key.pem"
+    names = "subjectAltName=DNS:localhost,IP:127.0.0.1"
+    command = [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"]
+    command += ["-subj", "/CN=localhost", "-addext", names, "-keyout", str(key), "-out", str(cert)]
+    subprocess.run(command, check=True, capture_output=True)
+    return cert, key

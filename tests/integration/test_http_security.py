@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ import pytest
 
 import producers.http  # noqa: F401  (registers http:// and https:// with Client.connect)
 from stepstream import Client, ConnectionFailed, InvalidPayload, StepstreamError
-from tests.dev_server import DevServer, clean_env, run_cli, start_dev
+from tests.dev_server import DevServer, clean_env, run_cli, self_signed_certificate, start_dev
 
 TOKEN = "s3cret-token-for-tests"
 MODULE = "ss_security_flows"
@@ -279,34 +277,7 @@ async def _an_open_server(dev: DevServer) -> None:
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.fail("the TLS test needs the openssl command to make a self-signed certificate")
-    root = tmp_path_factory.mktemp("tls")
-    cert, key = root / "cert.pem", root / "key.pem"
-    subprocess.run(
-        [
-            openssl,
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return cert, key
+    return self_signed_certificate(tmp_path_factory.mktemp("tls"))
 
 
 async def test_tls_with_a_self_signed_certificate(
