@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
@@ -196,29 +197,30 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
             app, handler_cancellation=True, access_log_format='%a "%r" %s %b %Tfs'
         )
         await runner.setup()
-        try:
-            await web.SockSite(runner, sock, ssl_context=tls).start()
-            host, port = sock.getsockname()[:2]
-            url = f"{security.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
-            workflows = ", ".join(
-                f"{name} v{'/'.join(versions)}" for name, versions in registry.names().items()
-            )
-            print(
-                f"stepstream dev listening on {url} (data {config.data_dir}, "
-                f"{engine.host.partitions} partitions, workflows: {workflows})",
-                flush=True,
-            )
-            # A full or damaged disk stops the engine: it says why and what to do.
-            signalled = asyncio.ensure_future(_until_signalled())
-            failed = asyncio.ensure_future(engine.db.failed())
-            await asyncio.wait({signalled, failed}, return_when=asyncio.FIRST_COMPLETED)
-            for task in (signalled, failed):
-                task.cancel()
-            if failed.done() and not failed.cancelled():
-                raise failed.result()
-            log.info("shutting down url=%s", url)
-        finally:
-            await runner.cleanup()
+        with _stop_on_signals() as stop:
+            try:
+                await web.SockSite(runner, sock, ssl_context=tls).start()
+                host, port = sock.getsockname()[:2]
+                url = f"{security.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+                workflows = ", ".join(
+                    f"{name} v{'/'.join(versions)}" for name, versions in registry.names().items()
+                )
+                print(
+                    f"stepstream dev listening on {url} (data {config.data_dir}, "
+                    f"{engine.host.partitions} partitions, workflows: {workflows})",
+                    flush=True,
+                )
+                # A full or damaged disk stops the engine: it says why and what to do.
+                signalled = asyncio.ensure_future(stop.wait())
+                failed = asyncio.ensure_future(engine.db.failed())
+                await asyncio.wait({signalled, failed}, return_when=asyncio.FIRST_COMPLETED)
+                for task in (signalled, failed):
+                    task.cancel()
+                if failed.done() and not failed.cancelled():
+                    raise failed.result()
+                log.info("shutting down url=%s", url)
+            finally:
+                await runner.cleanup()
     finally:
         sock.close()
         await engine.close()
@@ -264,14 +266,17 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def _until_signalled() -> None:
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[asyncio.Event]:
+    """An event set by SIGTERM or SIGINT, handled from the moment this is entered (so a
+    signal right after "listening on" is printed stops the server cleanly)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     signals = (signal.SIGTERM, signal.SIGINT)
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        yield stop
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
@@ -416,26 +421,27 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
     )
     worker = KafkaWorker(registry, config)
     await worker.start()
-    try:
-        workflows = ", ".join(
-            f"{name} v{'/'.join(versions)}" for name, versions in registry.names().items()
-        )
-        print(
-            f"stepstream worker listening on {worker.url} (prefix {settings.prefix}, "
-            f"{worker.host.partitions} partitions, state {config.state_dir}, "
-            f"workflows: {workflows})",
-            flush=True,
-        )
-        stop = asyncio.ensure_future(_until_signalled())
-        failed = asyncio.ensure_future(worker.run())
-        await asyncio.wait({stop, failed}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (stop, failed):
-            task.cancel()
-        if failed.done() and not failed.cancelled() and failed.exception() is not None:
-            raise StepstreamError(str(failed.exception()))
-        log.info("shutting down url=%s", worker.url)
-    finally:
-        await worker.stop()
+    with _stop_on_signals() as signalled:
+        try:
+            workflows = ", ".join(
+                f"{name} v{'/'.join(versions)}" for name, versions in registry.names().items()
+            )
+            print(
+                f"stepstream worker listening on {worker.url} (prefix {settings.prefix}, "
+                f"{worker.host.partitions} partitions, state {config.state_dir}, "
+                f"workflows: {workflows})",
+                flush=True,
+            )
+            stop = asyncio.ensure_future(signalled.wait())
+            failed = asyncio.ensure_future(worker.run())
+            await asyncio.wait({stop, failed}, return_when=asyncio.FIRST_COMPLETED)
+            for task in (stop, failed):
+                task.cancel()
+            if failed.done() and not failed.cancelled() and failed.exception() is not None:
+                raise StepstreamError(str(failed.exception()))
+            log.info("shutting down url=%s", worker.url)
+        finally:
+            await worker.stop()
     return EXIT_OK
 
 
