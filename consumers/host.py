@@ -53,6 +53,10 @@ class PartitionHost:
         self._config = replace(config or ProcessorConfig(), max_payload_bytes=max_payload_bytes)
         self._owned: dict[int, _Owned] = {}
         self._settled: dict[str, asyncio.Future[str | None]] = {}
+        # How many callers of ``settled`` have not called ``forget`` yet, per command:
+        # two waits on one command share its future, and the first to give up must not
+        # take it from the other.
+        self._settled_waiters: dict[str, int] = {}
         # Commands settled lately, for a publisher that asks after the commit (Kafka
         # clients ask the owner over HTTP once their produce is acknowledged).
         self._recent: OrderedDict[str, str | None] = OrderedDict()
@@ -130,6 +134,7 @@ class PartitionHost:
         for command_id, reason in committed.commands.items():
             recent[command_id] = reason
             fut = self._settled.pop(command_id, None)
+            self._settled_waiters.pop(command_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(reason)
         while len(recent) > RECENT_SETTLED:
@@ -148,12 +153,18 @@ class PartitionHost:
             fut = asyncio.get_running_loop().create_future()
             if command_id in self._recent:
                 fut.set_result(self._recent[command_id])
-            else:
-                self._settled[command_id] = fut
+                return fut
+            self._settled[command_id] = fut
+        self._settled_waiters[command_id] = self._settled_waiters.get(command_id, 0) + 1
         return fut
 
     def forget(self, command_id: str) -> None:
-        self._settled.pop(command_id, None)
+        """One caller of ``settled`` no longer waits; the last one drops the future."""
+        left = self._settled_waiters.pop(command_id, 0) - 1
+        if left > 0:
+            self._settled_waiters[command_id] = left
+        else:
+            self._settled.pop(command_id, None)
 
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
         fut: asyncio.Future[InstanceState] = asyncio.get_running_loop().create_future()

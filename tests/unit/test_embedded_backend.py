@@ -606,3 +606,26 @@ async def test_finished_instances_are_forgotten_after_the_retention(tmp_path: Pa
         assert engine.db.log.end_offset(COMMANDS, 0) > ends[COMMANDS]
         await client.start("arith", 9, instance_id="after-reopen")
         assert await client.result("after-reopen", timeout=10) == {"total": 10, "doubled": 20}
+
+
+async def test_two_waits_on_one_command_both_learn_it_settled(tmp_path: Path) -> None:
+    """The first wait to give up (a timed-out retry of a Kafka client's check) must not
+    take the shared future from the one still waiting."""
+    from consumers.partition import Committed
+    from ops.embedded import EmbeddedConfig, open_embedded
+    from tests.conftest import test_registry
+
+    engine = await open_embedded(
+        test_registry(), EmbeddedConfig(data_dir=str(tmp_path / "d"), partitions=1)
+    )
+    try:
+        host = engine.host
+        first, second = host.settled("cmd-1"), host.settled("cmd-1")
+        host.forget("cmd-1")  # the first waiter gave up
+        host._committed(Committed([], {"cmd-1": "dead-lettered: why"}))
+        assert second.done() and second.result() == "dead-lettered: why"
+        host.forget("cmd-1")
+        assert host._settled == {} and host._settled_waiters == {}
+        assert first is second
+    finally:
+        await engine.close()
