@@ -67,6 +67,12 @@ class ConnectionFailed(StepstreamError):
     retriable = True
 
 
+class AccessDenied(StepstreamError):
+    """The API refused the request: no token or a wrong one (HTTP 401), or a request
+    from another web site or to a host name the server does not answer to (403). Fix
+    the token (``STEPSTREAM_API_TOKEN``, ``token=``) or the address; do not retry as is."""
+
+
 class UndecodableRecord(StepstreamError):
     """Bytes on a topic that are not a record this version of stepstream can read."""
 

@@ -152,7 +152,7 @@ class _Guard:
         if host is not None and not self._host_allowed(host):
             return _refuse(
                 403,
-                "Forbidden",
+                "AccessDenied",
                 f"Host {host!r} is not a name this stepstream API answers to (a defence "
                 "against DNS rebinding); connect by the address it serves, or add the name "
                 f"with --allowed-host or {ALLOWED_HOSTS_ENV}",
@@ -161,14 +161,14 @@ class _Guard:
         if origin is not None and not _same_origin(origin, host):
             return _refuse(
                 403,
-                "Forbidden",
+                "AccessDenied",
                 f"cross-site request refused: Origin {origin!r} is not this server "
                 f"({host or 'no Host header'}); stepstream's API is not for other web sites",
             )
         if self._token is not None and request.path not in _OPEN_PATHS:
             refusal = self._check_token(request.headers.get("Authorization"))
             if refusal is not None:
-                return _refuse(401, "Unauthorized", refusal, {"WWW-Authenticate": "Bearer"})
+                return _refuse(401, "AccessDenied", refusal, {"WWW-Authenticate": "Bearer"})
         if request.method == "POST" and request.content_type != "application/json":
             sent = request.headers.get("Content-Type")
             return _refuse(

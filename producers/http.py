@@ -29,6 +29,7 @@ from yarl import URL
 
 from engine.codec import dump_json_text
 from engine.errors import (
+    AccessDenied,
     ConnectionFailed,
     HistoryDiverged,
     InstanceFinished,
@@ -50,6 +51,7 @@ _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
     cls.__name__: cls
     for cls in (
         StepstreamError,
+        AccessDenied,
         UnknownWorkflow,
         InvalidPayload,
         PayloadTooLarge,
@@ -360,14 +362,14 @@ class HttpTransport:
         )
 
 
-def refused(url: str, status: int) -> StepstreamError:
+def refused(url: str, status: int) -> AccessDenied:
     """What a 401 or 403 on the websocket upgrade means (its body is not readable there)."""
     if status == 401:
-        return StepstreamError(
+        return AccessDenied(
             f"{url} needs the API's bearer token, or refused the one sent (HTTP 401); pass "
             f"token= to Client.connect, --token or {TOKEN_ENV}"
         )
-    return StepstreamError(
+    return AccessDenied(
         f"{url} refused the request (HTTP 403): the Host or Origin header is not one it "
         "answers to; connect by an address it serves, or allow it with --allowed-host"
     )

@@ -8,6 +8,7 @@ This is the one import path users need::
 from engine.codec import JsonCodec, PayloadCodec
 from engine.context import Context
 from engine.errors import (
+    AccessDenied,
     ConnectionFailed,
     EventTimeout,
     HistoryDiverged,
@@ -33,6 +34,7 @@ from ops.worker import Worker
 from producers.client import Client
 
 __all__ = [
+    "AccessDenied",
     "Client",
     "ConnectionFailed",
     "Context",

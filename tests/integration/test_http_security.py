@@ -22,7 +22,7 @@ import aiohttp
 import pytest
 
 import producers.http  # noqa: F401  (registers http:// and https:// with Client.connect)
-from stepstream import Client, ConnectionFailed, InvalidPayload, StepstreamError
+from stepstream import AccessDenied, Client, ConnectionFailed, InvalidPayload
 from tests.dev_server import DevServer, clean_env, run_cli, self_signed_certificate, start_dev
 
 TOKEN = "s3cret-token-for-tests"
@@ -85,7 +85,7 @@ async def test_no_token_or_a_wrong_one_is_401_with_a_clear_message(
         status, body = await answer(r)
     assert status == 401, body
     assert r.headers["WWW-Authenticate"] == "Bearer"
-    assert body["error"]["type"] == "Unauthorized"
+    assert body["error"]["type"] == "AccessDenied"
     assert "needs a bearer token" in body["error"]["message"]
     assert "STEPSTREAM_API_TOKEN" in body["error"]["message"]
 
@@ -104,12 +104,12 @@ async def test_no_token_or_a_wrong_one_is_401_with_a_clear_message(
         assert r.status == 200
 
     async with Client.connect(dev.url) as client:
-        with pytest.raises(StepstreamError, match="needs a bearer token"):
+        with pytest.raises(AccessDenied, match="needs a bearer token"):
             await client.start("echo", 1, instance_id="no-token-2")
-        with pytest.raises(StepstreamError, match="needs the API's bearer token"):
+        with pytest.raises(AccessDenied, match="needs the API's bearer token"):
             await client.result("no-token-2", timeout=1)  # over the websocket session
     async with Client.connect(dev.url, token="wrong") as client:
-        with pytest.raises(StepstreamError, match="not this server's"):
+        with pytest.raises(AccessDenied, match="not this server's"):
             await client.status("no-token-2")
 
     done = dev.cli("start", "echo", "--input", "1", "--id", "no-token-3")
@@ -175,7 +175,7 @@ async def test_a_foreign_origin_is_refused_and_nothing_starts_or_is_cancelled(
         async with http.request(method, path, data=data, headers={**foreign, **AUTH, **JSON}) as r:
             status, body = await answer(r)
         assert status == 403, (method, path, body)
-        assert body["error"]["type"] == "Forbidden"
+        assert body["error"]["type"] == "AccessDenied"
     with pytest.raises(aiohttp.WSServerHandshakeError) as upgrade:
         await http.ws_connect("/v1/session", headers={**foreign, **AUTH})
     assert upgrade.value.status == 403

@@ -17,7 +17,7 @@ import pytest
 
 from ops.api_security import ApiSecurity, InsecureBind
 from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
-from stepstream import Client, StepstreamError
+from stepstream import AccessDenied, Client
 from tests.conftest import (
     KAFKA_TEST_PARTITIONS,
     ThreadedWorker,
@@ -63,9 +63,9 @@ async def test_kafka_client_with_token_and_tls(
         assert "k-1" in [i.instance_id for i in await client.list()]
 
     async with Client.connect(url, tls_ca=str(cert), timeout=10) as client:
-        with pytest.raises(StepstreamError, match="bearer token"):
+        with pytest.raises(AccessDenied, match="bearer token"):
             await client.status("k-1")
-        with pytest.raises(StepstreamError, match="bearer token"):
+        with pytest.raises(AccessDenied, match="bearer token"):
             await client.list()
     monkeypatch.setenv("STEPSTREAM_API_TOKEN", TOKEN)
     monkeypatch.setenv("STEPSTREAM_TLS_CA", str(cert))

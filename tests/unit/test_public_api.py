@@ -28,6 +28,7 @@ from tests.workflows import arith
 def test_public_names_are_pinned() -> None:
     assert sorted(stepstream.__all__) == sorted(
         [
+            "AccessDenied",
             "Client",
             "ConnectionFailed",
             "Context",
