@@ -68,6 +68,7 @@ from engine.records import (
     Record,
     SleepElapsed,
     SleepStarted,
+    SnapshotTaken,
     StepAttemptStarted,
     StepFailed,
     StepSucceeded,
@@ -78,7 +79,7 @@ from engine.records import (
     WorkflowStarted,
 )
 from engine.serde import default_serde
-from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, MEMBERS, TopicNames
+from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, MEMBERS, SNAPSHOTS, TopicNames
 from producers.client import Client
 from producers.kafka import aiokafka_options
 from producers.kafka_members import MembersView
@@ -300,6 +301,7 @@ class Backend:
 
     name = ""
     partitions = 2
+    summary = ""  # what else the backend has to say in the one-line summary
     root: Path
     ledger: Path
 
@@ -427,7 +429,7 @@ class Kafka(Backend):
                 out += ["--kafka-opt", option]
             return out
 
-        return Proc(name, self.root, args, _env(self.ledger, STEPSTREAM_SNAPSHOT_EVERY="300"))
+        return Proc(name, self.root, args, _env(self.ledger, STEPSTREAM_SNAPSHOT_EVERY="60"))
 
     def client(self) -> Any:
         return Client.connect(kafka_url(self.settings), timeout=15, command_timeout=8)
@@ -465,15 +467,21 @@ class Kafka(Backend):
 
     async def kill_and_restart(self, rng: random.Random, note: Callable[[str], None]) -> None:
         await self._revive(note)
-        worker = rng.choice(self.workers)
-        worker.kill9()
-        fresh = rng.random() < 0.35
-        if fresh:
-            self.state_dirs[worker.name] = self.root / f"{worker.name}-state-{worker.starts + 1}"
+        # Now and then both at once: every partition restores.
+        victims = self.workers if rng.random() < 0.2 else [rng.choice(self.workers)]
+        for worker in victims:
+            worker.kill9()
         down = rng.uniform(0, 1.5)
-        note(f"kill -9 {worker.name}, down {down:.2f} s, {'empty' if fresh else 'same'} state")
+        for worker in victims:
+            fresh = rng.random() < 0.35
+            if fresh:
+                self.state_dirs[worker.name] = (
+                    self.root / f"{worker.name}-state-{worker.starts + 1}"
+                )
+            state = "empty" if fresh else "same"
+            note(f"kill -9 {worker.name}, down {down:.2f} s, {state} state")
         await asyncio.sleep(down)
-        await worker.start()
+        await asyncio.gather(*(worker.start() for worker in victims))
 
     def running_bodies(self) -> Counter[int]:
         """Step bodies that have started and not ended, by pid (from the ledger)."""
@@ -532,11 +540,14 @@ class Kafka(Backend):
             await self.view.close()
 
     async def read_logs(self) -> tuple[list[Logged], list[Logged] | None, int]:
-        history, commands, dead = await asyncio.gather(
+        history, commands, dead, snapshots = await asyncio.gather(
             asyncio.to_thread(self._read, HISTORY),
             asyncio.to_thread(self._read, COMMANDS),
             asyncio.to_thread(self._read, DEAD_LETTERS),
+            asyncio.to_thread(self._read, SNAPSHOTS),
         )
+        taken = sum(1 for x in snapshots if isinstance(x.record, SnapshotTaken))
+        self.summary = f", {taken} snapshots taken"
         return history, commands, len(dead)
 
     def _read(self, kind: str) -> list[Logged]:
@@ -744,7 +755,10 @@ async def run_checker(backend: Backend, instances: int, kills: int, freeze_at: i
 
                 async def chaos() -> None:
                     for n in range(kills):
-                        await asyncio.sleep(rng.uniform(1.0, 3.0))
+                        # Now and then while the last restart still recovers.
+                        await asyncio.sleep(
+                            rng.uniform(0.05, 0.3) if rng.random() < 0.2 else rng.uniform(1.0, 3.0)
+                        )
                         if n == freeze_at:
                             await backend.freeze(rng, workload.note)
                             # What the thawed worker does before it finds out.
@@ -802,7 +816,7 @@ async def run_checker(backend: Backend, instances: int, kills: int, freeze_at: i
         f"{verdict.transitions} transitions checked, {verdict.body_runs} step bodies run, "
         f"{verdict.crossed} instances crossed a restart, {verdict.lost_attempts} attempts lost, "
         f"{len(folded.stale)} stale + {len(folded.redelivered)} re-delivered records skipped, "
-        f"ends {ends}, {time.monotonic() - began:.0f} s"
+        f"ends {ends}{backend.summary}, {time.monotonic() - began:.0f} s"
     )
     print("\n".join(workload.notes + freeze_lines))
     if verdict.problems:
