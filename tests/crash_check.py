@@ -55,7 +55,9 @@ from engine.topics import partition_for
 
 LOST = "AttemptLost"  # the error type of an attempt lost with its worker
 TERMINAL = (WorkflowCompleted, WorkflowFailed, WorkflowCancelled)
-# Records only running workflow code makes: none while an instance is paused.
+# Records only running workflow code makes: none while an instance is paused. (What
+# happens to it meanwhile is recorded: a running attempt's outcome, a timer, an event
+# that a pending wait claims; the code moves on only once resumed.)
 CODE_DRIVEN = ("StepAttemptStarted", "SleepStarted", "WaitStarted", "ValueRecorded")
 # The record that applying each type of client command makes (or CommandIgnored).
 APPLIES: dict[type[HistoryRecord], str] = {

@@ -10,17 +10,20 @@ started again (on Kafka, on its old state directory or an empty one). On Kafka o
 is also frozen with SIGSTOP until the other owns all partitions, then let go with
 SIGCONT: what it writes then must not be accepted by any reader.
 
-The client records every call and whether it was acknowledged. After a last phase that
+The client records every call and whether it was acknowledged (the client does not see
+command ids: events carry a unique id, cancels a unique reason). After a last phase that
 resumes what is paused and satisfies what still waits, the checker
-(``tests.crash_check``) reads the raw history and commands logs (the embedded log
-directly; the Kafka topics with a plain consumer), folds the history by the reader
-rules of schemas/README.md and asserts the guarantees of design.md for every instance:
-each command on the log (acknowledged or not) applied exactly once, each acknowledged one
-applied, events claimed once and in order, contiguous seqs, no step success twice,
-attempts within the retry policy (bodies counted in a ledger: each run belongs to an
-accepted attempt), sleeps and timeouts never early, nothing driven by code while paused,
-the expected end (completed, cancelled, or waiting for an event that never comes), the
-result consistent with the history, and the engine serving the history the log holds.
+(``tests.crash_check``) reads the raw history log (the embedded log directly, the Kafka
+topic with a plain consumer) and on Kafka the commands topic too (the embedded log drops
+consumed commands), folds the history by the reader rules of schemas/README.md and
+asserts the guarantees of design.md for every instance: each command (acknowledged or
+not) applied exactly once, each acknowledged one applied, every command on the Kafka
+commands topic applied, events claimed once and in order, contiguous seqs, no step
+success twice, attempts within the retry policy (bodies counted in a ledger: each run
+belongs to an accepted attempt), sleeps and timeouts never early, nothing driven by code
+while paused, the expected end (completed, cancelled, or waiting for an event that never
+comes), the result consistent with the history, and the engine serving the history the
+log holds. The last tests check that the checker finds faults injected into a story.
 
 ``STEPSTREAM_CRASH_SEED=N`` replays a seed (the plans and the sequence of decisions; the
 timing of kills is the machine's). A failure prints the seed and, per instance, the
