@@ -217,6 +217,10 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                 for task in (signalled, failed):
                     task.cancel()
                 if failed.done() and not failed.cancelled():
+                    # Requests waiting on the engine (a command being applied, a result)
+                    # would wait out the shutdown timeout: end them now (0 is no limit).
+                    if runner.server is not None:
+                        await runner.server.shutdown(0.5)
                     raise failed.result()
                 log.info("shutting down url=%s", url)
             finally:
