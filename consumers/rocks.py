@@ -51,6 +51,11 @@ def is_corruption(exc: BaseException) -> bool:
     return "Corruption:" in str(exc)
 
 
+def is_missing_file(exc: BaseException) -> bool:
+    """A file RocksDB's own records name is not there (a MANIFEST, a table)."""
+    return "No such file or directory" in str(exc)
+
+
 def is_disk_full(exc: BaseException) -> bool:
     """The write failed for want of space on the disk."""
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+from rocksdict import DBRecoveryMode, Options, Rdict, WriteBatch, WriteOptions
 
 from consumers.embedded import keys
 from consumers.embedded.errors import (
@@ -37,7 +37,13 @@ from consumers.embedded.errors import (
 )
 from consumers.embedded.log import EmbeddedLog
 from consumers.embedded.wal import WalSync
-from consumers.rocks import check_status, is_corruption, is_disk_full, prefix_scan
+from consumers.rocks import (
+    check_status,
+    is_corruption,
+    is_disk_full,
+    is_missing_file,
+    prefix_scan,
+)
 from engine.errors import StepstreamError
 from engine.seams import Append
 
@@ -45,6 +51,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PARTITIONS = 4
 LOCK_FILE = "stepstream.lock"
+# The epoch of the last open, outside RocksDB: RocksDB files that went back to an earlier
+# state (a truncated MANIFEST is read as a torn one and silently recovered from) are
+# found out by an epoch below it.
+EPOCH_FILE = "stepstream.epoch"
 ROCKSDB_DIR = "rocksdb"
 
 
@@ -389,14 +399,15 @@ def _open_failure(path: str, exc: BaseException) -> StorageFailed:
             f"({_detail(exc)}); free space on that disk, then start again (what it holds "
             "is not lost)"
         )
-    if is_corruption(exc):
+    if is_corruption(exc) or is_missing_file(exc):
         return _corrupted(path, exc)
     return StorageFailed(f"cannot open the embedded data directory {path}: {_detail(exc)}")
 
 
-def _corrupted(path: str, exc: BaseException) -> DataDirCorrupted:
+def _corrupted(path: str, exc: BaseException | str) -> DataDirCorrupted:
+    detail = exc if isinstance(exc, str) else _detail(exc)
     return DataDirCorrupted(
-        f"the embedded data directory {path} is damaged ({_detail(exc)}); stepstream "
+        f"the embedded data directory {path} is damaged ({detail}); stepstream "
         f"cannot use it. Restore it from a backup, or move it away (mv {path} "
         f"{path}.damaged) to start with an empty one: the instances it holds are then lost"
     )
@@ -511,6 +522,11 @@ def _open_rocks(data_dir: str) -> _Handles:
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     options.set_keep_log_file_num(4)
+    # Every acknowledged write was fsynced, so only an unacknowledged one can be torn at
+    # the end of the write-ahead log after a crash: that tail is dropped. Damage anywhere
+    # else is an error, where RocksDB's default would replay the log up to the damage and
+    # silently drop acknowledged writes after it.
+    options.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
     families = {name: Options(raw_mode=True) for name in keys.COLUMN_FAMILIES}
     try:
         db = Rdict(os.path.join(data_dir, ROCKSDB_DIR), options, column_families=families)
@@ -547,7 +563,15 @@ def _claim(rocks: _Handles, data_dir: str, partitions: int | None) -> tuple[int,
                 f"be opened with {partitions}: pass --partitions {count}, or another --data"
             )
     stored_epoch: bytes | None = meta.get(keys.META_EPOCH)
-    epoch = (0 if stored_epoch is None else keys.decode_u64(stored_epoch)) + 1
+    stored = 0 if stored_epoch is None else keys.decode_u64(stored_epoch)
+    noted = _read_epoch_file(data_dir)
+    if noted > stored:
+        raise _corrupted(
+            data_dir,
+            f"its RocksDB files are back at open number {stored}, but it was opened "
+            f"{noted} times ({EPOCH_FILE}): acknowledged writes are missing",
+        )
+    epoch = stored + 1
     batch = WriteBatch(raw_mode=True)
     handle = rocks.handles[keys.META_CF]
     batch.put(keys.META_FORMAT, keys.encode_u64(keys.FORMAT_VERSION), handle)
@@ -556,7 +580,35 @@ def _claim(rocks: _Handles, data_dir: str, partitions: int | None) -> tuple[int,
     sync = WriteOptions()
     sync.sync = True
     rocks.db.write(batch, sync)
+    _write_epoch_file(data_dir, epoch)
     return count, epoch
+
+
+def _read_epoch_file(data_dir: str) -> int:
+    try:
+        with open(os.path.join(data_dir, EPOCH_FILE)) as f:
+            return int(f.read().strip())
+    except (FileNotFoundError, ValueError):
+        return 0  # a directory made before this file existed, or a torn write of it
+
+
+def _write_epoch_file(data_dir: str, epoch: int) -> None:
+    """Replace the file atomically and durably (after the epoch is durable in RocksDB,
+    so a crash in between leaves the file behind, never ahead)."""
+    path = os.path.join(data_dir, EPOCH_FILE)
+    temporary = path + ".tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, f"{epoch}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+    dir_fd = os.open(data_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def _successor(prefix: bytes) -> bytes | None:
