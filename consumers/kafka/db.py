@@ -5,6 +5,9 @@ atomic WriteBatch, the offsets of the topics that state covers.
 Kafka is the source of truth and this is a cache of it: writes are not fsynced (a kill -9
 keeps them, the OS has them; a machine crash loses a suffix, which restore reads back
 from the history topic). Writes are small and run on the event loop's thread.
+
+So damaged state is never repaired: a partition directory RocksDB reports damaged (at
+open, or on a read) is moved aside (``quarantine``) and rebuilt from the topics.
 """
 
 from __future__ import annotations
@@ -12,13 +15,16 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from consumers.kafka import keys
-from consumers.rocks import prefix_scan
+from consumers.rocks import is_corruption, is_disk_full, is_missing_file, prefix_scan
+from engine.errors import StepstreamError
 
 log = logging.getLogger("stepstream.kafka.db")
 
@@ -27,66 +33,101 @@ class StateFormatError(Exception):
     """The directory holds state this version cannot read."""
 
 
+class StateCorrupted(Exception):
+    """RocksDB found a partition's directory damaged. Its state is a cache of the
+    topics: the directory is quarantined and the state rebuilt from them."""
+
+    def __init__(self, path: str, partition: int, detail: str) -> None:
+        super().__init__(f"partition={partition} state in {path} is damaged ({detail})")
+        self.path = path
+        self.partition = partition
+        self.detail = detail
+
+
+class StateWriteFailed(StepstreamError):
+    """Writing a partition's state failed (a full or failing disk)."""
+
+
 class PartitionDB:
     """Use ``PartitionDB.open(path, partition, partitions)``; not thread-safe for writes."""
 
     def __init__(self, path: str, partition: int, db: Any) -> None:
         self.path = path
         self.partition = partition
+        # Told (once) when a read finds the state damaged.
+        self.on_corrupt: Callable[[StateCorrupted], None] | None = None
+        self.corrupted: StateCorrupted | None = None
+        self._write_options = WriteOptions()
+        self._write_options.sync = False
+        self._attach(db)
+
+    def _attach(self, db: Any) -> None:
         self._db: Any = db
         self._state: Any = db.get_column_family(keys.STATE_CF)
         self._meta: Any = db.get_column_family(keys.META_CF)
         self._state_handle: Any = db.get_column_family_handle(keys.STATE_CF)
         self._meta_handle: Any = db.get_column_family_handle(keys.META_CF)
-        self._write_options = WriteOptions()
-        self._write_options.sync = False
 
     @classmethod
     def open(cls, path: str, partition: int, partitions: int) -> PartitionDB:
         """Open (creating) the state of ``partition``. State made for another partition
-        count belongs to other topics: it is discarded, and restore rebuilds it."""
-        db = cls(path, partition, _open_rocks(path))
-        stored_format = db._meta_u64(keys.META_FORMAT)
-        if stored_format is not None and stored_format != keys.FORMAT_VERSION:
+        count belongs to other topics: it is discarded, and restore rebuilds it. Raises
+        ``StateCorrupted`` if RocksDB finds the directory damaged (``quarantine`` it)."""
+        try:
+            rocks = _open_rocks(path)
+        except Exception as exc:
+            if is_corruption(exc) or is_missing_file(exc):
+                raise StateCorrupted(path, partition, _detail(exc)) from exc
+            raise
+        db = cls(path, partition, rocks)
+        try:
+            db._check(partitions)
+        except BaseException:
             db.close()
+            raise
+        return db
+
+    def _check(self, partitions: int) -> None:
+        stored_format = self._meta_u64(keys.META_FORMAT)
+        if stored_format is not None and stored_format != keys.FORMAT_VERSION:
             raise StateFormatError(
-                f"{path} holds Kafka-backend state format {stored_format}; this stepstream "
-                f"reads format {keys.FORMAT_VERSION}: remove the directory (it is rebuilt "
-                "from the history topic)"
+                f"{self.path} holds Kafka-backend state format {stored_format}; this "
+                f"stepstream reads format {keys.FORMAT_VERSION}: remove the directory (it "
+                "is rebuilt from the history topic)"
             )
-        stored_count = db._meta_u64(keys.META_PARTITIONS)
+        stored_count = self._meta_u64(keys.META_PARTITIONS)
         if stored_count is not None and stored_count != partitions:
             log.warning(
                 "partition=%d state in %s was made for %d partitions, the topics have %d: "
                 "discarding it and restoring from the history topic",
-                partition,
-                path,
+                self.partition,
+                self.path,
                 stored_count,
                 partitions,
             )
-            db = db.wiped()
+            self.wiped()
         if stored_count != partitions:
             batch = WriteBatch(raw_mode=True)
-            batch.put(keys.META_FORMAT, keys.encode_u64(keys.FORMAT_VERSION), db._meta_handle)
-            batch.put(keys.META_PARTITIONS, keys.encode_u64(partitions), db._meta_handle)
-            db._db.write(batch, db._write_options)
-        return db
+            batch.put(keys.META_FORMAT, keys.encode_u64(keys.FORMAT_VERSION), self._meta_handle)
+            batch.put(keys.META_PARTITIONS, keys.encode_u64(partitions), self._meta_handle)
+            self._db.write(batch, self._write_options)
 
     # ---- the engine's StateStore ------------------------------------------------------
 
     def get(self, key: bytes) -> bytes | None:
-        value: bytes | None = self._state.get(key)
+        try:
+            value: bytes | None = self._state.get(key)
+        except Exception as exc:
+            raise self._damaged(exc) from exc
         return value
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Keys starting with ``prefix``, in key order."""
-        return prefix_scan(self._state, prefix)
+        return prefix_scan(self._state, prefix, on_error=self._damaged)
 
     @property
     def empty(self) -> bool:
-        it = self._state.iter()
-        it.seek_to_first()
-        return not it.valid()
+        return next(prefix_scan(self._state, b"", on_error=self._damaged), None) is None
 
     # ---- what the state covers ---------------------------------------------------------
 
@@ -134,14 +175,30 @@ class PartitionDB:
             batch.put(keys.META_HISTORY_TAIL, keys.encode_u64(history_tail), meta_cf)
         for key, number in (meta or {}).items():
             batch.put(key, keys.encode_u64(number), meta_cf)
-        self._db.write(batch, self._write_options)
+        try:
+            self._db.write(batch, self._write_options)
+        except Exception as exc:
+            if is_disk_full(exc):
+                raise StateWriteFailed(
+                    f"partition={self.partition}: the disk holding {self.path} is full "
+                    f"({_detail(exc)}); free space on it (the partitions are restored "
+                    "from the topics meanwhile by whichever worker takes them)"
+                ) from exc
+            if is_corruption(exc):
+                raise self._damaged(exc) from exc
+            raise StateWriteFailed(
+                f"partition={self.partition}: writing its state to {self.path} failed "
+                f"({_detail(exc)}); check the disk"
+            ) from exc
 
     def wiped(self) -> PartitionDB:
-        """Close, delete everything, and reopen empty (the same partition)."""
-        path, partition = self.path, self.partition
+        """Close, delete everything, and reopen empty (the same partition, and the same
+        object, so every holder sees the new state)."""
         self.close()
-        shutil.rmtree(path, ignore_errors=True)
-        return PartitionDB(path, partition, _open_rocks(path))
+        shutil.rmtree(self.path, ignore_errors=True)
+        self._attach(_open_rocks(self.path))
+        self.corrupted = None
+        return self
 
     def close(self) -> None:
         if self._db is None:
@@ -157,8 +214,73 @@ class PartitionDB:
         return self._db is None
 
     def _meta_u64(self, key: bytes) -> int | None:
-        raw: bytes | None = self._meta.get(key)
+        try:
+            raw: bytes | None = self._meta.get(key)
+        except Exception as exc:
+            raise self._damaged(exc) from exc
         return None if raw is None else keys.decode_u64(raw)
+
+    def _damaged(self, exc: Exception) -> Exception:
+        """The error to raise for one RocksDB raised on a read: ``StateCorrupted`` (and
+        ``on_corrupt`` told, once) when it found damage."""
+        if not is_corruption(exc):
+            return exc
+        if self.corrupted is None:
+            self.corrupted = StateCorrupted(self.path, self.partition, _detail(exc))
+            if self.on_corrupt is not None:
+                self.on_corrupt(self.corrupted)
+        return StateCorrupted(self.path, self.partition, self.corrupted.detail)
+
+
+def quarantine(path: str, reason: str) -> str | None:
+    """Move a damaged partition directory aside (``<path>.corrupt-<UTC time>``), kept for
+    a post-mortem; returns where it went (None if there was nothing). A marker left by
+    ``mark_damaged`` goes with it."""
+    marker = Path(_marker(path))
+    if not os.path.exists(path):
+        marker.unlink(missing_ok=True)
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = f"{path}.corrupt-{stamp}"
+    n = 1
+    while os.path.exists(target):
+        n += 1
+        target = f"{path}.corrupt-{stamp}-{n}"
+    os.rename(path, target)
+    if marker.exists():
+        os.rename(marker, os.path.join(target, "DAMAGED"))
+    log.warning(
+        "%s: moved it to %s and rebuilding the state from the topics; delete %s once no "
+        "post-mortem needs it",
+        reason,
+        target,
+        target,
+    )
+    return target
+
+
+def mark_damaged(path: str, reason: str) -> None:
+    """Note, next to a partition directory that cannot be moved now (it is open), that
+    it is damaged: the next ``needs_quarantine`` says so, even if RocksDB opens it."""
+    with open(_marker(path), "w") as f:
+        f.write(reason + "\n")
+
+
+def needs_quarantine(path: str) -> str | None:
+    """Why ``mark_damaged`` marked this directory, or None."""
+    try:
+        with open(_marker(path)) as f:
+            return f.read().strip() or "marked damaged"
+    except FileNotFoundError:
+        return None
+
+
+def _marker(path: str) -> str:
+    return path.rstrip("/") + ".damaged"
+
+
+def _detail(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _open_rocks(path: str) -> Any:

@@ -1,6 +1,13 @@
 """The partitions the consumer group gives this worker: for each one assigned, open its
 RocksDB, restore and fence it, and hand it to the ``PartitionHost`` (processor and timer
-service); for each one revoked, stop them and close the RocksDB."""
+service); for each one revoked, stop them and close the RocksDB.
+
+A partition directory RocksDB finds damaged while it is being taken over is moved aside
+and the state rebuilt from the topics there and then. Damage found later, by a read while
+the partition runs, stops the worker (nothing read from that state can be trusted, and
+its processor cannot be restarted on a fresh state without the group handing the
+partition over again); the directory is marked, and moved aside when it is next opened.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,13 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from consumers.host import PartitionHost
-from consumers.kafka.db import PartitionDB
+from consumers.kafka.db import (
+    PartitionDB,
+    StateCorrupted,
+    mark_damaged,
+    needs_quarantine,
+    quarantine,
+)
 from consumers.kafka.group import KINDS, GroupConsumer, KafkaSource, Position
 from consumers.kafka.partition import KafkaPartition
 from consumers.kafka.producer import LogProducer
@@ -25,6 +38,20 @@ from engine.serde import RecordSerde
 from engine.topics import SNAPSHOTS, TopicNames
 
 log = logging.getLogger("stepstream.kafka.runner")
+
+
+def _open_sound(path: str, partition: int, partitions: int) -> PartitionDB:
+    """Open the partition's state; one RocksDB finds damaged (or that was marked damaged
+    while it ran) is moved aside first, and an empty one opened in its place."""
+    reason = needs_quarantine(path)
+    if reason is None:
+        try:
+            return PartitionDB.open(path, partition, partitions)
+        except StateCorrupted as exc:
+            reason = str(exc)
+    quarantine(path, reason)
+    return PartitionDB.open(path, partition, partitions)
+
 
 OnOwned = Callable[[dict[int, int]], Coroutine[Any, Any, None]]
 
@@ -108,53 +135,72 @@ class KafkaRunner:
         return starts
 
     async def _take(self, partition: int, committed: dict[Position, int | None]) -> KafkaPartition:
+        """Open the partition's state, bring it up to the topics and start it. A state
+        directory found damaged on the way (by RocksDB at open, or by a read during the
+        restore or the processor's start) is moved aside and the partition taken again
+        from the topics alone."""
+        path = self._state_dir.partition_path(partition)
+        for last_try in (False, True):
+            db = await asyncio.to_thread(_open_sound, path, partition, self._host.partitions)
+            try:
+                backend = await self._start(db, partition, committed)
+            except StateCorrupted as exc:
+                self._group.detach(partition)
+                db.close()
+                if last_try:
+                    raise
+                await asyncio.to_thread(quarantine, path, str(exc))
+                continue
+            except BaseException:
+                self._group.detach(partition)
+                db.close()
+                raise
+            # From here a damaged block a read runs into stops the worker.
+            db.on_corrupt = self._corrupt_found
+            self._owned[partition] = backend
+            return backend
+        raise AssertionError("unreachable")
+
+    async def _start(
+        self, db: PartitionDB, partition: int, committed: dict[Position, int | None]
+    ) -> KafkaPartition:
         assert self._reader is not None
-        partitions = self._host.partitions
-        db = await asyncio.to_thread(
-            PartitionDB.open, self._state_dir.partition_path(partition), partition, partitions
+        db, restored = await restore_partition(
+            db,
+            partition,
+            reader=self._reader,
+            producer=self._producer,
+            serde=self._serde,
+            clock=self._clock,
+            topics=self._topics,
+            group_offsets={kind: committed.get((kind, partition)) for kind in KINDS},
+            snapshots=self._snapshot_reader,
         )
-        try:
-            db, restored = await restore_partition(
-                db,
-                partition,
-                reader=self._reader,
+        sources = {kind: KafkaSource(kind, partition, restored.starts[kind]) for kind in KINDS}
+        for source in sources.values():
+            self._group.attach(source)
+        backend = KafkaPartition(
+            db=db,
+            partition=partition,
+            partitions=self._host.partitions,
+            epoch=restored.epoch,
+            sources=sources,
+            producer=self._producer,
+            topics=self._topics,
+            consumed=self._group.consumed,
+            on_failure=self._commit_failed,
+            snapshots=Snapshotter(
+                partition=partition,
+                every=self._snapshot_every,
                 producer=self._producer,
                 serde=self._serde,
                 clock=self._clock,
                 topics=self._topics,
-                group_offsets={kind: committed.get((kind, partition)) for kind in KINDS},
-                snapshots=self._snapshot_reader,
-            )
-            sources = {kind: KafkaSource(kind, partition, restored.starts[kind]) for kind in KINDS}
-            for source in sources.values():
-                self._group.attach(source)
-            backend = KafkaPartition(
-                db=db,
-                partition=partition,
-                partitions=partitions,
                 epoch=restored.epoch,
-                sources=sources,
-                producer=self._producer,
-                topics=self._topics,
-                consumed=self._group.consumed,
-                on_failure=self._commit_failed,
-                snapshots=Snapshotter(
-                    partition=partition,
-                    every=self._snapshot_every,
-                    producer=self._producer,
-                    serde=self._serde,
-                    clock=self._clock,
-                    topics=self._topics,
-                    epoch=restored.epoch,
-                ),
-                fences_between=self._fences_between,
-            )
-            await self._host.assign(backend)
-        except BaseException:
-            self._group.detach(partition)
-            db.close()
-            raise
-        self._owned[partition] = backend
+            ),
+            fences_between=self._fences_between,
+        )
+        await self._host.assign(backend)
         return backend
 
     async def _fences_between(self, partition: int, start: int, stop: int) -> int:
@@ -180,6 +226,18 @@ class KafkaRunner:
         # still uses it.
         await asyncio.shield(asyncio.get_running_loop().create_task(read()))
         return found
+
+    def _corrupt_found(self, exc: StateCorrupted) -> None:
+        log.error(
+            "%s, found while running: stopping this worker; started again it moves the "
+            "directory aside and rebuilds the partition from the topics",
+            exc,
+        )
+        try:
+            mark_damaged(exc.path, str(exc))
+        except OSError as marking:
+            log.error("could not mark %s as damaged: %s", exc.path, marking)
+        self._on_fatal(exc)
 
     def _commit_failed(self, exc: BaseException) -> None:
         log.error("a commit failed; stopping this worker so the partitions are restored: %s", exc)

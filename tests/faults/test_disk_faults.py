@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,9 +32,19 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from consumers.kafka import create_topics
 from engine.errors import StepstreamError
 from engine.views import HistoryEntry
 from producers.client import Client
+from tests.conftest import (
+    KAFKA_TEST_PARTITIONS,
+    ThreadedWorker,
+    kafka_settings,
+    kafka_url,
+)
+from tests.conftest import test_registry as registry_of_test_workflows
+from tests.kafka_broker import Broker
+from tests.workflows import ledger_count
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +106,12 @@ def fill(disk: Path) -> Path:
                     raise
                 size //= 2
     return filler
+
+
+async def long_poll(url: str) -> None:
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        await response.read()
+        raise AssertionError(f"answered {response.status}: {await response.text()}")
 
 
 class Dev:
@@ -236,6 +254,14 @@ async def test_full_disk_stops_the_engine_clearly_and_nothing_acknowledged_is_lo
             await asyncio.sleep(0.5)
             status = await client.status(acknowledged[0])
             assert status.status == "running" and status.waits, status
+            # Clients waiting for a result when the disk fills (over the session
+            # websocket, and a plain HTTP long poll): they must not be kept waiting, nor
+            # keep the engine from stopping, until some timeout.
+            waiting = asyncio.ensure_future(client.result(acknowledged[0], timeout=300))
+            polling = asyncio.ensure_future(
+                long_poll(f"{dev.url}/v1/instances/{acknowledged[0]}/result?timeout=300")
+            )
+            filled_at = time.monotonic()
             filler = await asyncio.to_thread(fill, small_disk)
             # Keep starting instances while the disk is full: each one is either
             # acknowledged (then it must not be lost) or refused with the reason.
@@ -251,14 +277,23 @@ async def test_full_disk_stops_the_engine_clearly_and_nothing_acknowledged_is_lo
                     if dev.proc is not None and dev.proc.poll() is not None:
                         break
                 await asyncio.sleep(0.05)
-        code = await dev.exited(30)
+            code = await dev.exited(30)
+            stopped_after = time.monotonic() - filled_at
+            with pytest.raises(
+                StepstreamError, match=r"lost the (connection|session)|cannot reach"
+            ):
+                await asyncio.wait_for(waiting, 5)
+            with pytest.raises(aiohttp.ClientError):
+                await asyncio.wait_for(polling, 5)
+        print(f"stopped {stopped_after:.1f} s after the disk filled")
+        assert stopped_after < 15, dev.tail()
         said = dev.run_of(1)
         assert code != 0, said
         assert str(dev.data) in said and all(w in said for w in DISK_FULL_WORDS), said
         assert "Traceback" not in said.split("error:")[-1], said
         # Refused with the reason while it stops, then it is gone.
         for reason in refused:
-            assert "is full" in reason or "cannot reach" in reason, reason
+            assert re.search("is full|cannot reach|lost the (connection|session)", reason), reason
 
         # Started while the disk is still full: it refuses, with the same advice.
         dev.spawn()
@@ -281,3 +316,139 @@ async def test_full_disk_stops_the_engine_clearly_and_nothing_acknowledged_is_lo
         if filler is not None:
             filler.unlink(missing_ok=True)
         print(dev.tail(10000))
+
+
+def damage(rocks_dir: Path, what: str) -> str:
+    """Damage one kind of RocksDB file in ``rocks_dir``; returns the file's name."""
+    files = sorted(rocks_dir.iterdir(), key=lambda f: f.stat().st_size)
+    if what == "CURRENT":
+        target = rocks_dir / "CURRENT"
+        target.write_text("MANIFEST-999999\n")  # names a manifest that is not there
+        return target.name
+    if what.startswith("MANIFEST"):
+        target = next(f for f in files if f.name.startswith("MANIFEST-"))
+        if what == "MANIFEST":  # cut short: RocksDB reads it as a torn write
+            os.truncate(target, target.stat().st_size // 2)
+        else:  # damaged bytes: a checksum mismatch
+            with open(target, "r+b") as f:
+                f.seek(target.stat().st_size // 2)
+                f.write(os.urandom(32))
+        return target.name
+    suffix = ".log" if what == "WAL" else ".sst"
+    target = [f for f in files if f.name.endswith(suffix)][-1]  # the largest
+    with open(target, "r+b") as f:
+        if what == "table":
+            f.seek(-64, os.SEEK_END)  # the footer: checked when the table is opened
+        elif what == "data-block":
+            f.seek(16)  # the first data block: found only when it is read
+        else:
+            f.seek(target.stat().st_size // 2)  # mid-log: acknowledged writes follow
+        f.write(os.urandom(64))
+    return target.name
+
+
+@pytest.mark.parametrize("what", ["CURRENT", "MANIFEST", "table", "WAL"])
+async def test_a_damaged_data_directory_is_refused_with_the_way_out(
+    tmp_path: Path, what: str
+) -> None:
+    dev = Dev(tmp_path / "data", tmp_path / "dev.log")
+    await dev.start()
+    try:
+        async with dev.client() as client:
+            ids = [f"t-{i}" for i in range(50)]
+            for instance in ids:
+                await client.start("ticker", {"steps": 5, "seconds": 0}, instance_id=instance)
+            for instance in ids:
+                await client.result(instance, timeout=30)
+    finally:
+        if what == "WAL":
+            dev.kill()  # the log still holds every write (a clean stop flushes it away)
+        else:
+            dev.stop()
+    damaged = damage(dev.data / "rocksdb", what)
+
+    dev.spawn()
+    code = await dev.exited(30)
+    said = dev.run_of(2)
+    assert code == 1, said
+    assert "Traceback" not in said, said
+    assert f"error: the embedded data directory {dev.data} is damaged" in said, said
+    assert "Restore it from a backup" in said and f"mv {dev.data} " in said, said
+    print(f"{what} ({damaged}): {said}")
+
+
+# ---- the Kafka backend: a damaged partition directory is rebuilt from the topics ------
+
+
+async def until_waiting(client: Client, instance: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not any(w.kind == "wait" for w in (await client.status(instance)).waits):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{instance} never waited for its event")
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize("what", ["CURRENT", "MANIFEST-bytes", "table", "data-block"])
+async def test_a_damaged_partition_directory_is_quarantined_and_rebuilt(
+    kafka_broker: Broker,
+    tmp_path: Path,
+    ledger: Path,
+    what: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    settings = kafka_settings(kafka_broker)
+    await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)
+    state = tmp_path / "worker"
+    worker = ThreadedWorker(settings, state, registry_of_test_workflows())
+    gated = [f"gate-{i}" for i in range(6)]
+    chains = [f"chain-{i}" for i in range(6)]
+    try:
+        worker.start()
+        async with Client.connect(kafka_url(settings)) as client:
+            for instance in chains:
+                await client.start("chain", 20, instance_id=instance)
+            for instance in gated:
+                await client.start("gated", instance, instance_id=instance)
+            for instance in chains:
+                assert await client.result(instance, timeout=30) == 20
+            for instance in gated:
+                await until_waiting(client, instance)
+    finally:
+        worker.stop()
+    partition_dir = state / settings.prefix / "partition-0"
+    damaged = damage(partition_dir, what)
+
+    caplog.set_level(logging.INFO)
+    worker = ThreadedWorker(settings, state, registry_of_test_workflows())
+    try:
+        worker.start()
+        async with Client.connect(kafka_url(settings)) as client:
+            for instance in gated:
+                await client.send_event(instance, "go", "green")
+            for instance in gated:
+                assert await client.result(instance, timeout=30) == [
+                    f"{instance}-before",
+                    "green",
+                    f"{instance}-after",
+                ]
+                history = await client.history(instance)
+                keys = [h.attributes["key"] for h in history if h.type == "StepSucceeded"]
+                assert keys == ["before", "after"], history
+            for instance in chains:
+                assert await client.result(instance, timeout=30) == 20
+                history = await client.history(instance)
+                keys = [h.attributes["key"] for h in history if h.type == "StepSucceeded"]
+                assert keys == [f"s{n}" for n in range(20)], history
+    finally:
+        worker.stop()
+    # The state was rebuilt from the topics, not re-run: every body ran once.
+    for instance in gated:
+        assert ledger_count(ledger, f"{instance}-before") == 1
+        assert ledger_count(ledger, f"{instance}-after") == 1
+    aside = sorted(p.name for p in partition_dir.parent.glob("partition-0.corrupt-*"))
+    assert len(aside) == 1, sorted(p.name for p in partition_dir.parent.iterdir())
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert f"partition=0 state in {partition_dir} is damaged" in said, said
+    assert f"moved it to {partition_dir.parent / aside[0]}" in said, said
+    print(f"{what} ({damaged}) -> {aside[0]}")
