@@ -368,7 +368,10 @@ async def test_a_damaged_data_directory_is_refused_with_the_way_out(
     damaged = damage(dev.data / "rocksdb", what)
 
     dev.spawn()
-    code = await dev.exited(30)
+    try:
+        code = await dev.exited(30)
+    finally:
+        dev.kill()
     said = dev.run_of(2)
     assert code == 1, said
     assert "Traceback" not in said, said
