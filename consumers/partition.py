@@ -237,13 +237,17 @@ class PartitionProcessor:
             except PartitionLost as exc:
                 log.warning("partition=%d: stopped processing: %s", self.partition, exc)
                 return
-            except Exception:
+            except Exception as exc:
                 # A commit failed (or a bug escaped). Memory may be ahead of what is
                 # durable: forget it, go back to the last commit and resume from there.
-                log.exception(
-                    "partition=%d: processing failed; reloading from the last commit in %.1f s",
+                # An error that says what went wrong (a full disk) needs no traceback.
+                log.log(
+                    logging.ERROR,
+                    "partition=%d: processing failed; reloading from the last commit in %.1f s%s",
                     self.partition,
                     backoff,
+                    f": {exc}" if isinstance(exc, StepstreamError) else "",
+                    exc_info=not isinstance(exc, StepstreamError),
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_RESTART_BACKOFF_S)
