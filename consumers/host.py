@@ -181,8 +181,8 @@ class PartitionHost:
 
     # ---- reads ----------------------------------------------------------------------
 
-    def resolve(self, workflow: str) -> WorkflowDefinition:
-        return self.registry.resolve(workflow)
+    def resolve(self, workflow: str, version: str | None = None) -> WorkflowDefinition:
+        return self.registry.resolve(workflow, version)
 
     def finished(self, instance_id: str) -> bool:
         """Whether the instance finished; raises UnknownInstance if there is none."""

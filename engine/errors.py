@@ -17,6 +17,10 @@ class UnknownWorkflow(StepstreamError):
     """No worker has a workflow registered under that name (and version)."""
 
 
+class DuplicateWorkflow(StepstreamError, ValueError):
+    """Two different functions are registered under one workflow name and version."""
+
+
 class InvalidPayload(StepstreamError):
     """Input, event payload or result that the payload codec cannot encode or decode."""
 

@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from engine.errors import UnknownWorkflow
+from engine.errors import DuplicateWorkflow, UnknownWorkflow
+from engine.names import name_problem
 
 if TYPE_CHECKING:
     from engine.context import Context
@@ -31,9 +32,13 @@ def workflow(name: str, *, version: str = "1") -> Callable[[F], F]:
 
     Registration happens when a worker loads the module (``--workflows``) or when the
     function is passed to ``Worker``/``Client``; the decorator itself has no global effect.
+    Several versions of one name may be deployed side by side (``Registry``).
     """
     if not name or "/" in name:
         raise ValueError(f"workflow name {name!r} must be non-empty and must not contain '/'")
+    problem = name_problem(str(version))
+    if problem is not None:
+        raise ValueError(f"workflow {name!r}: version {str(version)!r} {problem}")
 
     def mark(fn: F) -> F:
         if not inspect.iscoroutinefunction(fn):
@@ -49,23 +54,55 @@ def definition_of(obj: object) -> WorkflowDefinition | None:
     return found if isinstance(found, WorkflowDefinition) else None
 
 
+def ordered_versions(versions: Iterable[str]) -> list[str]:
+    """``versions`` (in order of declaration) from oldest to latest: by value when every
+    one is a whole number ("9" before "10"), else as declared."""
+    declared = list(dict.fromkeys(versions))
+    if declared and all(_is_number(v) for v in declared):
+        # sorted() is stable: equal numbers ("1", "01") keep their order of declaration.
+        return sorted(declared, key=int)
+    return declared
+
+
+def _is_number(version: str) -> bool:
+    return version.isascii() and version.isdigit()
+
+
+def _where(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+
+
 class Registry:
-    """Workflows a worker can run. Several versions of one name may be registered;
-    new instances take the latest registered, old ones stay pinned to theirs."""
+    """Workflows a worker can run. Several versions of one name may be registered; new
+    instances take the latest (the highest number when every version of the name is a
+    whole number, else the one declared last) unless a client pins a version, and
+    instances stay on the version they started with."""
 
     def __init__(self, workflows: Iterable[object] = ()) -> None:
+        # Versions in order of declaration (dicts keep insertion order).
         self._by_name: dict[str, dict[str, WorkflowDefinition]] = {}
         self._latest: dict[str, WorkflowDefinition] = {}
         for wf in workflows:
             self.add(wf)
 
     def add(self, wf: object) -> WorkflowDefinition:
+        """Register ``wf``; registering the very same function again does nothing, another
+        function with the same name and version raises ``DuplicateWorkflow``."""
         definition = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
         if definition is None:
             raise TypeError(f"{wf!r} is not decorated with @workflow")
         versions = self._by_name.setdefault(definition.name, {})
+        existing = versions.get(definition.version)
+        if existing is not None:
+            if existing.fn is definition.fn:
+                return existing  # the same module loaded twice, or one function listed twice
+            raise DuplicateWorkflow(
+                f"workflow {definition.name!r} version {definition.version!r} is defined twice: "
+                f"by {_where(existing.fn)} and by {_where(definition.fn)}; give one of them "
+                "another version (@workflow(name, version=...)) or load only one"
+            )
         versions[definition.version] = definition
-        self._latest[definition.name] = definition
+        self._latest[definition.name] = versions[ordered_versions(versions)[-1]]
         return definition
 
     def add_module(self, module_name: str) -> list[WorkflowDefinition]:
@@ -102,9 +139,11 @@ class Registry:
         except KeyError:
             raise UnknownWorkflow(
                 f"workflow {name!r} has no version {version!r} registered "
-                f"(registered: {', '.join(sorted(versions))}); keep old versions deployed "
-                "until their instances finish"
+                f"(registered: {', '.join(ordered_versions(versions))}); pin one of those, "
+                "or deploy that version (keep old versions deployed until their instances "
+                "finish)"
             ) from None
 
     def names(self) -> dict[str, list[str]]:
-        return {name: sorted(v) for name, v in sorted(self._by_name.items())}
+        """Each workflow's versions, oldest to latest (the last is what new instances get)."""
+        return {name: ordered_versions(v) for name, v in sorted(self._by_name.items())}

@@ -181,11 +181,15 @@ class _Api:
         return web.json_response({"workflows": names})
 
     async def start(self, request: web.Request) -> web.Response:
-        body = await _body(request, required=("workflow",), optional=("input", "instance_id"))
+        body = await _body(
+            request, required=("workflow",), optional=("input", "instance_id", "version")
+        )
         workflow = _string(body, "workflow")
         instance_id = _string(body, "instance_id") if body.get("instance_id") is not None else ""
+        # A version pins the instance to it; absent or null, it gets the latest.
+        version = _string(body, "version") if body.get("version") is not None else None
         started = await self._transport.start(
-            workflow, body.get("input"), instance_id or str(uuid.uuid4())
+            workflow, body.get("input"), instance_id or str(uuid.uuid4()), version
         )
         return web.json_response({"instance_id": started}, status=201)
 

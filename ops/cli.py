@@ -310,13 +310,17 @@ def _start(args: argparse.Namespace) -> int:
     value = _json_flag(args.input, "--input")
     if args.id is not None and not args.id.strip():
         raise _UsageError("--id is empty; give an instance id, or leave --id out for a new uuid")
+    if args.version is not None and not args.version.strip():
+        raise _UsageError("--version is empty; give a deployed version, or leave it out")
     if args.timeout is not None and not args.wait:
         raise _UsageError("--timeout only applies with --wait")
     if args.timeout is not None and args.timeout <= 0:
         raise _UsageError(f"--timeout must be a positive number of seconds, got {args.timeout}")
 
     async def command(client: Client) -> int:
-        instance_id = await client.start(args.workflow, value, instance_id=args.id)
+        instance_id = await client.start(
+            args.workflow, value, instance_id=args.id, version=args.version
+        )
         if not args.wait:
             _output(args, {"instance_id": instance_id}, instance_id)
             return EXIT_OK
@@ -694,12 +698,18 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     start = command("start", _start, "start an instance", [connect, as_json])
-    start.add_argument("workflow")
+    start.add_argument("workflow", help="the workflow's name")
     start.add_argument("--input", metavar="JSON", help="the workflow's input (default: null)")
     start.add_argument(
         "--id",
         metavar="ID",
         help="instance id (default: a new uuid); starting an existing id does nothing",
+    )
+    start.add_argument(
+        "--version",
+        metavar="V",
+        help="run this version of the workflow, one the engine still has (default: the "
+        "latest: the highest when versions are whole numbers, else the last declared)",
     )
     start.add_argument("--wait", action="store_true", help="wait for the result and print it")
     start.add_argument(

@@ -107,8 +107,8 @@ class _OwnedReader:
                 "client finds it)"
             )
 
-    def resolve(self, workflow: str) -> WorkflowDefinition:
-        return self._host.resolve(workflow)
+    def resolve(self, workflow: str, version: str | None = None) -> WorkflowDefinition:
+        return self._host.resolve(workflow, version)
 
     def settled(self, command_id: str) -> asyncio.Future[str | None]:
         return self._host.settled(command_id)

@@ -21,7 +21,9 @@ DEFAULT_CONNECT = "http://127.0.0.1:8233"
 
 
 class Transport(Protocol):
-    async def start(self, workflow: str, input: Any, instance_id: str) -> str: ...
+    async def start(
+        self, workflow: str, input: Any, instance_id: str, version: str | None
+    ) -> str: ...
 
     async def send_event(self, instance_id: str, name: str, payload: Any) -> None: ...
 
@@ -73,15 +75,26 @@ class Client:
         return _Connecting(factory(url, options))
 
     async def start(
-        self, workflow: str, input: Any = None, *, instance_id: str | None = None
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        instance_id: str | None = None,
+        version: str | None = None,
     ) -> str:
         """Start an instance and return its id. Idempotent on ``instance_id``: starting an
-        id that exists returns it and leaves the existing instance as it is."""
+        id that exists returns it and leaves the existing instance as it is.
+
+        The instance runs the latest version of ``workflow`` that the workers have, or
+        ``version`` if given (one that is still deployed; ``UnknownWorkflow`` names the
+        versions there are)."""
         if instance_id is None:
             instance_id = str(uuid.uuid4())
         check_name(workflow, "workflow name")
         check_name(instance_id, "instance id")
-        return await self._transport.start(workflow, input, instance_id)
+        if version is not None:
+            check_name(version, f"version of workflow {workflow!r}:")
+        return await self._transport.start(workflow, input, instance_id, version)
 
     async def send_event(self, instance_id: str, name: str, payload: Any = None) -> None:
         check_name(name, "event name")

@@ -235,8 +235,12 @@ class HttpTransport:
         self._request_timeout = request_timeout
         self._calls = ApiSession(session, self._base)
 
-    async def start(self, workflow: str, input: Any, instance_id: str) -> str:
+    async def start(
+        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+    ) -> str:
         body = {"workflow": workflow, "input": input, "instance_id": instance_id}
+        if version is not None:
+            body["version"] = version
         data = _encode(body, f"input of workflow {workflow!r}")
         answer = await self._call("POST", "/v1/instances", data=data)
         return str(answer["instance_id"])

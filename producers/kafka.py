@@ -203,8 +203,8 @@ class _Settlements:
         self._members = members
         self._waiting: dict[str, asyncio.Future[str | None]] = {}
 
-    def resolve(self, workflow: str) -> RemoteWorkflow:
-        return self._members.resolve(workflow)
+    def resolve(self, workflow: str, version: str | None = None) -> RemoteWorkflow:
+        return self._members.resolve(workflow, version)
 
     def settled(self, command_id: str) -> asyncio.Future[str | None]:
         fut = self._waiting.get(command_id)
@@ -254,10 +254,12 @@ class KafkaTransport(CommandPublisher):
 
     # ---- commands -----------------------------------------------------------------------
 
-    async def start(self, workflow: str, input: Any, instance_id: str) -> str:
-        if not self._members.knows(workflow):
+    async def start(
+        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+    ) -> str:
+        if not self._members.knows(workflow, version):
             await self._members.synced(self._request_timeout)  # a worker may have just joined
-        return await super().start(workflow, input, instance_id)
+        return await super().start(workflow, input, instance_id, version)
 
     async def _produce(self, command: Command) -> None:
         partition = self._partition(command.instance_id)

@@ -28,6 +28,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from engine.errors import ConnectionFailed, UnknownWorkflow
+from engine.workflow import ordered_versions
 
 log = logging.getLogger("stepstream.kafka.members")
 
@@ -156,10 +157,16 @@ class MembersView:
         unique = {m.worker_id: m for m in self._owners.values()}
         return sorted(unique.values(), key=lambda m: m.worker_id)
 
-    def knows(self, workflow: str) -> bool:
-        return any(workflow in m.workflows for m in self.live())
+    def knows(self, workflow: str, version: str | None = None) -> bool:
+        """Whether a live worker runs ``workflow`` (in ``version``, if given)."""
+        return any(
+            workflow in m.workflows and (version is None or version in m.workflows[workflow])
+            for m in self.live()
+        )
 
-    def resolve(self, workflow: str) -> RemoteWorkflow:
+    def resolve(self, workflow: str, version: str | None = None) -> RemoteWorkflow:
+        """The workflow and the version a new instance gets: ``version`` if some live
+        worker has it, else (None) the latest; ``UnknownWorkflow`` if none has either."""
         live = self.live()
         knowing = [m for m in live if workflow in m.workflows]
         if not knowing:
@@ -173,6 +180,16 @@ class MembersView:
             raise UnknownWorkflow(
                 f"unknown workflow {workflow!r} (registered: {known}); register it with "
                 "@workflow and load its module with the workers' --workflows"
+            )
+        if version is not None:
+            if any(version in m.workflows[workflow] for m in knowing):
+                # A worker that lacks it (a rolling deploy) dead-letters the start, saying so.
+                return RemoteWorkflow(workflow, version)
+            versions = ordered_versions(v for m in knowing for v in m.workflows[workflow])
+            raise UnknownWorkflow(
+                f"workflow {workflow!r} has no version {version!r} on any running worker "
+                f"(versions: {', '.join(versions)}); pin one of those, or deploy that version "
+                "with the workers' --workflows"
             )
         # During a rolling deploy the latest announcement decides; a worker that lacks
         # that version dead-letters the start with a message saying so.

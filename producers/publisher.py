@@ -39,7 +39,7 @@ from engine.workflow import WorkflowDefinition
 
 
 class WorkflowRef(Protocol):
-    """A workflow name and the version new instances of it get."""
+    """A workflow name and the version a new instance of it gets."""
 
     @property
     def name(self) -> str: ...
@@ -49,10 +49,12 @@ class WorkflowRef(Protocol):
 
 
 class Publishing(Protocol):
-    """What publishing needs from the owners' side: which workflows they run, and word
-    of when a published command was applied (None) or dead-lettered (the reason)."""
+    """What publishing needs from the owners' side: which workflows they run (``resolve``
+    raises ``UnknownWorkflow`` for a name, or a pinned version, that they do not have),
+    and word of when a published command was applied (None) or dead-lettered (the
+    reason)."""
 
-    def resolve(self, workflow: str) -> WorkflowRef: ...
+    def resolve(self, workflow: str, version: str | None = None) -> WorkflowRef: ...
 
     def settled(self, command_id: str) -> asyncio.Future[str | None]: ...
 
@@ -60,7 +62,7 @@ class Publishing(Protocol):
 
 
 class Reader(Publishing, Protocol):
-    def resolve(self, workflow: str) -> WorkflowDefinition: ...
+    def resolve(self, workflow: str, version: str | None = None) -> WorkflowDefinition: ...
 
     def finished(self, instance_id: str) -> bool: ...
 
@@ -138,10 +140,14 @@ class CommandPublisher(abc.ABC):
         such instance. Commands for finished instances are published all the same: the
         owner records them as ignored and settles them with the reason."""
 
-    async def start(self, workflow: str, input: Any, instance_id: str) -> str:
+    async def start(
+        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+    ) -> str:
         check_name(instance_id, "instance id")
         check_name(workflow, "workflow name")
-        definition = self._publishing.resolve(workflow)
+        if version is not None:
+            check_name(version, f"version of workflow {workflow!r}:")
+        definition = self._publishing.resolve(workflow, version)
         payload = self._encode(input, f"input of instance {instance_id}")
         await self._submit(
             StartWorkflow(
