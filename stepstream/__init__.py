@@ -5,6 +5,7 @@ This is the one import path users need::
     from stepstream import workflow, Context, Client, Worker, RetryPolicy, NonRetryableError
 """
 
+from engine.attempts import attempt_cancelled
 from engine.codec import JsonCodec, PayloadCodec
 from engine.context import Context
 from engine.errors import (
@@ -60,5 +61,6 @@ __all__ = [
     "Worker",
     "WorkflowCancelled",
     "WorkflowFailed",
+    "attempt_cancelled",
     "workflow",
 ]

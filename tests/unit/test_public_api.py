@@ -54,6 +54,7 @@ def test_public_names_are_pinned() -> None:
             "WorkflowCancelled",
             "WorkflowFailed",
             "Worker",
+            "attempt_cancelled",
             "workflow",
         ]
     )
