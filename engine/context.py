@@ -1,23 +1,108 @@
-"""``Context``: what workflow code sees. A thin facade over the instance runtime."""
+"""``Context``: what workflow code sees. A thin facade over the instance runtime, which
+it reaches through the small ``WorkflowRuntime`` protocol (no import of the runtime).
+
+Names are replay keys. The nth use of a name within a scope is its own key (``charge``,
+``charge#2``, ...), computed when the ``ctx`` method is called, in the calling task, so
+the keys of ``asyncio.gather(ctx.step("charge", ...), ctx.step("charge", ...))`` do not
+depend on which branch runs first. ``async with ctx.scope("shipping")`` prefixes the
+names inside it (``shipping/charge``); ``#`` and ``/`` are therefore reserved.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random as _random
 import uuid as _uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, Generic, Protocol, TypeVar, overload
 
+from engine.errors import InvalidWorkflowCall, StepFailed
 from engine.retry import RetryPolicy
-
-if TYPE_CHECKING:
-    from engine.runtime import InstanceRuntime
 
 T = TypeVar("T")
 
 # Set by the step executor around a step body, so ``ctx.attempt`` works inside it.
 current_attempt: ContextVar[int] = ContextVar("stepstream_attempt", default=0)
+# The scope names in workflow code get prefixed with ("" at the top; "shipping/" inside
+# ``ctx.scope("shipping")``). Tasks created inside a scope inherit it.
+current_scope: ContextVar[str] = ContextVar("stepstream_scope", default="")
+
+
+class WorkflowRuntime(Protocol):
+    """What ``Context`` needs from the runtime that drives the workflow."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def workflow(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    def key_for(self, name: str) -> str: ...
+
+    def step_future(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retry: RetryPolicy | None,
+        timeout: float | None,
+    ) -> asyncio.Future[Any]: ...
+
+    def sleep_future(
+        self, key: str, *, delay_ms: int | None = None, wake_at_ms: int | None = None
+    ) -> asyncio.Future[Any]: ...
+
+    def wait_future(
+        self, key: str, event_name: str, timeout_ms: int | None
+    ) -> asyncio.Future[Any]: ...
+
+    def record_value(self, kind: str, produce: Callable[[], Any]) -> Any: ...
+
+    def now_ms(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StepFailure:
+    """Why a step run with ``ctx.try_step`` failed.
+
+    ``kind``: "exhausted" (every attempt the retry policy allows failed), "timeout" (the
+    last attempt ran past the step's timeout), "non_retryable" (the body raised
+    ``NonRetryableError``, or returned a value that cannot be recorded), "cancelled"
+    (the attempt was cancelled)."""
+
+    kind: str
+    attempts: int
+    error_type: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult(Generic[T]):
+    """What ``ctx.try_step`` returns: ``ok`` and ``value``, or the ``failure``."""
+
+    ok: bool
+    value: T | None = None
+    failure: StepFailure | None = None
+
+
+def _refuse_in_step_body(what: str) -> None:
+    if current_attempt.get():
+        raise InvalidWorkflowCall(
+            f"{what} was called inside a step body; step bodies do the work of one step "
+            "and must not call ctx methods (call them from the workflow function instead)"
+        )
+
+
+async def _awaiting(fut: asyncio.Future[Any]) -> Any:
+    return await fut
 
 
 def _seconds(duration: float | timedelta) -> float:
@@ -36,20 +121,20 @@ class Context:
 
     __slots__ = ("_rt",)
 
-    def __init__(self, runtime: InstanceRuntime) -> None:
+    def __init__(self, runtime: WorkflowRuntime) -> None:
         self._rt = runtime
 
     @property
     def instance_id(self) -> str:
-        return self._rt.state.instance_id
+        return self._rt.instance_id
 
     @property
     def workflow(self) -> str:
-        return self._rt.state.workflow
+        return self._rt.workflow
 
     @property
     def version(self) -> str:
-        return self._rt.state.version
+        return self._rt.version
 
     @property
     def attempt(self) -> int:
@@ -57,18 +142,18 @@ class Context:
         return current_attempt.get()
 
     @overload
-    async def step(
+    def step(
         self,
         name: str,
-        fn: Callable[..., Awaitable[T]],
+        fn: Callable[..., Coroutine[Any, Any, T]],
         *args: Any,
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
         **kwargs: Any,
-    ) -> T: ...
+    ) -> Coroutine[Any, Any, T]: ...
 
     @overload
-    async def step(
+    def step(
         self,
         name: str,
         fn: Callable[..., T],
@@ -76,9 +161,9 @@ class Context:
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
         **kwargs: Any,
-    ) -> T: ...
+    ) -> Coroutine[Any, Any, T]: ...
 
-    async def step(
+    def step(
         self,
         name: str,
         fn: Callable[..., Any],
@@ -86,39 +171,77 @@ class Context:
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
         **kwargs: Any,
-    ) -> Any:
+    ) -> Coroutine[Any, Any, Any]:
         """Run ``fn(*args, **kwargs)`` at least once, durably. Its return value is
         recorded and returned again on replay; the body does not run again once it
-        succeeded. Raises ``StepFailed`` when the retry policy is used up."""
+        succeeded. Raises ``StepFailed`` when the retry policy is used up. The step is
+        started when this is called; await the result."""
+        _refuse_in_step_body("ctx.step")
         limit = None if timeout is None else _seconds(timeout)
-        return await self._rt.step_future(name, fn, args, kwargs, retry, limit)
+        key = self._rt.key_for(name)
+        return _awaiting(self._rt.step_future(key, fn, args, kwargs, retry, limit))
 
-    async def sleep(self, name: str, duration: float | timedelta) -> None:
+    async def try_step(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *args: Any,
+        retry: RetryPolicy | None = None,
+        timeout: float | timedelta | None = None,
+        **kwargs: Any,
+    ) -> StepResult[Any]:
+        """``ctx.step`` that never raises for a step failure: a ``StepResult`` with
+        ``ok`` and ``value``, or ``failure`` (kind, attempts, error type, message)."""
+        try:
+            value = await self.step(name, fn, *args, retry=retry, timeout=timeout, **kwargs)
+        except StepFailed as exc:
+            failure = StepFailure(exc.kind, exc.attempts, exc.error_type, exc.error_message)
+            return StepResult(ok=False, failure=failure)
+        return StepResult(ok=True, value=value)
+
+    def sleep(self, name: str, duration: float | timedelta) -> Coroutine[Any, Any, None]:
         """Sleep durably for ``duration`` (seconds or timedelta); survives restarts."""
-        await self._rt.sleep_future(name, delay_ms=round(_seconds(duration) * 1000))
+        _refuse_in_step_body("ctx.sleep")
+        delay_ms = round(_seconds(duration) * 1000)
+        return _awaiting(self._rt.sleep_future(self._rt.key_for(name), delay_ms=delay_ms))
 
-    async def sleep_until(self, name: str, when: datetime) -> None:
+    def sleep_until(self, name: str, when: datetime) -> Coroutine[Any, Any, None]:
+        _refuse_in_step_body("ctx.sleep_until")
         if when.tzinfo is None:
             raise ValueError("sleep_until needs a timezone-aware datetime (e.g. UTC)")
-        await self._rt.sleep_future(name, wake_at_ms=int(when.timestamp() * 1000))
+        wake_at_ms = int(when.timestamp() * 1000)
+        return _awaiting(self._rt.sleep_future(self._rt.key_for(name), wake_at_ms=wake_at_ms))
 
-    async def wait_for_event(
+    def wait_for_event(
         self,
         name: str,
         *,
         timeout: float | timedelta | None = None,
         key: str | None = None,
-    ) -> Any:
+    ) -> Coroutine[Any, Any, Any]:
         """Wait for an event called ``name`` sent to this instance and return its payload.
-        Events sent earlier are buffered and claimed in order of arrival. Raises
-        ``EventTimeout`` after ``timeout``. ``key`` is the replay key (default: ``name``);
-        give one per wait when waiting for the same event name more than once."""
+        Events sent earlier are buffered and claimed in order of arrival; waiting for the
+        same name again takes the next one. Raises ``EventTimeout`` after ``timeout``.
+        ``key`` names the wait for replay instead of the event name."""
+        _refuse_in_step_body("ctx.wait_for_event")
         limit = None if timeout is None else round(_seconds(timeout) * 1000)
-        return await self._rt.wait_future(key or name, name, limit)
+        return _awaiting(self._rt.wait_future(self._rt.key_for(key or name), name, limit))
+
+    @contextlib.asynccontextmanager
+    async def scope(self, name: str) -> AsyncIterator[None]:
+        """Names used inside the block are prefixed with this scope's name, so a block
+        (a helper, a loop body) can reuse names without clashing with the code around it.
+        Scopes repeat like names: the second ``scope("item")`` is ``item#2``."""
+        _refuse_in_step_body("ctx.scope")
+        token = current_scope.set(self._rt.key_for(name) + "/")
+        try:
+            yield
+        finally:
+            current_scope.reset(token)
 
     def now(self) -> datetime:
         """The current time, recorded: replay returns the same value."""
-        ms: int = self._rt.record_value("now", lambda: self._rt.clock.now_ms())
+        ms: int = self._rt.record_value("now", self._rt.now_ms)
         return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
     def uuid(self) -> _uuid.UUID:

@@ -95,15 +95,32 @@ class NonRetryableError(Exception):
 
 class StepFailed(StepstreamError):
     """A step used up its attempts (or raised NonRetryableError). Raised into the
-    workflow at the ``await ctx.step(...)``; the workflow may catch it."""
+    workflow at the ``await ctx.step(...)``; the workflow may catch it. ``kind`` says
+    how it failed: "exhausted", "timeout", "non_retryable" or "cancelled"."""
 
     def __init__(
-        self, message: str, *, key: str = "", attempts: int = 0, error_type: str = ""
+        self,
+        message: str,
+        *,
+        key: str = "",
+        attempts: int = 0,
+        error_type: str = "",
+        error_message: str = "",
+        kind: str = "exhausted",
     ) -> None:
         super().__init__(message)
         self.key = key
         self.attempts = attempts
         self.error_type = error_type
+        self.error_message = error_message
+        self.kind = kind
+
+
+class InvalidWorkflowCall(StepstreamError, ValueError):
+    """Workflow code used the context in a way that cannot be replayed: a name that is
+    empty or holds a reserved character (``#``, ``/``) or a control character, one name
+    used by two concurrent branches of one scope, or a ``ctx`` method called inside a
+    step body. Raised at the call; fix the workflow code."""
 
 
 class StepTimeout(StepstreamError, TimeoutError):

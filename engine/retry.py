@@ -9,16 +9,17 @@ from dataclasses import dataclass
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
     """Exponential backoff: attempt n waits ``initial_interval * backoff**(n-1)`` seconds,
-    capped at ``max_interval``, before attempt n+1. ``max_attempts`` counts the first one."""
+    capped at ``max_interval``, before attempt n+1. ``max_attempts`` counts the first one;
+    None retries for ever (recorded as 0)."""
 
-    max_attempts: int = 3
+    max_attempts: int | None = 3
     initial_interval: float = 0.1
     backoff: float = 2.0
     max_interval: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("RetryPolicy.max_attempts must be at least 1")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError("RetryPolicy.max_attempts must be at least 1, or None (no limit)")
         if self.initial_interval < 0 or self.max_interval < 0:
             raise ValueError("RetryPolicy intervals must not be negative")
         if self.backoff < 1:

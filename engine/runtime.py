@@ -28,16 +28,18 @@ from engine.codec import (
     decode_safely,
     encode_safely,
 )
-from engine.context import Context
+from engine.context import Context, current_scope
 from engine.errors import (
     EventTimeout,
     HistoryDiverged,
     InvalidPayload,
+    InvalidWorkflowCall,
     PayloadTooLarge,
     StepFailed,
     StepstreamError,
 )
 from engine.loop import ROOT_TASK, WorkflowLoop
+from engine.names import name_problem
 from engine.records import (
     CancelWorkflow,
     Command,
@@ -77,6 +79,7 @@ from engine.workflow import WorkflowDefinition
 log = logging.getLogger("stepstream.engine")
 
 LOST_ATTEMPT = "AttemptLost"
+CANCELLED_ATTEMPT = "AttemptCancelled"  # the step executor's error type for a cancel
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +159,8 @@ class InstanceRuntime:
         self._futures: dict[str, asyncio.Future[Any]] = {}
         self._visited: set[str] = set()
         self._counters: dict[str, int] = {}
+        # (scope, name) -> uses so far in this run, and the task that used it last.
+        self._names: dict[tuple[str, str], tuple[int, asyncio.Task[Any] | None]] = {}
         self._deferred: list[tuple[str, str]] = []
         self._replaying = False
         self._diverged: HistoryDiverged | None = None
@@ -197,6 +202,42 @@ class InstanceRuntime:
         self._out = out
         self._command_id = f"recover:{self.epoch}"
         self._drive()
+
+    # ---- what Context reads (engine.context.WorkflowRuntime) ---------------------------
+
+    @property
+    def instance_id(self) -> str:
+        return self.state.instance_id
+
+    @property
+    def workflow(self) -> str:
+        return self.state.workflow
+
+    @property
+    def version(self) -> str:
+        return self.state.version
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def key_for(self, name: str) -> str:
+        """The replay key of the next use of ``name`` in the current scope: the name
+        itself the first time, ``name#n`` the nth time, prefixed with the scope."""
+        problem = _user_name_problem(name)
+        if problem is not None:
+            raise InvalidWorkflowCall(f"instance {self.state.instance_id}: name {problem}")
+        scope = current_scope.get()
+        task = asyncio.current_task() if self._loop is not None else None
+        uses, last = self._names.get((scope, name), (0, None))
+        if last is not None and task is not last and not last.done() and not _within(task, last):
+            raise InvalidWorkflowCall(
+                f"instance {self.state.instance_id}: name {scope + name!r} is used by two "
+                "concurrent branches; which use came first could differ on replay. Give "
+                "each branch its own scope (ctx.scope, ctx.join) or its own name"
+            )
+        uses += 1
+        self._names[scope, name] = (uses, task)
+        return f"{scope}{name}" if uses == 1 else f"{scope}{name}#{uses}"
 
     @property
     def busy(self) -> bool:
@@ -361,7 +402,7 @@ class InstanceRuntime:
     ) -> None:
         intent = self._intents.get(entry.key)
         policy = intent.policy if intent is not None else DEFAULT_RETRY
-        retry = retryable and entry.attempt < entry.max_attempts
+        retry = retryable and (entry.max_attempts == 0 or entry.attempt < entry.max_attempts)
         next_at = None
         if retry:
             next_at = self.clock.now_ms() + (0 if now else policy.delay_ms(entry.attempt))
@@ -396,6 +437,7 @@ class InstanceRuntime:
         self._futures = {}
         self._visited = set()
         self._counters = {}
+        self._names = {}
         self._deferred = []
         self._diverged = None
         self._replaying = bool(self.state.entries)
@@ -489,7 +531,7 @@ class InstanceRuntime:
             StepAttemptStarted,
             key=key,
             attempt=attempt,
-            max_attempts=intent.policy.max_attempts,
+            max_attempts=intent.policy.max_attempts or 0,
             deadline_ms=deadline,
         )
         self.inflight.add((key, attempt))
@@ -538,16 +580,8 @@ class InstanceRuntime:
     # ---- futures the code awaits ----------------------------------------------------
 
     def _visit(self, key: str, kind: EntryKind) -> Entry | None:
-        if not isinstance(key, str) or not key:
-            raise ValueError("a step, sleep or wait name must be a non-empty string")
-        if key in self._visited:
-            err = HistoryDiverged(
-                f"instance {self.state.instance_id}: name {key!r} is used twice in one run; "
-                "names are replay keys and must be unique (add an index or an id to the name)",
-                key=key,
-            )
-            self._diverged = self._diverged or err
-            raise err
+        # Keys are unique by construction (key_for counts uses), values' by their task.
+        assert key not in self._visited, key
         self._visited.add(key)
         entry = self.state.entries.get(key)
         if entry is not None and entry.kind is not kind:
@@ -590,6 +624,8 @@ class InstanceRuntime:
                         key=entry.key,
                         attempts=entry.attempt,
                         error_type=entry.error_type,
+                        error_message=entry.error_message,
+                        kind=_failure_kind(entry),
                     )
                 )
             case EntryState.ELAPSED:
@@ -671,3 +707,33 @@ class InstanceRuntime:
         value = produce()
         self._emit(ValueRecorded, key=key, kind=kind, value=encode_safely(self.codec, value))
         return value
+
+
+def _user_name_problem(name: object) -> str | None:
+    problem = name_problem(name)
+    if problem is not None:
+        return f"{name!r} {problem}" if isinstance(name, str) else problem
+    assert isinstance(name, str)
+    for reserved in "#/":
+        if reserved in name:
+            return f"{name!r} contains {reserved!r}, which is reserved (scopes and repeats)"
+    return None
+
+
+def _within(task: asyncio.Task[Any] | None, ancestor: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` was created (directly or not) by ``ancestor``: the workflow loop
+    names tasks by their path from the root task."""
+    if task is None:
+        return False
+    root = ancestor.get_name()
+    return task.get_name().startswith(root + ".") or root == ROOT_TASK
+
+
+def _failure_kind(entry: Entry) -> str:
+    if entry.error_type == CANCELLED_ATTEMPT:
+        return "cancelled"
+    if entry.error_type == "StepTimeout":
+        return "timeout"
+    if entry.max_attempts and entry.attempt < entry.max_attempts:
+        return "non_retryable"
+    return "exhausted"

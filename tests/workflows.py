@@ -147,9 +147,14 @@ async def values(ctx: Context, _: Any) -> dict[str, Any]:
 
 
 @workflow("reuse")
-async def reuse(ctx: Context, _: Any) -> None:
-    await ctx.step("same", add, 1, 2)
-    await ctx.step("same", add, 1, 2)
+async def reuse(ctx: Context, n: int) -> list[Any]:
+    out: list[Any] = []
+    for i in range(n):
+        out.append(await ctx.step("same", add, i, 1))
+        out.append(await ctx.wait_for_event("item"))
+    async with ctx.scope("tail"):
+        out.append(await ctx.step("same", add, 100, 1))
+    return out
 
 
 class Unencodable:

@@ -157,10 +157,20 @@ async def test_now_uuid_random_recorded(client: Client) -> None:
     assert recorded["random"] == result["random"]
 
 
-async def test_name_reuse_is_history_diverged(client: Client) -> None:
-    instance = await client.start("reuse", None, instance_id=new_id("reuse"))
-    with pytest.raises(WorkflowFailed, match=r"HistoryDiverged.*'same'"):
-        await client.result(instance, timeout=10)
+async def test_names_repeat_in_loops_and_replay_the_same(client: Client) -> None:
+    """A loop that reuses a step name and waits for the same event each time: every use
+    is its own key, and a pause/resume (a replay from history) reaches the same state."""
+    instance = await client.start("reuse", 2, instance_id=new_id("reuse"))
+    await client.send_event(instance, "item", "a")
+    await client.pause(instance)
+    await client.resume(instance)
+    await client.send_event(instance, "item", "b")
+    assert await client.result(instance, timeout=20) == [1, "a", 2, "b", 101]
+    history = await client.history(instance)
+    succeeded = [h.attributes["key"] for h in history if h.type == "StepSucceeded"]
+    assert succeeded == ["same", "same#2", "tail/same"]
+    waits = [h.attributes["key"] for h in history if h.type == "WaitSatisfied"]
+    assert waits == ["item", "item#2"]
 
 
 async def test_unencodable_step_result_fails_step_with_message(client: Client) -> None:

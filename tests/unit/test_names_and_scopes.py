@@ -1,0 +1,205 @@
+"""Replay keys of round 2: repeated names, scopes, try_step, and the calls that are
+refused because they could not be replayed. Each case is also replayed after a crash
+(a new owner folds the history and drives the code again) and must reach the same
+state without running a body twice."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from engine.context import Context
+from engine.errors import NonRetryableError
+from engine.retry import RetryPolicy
+from engine.state import Status
+from tests.unit.test_runtime import Harness, define, ident
+
+FAST = RetryPolicy(max_attempts=2, initial_interval=0)
+
+
+async def _loop_of_steps_and_waits(ctx: Context, items: list[int]) -> list[Any]:
+    out = []
+    for item in items:
+        out.append(await ctx.step("charge", ident, item))
+        out.append(await ctx.wait_for_event("item"))
+    return out
+
+
+def test_a_loop_reuses_names_and_waits_take_the_next_event() -> None:
+    h = Harness(define("loop", _loop_of_steps_and_waits))
+    h.start([1, 2, 3])
+    h.run_all()
+    h.send("item", "a")
+    h.run_all()
+    h.crash()  # replays charge, item, charge#2 ... from history
+    h.run_all()
+    h.send("item", "b")
+    h.run_all()
+    h.send("item", "c")
+    h.run_all()
+    assert h.result() == [1, "a", 2, "b", 3, "c"]
+    assert h.ran == {"charge": 1, "charge#2": 1, "charge#3": 1}
+    assert sorted(k for k in h.state.entries) == sorted(
+        ["charge", "charge#2", "charge#3", "item", "item#2", "item#3"]
+    )
+    h.check_history()
+
+
+async def _scoped(ctx: Context, _: Any) -> list[Any]:
+    got = [await ctx.step("pay", ident, "top")]
+    async with ctx.scope("shipping"):
+        got.append(await ctx.step("pay", ident, "ship-1"))
+        got.append(await ctx.step("pay", ident, "ship-2"))
+    async with ctx.scope("shipping"):
+        got.append(await ctx.step("pay", ident, "again"))
+    got.append(await ctx.step("pay", ident, "top-2"))
+    return got
+
+
+def test_scopes_prefix_names_and_repeat_like_names() -> None:
+    h = Harness(define("scoped", _scoped))
+    h.start(None)
+    h.run_all()
+    assert h.result() == ["top", "ship-1", "ship-2", "again", "top-2"]
+    assert sorted(h.state.entries) == [
+        "pay",
+        "pay#2",
+        "shipping#2/pay",
+        "shipping/pay",
+        "shipping/pay#2",
+    ]
+    h.crash()
+    assert h.result() == ["top", "ship-1", "ship-2", "again", "top-2"]
+
+
+async def _gathered(ctx: Context, n: int) -> list[Any]:
+    return list(await asyncio.gather(*(ctx.step("charge", ident, i) for i in range(n))))
+
+
+def test_gathered_steps_of_one_name_get_keys_in_call_order() -> None:
+    """Keys are taken when ctx.step is called, so the order branches run in (which
+    differs between a live run and a replay) does not matter."""
+    h = Harness(define("gathered", _gathered))
+    h.start(3)
+    # Finish them in reverse order.
+    for key in ("charge#3", "charge#2", "charge"):
+        h.run(key)
+    assert h.result() == [0, 1, 2]
+    h.crash()
+    assert h.result() == [0, 1, 2]
+    assert h.ran == {"charge": 1, "charge#2": 1, "charge#3": 1}
+
+
+async def _branch(ctx: Context, value: int) -> Any:
+    first = await ctx.step("charge", ident, value)
+    return first, await ctx.step("charge", ident, value * 10)
+
+
+async def _concurrent_same_scope(ctx: Context, _: Any) -> Any:
+    return await asyncio.gather(_branch(ctx, 1), _branch(ctx, 2))
+
+
+async def _concurrent_own_scopes(ctx: Context, _: Any) -> Any:
+    async def scoped(name: str, value: int) -> Any:
+        async with ctx.scope(name):
+            return await _branch(ctx, value)
+
+    return await asyncio.gather(scoped("a", 1), scoped("b", 2))
+
+
+def test_one_name_in_two_concurrent_branches_of_one_scope_is_refused() -> None:
+    h = Harness(define("clash", _concurrent_same_scope))
+    h.start(None)
+    h.run_all()
+    assert h.state.status is Status.FAILED
+    assert h.state.error_type == "InvalidWorkflowCall"
+    assert "concurrent branches" in h.state.error_message
+    ok = Harness(define("scoped-branches", _concurrent_own_scopes))
+    ok.start(None)
+    ok.run_all()
+    assert ok.result() == [[1, 10], [2, 20]]
+    assert sorted(ok.state.entries) == ["a/charge", "a/charge#2", "b/charge", "b/charge#2"]
+    ok.crash()
+    assert ok.result() == [[1, 10], [2, 20]]
+
+
+@pytest.mark.parametrize("bad", ["a#1", "a/b", "", "x\x00", "tab\there"])
+def test_reserved_and_control_characters_in_names_are_refused(bad: str) -> None:
+    async def flow(ctx: Context, _: Any) -> Any:
+        return await ctx.step(bad, ident, 1)
+
+    h = Harness(define("bad-name", flow))
+    h.start(None)
+    assert h.state.status is Status.FAILED
+    assert h.state.error_type == "InvalidWorkflowCall", h.state.error_message
+
+
+def _boom(kind: str) -> Any:
+    if kind == "fatal":
+        raise NonRetryableError("declined")
+    raise RuntimeError("flaky")
+
+
+async def _tries(ctx: Context, _: Any) -> list[Any]:
+    good = await ctx.try_step("good", ident, 5)
+    fatal = await ctx.try_step("fatal", _boom, "fatal", retry=FAST)
+    flaky = await ctx.try_step("flaky", _boom, "flaky", retry=FAST)
+    out: list[Any] = [good.ok, good.value]
+    for r in (fatal, flaky):
+        assert r.failure is not None
+        out.append([r.ok, r.failure.kind, r.failure.attempts, r.failure.error_type])
+    return out
+
+
+def test_try_step_returns_a_result_instead_of_raising() -> None:
+    h = Harness(define("tries", _tries))
+    h.start(None)
+    h.run("good")
+    h.fail("fatal", "declined", retryable=False)
+    h.run_all()
+    expected = [True, 5, [False, "non_retryable", 1, "RuntimeError"]]
+    expected.append([False, "exhausted", 2, "RuntimeError"])
+    assert h.result() == expected
+    h.crash()
+    assert h.result() == expected
+
+
+async def _forever(ctx: Context, _: Any) -> Any:
+    return await ctx.step("until-ok", ident, "done", retry=RetryPolicy(max_attempts=None))
+
+
+def test_a_retry_policy_without_a_limit_retries_past_any_count() -> None:
+    h = Harness(define("forever", _forever))
+    h.start(None)
+    for _ in range(25):
+        h.fail("until-ok")
+        h.fire()
+    h.run_all()
+    assert h.result() == "done"
+    assert h.state.entries["until-ok"].attempt == 26
+
+
+def _nested(ctx: Context) -> Any:
+    return ctx.step("inner", ident, 1)
+
+
+async def _step_in_body(ctx: Context, _: Any) -> Any:
+    return await ctx.step("outer", _nested, ctx)
+
+
+def test_ctx_step_inside_a_step_body_is_refused_at_once() -> None:
+    from engine.context import current_attempt
+
+    h = Harness(define("nested", _step_in_body))
+    h.start(None)
+    launch = h.launch("outer")
+    token = current_attempt.set(launch.attempt)  # as the step executor sets it
+    try:
+        with pytest.raises(Exception, match="inside a step body") as caught:
+            launch.fn(*launch.args)
+    finally:
+        current_attempt.reset(token)
+    assert type(caught.value).__name__ == "InvalidWorkflowCall"
+    assert "inner" not in h.state.entries
