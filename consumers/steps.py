@@ -40,13 +40,15 @@ AttemptId = tuple[str, str, int]  # (instance_id, key, attempt)
 class _Attempt:
     """One running attempt: its flag, its body task, and why it was given up ("" if not)."""
 
-    __slots__ = ("body", "flag", "launch", "reason")
+    __slots__ = ("body", "flag", "launch", "reason", "woken")
 
     def __init__(self, launch: StepLaunch) -> None:
         self.launch = launch
         self.flag = threading.Event()
         self.reason = ""
         self.body: asyncio.Task[Any] | None = None
+        # Done when the attempt is given up: its waiter wakes even if the body does not.
+        self.woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     @property
     def label(self) -> str:
@@ -58,6 +60,7 @@ class _Attempt:
             return False  # given up already, or too late: its outcome stands
         self.reason = reason
         self.flag.set()
+        self.woken.set_result(None)
         if self.body is not None:
             self.body.cancel()
         return True
@@ -140,8 +143,10 @@ class StepExecutor:
         body = asyncio.get_running_loop().create_task(self._call(attempt), context=context)
         attempt.body = body
         try:
-            await asyncio.wait({body}, timeout=launch.timeout)
-            attempt.give_up(_TIMEOUT)  # no-op when the body is done
+            await asyncio.wait(
+                {body, attempt.woken}, timeout=launch.timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            attempt.give_up(_TIMEOUT)  # no-op when the body is done or was cancelled
             if not body.done():
                 await asyncio.wait({body}, timeout=self._grace)
         except asyncio.CancelledError:

@@ -308,6 +308,31 @@ async def test_an_async_body_that_ignores_cancellation_is_reported_after_the_gra
         executor.shutdown()
 
 
+async def test_cancel_reports_an_async_body_that_ignores_it_after_the_grace() -> None:
+    executor = StepExecutor(JsonCodec(), max_payload_bytes=1 << 20, cancel_grace_s=0.1)
+    stop = asyncio.Event()
+    delivered: asyncio.Future[StepOutcome] = asyncio.get_running_loop().create_future()
+
+    async def stubborn() -> str:
+        while not stop.is_set():
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                continue
+        return "finally"
+
+    try:
+        executor.launch(_launch(stubborn, key="no-timeout"), delivered.set_result)
+        await asyncio.sleep(0.05)
+        assert executor.cancel("i-1", "no-timeout", 1) is True
+        outcome = await asyncio.wait_for(delivered, 2)
+        assert outcome.error_type == "AttemptCancelled"
+    finally:
+        stop.set()
+        await asyncio.sleep(0.05)
+        executor.shutdown()
+
+
 async def test_a_body_raising_cancelled_error_of_its_own_is_a_failed_attempt(
     executor: StepExecutor,
 ) -> None:
