@@ -138,10 +138,9 @@ class Registry:
             return versions[version]
         except KeyError:
             raise UnknownWorkflow(
-                f"workflow {name!r} has no version {version!r} registered "
-                f"(registered: {', '.join(ordered_versions(versions))}); pin one of those, "
-                "or deploy that version (keep old versions deployed until their instances "
-                "finish)"
+                f"unknown workflow {name!r} version {version!r} (registered versions: "
+                f"{', '.join(ordered_versions(versions))}); pin one of those, or deploy that "
+                "version (keep old versions deployed until their instances finish)"
             ) from None
 
     def names(self) -> dict[str, list[str]]:

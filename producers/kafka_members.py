@@ -187,9 +187,9 @@ class MembersView:
                 return RemoteWorkflow(workflow, version)
             versions = ordered_versions(v for m in knowing for v in m.workflows[workflow])
             raise UnknownWorkflow(
-                f"workflow {workflow!r} has no version {version!r} on any running worker "
-                f"(versions: {', '.join(versions)}); pin one of those, or deploy that version "
-                "with the workers' --workflows"
+                f"unknown workflow {workflow!r} version {version!r}: no running worker has "
+                f"it (versions: {', '.join(versions)}); pin one of those, or deploy that "
+                "version with the workers' --workflows"
             )
         # During a rolling deploy the latest announcement decides; a worker that lacks
         # that version dead-letters the start with a message saying so.

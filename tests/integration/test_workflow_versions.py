@@ -153,10 +153,9 @@ async def test_latest_by_default_pinned_on_request(backend: Any) -> None:
 async def test_an_unknown_version_is_refused_naming_the_known_ones(backend: Any) -> None:
     client: Client = backend.client
     instance_id = _id("three")
-    with pytest.raises(UnknownWorkflow, match=r"no version '3'.*1, 2") as refused:
+    with pytest.raises(UnknownWorkflow, match=r"unknown workflow 'pricing' version '3'.*1, 2"):
         await client.start("pricing", 10, instance_id=instance_id, version="3")
-    assert "pricing" in str(refused.value)
-    with pytest.raises(UnknownWorkflow, match=r"no version '8'.*9, 10"):
+    with pytest.raises(UnknownWorkflow, match=r"unknown workflow 'rounding' version '8'.*9, 10"):
         await client.start("rounding", 1, version="8")
     with pytest.raises(UnknownWorkflow, match="unknown workflow 'nope'"):
         await client.start("nope", 1, version="1")
@@ -252,7 +251,7 @@ def test_cli_start_takes_a_version(dev: DevServer) -> None:
 
     refused = dev.cli("start", "pricing", "--version", "3")
     assert refused.returncode == 1, refused
-    assert "no version '3'" in refused.stderr and "1, 2" in refused.stderr, refused.stderr
+    assert "version '3'" in refused.stderr and "1, 2" in refused.stderr, refused.stderr
     empty = dev.cli("start", "pricing", "--version", " ")
     assert empty.returncode == 2 and "--version is empty" in empty.stderr, empty.stderr
 
@@ -281,7 +280,7 @@ async def test_http_body_takes_a_version(dev: DevServer) -> None:
         unpinned = answer["instance_id"]
         status, answer = await post({"workflow": "pricing", "version": "7"})
         assert status == 404 and answer["error"]["type"] == "UnknownWorkflow", answer
-        assert "no version '7'" in answer["error"]["message"], answer
+        assert "version '7'" in answer["error"]["message"], answer
         status, answer = await post({"workflow": "pricing", "version": 1})
         assert status == 400 and answer["error"]["type"] == "InvalidPayload", answer
         assert "'version'" in answer["error"]["message"], answer
@@ -292,7 +291,7 @@ async def test_http_body_takes_a_version(dev: DevServer) -> None:
         pinned = await client.start("pricing", 6, version="1")
         assert await client.result(pinned, timeout=20) == {"version": "1", "price": 6}
         assert (await client.status(pinned)).version == "1"
-        with pytest.raises(UnknownWorkflow, match=r"no version '0'.*1, 2"):
+        with pytest.raises(UnknownWorkflow, match=r"version '0'.*1, 2"):
             await client.start("pricing", 6, version="0")
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from engine.context import Context
 from engine.errors import DuplicateWorkflow, StepstreamError, UnknownWorkflow
+from engine.settle import error_for
 from engine.workflow import Registry, ordered_versions, workflow
 from tests import versioned_workflows as vw
 
@@ -73,10 +74,19 @@ def test_a_pinned_version_resolves_to_its_own_code() -> None:
 
 def test_an_unknown_version_names_the_known_ones() -> None:
     registry = Registry(_versions("w", "10", "9"))
-    with pytest.raises(UnknownWorkflow, match=r"no version '3' registered \(registered: 9, 10\)"):
+    with pytest.raises(UnknownWorkflow, match=r"'w' version '3' \(registered versions: 9, 10\)"):
         registry.resolve("w", "3")
     with pytest.raises(UnknownWorkflow, match="unknown workflow 'nope'"):
         registry.resolve("nope", "1")
+
+
+def test_a_start_dead_lettered_for_its_version_reaches_the_client_as_unknown_workflow() -> None:
+    """A worker that lacks a pinned version (a rolling deploy) dead-letters the start with
+    the registry's words; the publisher turns them back into ``UnknownWorkflow``."""
+    with pytest.raises(UnknownWorkflow) as refused:
+        Registry(_versions("w", "1")).resolve("w", "2")
+    again = error_for(str(refused.value), "i-1", "start")
+    assert type(again) is UnknownWorkflow and str(again) == str(refused.value)
 
 
 def test_two_functions_with_one_name_and_version_are_refused() -> None:
