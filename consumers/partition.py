@@ -400,6 +400,7 @@ class PartitionProcessor:
             out.history.extend(own.history)
             out.timers.extend(own.timers)
             out.launches.extend(own.launches)
+            out.cancels.extend(own.cancels)
             touched[instance_id] = runtime
         self._persist(out, touched, batch)
         await self.backend.commit(batch)
@@ -530,6 +531,7 @@ class PartitionProcessor:
             out.history[:] = [r for r in out.history if r.instance_id != instance_id]
             out.timers[:] = [t for t in out.timers if t.instance_id != instance_id]
             out.launches[:] = [x for x in out.launches if x.instance_id != instance_id]
+            out.cancels[:] = [c for c in out.cancels if c[0] != instance_id]
             self._cache.drop(instance_id)
             self._redrive.add(instance_id)
             if touched.pop(instance_id, None) is not None:
@@ -563,6 +565,8 @@ class PartitionProcessor:
         touched: dict[str, InstanceRuntime],
         settled: dict[str, str | None],
     ) -> None:
+        for instance_id, key, attempt in out.cancels:
+            self._executor.cancel(instance_id, key, attempt)
         for launch in out.launches:
             self._executor.launch(launch, self.deliver)
         for instance_id, runtime in touched.items():

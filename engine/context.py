@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar, overload
 
-from engine.errors import InvalidWorkflowCall, StepFailed
+from engine.errors import InvalidWorkflowCall, JoinError, RaceError, StepFailed
+from engine.names import step_name_problem
 from engine.retry import RetryPolicy
 
 T = TypeVar("T")
@@ -66,6 +67,10 @@ class WorkflowRuntime(Protocol):
 
     def record_value(self, kind: str, produce: Callable[[], Any]) -> Any: ...
 
+    def race_decided(self, key: str) -> tuple[str, list[str]] | None: ...
+
+    def decide_race(self, key: str, winner: str, losers: list[str]) -> None: ...
+
     def now_ms(self) -> int: ...
 
 
@@ -103,6 +108,24 @@ def _refuse_in_step_body(what: str) -> None:
 
 async def _awaiting(fut: asyncio.Future[Any]) -> Any:
     return await fut
+
+
+Branch = Callable[["Context"], Coroutine[Any, Any, Any]]
+
+
+def _branch_scopes(ctx: Context, key: str, branches: dict[str, Branch]) -> dict[str, str]:
+    if not branches:
+        raise InvalidWorkflowCall(f"{key}: give at least one branch")
+    for name in branches:
+        problem = step_name_problem(name)
+        if problem is not None:
+            raise InvalidWorkflowCall(f"{key}: branch name {problem}")
+    return {name: f"{key}/{name}/" for name in branches}
+
+
+async def _in_scope(scope: str, branch: Branch, ctx: Context) -> Any:
+    current_scope.set(scope)  # this task's own context: the caller's is untouched
+    return await branch(ctx)
 
 
 def _seconds(duration: float | timedelta) -> float:
@@ -238,6 +261,80 @@ class Context:
             yield
         finally:
             current_scope.reset(token)
+
+    async def join(self, branches: dict[str, Branch], *, name: str = "join") -> dict[str, Any]:
+        """Run ``branches`` (``async (ctx) -> value``) concurrently, each in its own scope
+        (``join/<branch>/...``), and return their values by name once all finished. If
+        any raised, every branch still settles first, then ``JoinError`` carries the
+        errors and the values of the others."""
+        _refuse_in_step_body("ctx.join")
+        key = self._rt.key_for(name)
+        scopes = _branch_scopes(self, key, branches)
+        tasks = {
+            b: asyncio.ensure_future(_in_scope(scopes[b], fn, self)) for b, fn in branches.items()
+        }
+        await asyncio.wait(tasks.values())
+        results = {
+            b: t.result() for b, t in tasks.items() if not t.cancelled() and not t.exception()
+        }
+        errors: dict[str, BaseException] = {}
+        for b, t in tasks.items():
+            if t.cancelled():
+                errors[b] = asyncio.CancelledError(f"branch {b!r} was cancelled")
+            elif t.exception() is not None:
+                errors[b] = t.exception()  # type: ignore[assignment]
+        if errors:
+            failed = ", ".join(f"{b}: {type(e).__name__}: {e}" for b, e in errors.items())
+            raise JoinError(
+                f"{len(errors)} of {len(tasks)} branches of {key!r} failed ({failed})",
+                errors=errors,
+                results=results,
+            )
+        return results
+
+    async def race(self, branches: dict[str, Branch], *, name: str = "race") -> tuple[str, Any]:
+        """Run ``branches`` concurrently, each in its own scope; the first to finish wins
+        and is recorded, and ``(winner, value)`` is returned. The others are cancelled:
+        their running attempts given up, their waits withdrawn (an event never goes to
+        them) and their timers cancelled. Replay runs only the recorded winner. A branch
+        that raises does not win; ``RaceError`` if every branch raised."""
+        _refuse_in_step_body("ctx.race")
+        key = self._rt.key_for(name)
+        scopes = _branch_scopes(self, key, branches)
+        decided = self._rt.race_decided(key)
+        if decided is not None and decided[0] not in branches:
+            raise InvalidWorkflowCall(
+                f"race {key!r} was won by branch {decided[0]!r}, which the code no longer "
+                f"has (it has {', '.join(branches)})"
+            )
+        # Every branch gets its task, in order, so task paths (the keys of ctx.now and
+        # friends) are those of the live run; on replay the losers never start.
+        tasks = {
+            b: asyncio.ensure_future(_in_scope(scopes[b], fn, self)) for b, fn in branches.items()
+        }
+        if decided is not None:
+            for b, task in tasks.items():
+                if b != decided[0]:
+                    task.cancel()
+            return decided[0], await tasks[decided[0]]
+        errors: dict[str, BaseException] = {}
+        pending = set(tasks.values())
+        while pending:
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for b, task in tasks.items():  # declaration order breaks a tie
+                if not task.done() or b in errors:
+                    continue
+                if task.cancelled() or task.exception() is not None:
+                    errors[b] = task.exception() or asyncio.CancelledError(b)
+                    continue
+                losers = [scopes[o] for o in tasks if o != b]
+                self._rt.decide_race(key, b, losers)
+                for other in tasks.values():
+                    other.cancel()
+                await asyncio.wait([t for t in tasks.values() if t is not task])
+                return b, task.result()
+        failed = ", ".join(f"{b}: {type(e).__name__}: {e}" for b, e in errors.items())
+        raise RaceError(f"every branch of {key!r} failed ({failed})", errors=errors)
 
     def now(self) -> datetime:
         """The current time, recorded: replay returns the same value."""

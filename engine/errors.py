@@ -116,6 +116,26 @@ class StepFailed(StepstreamError):
         self.kind = kind
 
 
+class JoinError(StepstreamError):
+    """Some branches of ``ctx.join`` raised. Every branch settled first: ``errors`` maps
+    the failed branches to their exceptions, ``results`` the others to their values."""
+
+    def __init__(
+        self, message: str, *, errors: dict[str, BaseException], results: dict[str, object]
+    ) -> None:
+        super().__init__(message)
+        self.errors = errors
+        self.results = results
+
+
+class RaceError(StepstreamError):
+    """Every branch of ``ctx.race`` raised; ``errors`` maps each to its exception."""
+
+    def __init__(self, message: str, *, errors: dict[str, BaseException]) -> None:
+        super().__init__(message)
+        self.errors = errors
+
+
 class InvalidWorkflowCall(StepstreamError, ValueError):
     """Workflow code used the context in a way that cannot be replayed: a name that is
     empty or holds a reserved character (``#``, ``/``) or a control character, one name

@@ -77,3 +77,16 @@ def _shown(value: object) -> str:
     if len(text) > _SHOWN:
         text = text[:_SHOWN] + f"... ({len(str(value))} characters)"
     return text
+
+
+def step_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot name a step, sleep, wait, scope or branch in workflow code, or
+    None: a valid name without ``#`` and ``/`` (reserved for repeats and scopes)."""
+    problem = name_problem(name)
+    if problem is not None:
+        return f"{name!r} {problem}" if isinstance(name, str) else problem
+    assert isinstance(name, str)
+    for reserved in "#/":
+        if reserved in name:
+            return f"{name!r} contains {reserved!r}, which is reserved (scopes and repeats)"
+    return None

@@ -160,6 +160,16 @@ class EventBuffered(HistoryRecord):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RaceDecided(HistoryRecord):
+    """The first branch of a race to finish won; the open entries of the others (keys
+    under the ``losers`` scope prefixes) are abandoned."""
+
+    key: str
+    winner: str
+    losers: list[str]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ValueRecorded(HistoryRecord):
     """A non-deterministic value the workflow read (now, uuid, random), kept for replay."""
 
@@ -308,6 +318,7 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     WaitTimedOut,
     EventBuffered,
     ValueRecorded,
+    RaceDecided,
     WorkflowPaused,
     WorkflowResumed,
     WorkflowCompleted,

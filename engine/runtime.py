@@ -39,7 +39,7 @@ from engine.errors import (
     StepstreamError,
 )
 from engine.loop import ROOT_TASK, WorkflowLoop
-from engine.names import name_problem
+from engine.names import step_name_problem
 from engine.records import (
     CancelWorkflow,
     Command,
@@ -48,6 +48,7 @@ from engine.records import (
     HistoryRecord,
     PauseWorkflow,
     Payload,
+    RaceDecided,
     ResumeWorkflow,
     SendEvent,
     SleepElapsed,
@@ -119,6 +120,8 @@ class Output:
     history: list[HistoryRecord] = field(default_factory=list)
     timers: list[TimerRecord] = field(default_factory=list)
     launches: list[StepLaunch] = field(default_factory=list)
+    # Running attempts to give up once this is durable: (instance id, key, attempt).
+    cancels: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -223,7 +226,7 @@ class InstanceRuntime:
     def key_for(self, name: str) -> str:
         """The replay key of the next use of ``name`` in the current scope: the name
         itself the first time, ``name#n`` the nth time, prefixed with the scope."""
-        problem = _user_name_problem(name)
+        problem = step_name_problem(name)
         if problem is not None:
             raise InvalidWorkflowCall(f"instance {self.state.instance_id}: name {problem}")
         scope = current_scope.get()
@@ -475,8 +478,19 @@ class InstanceRuntime:
                 self._act(what, key)
 
     def _check_all_visited(self) -> None:
+        # What losing race branches recorded is not replayed: only the winner runs.
+        lost = tuple(
+            prefix
+            for e in self.state.entries.values()
+            if e.kind is EntryKind.RACE and e.key in self._visited
+            for prefix in e.losers or ()
+        )
         missed = sorted(
-            (e for e in self.state.entries.values() if e.key not in self._visited),
+            (
+                e
+                for e in self.state.entries.values()
+                if e.key not in self._visited and not (lost and e.key.startswith(lost))
+            ),
             key=lambda e: e.seq,
         )
         if missed and self._diverged is None:
@@ -574,6 +588,7 @@ class InstanceRuntime:
         for entry in self.state.pending_timers():
             assert entry.timer_id is not None
             self._timer(TimerCancelled, timer_id=entry.timer_id)
+        self._give_up_attempts(self.state.open_entries())
         self._emit(cls, **attrs)
         self.close()
 
@@ -692,6 +707,30 @@ class InstanceRuntime:
                 self._deferred.append(("wait", key))
         return self._future(self.state.entries.get(key), key)
 
+    def race_decided(self, key: str) -> tuple[str, list[str]] | None:
+        """The recorded winner and losers of the race ``key``, or None if it is open."""
+        entry = self._visit(key, EntryKind.RACE)
+        if entry is None:
+            return None
+        assert entry.winner is not None
+        return entry.winner, list(entry.losers or ())
+
+    def decide_race(self, key: str, winner: str, losers: list[str]) -> None:
+        """Record the winner; abandon what the losing branches (scope prefixes) were
+        doing: their timers are cancelled and their running attempts given up."""
+        prefixes = tuple(losers)
+        abandoned = [e for e in self.state.open_entries() if e.key.startswith(prefixes)]
+        for entry in abandoned:
+            if entry.timer_id is not None:
+                self._timer(TimerCancelled, timer_id=entry.timer_id)
+        self._give_up_attempts(abandoned)
+        self._emit(RaceDecided, key=key, winner=winner, losers=losers)
+
+    def _give_up_attempts(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            if entry.state is EntryState.RUNNING and (entry.key, entry.attempt) in self.inflight:
+                self._out.cancels.append((self.state.instance_id, entry.key, entry.attempt))
+
     def record_value(self, kind: str, produce: Callable[[], Any]) -> Any:
         # Values have no name, so their key is the task that read them plus a count;
         # parallel branches may run in another order on replay but keep their paths.
@@ -707,17 +746,6 @@ class InstanceRuntime:
         value = produce()
         self._emit(ValueRecorded, key=key, kind=kind, value=encode_safely(self.codec, value))
         return value
-
-
-def _user_name_problem(name: object) -> str | None:
-    problem = name_problem(name)
-    if problem is not None:
-        return f"{name!r} {problem}" if isinstance(name, str) else problem
-    assert isinstance(name, str)
-    for reserved in "#/":
-        if reserved in name:
-            return f"{name!r} contains {reserved!r}, which is reserved (scopes and repeats)"
-    return None
 
 
 def _within(task: asyncio.Task[Any] | None, ancestor: asyncio.Task[Any]) -> bool:

@@ -22,6 +22,7 @@ from engine.records import (
     EventBuffered,
     HistoryRecord,
     Payload,
+    RaceDecided,
     SleepElapsed,
     SleepStarted,
     StepAttemptStarted,
@@ -75,6 +76,7 @@ class EntryKind(StrEnum):
     SLEEP = "sleep"
     WAIT = "wait"
     VALUE = "value"
+    RACE = "race"
 
 
 class EntryState(StrEnum):
@@ -88,6 +90,7 @@ class EntryState(StrEnum):
     SATISFIED = "satisfied"
     TIMED_OUT = "timed_out"
     RECORDED = "recorded"
+    ABANDONED = "abandoned"  # what a losing race branch was doing when the race ended
 
     @property
     def final(self) -> bool:
@@ -119,6 +122,8 @@ class Entry:
     timer_id: str | None = None
     fire_at_ms: int | None = None
     event_name: str | None = None
+    winner: str | None = None  # a race's winning branch
+    losers: list[str] | None = None  # a race's losing branches, as scope prefixes
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"k": self.kind.value, "s": self.state.value, "q": self.seq}
@@ -135,6 +140,9 @@ class Entry:
             out["f"] = self.fire_at_ms
         if self.event_name is not None:
             out["e"] = self.event_name
+        if self.winner is not None:
+            out["w"] = self.winner
+            out["l"] = self.losers
         return out
 
     @classmethod
@@ -152,6 +160,8 @@ class Entry:
             timer_id=raw.get("t"),
             fire_at_ms=raw.get("f"),
             event_name=raw.get("e"),
+            winner=raw.get("w"),
+            losers=raw.get("l"),
         )
 
 
@@ -283,6 +293,16 @@ class InstanceState:
                 self.buffered.append(
                     BufferedEvent(record.event_name, record.payload, record.command_id, record.seq)
                 )
+            case RaceDecided():
+                entry = self._entry(record.key, EntryKind.RACE, EntryState.RECORDED, record.seq)
+                entry.winner = record.winner
+                entry.losers = list(record.losers)
+                prefixes = tuple(record.losers)
+                for other in self.entries.values():
+                    if not other.state.final and other.key.startswith(prefixes):
+                        other.state = EntryState.ABANDONED
+                        other.timer_id = other.fire_at_ms = None
+                        self.dirty_entries.add(other.key)
             case ValueRecorded():
                 self._running()
                 entry = self._entry(record.key, EntryKind.VALUE, EntryState.RECORDED, record.seq)

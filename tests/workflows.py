@@ -315,3 +315,27 @@ async def cancelled_step(ctx: Context, _: Any) -> str:
     return await ctx.step(
         "fragile", cancelled_once, ctx.instance_id, retry=RetryPolicy(initial_interval=0)
     )
+
+
+@workflow("race-events")
+async def race_events(ctx: Context, timeout: float) -> list[Any]:
+    """A race of two waits and a deadline; afterwards the workflow waits for the event
+    the losing wait was waiting for, which must not have gone to the withdrawn wait."""
+    winner, value = await ctx.race(
+        {
+            "approved": lambda c: c.wait_for_event("approve"),
+            "rejected": lambda c: c.wait_for_event("reject"),
+            "expired": lambda c: c.sleep("deadline", timeout),
+        }
+    )
+    later = await ctx.wait_for_event("reject" if winner == "approved" else "approve")
+    return [winner, value, later]
+
+
+async def _fetch_part(c: Context, part: str) -> Any:
+    return [await c.step("fetch", add, len(part), 0), await c.step("fetch", add, 1, 1)]
+
+
+@workflow("join-parts")
+async def join_parts(ctx: Context, parts: list[str]) -> Any:
+    return await ctx.join({p: (lambda c, p=p: _fetch_part(c, p)) for p in parts})

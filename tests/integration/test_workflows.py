@@ -346,3 +346,40 @@ async def wait_for_status(
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"{instance} never reached the expected state: {status}")
         await asyncio.sleep(0.02)
+
+
+async def test_race_winner_is_recorded_and_a_withdrawn_wait_takes_no_event(
+    client: Client,
+) -> None:
+    instance = await client.start("race-events", 3600, instance_id=new_id("race"))
+    await client.send_event(instance, "reject", "no")  # wins the race
+    await client.pause(instance)  # replay from history: the same winner
+    await client.resume(instance)
+    await client.send_event(instance, "approve", "yes")  # for the later wait only
+    assert await client.result(instance, timeout=20) == ["rejected", "no", "yes"]
+    history = await client.history(instance)
+    [decided] = [h.attributes for h in history if h.type == "RaceDecided"]
+    assert decided["winner"] == "rejected"
+    satisfied = [h.attributes["key"] for h in history if h.type == "WaitSatisfied"]
+    assert satisfied == ["race/rejected/reject", "approve"]
+
+
+async def test_a_race_lost_to_a_deadline(client: Client) -> None:
+    instance = await client.start("race-events", 0.2, instance_id=new_id("race"))
+    await asyncio.sleep(0.5)
+    await client.send_event(instance, "approve", "too late")
+    assert await client.result(instance, timeout=20) == ["expired", None, "too late"]
+
+
+async def test_join_runs_branches_in_their_own_scopes(client: Client) -> None:
+    instance = await client.start("join-parts", ["ab", "cde"], instance_id=new_id("join"))
+    assert await client.result(instance, timeout=20) == {"ab": [2, 2], "cde": [3, 2]}
+    keys = [
+        h.attributes["key"] for h in await client.history(instance) if h.type == "StepSucceeded"
+    ]
+    assert sorted(keys) == [
+        "join/ab/fetch",
+        "join/ab/fetch#2",
+        "join/cde/fetch",
+        "join/cde/fetch#2",
+    ]

@@ -203,3 +203,96 @@ def test_ctx_step_inside_a_step_body_is_refused_at_once() -> None:
         current_attempt.reset(token)
     assert type(caught.value).__name__ == "InvalidWorkflowCall"
     assert "inner" not in h.state.entries
+
+
+# ---- join and race ----------------------------------------------------------------------
+
+
+async def _joined(ctx: Context, fail: bool) -> Any:
+    async def a(c: Context) -> Any:
+        return [await c.step("charge", ident, "a1"), await c.step("charge", ident, "a2")]
+
+    async def b(c: Context) -> Any:
+        got = await c.wait_for_event("go")
+        if fail:
+            raise RuntimeError("b broke")
+        return got
+
+    from engine.errors import JoinError
+
+    try:
+        return await ctx.join({"a": a, "b": b})
+    except JoinError as exc:
+        return {"errors": {k: str(v) for k, v in exc.errors.items()}, "results": exc.results}
+
+
+def test_join_runs_named_branches_in_their_own_scopes() -> None:
+    h = Harness(define("joined", _joined))
+    h.start(False)
+    h.run_all()
+    h.crash()
+    h.send("go", "now")
+    h.run_all()
+    assert h.result() == {"a": ["a1", "a2"], "b": "now"}
+    assert sorted(h.state.entries) == ["join/a/charge", "join/a/charge#2", "join/b/go"]
+
+
+def test_join_lets_every_branch_settle_then_reports_the_failures() -> None:
+    h = Harness(define("joined", _joined))
+    h.start(True)
+    h.send("go", "now")
+    h.run_all()
+    assert h.result() == {"errors": {"b": "b broke"}, "results": {"a": ["a1", "a2"]}}
+
+
+async def _raced(ctx: Context, _: Any) -> Any:
+    winner, value = await ctx.race(
+        {
+            "paid": lambda c: c.wait_for_event("paid"),
+            "late": lambda c: c.sleep("deadline", 3600),
+            "busy": lambda c: c.step("work", ident, "w"),
+        }
+    )
+    after = await ctx.wait_for_event("paid")  # a later event is not taken by the loser
+    return [winner, value, after]
+
+
+def test_race_records_the_winner_and_abandons_the_losers() -> None:
+    from engine.records import RaceDecided
+
+    h = Harness(define("raced", _raced))
+    h.start(None)
+    assert h.launch("race/busy/work")  # an attempt is running in a loser-to-be
+    h.send("paid", "p1")  # the wait wins
+    [decided] = h.of_type(RaceDecided)
+    assert (decided.winner, decided.losers) == ("paid", ["race/late/", "race/busy/"])
+    assert h.timers == {}  # the deadline's timer was cancelled
+    entries = h.state.entries
+    assert entries["race/late/deadline"].state.value == "abandoned"
+    assert entries["race/busy/work"].state.value == "abandoned"
+    h.run("race/busy/work")  # the late outcome of the loser is ignored
+    assert "StepSucceeded" not in [r.type for r in h.records]
+    h.crash()  # replay runs only the winner
+    h.send("paid", "p2")
+    h.run_all()
+    assert h.result() == ["paid", "p1", "p2"]
+    h.check_history()
+
+
+def test_a_race_whose_branches_all_fail_raises_race_error() -> None:
+    async def flow(ctx: Context, _: Any) -> Any:
+        from engine.errors import RaceError
+
+        async def broken(c: Context) -> Any:
+            await c.step("s", ident, 1)
+            raise RuntimeError("no")
+
+        try:
+            return await ctx.race({"x": broken, "y": broken})
+        except RaceError as exc:
+            return sorted(exc.errors)
+
+    h = Harness(define("all-fail", flow))
+    h.start(None)
+    h.run_all()
+    assert h.result() == ["x", "y"]
