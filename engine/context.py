@@ -23,6 +23,7 @@ from typing import Any, Generic, Protocol, TypeVar, overload
 from engine.errors import InvalidWorkflowCall, JoinError, RaceError, StepFailed
 from engine.names import step_name_problem
 from engine.retry import RetryPolicy
+from engine.saga import SagaFrame, current_saga, register, roll_back
 
 T = TypeVar("T")
 
@@ -110,6 +111,14 @@ async def _awaiting(fut: asyncio.Future[Any]) -> Any:
     return await fut
 
 
+async def _compensable(
+    fut: asyncio.Future[Any], key: str, compensate: Callable[..., Any], frame: SagaFrame
+) -> Any:
+    value = await fut
+    register(key, compensate, value, frame)
+    return value
+
+
 Branch = Callable[["Context"], Coroutine[Any, Any, Any]]
 
 
@@ -172,6 +181,7 @@ class Context:
         *args: Any,
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
+        compensate: Callable[[T], Any] | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
 
@@ -183,6 +193,7 @@ class Context:
         *args: Any,
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
+        compensate: Callable[[T], Any] | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
 
@@ -193,16 +204,26 @@ class Context:
         *args: Any,
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
+        compensate: Callable[[Any], Any] | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, Any]:
         """Run ``fn(*args, **kwargs)`` at least once, durably. Its return value is
         recorded and returned again on replay; the body does not run again once it
         succeeded. Raises ``StepFailed`` when the retry policy is used up. The step is
-        started when this is called; await the result."""
+        started when this is called; await the result. ``compensate``: inside a
+        ``ctx.saga``, what undoes the step (called with its result) on a rollback."""
         _refuse_in_step_body("ctx.step")
         limit = None if timeout is None else _seconds(timeout)
         key = self._rt.key_for(name)
-        return _awaiting(self._rt.step_future(key, fn, args, kwargs, retry, limit))
+        fut = self._rt.step_future(key, fn, args, kwargs, retry, limit)
+        if compensate is None:
+            return _awaiting(fut)
+        frame = current_saga.get()
+        if frame is None:
+            raise InvalidWorkflowCall(
+                f"step {key!r} has compensate= but no enclosing ctx.saga(...) block"
+            )
+        return _compensable(fut, key, compensate, frame)
 
     async def try_step(
         self,
@@ -249,6 +270,27 @@ class Context:
         _refuse_in_step_body("ctx.wait_for_event")
         limit = None if timeout is None else round(_seconds(timeout) * 1000)
         return _awaiting(self._rt.wait_future(self._rt.key_for(key or name), name, limit))
+
+    @contextlib.asynccontextmanager
+    async def saga(self, name: str) -> AsyncIterator[None]:
+        """A rollback checkpoint (and a scope): if an exception leaves the block, the
+        ``compensate=`` functions of the steps that completed in it run newest first,
+        each as a durable step, then ``RolledBack`` is raised with the exception as its
+        ``cause``."""
+        _refuse_in_step_body("ctx.saga")
+        key = self._rt.key_for(name)
+        frame = SagaFrame(key)
+        scope_token = current_scope.set(key + "/")
+        saga_token = current_saga.set(frame)
+        try:
+            try:
+                yield
+            finally:
+                current_saga.reset(saga_token)  # compensations belong to no saga
+        except Exception as exc:
+            raise await roll_back(self._rt, frame, exc) from exc
+        finally:
+            current_scope.reset(scope_token)
 
     @contextlib.asynccontextmanager
     async def scope(self, name: str) -> AsyncIterator[None]:

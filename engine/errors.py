@@ -128,6 +128,23 @@ class JoinError(StepstreamError):
         self.results = results
 
 
+class RolledBack(StepstreamError):
+    """An exception left a ``ctx.saga`` block; the compensations of the steps completed
+    in it ran, newest first. ``cause`` is that exception; ``compensation_errors`` maps
+    steps whose compensation failed for good to its ``StepFailed``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        cause: BaseException,
+        compensation_errors: dict[str, StepFailed] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.cause = cause
+        self.compensation_errors = compensation_errors or {}
+
+
 class RaceError(StepstreamError):
     """Every branch of ``ctx.race`` raised; ``errors`` maps each to its exception."""
 
@@ -157,4 +174,6 @@ class EventTimeout(StepstreamError, TimeoutError):
 
 
 class Evicted(BaseException):
-    """Raised into a workflow coroutine being discarded from the cache; never user-visible."""
+    """Raised by ``ctx`` calls in a workflow coroutine that is being discarded (evicted
+    from the cache, paused, handed to a new owner): the coroutine is unwinding and
+    records nothing. Internal control flow: do not catch it."""

@@ -31,6 +31,7 @@ from engine.codec import (
 from engine.context import Context, current_scope
 from engine.errors import (
     EventTimeout,
+    Evicted,
     HistoryDiverged,
     InvalidPayload,
     InvalidWorkflowCall,
@@ -166,6 +167,7 @@ class InstanceRuntime:
         self._names: dict[tuple[str, str], tuple[int, asyncio.Task[Any] | None]] = {}
         self._deferred: list[tuple[str, str]] = []
         self._replaying = False
+        self._closing = False  # set while close() unwinds the coroutine
         self._diverged: HistoryDiverged | None = None
         self._out: Output = Output()
         self._command_id = ""
@@ -226,6 +228,11 @@ class InstanceRuntime:
     def key_for(self, name: str) -> str:
         """The replay key of the next use of ``name`` in the current scope: the name
         itself the first time, ``name#n`` the nth time, prefixed with the scope."""
+        if self._closing:
+            raise Evicted(
+                f"instance {self.state.instance_id} is being evicted: ctx calls in finally "
+                "blocks record nothing (do not catch Evicted)"
+            )
         problem = step_name_problem(name)
         if problem is not None:
             raise InvalidWorkflowCall(f"instance {self.state.instance_id}: name {problem}")
@@ -248,8 +255,24 @@ class InstanceRuntime:
         return bool(self.inflight)
 
     def close(self) -> None:
-        if self._loop is not None:
-            self._loop.close()
+        """Discard the coroutine (eviction, pause, a new owner): its tasks are cancelled
+        and run until they unwound, so the workflow's ``finally:`` blocks and ``async
+        with`` exits run now, not whenever the garbage collector gets to them. A ``ctx``
+        call made while unwinding raises ``Evicted``: nothing is recorded."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            if pending:
+                self._closing = True
+                try:
+                    for task in pending:
+                        task.cancel()
+                    loop.run_until_quiet()
+                except Exception:
+                    log.exception("instance %s: unwinding the workflow failed", self.instance_id)
+                finally:
+                    self._closing = False
+            loop.close()
         self._loop = None
         self._task = None
         self._futures.clear()
@@ -732,6 +755,8 @@ class InstanceRuntime:
                 self._out.cancels.append((self.state.instance_id, entry.key, entry.attempt))
 
     def record_value(self, kind: str, produce: Callable[[], Any]) -> Any:
+        if self._closing:
+            raise Evicted(f"instance {self.state.instance_id} is being evicted")
         # Values have no name, so their key is the task that read them plus a count;
         # parallel branches may run in another order on replay but keep their paths.
         path = WorkflowLoop.task_path()

@@ -339,3 +339,18 @@ async def _fetch_part(c: Context, part: str) -> Any:
 @workflow("join-parts")
 async def join_parts(ctx: Context, parts: list[str]) -> Any:
     return await ctx.join({p: (lambda c, p=p: _fetch_part(c, p)) for p in parts})
+
+
+UNWOUND: list[str] = []  # instances whose coroutine ran its finally block
+
+
+@workflow("unwinds")
+async def unwinds(ctx: Context, _: Any) -> Any:
+    try:
+        return await ctx.wait_for_event("go")
+    finally:
+        UNWOUND.append(ctx.instance_id)
+        try:
+            await ctx.step("cleanup", add, 1, 1)  # refused while evicted: never recorded
+        except Exception:
+            UNWOUND.append("caught")  # Evicted is not an Exception: never reached

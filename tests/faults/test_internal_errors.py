@@ -164,3 +164,37 @@ async def test_timers_indexed_in_the_layout_before_instances_keyed_it_still_fire
         store = engine.host._processor("old-timer").backend.store
         assert list(store.scan(state_keys.TIMER)) == []
         assert list(store.scan(state_keys.TIMER_BY_ID)) == []
+
+
+async def test_an_evicted_coroutine_unwinds_at_eviction_and_records_nothing(
+    tmp_path: Path,
+) -> None:
+    """With a cache of one, loading a second instance evicts the first: its ``finally``
+    block runs then (not at some garbage collection), and a ctx call made there records
+    nothing. The evicted instance replays when it is needed again."""
+    from tests.workflows import UNWOUND
+
+    UNWOUND.clear()
+    config = EmbeddedConfig(data_dir=str(tmp_path / "d"), partitions=1, cache_size=1)
+    engine = await open_embedded(workflows_of_tests(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        await client.start("unwinds", None, instance_id="evict-a")
+        for _ in range(200):
+            if (await client.status("evict-a")).waits:
+                break
+            await asyncio.sleep(0.01)
+        assert UNWOUND == []
+        await client.start("arith", 1, instance_id="evict-b")  # evicts evict-a
+        await client.result("evict-b", timeout=10)
+        assert UNWOUND == ["evict-a"]
+        await client.send_event("evict-a", "go", "went")
+        assert await client.result("evict-a", timeout=10) == "went"
+        # The cleanup step ran once, when the workflow really finished; the eviction
+        # recorded nothing (it would have been "cleanup", this one "cleanup#2").
+        started = [
+            h.attributes["key"]
+            for h in await client.history("evict-a")
+            if h.type == "StepAttemptStarted"
+        ]
+        assert started == ["cleanup"]
+        assert UNWOUND == ["evict-a", "evict-a"]

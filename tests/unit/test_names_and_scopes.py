@@ -296,3 +296,75 @@ def test_a_race_whose_branches_all_fail_raises_race_error() -> None:
     h.start(None)
     h.run_all()
     assert h.result() == ["x", "y"]
+
+
+# ---- sagas --------------------------------------------------------------------------------
+
+UNDONE: list[Any] = []
+
+
+def _book(what: str) -> str:
+    return f"{what}-booking"
+
+
+def _undo(booking: str) -> str:
+    UNDONE.append(booking)
+    return f"cancelled {booking}"
+
+
+def _card_declined() -> None:
+    raise NonRetryableError("card declined")
+
+
+async def _trip(ctx: Context, fail: bool) -> Any:
+    from engine.errors import RolledBack
+
+    try:
+        async with ctx.saga("booking"):
+            await ctx.step("flight", _book, "flight", compensate=_undo)
+            await ctx.step("hotel", _book, "hotel", compensate=_undo)
+            await ctx.step("car", _book, "car")  # nothing to undo
+            if fail:
+                await ctx.step("pay", _card_declined)
+        return "booked"
+    except RolledBack as exc:
+        return {"rolled_back": str(exc.cause), "compensation_errors": list(exc.compensation_errors)}
+
+
+def test_a_saga_compensates_completed_steps_newest_first_exactly_once() -> None:
+    UNDONE.clear()
+    h = Harness(define("trip", _trip))
+    h.start(True)
+    h.run("booking/flight")
+    h.run("booking/hotel")
+    h.run("booking/car")
+    h.fail("booking/pay", "card declined", retryable=False)
+    # The first compensation (hotel, the newest) runs; then a crash.
+    h.run("booking/compensate#1")
+    h.crash()  # replay: flight's compensation is started, hotel's is not run again
+    h.run_all()
+    assert h.result() == {
+        "rolled_back": "step 'booking/pay' of instance inst-1 failed after 1 attempt(s): "
+        "RuntimeError: card declined",
+        "compensation_errors": [],
+    }
+    assert UNDONE == ["hotel-booking", "flight-booking"]
+    assert h.ran["booking/compensate#1"] == 1 and h.ran["booking/compensate#2"] == 1
+
+
+def test_a_saga_that_completes_compensates_nothing() -> None:
+    UNDONE.clear()
+    h = Harness(define("trip", _trip))
+    h.start(False)
+    h.run_all()
+    assert h.result() == "booked" and UNDONE == []
+
+
+def test_compensate_outside_a_saga_is_refused() -> None:
+    async def flow(ctx: Context, _: Any) -> Any:
+        return await ctx.step("x", ident, 1, compensate=_undo)
+
+    h = Harness(define("no-saga", flow))
+    h.start(None)
+    assert h.state.error_type == "InvalidWorkflowCall"
+    assert "ctx.saga" in h.state.error_message
