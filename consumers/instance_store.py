@@ -32,6 +32,13 @@ def write_state(state: InstanceState, batch: CommitBatch) -> None:
     for key in state.dirty_entries:
         batch.put(keys.entry(instance_id, key), entry_json(state.entries[key]))
     state.dirty_entries.clear()
+    for key in state.deleted_entries:  # pruned by a loop
+        batch.delete(keys.entry(instance_id, key))
+    state.deleted_entries.clear()
+    for low, high in state.pruned_history:
+        for seq in range(low, high):
+            batch.delete(keys.history(instance_id, seq))
+    state.pruned_history.clear()
     for command_id in state.new_commands:
         batch.put(keys.command(instance_id, command_id), b"")
     state.new_commands.clear()

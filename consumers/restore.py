@@ -82,8 +82,13 @@ class Restorer:
                 state.seq,
                 record.seq,
             )
+        pruned = len(state.pruned_history)
         state.apply(record)
-        self._history.setdefault(instance_id, {})[record.seq] = value
+        records = self._history.setdefault(instance_id, {})
+        records[record.seq] = value
+        for low, high in state.pruned_history[pruned:]:  # pruned by a loop: not stored
+            for seq in range(low, high):
+                records.pop(seq, None)
         self.applied += 1
 
     def _forget(self, instance_id: str) -> None:

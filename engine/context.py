@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar, overload
 
 from engine.errors import InvalidWorkflowCall, JoinError, RaceError, StepFailed
+from engine.loops import LoopBody, run_loop
 from engine.names import step_name_problem
 from engine.retry import RetryPolicy
 from engine.saga import SagaFrame, current_saga, register, roll_back
@@ -69,6 +70,10 @@ class WorkflowRuntime(Protocol):
     def record_value(self, kind: str, produce: Callable[[], Any]) -> Any: ...
 
     def race_decided(self, key: str) -> tuple[str, list[str]] | None: ...
+
+    def loop_resume(self, key: str, initial: Any) -> tuple[int, Any]: ...
+
+    def loop_advanced(self, key: str, iteration: int, state: Any, keep: int) -> Any: ...
 
     def decide_race(self, key: str, winner: str, losers: list[str]) -> None: ...
 
@@ -270,6 +275,18 @@ class Context:
         _refuse_in_step_body("ctx.wait_for_event")
         limit = None if timeout is None else round(_seconds(timeout) * 1000)
         return _awaiting(self._rt.wait_future(self._rt.key_for(key or name), name, limit))
+
+    async def loop(self, name: str, body: LoopBody, *, state: Any = None, keep: int = 10) -> Any:
+        """Run ``body(ctx, state)`` until it returns ``Break(value)``; ``Continue(s)``
+        runs it again with ``s``. Each iteration is a scope (``<name>/<i>/``); the state
+        is recorded after each one, replay starts at the last, and the records of
+        iterations older than the last ``keep`` are pruned, so an endless loop holds
+        bounded history, state and replay time. The state must be encodable by the
+        payload codec (JSON by default: a tuple comes back as a list)."""
+        _refuse_in_step_body("ctx.loop")
+        if keep < 1:
+            raise InvalidWorkflowCall(f"loop {name!r}: keep must be at least 1, not {keep}")
+        return await run_loop(self, self._rt.key_for(name), body, state, keep)
 
     @contextlib.asynccontextmanager
     async def saga(self, name: str) -> AsyncIterator[None]:

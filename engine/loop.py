@@ -63,6 +63,11 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         path = f"{parent_path}.{index}" if parent_path else ROOT_TASK if index == 0 else str(index)
         return asyncio.Task(coro, loop=self, name=path, context=context)
 
+    def create_named_task(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """A task with a path of the caller's choosing, unique and stable across replays
+        (a loop iteration's), that does not shift the indexes of the parent's tasks."""
+        return asyncio.Task(coro, loop=self, name=name)
+
     @staticmethod
     def task_path() -> str:
         """The deterministic path of the workflow task running now."""

@@ -170,6 +170,17 @@ class RaceDecided(HistoryRecord):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class LoopAdvanced(HistoryRecord):
+    """An iteration of a loop ended with ``Continue``: the next iteration and its state;
+    iterations older than the last ``keep`` are pruned."""
+
+    key: str
+    iteration: int
+    state: Payload
+    keep: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ValueRecorded(HistoryRecord):
     """A non-deterministic value the workflow read (now, uuid, random), kept for replay."""
 
@@ -319,6 +330,7 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     EventBuffered,
     ValueRecorded,
     RaceDecided,
+    LoopAdvanced,
     WorkflowPaused,
     WorkflowResumed,
     WorkflowCompleted,

@@ -47,6 +47,7 @@ from engine.records import (
     CommandIgnored,
     EventBuffered,
     HistoryRecord,
+    LoopAdvanced,
     PauseWorkflow,
     Payload,
     RaceDecided,
@@ -75,7 +76,7 @@ from engine.records import StepFailed as StepFailedRecord
 from engine.records import StepSucceeded as StepSucceededRecord
 from engine.retry import DEFAULT_RETRY, RetryPolicy
 from engine.seams import Clock
-from engine.state import Entry, EntryKind, EntryState, InstanceState, Status
+from engine.state import Entry, EntryKind, EntryState, InstanceState, Status, loop_prefixes
 from engine.workflow import WorkflowDefinition
 
 log = logging.getLogger("stepstream.engine")
@@ -501,12 +502,13 @@ class InstanceRuntime:
                 self._act(what, key)
 
     def _check_all_visited(self) -> None:
-        # What losing race branches recorded is not replayed: only the winner runs.
+        # What losing race branches recorded is not replayed (only the winner runs), nor
+        # are the loop iterations before the one a loop resumes at.
         lost = tuple(
             prefix
             for e in self.state.entries.values()
-            if e.kind is EntryKind.RACE and e.key in self._visited
-            for prefix in e.losers or ()
+            if e.key in self._visited
+            for prefix in _not_replayed(e)
         )
         missed = sorted(
             (
@@ -730,6 +732,26 @@ class InstanceRuntime:
                 self._deferred.append(("wait", key))
         return self._future(self.state.entries.get(key), key)
 
+    def loop_resume(self, key: str, initial: Any) -> tuple[int, Any]:
+        """Where the loop ``key`` starts: its last recorded iteration and state, or 0 and
+        ``initial`` the first time."""
+        entry = self._visit(key, EntryKind.LOOP)
+        if entry is None:
+            return 0, initial
+        assert entry.result is not None
+        return entry.attempt, decode_safely(self.codec, entry.result)
+
+    def loop_advanced(self, key: str, iteration: int, state: Any, keep: int) -> Any:
+        """Record that the loop goes on with ``iteration`` and ``state``; returns the
+        state as replay will see it (decoded from what was recorded)."""
+        payload = check_size(
+            encode_safely(self.codec, state),
+            self.max_payload_bytes,
+            what=f"the state of loop {key!r} of instance {self.state.instance_id}",
+        )
+        self._emit(LoopAdvanced, key=key, iteration=iteration, state=payload, keep=keep)
+        return decode_safely(self.codec, payload)
+
     def race_decided(self, key: str) -> tuple[str, list[str]] | None:
         """The recorded winner and losers of the race ``key``, or None if it is open."""
         entry = self._visit(key, EntryKind.RACE)
@@ -790,3 +812,13 @@ def _failure_kind(entry: Entry) -> str:
     if entry.max_attempts and entry.attempt < entry.max_attempts:
         return "non_retryable"
     return "exhausted"
+
+
+def _not_replayed(entry: Entry) -> list[str]:
+    """Key prefixes under ``entry`` that replay does not reach."""
+    if entry.kind is EntryKind.RACE:
+        return list(entry.losers or ())
+    if entry.kind is EntryKind.LOOP:
+        kept = range(entry.max_attempts, entry.attempt)
+        return [p for j in kept for p in loop_prefixes(entry.key, j)]
+    return []

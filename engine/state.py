@@ -21,6 +21,7 @@ from engine.errors import StepstreamError
 from engine.records import (
     EventBuffered,
     HistoryRecord,
+    LoopAdvanced,
     Payload,
     RaceDecided,
     SleepElapsed,
@@ -77,6 +78,7 @@ class EntryKind(StrEnum):
     WAIT = "wait"
     VALUE = "value"
     RACE = "race"
+    LOOP = "loop"
 
 
 class EntryState(StrEnum):
@@ -102,6 +104,12 @@ _OPEN_ENTRY_STATES = frozenset(
 )
 
 
+def loop_prefixes(key: str, iteration: int) -> tuple[str, str]:
+    """The key prefixes of one loop iteration: its scope, and the tasks it ran in (the
+    keys of values read there start with the task's name)."""
+    return f"{key}/{iteration}/", f"{key}/{iteration}."
+
+
 def timer_id(instance_id: str, purpose: str, key: str, n: int) -> str:
     return f"{instance_id}/{purpose}/{n}/{key}"
 
@@ -124,6 +132,8 @@ class Entry:
     event_name: str | None = None
     winner: str | None = None  # a race's winning branch
     losers: list[str] | None = None  # a race's losing branches, as scope prefixes
+    # A loop's kept iterations: iteration -> seq of the LoopAdvanced that ended it.
+    marks: dict[int, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"k": self.kind.value, "s": self.state.value, "q": self.seq}
@@ -143,6 +153,8 @@ class Entry:
         if self.winner is not None:
             out["w"] = self.winner
             out["l"] = self.losers
+        if self.marks is not None:
+            out["mk"] = [[i, q] for i, q in self.marks.items()]
         return out
 
     @classmethod
@@ -162,6 +174,7 @@ class Entry:
             event_name=raw.get("e"),
             winner=raw.get("w"),
             losers=raw.get("l"),
+            marks=None if "mk" not in raw else {i: q for i, q in raw["mk"]},
         )
 
 
@@ -208,6 +221,10 @@ class InstanceState:
     dirty_entries: set[str] = field(default_factory=set)
     # Client command ids applied since the state was last written (stored one key each).
     new_commands: set[str] = field(default_factory=set)
+    # Pruned by a loop since the state was last written: entries, and seq ranges
+    # [from, to) of the instance's stored history records.
+    deleted_entries: set[str] = field(default_factory=set)
+    pruned_history: list[tuple[int, int]] = field(default_factory=list)
 
     # ---- the state machine ----------------------------------------------------------
 
@@ -303,6 +320,8 @@ class InstanceState:
                         other.state = EntryState.ABANDONED
                         other.timer_id = other.fire_at_ms = None
                         self.dirty_entries.add(other.key)
+            case LoopAdvanced():
+                self._loop_advanced(record)
             case ValueRecorded():
                 self._running()
                 entry = self._entry(record.key, EntryKind.VALUE, EntryState.RECORDED, record.seq)
@@ -326,6 +345,39 @@ class InstanceState:
                 self.cancel_reason = record.reason
             case _:
                 pass
+
+    def _loop_advanced(self, record: LoopAdvanced) -> None:
+        entry = self._entry(record.key, EntryKind.LOOP, EntryState.RECORDED, record.seq)
+        ended = record.iteration - 1
+        entry.attempt = record.iteration
+        entry.result = record.state
+        marks = entry.marks = entry.marks or {}
+        marks[ended] = record.seq
+        # Iterations below ``before`` are pruned; ``max_attempts`` keeps how far it got.
+        before = max(record.iteration - max(record.keep, 1), 0)
+        if before <= entry.max_attempts:
+            return
+        prefixes = tuple(
+            p for j in range(entry.max_attempts, before) for p in loop_prefixes(record.key, j)
+        )
+        pruned = [e for e in self.entries.values() if e.key.startswith(prefixes)]
+        # The stored history from just after the last pruned iteration (or the first
+        # record of these) through the LoopAdvanced that ended iteration ``before - 1``.
+        boundary = marks.get(entry.max_attempts - 1)
+        starts = [e.seq for e in pruned] + [
+            marks[j] for j in range(entry.max_attempts, before) if j in marks
+        ]
+        low = boundary + 1 if boundary is not None else min(starts, default=record.seq)
+        high = marks.get(before - 1, low - 1) + 1
+        for e in pruned:
+            del self.entries[e.key]
+            self.dirty_entries.discard(e.key)
+            self.deleted_entries.add(e.key)
+        for j in [j for j in marks if j < before - 1]:
+            del marks[j]
+        if high > low:
+            self.pruned_history.append((low, high))
+        entry.max_attempts = before
 
     def _running(self) -> None:
         if self.status is Status.PENDING:

@@ -7,7 +7,7 @@ This is the one import path users need::
 
 from engine.attempts import attempt_cancelled
 from engine.codec import JsonCodec, PayloadCodec
-from engine.context import Context
+from engine.context import Context, StepFailure, StepResult
 from engine.errors import (
     AccessDenied,
     ConnectionFailed,
@@ -16,9 +16,13 @@ from engine.errors import (
     InstanceFinished,
     InstanceNotPaused,
     InvalidPayload,
+    InvalidWorkflowCall,
+    JoinError,
     NonRetryableError,
     PayloadTooLarge,
+    RaceError,
     ResultTimeout,
+    RolledBack,
     StepFailed,
     StepstreamError,
     StepTimeout,
@@ -27,6 +31,7 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
+from engine.loops import Break, Continue
 from engine.records import Payload
 from engine.retry import RetryPolicy
 from engine.views import HistoryEntry, InstanceStatus
@@ -36,9 +41,11 @@ from producers.client import Client
 
 __all__ = [
     "AccessDenied",
+    "Break",
     "Client",
     "ConnectionFailed",
     "Context",
+    "Continue",
     "EventTimeout",
     "HistoryDiverged",
     "HistoryEntry",
@@ -46,14 +53,20 @@ __all__ = [
     "InstanceNotPaused",
     "InstanceStatus",
     "InvalidPayload",
+    "InvalidWorkflowCall",
+    "JoinError",
     "JsonCodec",
     "NonRetryableError",
     "Payload",
     "PayloadCodec",
     "PayloadTooLarge",
+    "RaceError",
     "ResultTimeout",
     "RetryPolicy",
+    "RolledBack",
     "StepFailed",
+    "StepFailure",
+    "StepResult",
     "StepTimeout",
     "StepstreamError",
     "UnknownInstance",

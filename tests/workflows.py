@@ -354,3 +354,45 @@ async def unwinds(ctx: Context, _: Any) -> Any:
             await ctx.step("cleanup", add, 1, 1)  # refused while evicted: never recorded
         except Exception:
             UNWOUND.append("caught")  # Evicted is not an Exception: never reached
+
+
+@workflow("polling")
+async def polling(ctx: Context, args: dict[str, int]) -> Any:
+    """Counts to ``n`` one step an iteration, waiting for an event at ``pause_at``."""
+    from stepstream import Break, Continue
+
+    async def body(c: Context, count: int) -> Any:
+        count = await c.step("tick", add, count, 1)
+        if count == args["pause_at"]:
+            await c.wait_for_event("go-on")
+        return Continue(count) if count < args["n"] else Break(count)
+
+    return await ctx.loop("poll", body, state=0, keep=args.get("keep", 3))
+
+
+BOOKED: list[str] = []
+
+
+def book(what: str) -> str:
+    BOOKED.append(f"book {what}")
+    return f"{what}-1"
+
+
+def unbook(booking: str) -> None:
+    BOOKED.append(f"cancel {booking}")
+
+
+@workflow("trip")
+async def trip(ctx: Context, fail: bool) -> Any:
+    from stepstream import RolledBack
+
+    try:
+        async with ctx.saga("booking"):
+            await ctx.step("flight", book, "flight", compensate=unbook)
+            await ctx.step("hotel", book, "hotel", compensate=unbook)
+            if fail:
+                await ctx.wait_for_event("payment-failed")
+                raise RuntimeError("payment failed")
+        return "booked"
+    except RolledBack as exc:
+        return f"rolled back: {exc.cause}"

@@ -383,3 +383,41 @@ async def test_join_runs_branches_in_their_own_scopes(client: Client) -> None:
         "join/cde/fetch",
         "join/cde/fetch#2",
     ]
+
+
+async def test_a_loop_carries_state_replays_from_its_last_iteration_and_prunes(
+    client: Client,
+) -> None:
+    args = {"n": 40, "pause_at": 20, "keep": 3}
+    instance = await client.start("polling", args, instance_id=new_id("poll"))
+    for _ in range(500):
+        if (await client.status(instance)).waits:
+            break
+        await asyncio.sleep(0.01)
+    await client.pause(instance)  # the replay on resume starts at iteration 19
+    await client.resume(instance)
+    await client.send_event(instance, "go-on", None)
+    assert await client.result(instance, timeout=30) == 40
+    history = await client.history(instance)
+    ticks = [h.attributes["key"] for h in history if h.type == "StepSucceeded"]
+    assert ticks == ["poll/36/tick", "poll/37/tick", "poll/38/tick", "poll/39/tick"]
+    assert len(history) < 25, [h.type for h in history]  # 40 iterations, bounded
+
+
+async def test_a_saga_rolls_back_newest_first(client: Client) -> None:
+    from tests.workflows import BOOKED
+
+    BOOKED.clear()
+    instance = await client.start("trip", True, instance_id=new_id("trip"))
+    await client.send_event(instance, "payment-failed", None)
+    assert await client.result(instance, timeout=20) == "rolled back: payment failed"
+    assert BOOKED == ["book flight", "book hotel", "cancel hotel-1", "cancel flight-1"]
+    keys = [
+        h.attributes["key"] for h in await client.history(instance) if h.type == "StepSucceeded"
+    ]
+    assert keys == [
+        "booking/flight",
+        "booking/hotel",
+        "booking/compensate#1",
+        "booking/compensate#2",
+    ]

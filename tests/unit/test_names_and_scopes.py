@@ -368,3 +368,72 @@ def test_compensate_outside_a_saga_is_refused() -> None:
     h.start(None)
     assert h.state.error_type == "InvalidWorkflowCall"
     assert "ctx.saga" in h.state.error_message
+
+
+# ---- loops --------------------------------------------------------------------------------
+
+BODY_RUNS: list[int] = []
+
+
+async def _poll(ctx: Context, limit: int) -> Any:
+    from engine.loops import Break, Continue
+
+    async def body(c: Context, total: int) -> Any:
+        BODY_RUNS.append(total)
+        got = await c.step("fetch", ident, 1)
+        if total + got >= limit:
+            return Break({"total": total + got, "at": c.now().year > 2000})
+        if total == 2:
+            await c.wait_for_event("more")
+        return Continue(total + got)
+
+    return await ctx.loop("poll", body, state=0, keep=2)
+
+
+def test_a_loop_carries_state_and_replay_starts_at_the_last_iteration() -> None:
+    BODY_RUNS.clear()
+    h = Harness(define("poll", _poll))
+    h.start(6)
+    h.run_all()  # iterations 0, 1, 2 (waits in 2)
+    assert BODY_RUNS == [0, 1, 2]
+    BODY_RUNS.clear()
+    h.crash()  # replay: only the iteration in progress (2) runs again, from its state
+    assert BODY_RUNS == [2]
+    h.send("more", None)
+    h.run_all()
+    assert h.result() == {"total": 6, "at": True}
+    assert h.ran["poll/3/fetch"] == 1
+    # The last `keep` iterations that went on (3, 4) keep their entries, and the last
+    # one (5, which broke out); the loop's own entry stays.
+    assert sorted(h.state.entries) == [
+        "poll",
+        "poll/3/fetch",
+        "poll/4/fetch",
+        "poll/5/fetch",
+        "poll/5/now#1",
+    ]
+    h.crash()
+    assert h.result() == {"total": 6, "at": True}
+
+
+async def _endless(ctx: Context, n: int) -> Any:
+    from engine.loops import Break, Continue
+
+    async def body(c: Context, i: int) -> Any:
+        await c.step("tick", ident, i)
+        return Continue(i + 1) if i + 1 < n else Break(i + 1)
+
+    return await ctx.loop("ticks", body, state=0, keep=3)
+
+
+def test_a_long_loop_holds_bounded_state_and_prunes_stored_history() -> None:
+    h = Harness(define("endless", _endless))
+    h.start(500)
+    h.run_all()
+    assert h.result() == 500
+    assert len(h.state.entries) <= 1 + 4  # the loop, and the last iterations' steps
+    pruned = sum(high - low for low, high in h.state.pruned_history)
+    kept = len(h.records) - pruned
+    assert kept < 30, (kept, len(h.records))  # the stored history is bounded too
+    h.crash()
+    assert h.result() == 500
