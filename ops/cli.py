@@ -382,6 +382,14 @@ def _status(args: argparse.Namespace) -> int:
 def _history(args: argparse.Namespace) -> int:
     async def command(client: Client) -> int:
         history = await client.history(args.id)
+        if args.export is not None:
+            from ops.history_export import records_from_entries, write_export
+
+            records = records_from_entries(args.id, history)
+            write_export(args.export, args.id, records)
+            done = {"instance_id": args.id, "records": len(records), "file": args.export}
+            _output(args, done, f"wrote {len(records)} records of {args.id} to {args.export}")
+            return EXIT_OK
         _output(args, [entry.to_json() for entry in history], render_timeline(history))
         return EXIT_OK
 
@@ -395,6 +403,29 @@ def _list(args: argparse.Namespace) -> int:
         return EXIT_OK
 
     return _with_client(args, command)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if args.from_offset is not None and args.bootstrap is None:
+        raise _UsageError("--from-offset only applies with --bootstrap")
+    if args.from_offset is not None and args.from_offset < 0:
+        raise _UsageError(f"--from-offset must be 0 or more, got {args.from_offset}")
+    if args.until_seq is not None:
+        if args.until_seq < 1:
+            raise _UsageError(f"--until-seq must be 1 or more, got {args.until_seq}")
+        if args.instance is None and (args.file is None or len(args.file) != 1):
+            raise _UsageError(
+                "--until-seq replays one instance: give --instance ID (or one --file)"
+            )
+    if args.connect is not None and args.connect.startswith("embedded:"):
+        raise _UsageError(
+            "replay reads an embedded data directory read-only with --data DIR; "
+            "--connect embedded: would open it for writing"
+        )
+    from ops import replay
+
+    _put_cwd_on_path()
+    return replay.main(args)
 
 
 # ---- Kafka mode -------------------------------------------------------------------------
@@ -737,11 +768,20 @@ def _parser() -> argparse.ArgumentParser:
     command(
         "status", _status, "show an instance's status and what it waits for", [connect, as_json]
     ).add_argument("id", metavar="ID")
-    command(
+    history = command(
         "history", _history, "show an instance's history as a timeline", [connect, as_json]
-    ).add_argument("id", metavar="ID")
+    )
+    history.add_argument("id", metavar="ID")
+    history.add_argument(
+        "--export",
+        metavar="FILE",
+        help="write the raw history as JSON (docs/history-export.md) for `stepstream replay "
+        "--file` and stepstream.testing.replay",
+    )
     listing = command("list", _list, "list instances", [connect, as_json])
     listing.add_argument("--status", choices=[s.value for s in Status])
+
+    _replay_parser(command)
 
     kafka = argparse.ArgumentParser(add_help=False)
     kafka.add_argument(
@@ -824,6 +864,73 @@ def _parser() -> argparse.ArgumentParser:
         "--sync-steps", action="store_true", help="W1 with sync step functions (thread pool)"
     )
     return parser
+
+
+def _replay_parser(command: Callable[..., argparse.ArgumentParser]) -> None:
+    replay = command(
+        "replay",
+        _replay,
+        "replay recorded histories against the current workflow code, with no side effects "
+        "(no step runs, nothing is written): one line per instance, ok or where it diverges; "
+        "exit status 1 on any divergence",
+    )
+    replay.add_argument(
+        "--workflows",
+        required=True,
+        metavar="MODULES",
+        help="comma-separated modules with the @workflow functions to check (the code to deploy)",
+    )
+    source = replay.add_argument_group("where the histories come from (one of)")
+    sources = source.add_mutually_exclusive_group(required=True)
+    sources.add_argument(
+        "--data", metavar="DIR", help="an embedded data directory, opened read-only"
+    )
+    sources.add_argument(
+        "--connect", metavar="URL", help="an engine's API: http(s)://HOST:PORT or kafka://..."
+    )
+    sources.add_argument(
+        "--bootstrap", metavar="H:P", help="Kafka: read the <prefix>.history topic itself"
+    )
+    sources.add_argument(
+        "--file",
+        action="append",
+        metavar="FILE",
+        help="a file of `stepstream history ID --export FILE` (repeatable)",
+    )
+    source.add_argument(
+        "--prefix",
+        help="with --bootstrap: topic prefix (default: $STEPSTREAM_PREFIX or stepstream)",
+    )
+    source.add_argument(
+        "--from-offset",
+        type=int,
+        metavar="N",
+        help="with --bootstrap: read each partition from offset N (instances whose start "
+        "is before it are skipped)",
+    )
+    source.add_argument(
+        "--kafka-config", metavar="FILE", help="with --bootstrap: client properties"
+    )
+    source.add_argument(
+        "--kafka-opt", action="append", default=[], metavar="KEY=VALUE", help="a client property"
+    )
+    source.add_argument("--token", metavar="TOKEN", help="with --connect: the API's bearer token")
+    source.add_argument("--tls-ca", metavar="FILE", help="with --connect: a CA certificate (PEM)")
+    which = replay.add_mutually_exclusive_group()
+    which.add_argument("--instance", metavar="ID", help="replay this instance only")
+    which.add_argument("--workflow", metavar="NAME", help="replay instances of this workflow only")
+    replay.add_argument(
+        "--until-seq",
+        type=int,
+        metavar="N",
+        help="replay only the first N records of the instance (time travel)",
+    )
+    replay.add_argument(
+        "--trace",
+        action="store_true",
+        help="print what the code saw at each ctx call: the recorded value, in order",
+    )
+    replay.add_argument("--json", action="store_true", help="print JSON only")
 
 
 if __name__ == "__main__":
