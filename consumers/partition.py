@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from consumers import state_keys as keys
 from consumers.dead_letters import dead_letter
+from consumers.hooks import HookConfig, HookRunner
 from consumers.instance_store import InstanceReads, write_state
 from consumers.retention import Sweeper
 from consumers.runtime_cache import RuntimeCache
@@ -116,6 +118,10 @@ class PartitionProcessor:
             max_payload_bytes=config.max_payload_bytes,
             size=config.cache_size,
         )
+        # Hooks (on_error, on_status_change): their outbox is written ahead of each commit.
+        self._hooks = HookRunner(
+            backend, registry, serde=serde, config=HookConfig.from_env(os.environ)
+        )
         self._sweeper = Sweeper(
             backend,
             self._cache,
@@ -167,6 +173,7 @@ class PartitionProcessor:
             touched[instance_id] = runtime
         self._index_finished(batch)
         self._persist(out, touched, batch)
+        await self._hooks.write_ahead(out, touched)  # hooks
         await self.backend.commit(batch)
         self._after_commit(out, touched, {})
         if touched:
@@ -194,6 +201,7 @@ class PartitionProcessor:
                     await task
                 except (asyncio.CancelledError, Exception):
                     pass
+        await self._hooks.stop()
         self._cache.clear()
 
     async def drain(self, timeout: float | None = None) -> int:
@@ -213,6 +221,7 @@ class PartitionProcessor:
                 await asyncio.wait_for(self._committed.wait(), remaining)
             except TimeoutError:
                 break
+        await self._hooks.drain(max(0.0, deadline - loop.time()))  # hooks: calls owed
         left = self._cache.running_attempts()
         if left:
             log.warning(
@@ -236,6 +245,7 @@ class PartitionProcessor:
                 await self._consume()
             except PartitionLost as exc:
                 log.warning("partition=%d: stopped processing: %s", self.partition, exc)
+                self._hooks.halt()
                 return
             except Exception as exc:
                 # A commit failed (or a bug escaped). Memory may be ahead of what is
@@ -370,6 +380,7 @@ class PartitionProcessor:
         if entries:
             batch.offsets[COMMANDS] = entries[-1].offset + 1
         self._persist(out, touched, batch)
+        await self._hooks.write_ahead(out, touched)  # hooks
         await self.backend.commit(batch)
         self._after_commit(out, touched, settled)
         redrive = poisoned_seen | self._redrive
@@ -403,6 +414,7 @@ class PartitionProcessor:
             out.cancels.extend(own.cancels)
             touched[instance_id] = runtime
         self._persist(out, touched, batch)
+        await self._hooks.write_ahead(out, touched)  # hooks
         await self.backend.commit(batch)
         self._after_commit(out, touched, {})
 
@@ -573,6 +585,7 @@ class PartitionProcessor:
             if runtime.state.status.finished and not runtime.busy:
                 self._cache.drop(instance_id)
         self._cache.evict()
+        self._hooks.launch()  # hooks: the records are durable now
         self._on_commit(Committed([rt.state for rt in touched.values()], settled))
         self._committed.set()
 

@@ -11,6 +11,8 @@ Layout (all keys local to one partition; ``<id>`` is an instance id, escaped):
   v\\0finished-indexed         set once every finished instance is in the f\\0 index
   t\\0<fire_at:8><id>\\0<timer>  timer index ordered by fire time
   T\\0<id>\\0<timer>            (instance, timer id) -> fire time (to cancel)
+  k\\0<id>\\0<seq:8>            a hook call still owed for the instance's record ``seq``
+                              (``consumers.hooks``; deleted once the hook returned)
 
 An instance id is escaped so that no id's keys fall under another id's prefix, whatever
 bytes ids hold: 0x01 becomes 0x01 0x01 and 0x00 becomes 0x01 0x02, so an escaped id has no
@@ -33,6 +35,7 @@ LOG_MARK = b"l\x00"
 FINISHED_INDEXED = b"v\x00finished-indexed"
 TIMER = b"t\x00"
 TIMER_BY_ID = b"T\x00"
+HOOK = b"k\x00"
 _SEQ = struct.Struct(">Q")
 _END = b"\x00"
 
@@ -158,3 +161,13 @@ def legacy_timer(key: bytes, value: bytes) -> tuple[int, str, str] | None:
 def legacy_timer_by_id(key: bytes) -> bool:
     """Whether a ``T`` key is of the layout before the index was keyed by instance."""
     return _END not in key[len(TIMER_BY_ID) :]
+
+
+def hook(instance_id: str, seq: int) -> bytes:
+    return HOOK + escape_id(instance_id) + _END + _SEQ.pack(seq)
+
+
+def split_hook(key: bytes) -> tuple[str, int]:
+    """(instance id, history seq) of a hook outbox key."""
+    body = key[len(HOOK) :]
+    return unescape_id(body[:-9]), int(_SEQ.unpack(body[-8:])[0])

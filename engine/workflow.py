@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from engine.errors import DuplicateWorkflow, UnknownWorkflow
+from engine.hook_events import ErrorHook, StatusHook
 from engine.names import name_problem
 
 if TYPE_CHECKING:
@@ -25,25 +26,47 @@ class WorkflowDefinition:
     name: str
     version: str
     fn: WorkflowFn
+    on_error: ErrorHook | None = None
+    on_status_change: StatusHook | None = None
+
+    @property
+    def has_hooks(self) -> bool:
+        return self.on_error is not None or self.on_status_change is not None
 
 
-def workflow(name: str, *, version: str = "1") -> Callable[[F], F]:
+def workflow(
+    name: str,
+    *,
+    version: str = "1",
+    on_error: ErrorHook | None = None,
+    on_status_change: StatusHook | None = None,
+) -> Callable[[F], F]:
     """Mark an ``async def fn(ctx, input)`` as a workflow named ``name``.
 
     Registration happens when a worker loads the module (``--workflows``) or when the
     function is passed to ``Worker``/``Client``; the decorator itself has no global effect.
     Several versions of one name may be deployed side by side (``Registry``).
+
+    ``on_error(StepErrorEvent)`` is called for every failed step attempt and
+    ``on_status_change(StatusChangeEvent)`` for every status change of an instance of
+    this version: after the fact is durable, never on replay, at least once; sync hooks
+    run on a thread, async ones on the loop. A hook that raises is retried a few times,
+    then logged and dropped; it never affects the workflow.
     """
     if not name or "/" in name:
         raise ValueError(f"workflow name {name!r} must be non-empty and must not contain '/'")
     problem = name_problem(str(version))
     if problem is not None:
         raise ValueError(f"workflow {name!r}: version {str(version)!r} {problem}")
+    for what, hook in (("on_error", on_error), ("on_status_change", on_status_change)):
+        if hook is not None and not callable(hook):
+            raise TypeError(f"workflow {name!r}: {what}={hook!r} is not callable")
 
     def mark(fn: F) -> F:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"workflow {name!r}: {fn.__qualname__} must be an 'async def'")
-        setattr(fn, _DEFINITION_ATTR, WorkflowDefinition(name, str(version), fn))
+        definition = WorkflowDefinition(name, str(version), fn, on_error, on_status_change)
+        setattr(fn, _DEFINITION_ATTR, definition)
         return cast(F, fn)
 
     return mark

@@ -31,6 +31,7 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
+from engine.hook_events import StatusChangeEvent, StepErrorEvent
 from engine.loops import Break, Continue
 from engine.records import Payload
 from engine.retry import RetryPolicy
@@ -64,6 +65,8 @@ __all__ = [
     "ResultTimeout",
     "RetryPolicy",
     "RolledBack",
+    "StatusChangeEvent",
+    "StepErrorEvent",
     "StepFailed",
     "StepFailure",
     "StepResult",

@@ -52,6 +52,8 @@ def test_public_names_are_pinned() -> None:
             "ResultTimeout",
             "RetryPolicy",
             "RolledBack",
+            "StatusChangeEvent",
+            "StepErrorEvent",
             "StepFailure",
             "StepResult",
             "StepFailed",

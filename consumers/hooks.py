@@ -1,0 +1,546 @@
+"""Workflow hooks of one partition: the durable outbox of hook calls still owed, and the
+runner that makes them.
+
+A workflow declares ``@workflow(..., on_error=alert, on_status_change=audit)``. Each
+history record that a hook reports (a ``StepFailed``; a record that changes the
+instance's status) gets a task in the partition's state store (``state_keys.hook``)
+written *before* the batch holding the record is committed (``write_ahead``), carrying
+the event and the CRC-32 of the record. Once the batch is durable (``launch``) the task
+runs; it is deleted when the hook returned, or when it failed ``attempts`` times (then
+logged). So:
+
+- hooks see only records committed now, never history a workflow replays;
+- at least once: a task outlives a crash of its process, and the next start of this
+  state store runs the tasks still there whose record is in the store's history (the
+  CRC tells a record that became durable from one whose commit never finished: on Kafka
+  the records of a commit reach the topic before the state store, and a crash between
+  the two leaves records that restore folds in; their tasks were written ahead);
+- a graceful hand-over or shutdown (``drain``) waits for the tasks owed, within the
+  drain timeout; after ``stop`` (or ``halt``, when the partition is lost) nothing runs;
+- on Kafka a worker that takes a partition over after its owner *crashed* does not run
+  what that owner still owed: those tasks stay in the crashed worker's state directory
+  and run when it owns the partition again. A new owner runs the hooks of what it
+  commits itself.
+
+Hooks of one instance run one after another, in the order of its records; instances do
+not wait for each other. Sync hooks run on this runner's threads, async ones on the loop.
+A hook that raises or overruns ``timeout_s`` is retried with doubling backoff, then
+dropped with an error in the log: it never fails or holds up a workflow or the partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import logging
+import zlib
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from consumers import state_keys as keys
+from engine.environ import env_int, env_seconds
+from engine.errors import UnknownWorkflow
+from engine.hook_events import StatusChangeEvent, StepErrorEvent
+from engine.records import (
+    HistoryRecord,
+    StepFailed,
+    WorkflowCancelled,
+    WorkflowFailed,
+    WorkflowStarted,
+)
+from engine.runtime import InstanceRuntime, Output
+from engine.seams import CommitBatch, PartitionBackend, PartitionLost
+from engine.serde import RecordSerde
+from engine.state import InstanceState, Status
+from engine.workflow import Registry, WorkflowDefinition
+
+log = logging.getLogger("stepstream.hooks")
+
+DEFAULT_HOOK_ATTEMPTS = 5
+DEFAULT_HOOK_BACKOFF_S = 0.5
+DEFAULT_HOOK_TIMEOUT_S = 60.0
+DEFAULT_HOOK_THREADS = 8
+MAX_HOOK_BACKOFF_S = 30.0
+# Statuses remembered per instance, so that a batch need not read the stored meta to
+# know what status its first record changes from.
+_STATUS_MEMORY = 100_000
+_RETRY_FLUSH_S = 1.0
+
+_ERROR = "error"
+_STATUS = "status"
+
+
+@dataclass(frozen=True, slots=True)
+class HookConfig:
+    attempts: int = DEFAULT_HOOK_ATTEMPTS  # calls of one event before it is dropped
+    backoff_s: float = DEFAULT_HOOK_BACKOFF_S  # before the 2nd call, doubling after
+    timeout_s: float = DEFAULT_HOOK_TIMEOUT_S  # one call longer than this has failed
+    threads: int = DEFAULT_HOOK_THREADS  # sync hooks running at once, per partition
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> HookConfig:
+        """From ``STEPSTREAM_HOOK_ATTEMPTS``, ``_BACKOFF_S``, ``_TIMEOUT_S``, ``_THREADS``."""
+        return cls(
+            attempts=env_int(env, "STEPSTREAM_HOOK_ATTEMPTS", DEFAULT_HOOK_ATTEMPTS),
+            backoff_s=env_seconds(env, "STEPSTREAM_HOOK_BACKOFF_S", DEFAULT_HOOK_BACKOFF_S),
+            timeout_s=env_seconds(env, "STEPSTREAM_HOOK_TIMEOUT_S", DEFAULT_HOOK_TIMEOUT_S),
+            threads=env_int(env, "STEPSTREAM_HOOK_THREADS", DEFAULT_HOOK_THREADS),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class HookTask:
+    """One hook call owed: which hook, the event's fields, and the record it reports."""
+
+    key: bytes
+    kind: str  # _ERROR or _STATUS
+    crc: int  # CRC-32 of the encoded record (``state_keys.history`` holds it once durable)
+    event: StepErrorEvent | StatusChangeEvent
+
+    @property
+    def instance_id(self) -> str:
+        return self.event.instance_id
+
+    @property
+    def label(self) -> str:
+        hook = "on_error" if self.kind == _ERROR else "on_status_change"
+        seq = keys.split_hook(self.key)[1]
+        return f"instance={self.instance_id} hook={hook} seq={seq}"
+
+    def to_json(self) -> bytes:
+        e = self.event
+        raw: dict[str, Any] = {"k": self.kind, "c": self.crc, "w": e.workflow, "v": e.version}
+        if isinstance(e, StepErrorEvent):
+            raw.update(
+                s=e.step,
+                a=e.attempt,
+                r=None if e.retry_at is None else _ms(e.retry_at),
+                t=e.error_type,
+                m=e.message,
+            )
+        else:
+            raw.update(o=e.old_status, n=e.new_status, at=_ms(e.at), e=e.error)
+        return orjson.dumps(raw)
+
+    @classmethod
+    def from_json(cls, key: bytes, value: bytes) -> HookTask:
+        instance_id, _ = keys.split_hook(key)
+        raw = orjson.loads(value)
+        event: StepErrorEvent | StatusChangeEvent
+        if raw["k"] == _ERROR:
+            event = StepErrorEvent(
+                instance_id=instance_id,
+                workflow=raw["w"],
+                version=raw["v"],
+                step=raw["s"],
+                attempt=raw["a"],
+                will_retry=raw["r"] is not None,
+                retry_at=None if raw["r"] is None else _time(raw["r"]),
+                error_type=raw["t"],
+                message=raw["m"],
+            )
+        else:
+            event = StatusChangeEvent(
+                instance_id=instance_id,
+                workflow=raw["w"],
+                version=raw["v"],
+                old_status=raw["o"],
+                new_status=raw["n"],
+                at=_time(raw["at"]),
+                error=raw["e"],
+            )
+        return cls(key, raw["k"], raw["c"], event)
+
+
+def _time(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+def _ms(at: datetime) -> int:
+    return round(at.timestamp() * 1000)
+
+
+class HookRunner:
+    """The hooks of one partition's processor: ``write_ahead`` before each commit,
+    ``launch`` after it, ``drain``/``stop`` on hand-over, ``halt`` when it is lost."""
+
+    def __init__(
+        self,
+        backend: PartitionBackend,
+        registry: Registry,
+        *,
+        serde: RecordSerde,
+        config: HookConfig | None = None,
+    ) -> None:
+        self._backend = backend
+        self._registry = registry
+        self._serde = serde
+        self._config = config or HookConfig()
+        self._staged: list[HookTask] = []
+        self._staged_status: dict[str, Status] = {}
+        # Each instance's status as last committed (for instances with a status hook).
+        self._status: OrderedDict[str, Status] = OrderedDict()
+        # Tasks queued, running, or done but not yet deleted from the store.
+        self._known: set[bytes] = set()
+        self._queues: dict[str, deque[HookTask]] = {}
+        self._workers: set[asyncio.Task[None]] = set()
+        self._done: list[bytes] = []
+        self._flusher: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._loaded = False
+        self._halted = False
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    @property
+    def owed(self) -> int:
+        """Hook calls owed (queued, running, or done but not yet deleted)."""
+        return len(self._known)
+
+    # ---- the processor's calls ------------------------------------------------------
+
+    async def write_ahead(self, out: Output, touched: Mapping[str, InstanceRuntime]) -> None:
+        """Make the tasks of the records in ``out`` durable, before the batch with the
+        records is committed. A task whose record never becomes durable is dropped at
+        the next start (its CRC finds no such record)."""
+        self._staged = []
+        self._staged_status = {}
+        status: dict[str, Status | None] = {}
+        for record in out.history:
+            runtime = touched.get(record.instance_id)
+            definition = runtime.definition if runtime is not None else None
+            if definition is None or not definition.has_hooks:
+                continue
+            task = self._task_for(record, definition, status)
+            if task is not None:
+                self._staged.append(task)
+        for instance_id in status:
+            runtime = touched[instance_id]
+            self._staged_status[instance_id] = runtime.state.status
+        if self._staged:
+            batch = CommitBatch()
+            for task in self._staged:
+                batch.put(task.key, task.to_json())
+            await self._backend.commit(batch)
+
+    def launch(self) -> None:
+        """The batch written after ``write_ahead`` is durable: run its tasks. The first
+        call also runs the tasks an earlier run of this store left."""
+        staged, self._staged = self._staged, []
+        for instance_id, status in self._staged_status.items():
+            self._remember(instance_id, status)
+        self._staged_status = {}
+        if self._halted:
+            return
+        if not self._loaded:
+            self._loaded = True
+            self._load()
+        for task in staged:
+            self._enqueue(task)
+
+    async def drain(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the calls owed; returns how many are left
+        (their tasks stay in the store, for the next start of this store)."""
+        if self._known and timeout > 0:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout)
+            except TimeoutError:
+                pass
+        left = len(self._known)
+        if left:
+            log.warning(
+                "partition=%d: %d hook calls still owed after the drain timeout; they run "
+                "when this state directory owns the partition again",
+                self._backend.partition,
+                left,
+            )
+        return left
+
+    def halt(self) -> None:
+        """The partition is no longer ours: start nothing more (running async hooks are
+        cancelled; a sync hook's thread cannot be, and what it returns is ignored)."""
+        self._halted = True
+        for worker in self._workers:
+            worker.cancel()
+        if self._flusher is not None:
+            self._flusher.cancel()
+
+    async def stop(self) -> None:
+        """Stop running hooks; delete the tasks of those that finished, if the partition
+        still takes commits."""
+        self.halt()
+        pending = [*self._workers, *([self._flusher] if self._flusher is not None else [])]
+        for task in pending:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                pass
+        if self._done:
+            batch = CommitBatch()
+            for key in self._done:
+                batch.delete(key)
+            try:
+                await self._backend.commit(batch)
+            except Exception as exc:  # revoked already: the calls are made again later
+                log.debug("partition=%d: hook tasks not deleted: %s", self._backend.partition, exc)
+            self._done = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    # ---- tasks ------------------------------------------------------------------------
+
+    def _task_for(
+        self,
+        record: HistoryRecord,
+        definition: WorkflowDefinition,
+        status: dict[str, Status | None],
+    ) -> HookTask | None:
+        instance_id = record.instance_id
+        event: StepErrorEvent | StatusChangeEvent
+        if isinstance(record, StepFailed):
+            if definition.on_error is None:
+                return None
+            retry_at = record.next_attempt_at_ms
+            kind = _ERROR
+            event = StepErrorEvent(
+                instance_id=instance_id,
+                workflow=definition.name,
+                version=definition.version,
+                step=record.key,
+                attempt=record.attempt,
+                will_retry=retry_at is not None,
+                retry_at=None if retry_at is None else _time(retry_at),
+                error_type=record.error_type,
+                message=record.error_message,
+            )
+        else:
+            if definition.on_status_change is None:
+                return None
+            old = status[instance_id] if instance_id in status else self._status_before(record)
+            new = _status_after(old, record)
+            status[instance_id] = new
+            if new is old:
+                return None
+            kind = _STATUS
+            event = StatusChangeEvent(
+                instance_id=instance_id,
+                workflow=definition.name,
+                version=definition.version,
+                old_status=None if old is None else old.value,
+                new_status=new.value,
+                at=_time(record.time_ms),
+                error=_error_of(record),
+            )
+        crc = zlib.crc32(self._serde.encode(record))
+        return HookTask(keys.hook(instance_id, record.seq), kind, crc, event)
+
+    def _status_before(self, record: HistoryRecord) -> Status | None:
+        """The committed status of the record's instance (before the batch)."""
+        if isinstance(record, WorkflowStarted):
+            return None  # a new instance (or a forgotten id started again)
+        known = self._status.get(record.instance_id)
+        if known is not None:
+            return known
+        meta = self._backend.store.get(keys.meta(record.instance_id))
+        if meta is None:
+            return None
+        return InstanceState.from_storage(record.instance_id, meta, []).status
+
+    def _remember(self, instance_id: str, status: Status) -> None:
+        self._status[instance_id] = status
+        self._status.move_to_end(instance_id)
+        if status.finished:
+            del self._status[instance_id]  # it changes no more (a reused id starts anew)
+        while len(self._status) > _STATUS_MEMORY:
+            self._status.popitem(last=False)
+
+    def _load(self) -> None:
+        """Queue the tasks a previous run of this store left, in instance and record
+        order; drop those whose record never became durable."""
+        store = self._backend.store
+        loaded = dropped = 0
+        for key, value in store.scan(keys.HOOK):
+            instance_id, seq = keys.split_hook(key)
+            try:
+                task = HookTask.from_json(key, value)
+            except Exception:
+                log.exception(
+                    "hook task of instance=%s seq=%d is unreadable: dropped", instance_id, seq
+                )
+                self._forget(key)
+                continue
+            stored = store.get(keys.history(instance_id, seq))
+            if stored is None or zlib.crc32(stored) != task.crc:
+                dropped += 1
+                self._forget(key)
+                continue
+            loaded += 1
+            self._enqueue(task)
+        if loaded or dropped:
+            log.info(
+                "partition=%d: %d hook calls owed from before this start (%d dropped: their "
+                "records were never committed)",
+                self._backend.partition,
+                loaded,
+                dropped,
+            )
+
+    def _enqueue(self, task: HookTask) -> None:
+        if task.key in self._known:
+            return
+        self._known.add(task.key)
+        self._idle.clear()
+        queue = self._queues.get(task.instance_id)
+        if queue is not None:
+            queue.append(task)
+            return
+        queue = self._queues[task.instance_id] = deque([task])
+        worker = asyncio.get_running_loop().create_task(self._serve(task.instance_id, queue))
+        self._workers.add(worker)
+        worker.add_done_callback(self._workers.discard)
+
+    async def _serve(self, instance_id: str, queue: deque[HookTask]) -> None:
+        try:
+            while queue:
+                task = queue[0]
+                try:
+                    await self._run(task)
+                except Exception:  # a bug here must not keep the task owed for ever
+                    log.exception("hook runner failed %s", task.label)
+                queue.popleft()
+                self._forget(task.key)
+        finally:
+            if self._queues.get(instance_id) is queue:
+                del self._queues[instance_id]
+
+    def _forget(self, key: bytes) -> None:
+        """The task is done with: delete it from the store (in the background)."""
+        self._known.add(key)  # until the delete is committed
+        self._idle.clear()
+        self._done.append(key)
+        if self._halted:
+            return
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        while self._done and not self._halted:
+            batch = CommitBatch()
+            done, self._done = self._done, []
+            for key in done:
+                batch.delete(key)
+            try:
+                await self._backend.commit(batch)
+            except asyncio.CancelledError:
+                self._done[:0] = done  # for ``stop`` to delete
+                raise
+            except PartitionLost:
+                self.halt()
+                return
+            except Exception as exc:
+                log.warning(
+                    "partition=%d: deleting %d finished hook tasks failed (%s); retrying",
+                    self._backend.partition,
+                    len(done),
+                    exc,
+                )
+                self._done[:0] = done
+                await asyncio.sleep(_RETRY_FLUSH_S)
+                continue
+            self._known.difference_update(done)
+            if not self._known:
+                self._idle.set()
+
+    # ---- calling a hook ---------------------------------------------------------------
+
+    async def _run(self, task: HookTask) -> None:
+        hook = self._hook(task)
+        if hook is None:
+            return
+        config = self._config
+        for attempt in range(1, config.attempts + 1):
+            error = await self._call(hook, task.event)
+            if error is None:
+                return
+            if attempt == config.attempts:
+                log.error(
+                    "hook failed %s attempt=%d, dropped after %d attempts: %s: %s",
+                    task.label,
+                    attempt,
+                    config.attempts,
+                    type(error).__name__,
+                    error,
+                    exc_info=error,
+                )
+                return
+            delay = min(config.backoff_s * 2 ** (attempt - 1), MAX_HOOK_BACKOFF_S)
+            log.warning(
+                "hook failed %s attempt=%d, retrying in %.1f s: %s: %s",
+                task.label,
+                attempt,
+                delay,
+                type(error).__name__,
+                error,
+            )
+            await asyncio.sleep(delay)
+
+    def _hook(self, task: HookTask) -> Any:
+        event = task.event
+        try:
+            definition = self._registry.resolve(event.workflow, event.version)
+        except UnknownWorkflow:
+            log.warning("hook dropped %s: its workflow version is not deployed here", task.label)
+            return None
+        hook = definition.on_error if task.kind == _ERROR else definition.on_status_change
+        if hook is None:
+            log.info("hook dropped %s: the deployed workflow no longer has it", task.label)
+        return hook
+
+    async def _call(self, hook: Any, event: StepErrorEvent | StatusChangeEvent) -> Exception | None:
+        """Call the hook once; what it raised (a timeout: ``TimeoutError``), or None."""
+        timeout = self._config.timeout_s or None
+        try:
+            if inspect.iscoroutinefunction(hook):
+                await asyncio.wait_for(hook(event), timeout)
+                return None
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    self._config.threads,
+                    thread_name_prefix=f"stepstream-hook-{self._backend.partition}",
+                )
+            loop = asyncio.get_running_loop()
+            call = loop.run_in_executor(self._pool, hook, event)
+            result = await asyncio.wait_for(call, timeout)
+            if inspect.isawaitable(result):
+                await asyncio.wait_for(result, timeout)
+        except Exception as exc:
+            return exc
+        return None
+
+
+def _status_after(old: Status | None, record: HistoryRecord) -> Status:
+    """The status after ``record``, by the instance state machine itself: a scratch
+    state with only the status is folded (records that need an instance's entries
+    change no status)."""
+    if isinstance(record, WorkflowStarted):
+        return Status.PENDING
+    scratch = InstanceState(record.instance_id, status=old or Status.PENDING, seq=record.seq - 1)
+    with contextlib.suppress(Exception):  # KeyError: a record about an entry
+        scratch.apply(record)
+    return scratch.status
+
+
+def _error_of(record: HistoryRecord) -> str | None:
+    if isinstance(record, WorkflowFailed):
+        return f"{record.error_type}: {record.error_message}"
+    if isinstance(record, WorkflowCancelled) and record.reason:
+        return f"cancelled: {record.reason}"
+    return None

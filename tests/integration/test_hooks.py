@@ -1,0 +1,296 @@
+"""Workflow hooks (``on_error``, ``on_status_change``) through the public path.
+
+The workflows of ``tests.hook_workflows`` note every hook call in a file; the same cases
+run on the embedded and the Kafka backend: the events of a run and their fields, status
+changes through pause, resume, cancel and failure, a hook that raises, and no event from
+replay (a resume or a restart replays the workflow: nothing is reported twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.workflow import Registry
+from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
+from producers.client import Client
+from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
+from tests.hook_workflows import read_notes
+from tests.kafka_broker import Broker
+
+Notes = list[dict[str, Any]]
+
+
+def _registry() -> Registry:
+    registry = Registry()
+    registry.add_module("tests.hook_workflows")
+    return registry
+
+
+class _Embedded:
+    def __init__(self, data_dir: Path) -> None:
+        self._config = EmbeddedConfig(data_dir=str(data_dir), partitions=2)
+        self._engine: EmbeddedEngine | None = None
+        self.client: Client | None = None
+
+    async def open(self) -> Client:
+        self._engine = await open_embedded(_registry(), self._config)
+        self.client = Client(self._engine.make_transport())
+        return self.client
+
+    async def restart(self) -> Client:
+        await self.close()
+        return await self.open()
+
+    async def close(self) -> None:
+        if self._engine is not None:
+            await self._engine.close()
+            self._engine = None
+
+
+class _Kafka:
+    def __init__(self, broker: Broker, state_dir: Path) -> None:
+        self._settings = kafka_settings(broker)
+        self._state_dir = state_dir
+        self._worker: ThreadedWorker | None = None
+        self.client: Client | None = None
+
+    async def open(self) -> Client:
+        from consumers.kafka import create_topics
+
+        await asyncio.to_thread(create_topics, self._settings, KAFKA_TEST_PARTITIONS)
+        await self._start_worker()
+        self.client = await Client.connect(kafka_url(self._settings))
+        return self.client
+
+    async def _start_worker(self) -> None:
+        self._worker = ThreadedWorker(self._settings, self._state_dir, _registry())
+        await asyncio.to_thread(self._worker.start)
+
+    async def restart(self) -> Client:
+        assert self._worker is not None and self.client is not None
+        await asyncio.to_thread(self._worker.stop)
+        self._worker = None
+        await self._start_worker()
+        return self.client
+
+    async def close(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.stop)
+
+
+@pytest.fixture
+def notes_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "hooks"
+    root.mkdir()
+    monkeypatch.setenv("STEPSTREAM_TEST_HOOKS", str(root))
+    monkeypatch.setenv("STEPSTREAM_HOOK_BACKOFF_S", "0.01")  # raising hooks give up fast
+    return root
+
+
+@pytest.fixture(params=["embedded", "kafka"])
+async def backend(
+    request: pytest.FixtureRequest, tmp_path: Path, notes_dir: Path
+) -> AsyncIterator[Any]:
+    made: _Embedded | _Kafka
+    if request.param == "kafka":
+        made = _Kafka(request.getfixturevalue("kafka_broker"), tmp_path / "worker")
+    else:
+        made = _Embedded(tmp_path / "data")
+    try:
+        await made.open()
+        yield made
+    finally:
+        await made.close()
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def _of(notes: Notes, instance_id: str, *hooks: str) -> Notes:
+    return [n for n in notes if n["instance_id"] == instance_id and n["hook"] in hooks]
+
+
+def _changes(notes: Notes, instance_id: str, hook: str = "status") -> list[tuple[Any, Any]]:
+    return [(n["old_status"], n["new_status"]) for n in _of(notes, instance_id, hook)]
+
+
+async def _until_notes(
+    root: Path, check: Callable[[Notes], bool], what: str, timeout: float = 20
+) -> Notes:
+    deadline = time.monotonic() + timeout
+    while True:
+        notes = read_notes(root)
+        if check(notes):
+            return notes
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}; hook calls so far:\n{notes}")
+        await asyncio.sleep(0.02)
+
+
+async def _waiting_for_go(client: Client, instance_id: str) -> None:
+    for _ in range(1000):
+        status = await client.status(instance_id)
+        if [w.key for w in status.waits] == ["go"]:
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"{instance_id} never waited for 'go': {await client.history(instance_id)}")
+
+
+async def test_step_errors_and_status_changes_of_a_run(backend: Any, notes_dir: Path) -> None:
+    client: Client = backend.client
+    began = datetime.now(UTC) - timedelta(seconds=1)
+    instance = await client.start("hooked", None, instance_id=_id("run"))
+    assert await client.result(instance, timeout=20) == {"flaky": 3}
+    notes = await _until_notes(
+        notes_dir, lambda n: ("running", "completed") in _changes(n, instance), "completion"
+    )
+    history = await client.history(instance)
+    why = f"instance {instance}: {notes}\n{history}"
+
+    assert _changes(notes, instance) == [
+        (None, "pending"),
+        ("pending", "running"),
+        ("running", "completed"),
+    ], why
+    errors = _of(notes, instance, "error")
+    assert [(e["step"], e["attempt"], e["will_retry"]) for e in errors] == [
+        ("flaky", 1, True),
+        ("flaky", 2, True),
+        ("doomed", 1, True),
+        ("doomed", 2, False),
+    ], why
+    for e in errors:
+        assert (e["workflow"], e["version"]) == ("hooked", "1")
+    assert [e["error_type"] for e in errors] == ["RuntimeError"] * 2 + ["ValueError"] * 2
+    assert [e["message"] for e in errors] == [
+        "attempt 1 fails",
+        "attempt 2 fails",
+        "no luck on attempt 1",
+        "no luck on attempt 2",
+    ]
+    # retry_at: when the retry is due (the StepFailed record's next attempt), UTC.
+    failed = [h for h in history if h.type == "StepFailed"]
+    for e, record in zip(errors, failed, strict=True):
+        due = record.attributes["next_attempt_at_ms"]
+        if due is None:
+            assert e["retry_at"] is None
+        else:
+            retry_at = datetime.fromisoformat(e["retry_at"])
+            assert retry_at.tzinfo is not None and retry_at.utcoffset() == timedelta(0)
+            assert retry_at == datetime.fromtimestamp(due / 1000, tz=UTC)
+            assert began < retry_at < datetime.now(UTC) + timedelta(seconds=5)
+    # at: when the change was recorded.
+    for n, kind in zip(
+        _of(notes, instance, "status"), ["WorkflowStarted", None, "WorkflowCompleted"], strict=True
+    ):
+        at = datetime.fromisoformat(n["at"])
+        assert began < at < datetime.now(UTC) + timedelta(seconds=1)
+        assert n["error"] is None
+        if kind is not None:
+            [record] = [h for h in history if h.type == kind]
+            assert at == datetime.fromisoformat(record.time)
+
+
+async def test_status_changes_through_pause_resume_cancel_and_failure(
+    backend: Any, notes_dir: Path
+) -> None:
+    client: Client = backend.client
+    done = await client.start("hooked-waiter", None, instance_id=_id("done"))
+    cancelled = await client.start("hooked-waiter", None, instance_id=_id("cancelled"))
+    failing = await client.start("hooked-failing", None, instance_id=_id("failing"))
+    await _waiting_for_go(client, done)
+    await _waiting_for_go(client, cancelled)
+
+    await client.pause(done)
+    await _until_notes(notes_dir, lambda n: ("running", "paused") in _changes(n, done), "pause")
+    # The resume replays the workflow (its failed and retried step included).
+    await client.resume(done)
+    await _waiting_for_go(client, done)
+    await client.send_event(done, "go", "now")
+    assert await client.result(done, timeout=20) == "now"
+    await client.cancel(cancelled, reason="customer left")
+
+    def settled(notes: Notes) -> bool:
+        return (
+            ("running", "completed") in _changes(notes, done)
+            and ("running", "cancelled") in _changes(notes, cancelled)
+            and ("running", "failed") in _changes(notes, failing)
+        )
+
+    notes = await _until_notes(notes_dir, settled, "the three instances to settle")
+    assert _changes(notes, done) == [
+        (None, "pending"),
+        ("pending", "running"),
+        ("running", "paused"),
+        ("paused", "running"),
+        ("running", "completed"),
+    ], notes
+    # One failed attempt of "warm", reported once: replay reported nothing again.
+    assert [(e["step"], e["attempt"]) for e in _of(notes, done, "error")] == [("warm", 1)]
+    assert _changes(notes, cancelled)[-1] == ("running", "cancelled")
+    assert _of(notes, cancelled, "status")[-1]["error"] == "cancelled: customer left"
+    assert _changes(notes, failing) == [
+        (None, "pending"),
+        ("pending", "running"),
+        ("running", "failed"),
+    ]
+    assert _of(notes, failing, "status")[-1]["error"] == "RuntimeError: boom"
+
+    # A restart replays the unfinished and reports nothing again; the outbox is empty.
+    waiting = await client.start("hooked-waiter", None, instance_id=_id("waiting"))
+    await _waiting_for_go(client, waiting)
+    await _until_notes(notes_dir, lambda n: _of(n, waiting, "error") != [], "warm's failure")
+    before = read_notes(notes_dir)
+    client = await backend.restart()
+    await client.send_event(waiting, "go", "later")
+    assert await client.result(waiting, timeout=20) == "later"
+    notes = await _until_notes(
+        notes_dir, lambda n: ("running", "completed") in _changes(n, waiting), "completion"
+    )
+    await asyncio.sleep(0.3)  # nothing else is on its way
+    after = read_notes(notes_dir)
+    assert after[: len(before)] == before
+    assert [(n["hook"], n["instance_id"], n.get("new_status")) for n in after[len(before) :]] == [
+        ("status", waiting, "completed")
+    ]
+
+
+async def test_a_hook_that_raises_never_affects_the_workflow(backend: Any, notes_dir: Path) -> None:
+    client: Client = backend.client
+    instance = await client.start("hooked-raising", 10, instance_id=_id("raising"))
+    assert await client.result(instance, timeout=20) == 12
+    # Each event is tried 5 times (the default), then dropped.
+    expected = [
+        ("raising-status", "pending"),
+        ("raising-status", "running"),
+        ("raising-error", None),
+        ("raising-status", "completed"),
+    ]
+
+    def all_given_up(notes: Notes) -> bool:
+        return len(_of(notes, instance, "raising-status", "raising-error")) >= 5 * len(expected)
+
+    notes = await _until_notes(notes_dir, all_given_up, "every call to be tried 5 times")
+    calls = [
+        (n["hook"], n.get("new_status"))
+        for n in _of(notes, instance, "raising-status", "raising-error")
+    ]
+    assert calls == [call for call in expected for _ in range(5)], notes
+    # Other instances' hooks were not held up by it, and the partition goes on.
+    other = await client.start("hooked", None, instance_id=_id("after"))
+    assert await client.result(other, timeout=20) == {"flaky": 3}
+    await _until_notes(
+        notes_dir, lambda n: ("running", "completed") in _changes(n, other), "other's hooks"
+    )
+    assert (await client.status(instance)).status == "completed"
