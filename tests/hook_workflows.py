@@ -129,3 +129,28 @@ def slow_audit(event: StatusChangeEvent) -> None:
 async def hooked_slow(ctx: Context, n: int) -> int:
     value: int = await ctx.step("one", fails_until, ctx, 1)
     return value + n
+
+
+def mark(instance_id: str, name: str) -> None:
+    """A line that is not a hook call: what a step body did."""
+    root = os.environ.get("STEPSTREAM_TEST_HOOKS")
+    if root:
+        with _write, open(Path(root) / "hooks.jsonl", "a") as f:
+            f.write(json.dumps({"hook": "mark", "instance_id": instance_id, "name": name}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def long_first_attempt(ctx: Context) -> int:
+    """Runs for ``$STEPSTREAM_TEST_STEP_SLEEP`` seconds on its first attempt: a process
+    can be killed while it runs, and the attempt is lost."""
+    mark(ctx.instance_id, f"long-{ctx.attempt}")
+    if ctx.attempt == 1:
+        time.sleep(float(os.environ.get("STEPSTREAM_TEST_STEP_SLEEP", "0")))
+    return ctx.attempt
+
+
+@workflow("hooked-lost", on_error=alert, on_status_change=audit)
+async def hooked_lost(ctx: Context, _: Any) -> int:
+    value: int = await ctx.step("long", long_first_attempt, ctx)
+    return value
