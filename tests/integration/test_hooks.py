@@ -22,6 +22,7 @@ from engine.workflow import Registry
 from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from producers.client import Client
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
+from tests.dev_server import run_cli
 from tests.hook_workflows import read_notes
 from tests.kafka_broker import Broker
 
@@ -294,3 +295,13 @@ async def test_a_hook_that_raises_never_affects_the_workflow(backend: Any, notes
         notes_dir, lambda n: ("running", "completed") in _changes(n, other), "other's hooks"
     )
     assert (await client.status(instance)).status == "completed"
+
+
+def test_the_example_reports_failed_attempts_and_status_changes(tmp_path: Path) -> None:
+    done = run_cli(
+        tmp_path, "run", "examples.hooks:payout", "--input", '{"account": "a-1", "amount": 25}'
+    )
+    assert done.returncode == 0, done.stderr
+    assert "tx-a-1-25" in done.stdout
+    for said in ("attempt 1 failed", "attempt 2 failed", "None -> pending", "-> completed"):
+        assert said in done.stderr, done.stderr
