@@ -148,11 +148,26 @@ class TimerService:
                 async with self._lock:
                     await self._fire_due(now)
                 continue
-            delay = (heap[0][0] - now) / 1000 if heap else 3600.0
-            try:
-                await asyncio.wait_for(self._changed.wait(), delay)
-            except TimeoutError:
-                pass
+            if heap:
+                await self._sleep_or_change(heap[0][0])
+            else:
+                await self._changed.wait()
+
+    async def _sleep_or_change(self, until_ms: int) -> None:
+        """Until the next timer is due, as the clock tells (a virtual clock wakes its
+        sleepers when a test moves it on), or until timer records arrive."""
+        sleeping = asyncio.ensure_future(self._sleep_until(until_ms))
+        changed = asyncio.ensure_future(self._changed.wait())
+        try:
+            await asyncio.wait((sleeping, changed), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeping.cancel()
+            changed.cancel()
+
+    async def _sleep_until(self, until_ms: int) -> None:
+        # The delay is taken when the sleep begins: a clock moved on in between (a test's
+        # virtual clock) must not push the wake-up later.
+        await self._clock.sleep((until_ms - self._clock.now_ms()) / 1000)
 
     async def _fire_due(self, now: int) -> None:
         batch = CommitBatch()
