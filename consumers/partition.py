@@ -412,6 +412,7 @@ class PartitionProcessor:
             out.timers.extend(own.timers)
             out.launches.extend(own.launches)
             out.cancels.extend(own.cancels)
+            out.commands.extend(own.commands)
             touched[instance_id] = runtime
         self._persist(out, touched, batch)
         await self._hooks.write_ahead(out, touched)  # hooks
@@ -544,6 +545,7 @@ class PartitionProcessor:
             out.timers[:] = [t for t in out.timers if t.instance_id != instance_id]
             out.launches[:] = [x for x in out.launches if x.instance_id != instance_id]
             out.cancels[:] = [c for c in out.cancels if c[0] != instance_id]
+            out.commands[:] = [c for c in out.commands if c[0] != instance_id]
             self._cache.drop(instance_id)
             self._redrive.add(instance_id)
             if touched.pop(instance_id, None) is not None:
@@ -568,6 +570,8 @@ class PartitionProcessor:
             appends.append(
                 Append(TIMERS, timer.instance_id.encode(), encode(timer), self.partition)
             )
+        for _, command in out.commands:  # to other instances, wherever they live
+            appends.append(Append(COMMANDS, command.instance_id.encode(), encode(command)))
         for runtime in touched.values():
             write_state(runtime.state, batch)
 

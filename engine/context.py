@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar, overload
 
-from engine.errors import InvalidWorkflowCall, JoinError, RaceError, StepFailed
+from engine.errors import ChildFailed, InvalidWorkflowCall, JoinError, RaceError, StepFailed
 from engine.loops import LoopBody, run_loop
 from engine.names import step_name_problem
 from engine.retry import RetryPolicy
@@ -73,6 +73,10 @@ class WorkflowRuntime(Protocol):
 
     def loop_resume(self, key: str, initial: Any) -> tuple[int, Any]: ...
 
+    def start_child(self, key: str, workflow: str, input: Any, instance_id: str | None) -> str: ...
+
+    def child_result(self, key: str) -> asyncio.Future[Any]: ...
+
     def loop_advanced(self, key: str, iteration: int, state: Any, keep: int) -> Any: ...
 
     def decide_race(self, key: str, winner: str, losers: list[str]) -> None: ...
@@ -114,6 +118,35 @@ def _refuse_in_step_body(what: str) -> None:
 
 async def _awaiting(fut: asyncio.Future[Any]) -> Any:
     return await fut
+
+
+class ChildHandle:
+    """A child workflow started with ``ctx.start_child``."""
+
+    __slots__ = ("_key", "_rt", "instance_id")
+
+    def __init__(self, runtime: WorkflowRuntime, key: str, instance_id: str) -> None:
+        self._rt = runtime
+        self._key = key
+        self.instance_id = instance_id
+
+    async def result(self) -> Any:
+        """The child's result once it completed; ``ChildFailed`` if it failed or was
+        cancelled. Await it at most once."""
+        outcome = await self._rt.child_result(self._key)
+        status = outcome.get("status")
+        if status == "completed":
+            return outcome.get("result")
+        error_type = str(outcome.get("error_type", ""))
+        error = str(outcome.get("error", ""))
+        raise ChildFailed(
+            f"child {self.instance_id} ({self._key}) {status}: "
+            + (f"{error_type}: {error}" if error_type else error or "no reason"),
+            child_id=self.instance_id,
+            status=str(status),
+            error_type=error_type,
+            error=error,
+        )
 
 
 async def _compensable(
@@ -287,6 +320,37 @@ class Context:
         if keep < 1:
             raise InvalidWorkflowCall(f"loop {name!r}: keep must be at least 1, not {keep}")
         return await run_loop(self, self._rt.key_for(name), body, state, keep)
+
+    async def start_child(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        instance_id: str | None = None,
+        name: str | None = None,
+    ) -> ChildHandle:
+        """Start a child workflow (the latest version of ``workflow``) and return its
+        handle at once; ``await handle.result()`` waits for it. The child may live on
+        another partition and worker. Its id defaults to ``<parent id>/<key>``; starting
+        is recorded, so replay and restarts never start it twice. Cancelling the parent
+        cancels the children it still waits for. ``name``: the replay key (default: the
+        workflow's name)."""
+        _refuse_in_step_body("ctx.start_child")
+        key = self._rt.key_for(name or workflow)
+        return ChildHandle(self._rt, key, self._rt.start_child(key, workflow, input, instance_id))
+
+    async def child(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        instance_id: str | None = None,
+        name: str | None = None,
+    ) -> Any:
+        """Start a child workflow and wait for its result; ``ChildFailed`` if it failed
+        or was cancelled."""
+        handle = await self.start_child(workflow, input, instance_id=instance_id, name=name)
+        return await handle.result()
 
     @contextlib.asynccontextmanager
     async def saga(self, name: str) -> AsyncIterator[None]:

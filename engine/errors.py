@@ -145,6 +145,20 @@ class RolledBack(StepstreamError):
         self.compensation_errors = compensation_errors or {}
 
 
+class ChildFailed(StepstreamError):
+    """A child workflow failed or was cancelled; ``status`` says which, ``error_type``
+    and ``error`` what happened."""
+
+    def __init__(
+        self, message: str, *, child_id: str, status: str, error_type: str = "", error: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.child_id = child_id
+        self.status = status
+        self.error_type = error_type
+        self.error = error
+
+
 class RaceError(StepstreamError):
     """Every branch of ``ctx.race`` raised; ``errors`` maps each to its exception."""
 

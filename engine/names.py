@@ -9,6 +9,7 @@ is published, and a processor dead-letters a command that got past a client anyw
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 
 from engine.errors import InvalidPayload
 
@@ -16,10 +17,12 @@ MAX_NAME_BYTES = 256
 _SHOWN = 60  # characters of a refused name quoted back
 
 
-def check_name(value: object, what: str) -> str:
+def check_name(
+    value: object, what: str, problem_of: Callable[[object], str | None] | None = None
+) -> str:
     """``value`` if it is a valid name, else ``InvalidPayload`` saying what is wrong;
     ``what`` names it for the message ("instance id", "event name")."""
-    problem = name_problem(value)
+    problem = (problem_of or name_problem)(value)
     if problem is None:
         assert isinstance(value, str)
         return value
@@ -52,6 +55,15 @@ def name_problem(value: object) -> str | None:
     if size > MAX_NAME_BYTES:
         return f"is {size} bytes of UTF-8; the limit is {MAX_NAME_BYTES}"
     return None
+
+
+def event_name_problem(value: object) -> str | None:
+    """Why a client may not send an event of this name, or None: names starting with
+    ``~`` are the engine's own (a child's notice to its parent)."""
+    problem = name_problem(value)
+    if problem is None and isinstance(value, str) and value.startswith("~"):
+        return "starts with '~', which is reserved for the engine's own events"
+    return problem
 
 
 def text_problem(value: str) -> str | None:

@@ -181,6 +181,16 @@ class LoopAdvanced(HistoryRecord):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ChildStarted(HistoryRecord):
+    """The workflow started a child workflow (its StartWorkflow is published with this)."""
+
+    key: str
+    workflow: str
+    child_id: str
+    input: Payload
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ValueRecorded(HistoryRecord):
     """A non-deterministic value the workflow read (now, uuid, random), kept for replay."""
 
@@ -331,6 +341,7 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     ValueRecorded,
     RaceDecided,
     LoopAdvanced,
+    ChildStarted,
     WorkflowPaused,
     WorkflowResumed,
     WorkflowCompleted,

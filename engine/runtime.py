@@ -40,9 +40,10 @@ from engine.errors import (
     StepstreamError,
 )
 from engine.loop import ROOT_TASK, WorkflowLoop
-from engine.names import step_name_problem
+from engine.names import name_problem, step_name_problem
 from engine.records import (
     CancelWorkflow,
+    ChildStarted,
     Command,
     CommandIgnored,
     EventBuffered,
@@ -76,7 +77,16 @@ from engine.records import StepFailed as StepFailedRecord
 from engine.records import StepSucceeded as StepSucceededRecord
 from engine.retry import DEFAULT_RETRY, RetryPolicy
 from engine.seams import Clock
-from engine.state import Entry, EntryKind, EntryState, InstanceState, Status, loop_prefixes
+from engine.state import (
+    Entry,
+    EntryKind,
+    EntryState,
+    InstanceState,
+    Status,
+    child_command,
+    child_event,
+    loop_prefixes,
+)
 from engine.workflow import WorkflowDefinition
 
 log = logging.getLogger("stepstream.engine")
@@ -124,6 +134,9 @@ class Output:
     launches: list[StepLaunch] = field(default_factory=list)
     # Running attempts to give up once this is durable: (instance id, key, attempt).
     cancels: list[tuple[str, str, int]] = field(default_factory=list)
+    # Commands for other instances (children, parents), published with the records:
+    # (the instance that decided it, the command).
+    commands: list[tuple[str, Command]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -204,10 +217,93 @@ class InstanceRuntime:
 
     def recover(self, out: Output) -> None:
         """Resume an instance loaded after a restart: replays its code, re-runs attempts
-        that were in flight when the previous owner stopped, catches up overdue retries."""
+        that were in flight when the previous owner stopped, catches up overdue retries,
+        and publishes again the starts of children it still waits for (a start is
+        idempotent; a finished child answers it with its outcome again)."""
         self._out = out
         self._command_id = f"recover:{self.epoch}"
+        for entry in self._waited_children():
+            self._out.commands.append((self.state.instance_id, self._child_start(entry)))
         self._drive()
+
+    def _waited_children(self) -> list[Entry]:
+        """Children whose outcome has not arrived yet."""
+        entries = self.state.entries
+        arrived = {b.name for b in self.state.buffered}
+        return [
+            e
+            for e in entries.values()
+            if e.kind is EntryKind.CHILD
+            and child_event(e.key) not in arrived
+            and (
+                (result := entries.get(_child_result_key(e.key))) is None or not result.state.final
+            )
+        ]
+
+    def _child_start(self, entry: Entry) -> StartWorkflow:
+        assert entry.child_id is not None and entry.result is not None
+        return StartWorkflow(
+            instance_id=entry.child_id,
+            command_id=child_command(self.state.instance_id, entry.key),
+            time_ms=self.clock.now_ms(),
+            workflow=entry.event_name or "",
+            input=entry.result,
+            traceparent=self._traceparent,
+        )
+
+    def _notify_parent(self) -> None:
+        """A child that finished tells its parent how (an event only the parent's code
+        waits for), with a command id that makes a repeated notice apply once."""
+        state = self.state
+        outcome: dict[str, Any] = {"status": state.status.value}
+        if state.result is not None:
+            try:
+                outcome["result"] = decode_safely(self.codec, state.result)
+            except StepstreamError as exc:
+                outcome.update(status="failed", error_type="InvalidPayload", error=str(exc))
+        if state.error_type:
+            outcome.update(error_type=state.error_type, error=state.error_message)
+        if state.cancel_reason:
+            outcome["error"] = state.cancel_reason
+        self._out.commands.append(
+            (
+                state.instance_id,
+                SendEvent(
+                    instance_id=state.parent_id,
+                    command_id=f"childdone:{state.instance_id}",
+                    time_ms=self.clock.now_ms(),
+                    name=child_event(state.parent_key),
+                    payload=encode_safely(self.codec, outcome),
+                    traceparent=self._traceparent,
+                ),
+            )
+        )
+
+    def start_child(self, key: str, workflow: str, input: Any, instance_id: str | None) -> str:
+        """Record and publish the start of a child (once: replay returns its id)."""
+        entry = self._visit(key, EntryKind.CHILD)
+        if entry is not None:
+            assert entry.child_id is not None
+            return entry.child_id
+        child_id = instance_id or f"{self.state.instance_id}/{key}"
+        problem = name_problem(child_id) or name_problem(workflow)
+        if problem is not None:
+            raise InvalidWorkflowCall(f"child {key!r} of {self.state.instance_id}: {problem}")
+        payload = check_size(
+            encode_safely(self.codec, input),
+            self.max_payload_bytes,
+            what=f"the input of child {key!r} of instance {self.state.instance_id}",
+        )
+        self._emit(ChildStarted, key=key, workflow=workflow, child_id=child_id, input=payload)
+        self._out.commands.append(
+            (self.state.instance_id, self._child_start(self.state.entries[key]))
+        )
+        return child_id
+
+    def child_result(self, key: str) -> asyncio.Future[Any]:
+        """The child's outcome (a dict with its status, result or error), delivered as
+        the event it sends when it finishes."""
+        return self.wait_future(_child_result_key(key), child_event(key), None)
 
     # ---- what Context reads (engine.context.WorkflowRuntime) ---------------------------
 
@@ -321,6 +417,8 @@ class InstanceRuntime:
     def _on_start(self, msg: StartWorkflow) -> None:
         if self.state.workflow:
             self._ignore(msg, f"instance already exists (status {self.state.status.value})")
+            if self.state.status.finished and self.state.parent_id:
+                self._notify_parent()  # a parent's new owner asks again: answer again
             return
         assert self.definition is not None
         self._emit(
@@ -364,6 +462,19 @@ class InstanceRuntime:
         if self.state.status.finished:
             self._ignore(msg, f"instance is {self.state.status.value}")
             return
+        for entry in self._waited_children():  # cancelling a parent cancels its children
+            assert entry.child_id is not None
+            self._out.commands.append(
+                (
+                    self.state.instance_id,
+                    CancelWorkflow(
+                        instance_id=entry.child_id,
+                        command_id=f"cancelchild:{entry.child_id}",
+                        time_ms=self.clock.now_ms(),
+                        reason=f"its parent {self.state.instance_id} was cancelled",
+                    ),
+                )
+            )
         self._finish(WorkflowCancelled, reason=clip_message(msg.reason))
 
     def _on_pause(self, msg: PauseWorkflow) -> None:
@@ -615,6 +726,8 @@ class InstanceRuntime:
             self._timer(TimerCancelled, timer_id=entry.timer_id)
         self._give_up_attempts(self.state.open_entries())
         self._emit(cls, **attrs)
+        if self.state.parent_id:
+            self._notify_parent()
         self.close()
 
     # ---- futures the code awaits ----------------------------------------------------
@@ -822,3 +935,7 @@ def _not_replayed(entry: Entry) -> list[str]:
         kept = range(entry.max_attempts, entry.attempt)
         return [p for j in kept for p in loop_prefixes(entry.key, j)]
     return []
+
+
+def _child_result_key(key: str) -> str:
+    return f"{key}/result"

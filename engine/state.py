@@ -19,6 +19,7 @@ import orjson
 
 from engine.errors import StepstreamError
 from engine.records import (
+    ChildStarted,
     EventBuffered,
     HistoryRecord,
     LoopAdvanced,
@@ -79,6 +80,7 @@ class EntryKind(StrEnum):
     VALUE = "value"
     RACE = "race"
     LOOP = "loop"
+    CHILD = "child"
 
 
 class EntryState(StrEnum):
@@ -102,6 +104,29 @@ class EntryState(StrEnum):
 _OPEN_ENTRY_STATES = frozenset(
     {EntryState.RUNNING, EntryState.BACKOFF, EntryState.SLEEPING, EntryState.WAITING}
 )
+
+
+CHILD_COMMAND = "child:"
+
+
+def child_command(parent_id: str, key: str) -> str:
+    """The command id of a child's start: names its parent and its key there."""
+    return f"{CHILD_COMMAND}{len(parent_id)}:{parent_id}/{key}"
+
+
+def parse_child_command(command_id: str) -> tuple[str, str] | None:
+    """(parent id, key) from a child's start command id, or None for other commands."""
+    if not command_id.startswith(CHILD_COMMAND):
+        return None
+    size, sep, rest = command_id[len(CHILD_COMMAND) :].partition(":")
+    if not sep or not size.isdigit() or rest[int(size) : int(size) + 1] != "/":
+        return None
+    return rest[: int(size)], rest[int(size) + 1 :]
+
+
+def child_event(key: str) -> str:
+    """The event a child sends its parent when it finishes (``~`` is not for clients)."""
+    return f"~child/{key}"
 
 
 def loop_prefixes(key: str, iteration: int) -> tuple[str, str]:
@@ -134,6 +159,7 @@ class Entry:
     losers: list[str] | None = None  # a race's losing branches, as scope prefixes
     # A loop's kept iterations: iteration -> seq of the LoopAdvanced that ended it.
     marks: dict[int, int] | None = None
+    child_id: str | None = None  # a child workflow's instance id (its input in result)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"k": self.kind.value, "s": self.state.value, "q": self.seq}
@@ -155,6 +181,8 @@ class Entry:
             out["l"] = self.losers
         if self.marks is not None:
             out["mk"] = [[i, q] for i, q in self.marks.items()]
+        if self.child_id is not None:
+            out["ch"] = self.child_id
         return out
 
     @classmethod
@@ -175,6 +203,7 @@ class Entry:
             winner=raw.get("w"),
             losers=raw.get("l"),
             marks=None if "mk" not in raw else {i: q for i, q in raw["mk"]},
+            child_id=raw.get("ch"),
         )
 
 
@@ -215,6 +244,9 @@ class InstanceState:
     # Why an unfinished instance cannot advance where it is owned now (its version is
     # not deployed there); "" when it can. Set by the owner, not by history.
     parked: str = ""
+    # The parent of a child workflow, and the child's key in it ("" for other instances).
+    parent_id: str = ""
+    parent_key: str = ""
     buffered: list[BufferedEvent] = field(default_factory=list)
     entries: dict[str, Entry] = field(default_factory=dict)
     recent_commands: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_COMMANDS))
@@ -257,6 +289,15 @@ class InstanceState:
                 self.input = record.input
                 self.created_ms = record.time_ms
                 self.status = Status.PENDING
+                parent = parse_child_command(record.command_id)
+                if parent is not None:
+                    self.parent_id, self.parent_key = parent
+            case ChildStarted():
+                self._running()
+                entry = self._entry(record.key, EntryKind.CHILD, EntryState.RECORDED, record.seq)
+                entry.child_id = record.child_id
+                entry.event_name = record.workflow
+                entry.result = record.input
             case StepAttemptStarted():
                 self._running()
                 entry = self._entry(record.key, EntryKind.STEP, EntryState.RUNNING, record.seq)
@@ -419,6 +460,7 @@ class InstanceState:
             "cr": self.cancel_reason,
             "fm": self.finished_ms,
             "pk": self.parked,
+            "pi": [self.parent_id, self.parent_key] if self.parent_id else None,
             "b": [[b.name, _payload_json(b.payload), b.command_id, b.seq] for b in self.buffered],
             "rc": list(self.recent_commands),
         }
@@ -445,6 +487,8 @@ class InstanceState:
             # State written before finish times were kept: the last update is the finish.
             finished_ms=raw.get("fm") or (raw["u"] if Status(raw["st"]).finished else 0),
             parked=raw.get("pk", ""),
+            parent_id=(raw.get("pi") or ["", ""])[0],
+            parent_key=(raw.get("pi") or ["", ""])[1],
             buffered=[
                 BufferedEvent(name, _payload_req(p), cid, seq) for name, p, cid, seq in raw["b"]
             ],

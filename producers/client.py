@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from engine.errors import StepstreamError
-from engine.names import check_name
+from engine.names import check_name, event_name_problem
 from engine.views import HistoryEntry, InstanceStatus
 
 DEFAULT_CONNECT = "http://127.0.0.1:8233"
@@ -97,7 +97,7 @@ class Client:
         return await self._transport.start(workflow, input, instance_id, version)
 
     async def send_event(self, instance_id: str, name: str, payload: Any = None) -> None:
-        check_name(name, "event name")
+        check_name(name, "event name", event_name_problem)
         await self._transport.send_event(_id(instance_id), name, payload)
 
     async def cancel(self, instance_id: str, *, reason: str = "") -> None:

@@ -22,7 +22,7 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from engine.names import check_name, text_problem
+from engine.names import check_name, event_name_problem, text_problem
 from engine.records import (
     CancelWorkflow,
     Command,
@@ -162,7 +162,7 @@ class CommandPublisher(abc.ABC):
 
     async def send_event(self, instance_id: str, name: str, payload: Any) -> None:
         check_name(instance_id, "instance id")
-        check_name(name, f"the name of an event for instance {instance_id}:")
+        check_name(name, f"the name of an event for instance {instance_id}:", event_name_problem)
         encoded = self._encode(payload, f"event {name!r} for instance {instance_id}")
         await self._check_exists(instance_id)
         await self._submit(

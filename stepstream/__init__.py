@@ -7,9 +7,10 @@ This is the one import path users need::
 
 from engine.attempts import attempt_cancelled
 from engine.codec import JsonCodec, PayloadCodec
-from engine.context import Context, StepFailure, StepResult
+from engine.context import ChildHandle, Context, StepFailure, StepResult
 from engine.errors import (
     AccessDenied,
+    ChildFailed,
     ConnectionFailed,
     EventTimeout,
     HistoryDiverged,
@@ -43,6 +44,8 @@ from producers.client import Client
 __all__ = [
     "AccessDenied",
     "Break",
+    "ChildFailed",
+    "ChildHandle",
     "Client",
     "ConnectionFailed",
     "Context",

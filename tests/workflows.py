@@ -396,3 +396,29 @@ async def trip(ctx: Context, fail: bool) -> Any:
         return "booked"
     except RolledBack as exc:
         return f"rolled back: {exc.cause}"
+
+
+@workflow("kid")
+async def kid(ctx: Context, args: dict[str, Any]) -> Any:
+    if args.get("wait"):
+        await ctx.wait_for_event("kid-go")
+    if args.get("fail"):
+        await ctx.step("break", fatal)
+    return {"kid": ctx.instance_id, "doubled": await ctx.step("double", async_double, args["n"])}
+
+
+@workflow("parent")
+async def parent(ctx: Context, args: dict[str, Any]) -> Any:
+    from stepstream import ChildFailed
+
+    first = await ctx.child("kid", {"n": args["n"]})
+    handle = await ctx.start_child("kid", {"n": args["n"] + 1, "wait": args.get("wait", False)})
+    try:
+        second = await handle.result()
+    except ChildFailed as exc:
+        second = f"{exc.status}: {exc.error}"
+    try:
+        await ctx.child("kid", {"n": 0, "fail": True}, instance_id=f"{ctx.instance_id}-bad")
+    except ChildFailed as exc:
+        return [first, second, exc.status, exc.error_type]
+    return [first, second]

@@ -421,3 +421,57 @@ async def test_a_saga_rolls_back_newest_first(client: Client) -> None:
         "booking/compensate#1",
         "booking/compensate#2",
     ]
+
+
+async def test_child_workflows_run_anywhere_and_report_back(client: Client) -> None:
+    instance = new_id("parent")
+    await client.start("parent", {"n": 5}, instance_id=instance)
+    assert await client.result(instance, timeout=30) == [
+        {"kid": f"{instance}/kid", "doubled": 10},
+        {"kid": f"{instance}/kid#2", "doubled": 12},
+        "failed",
+        "StepFailed",
+    ]
+    for child in (f"{instance}/kid", f"{instance}/kid#2", f"{instance}-bad"):
+        assert (await client.status(child)).status in ("completed", "failed")
+
+
+async def test_a_paused_and_resumed_parent_still_gets_its_childs_result(client: Client) -> None:
+    instance = new_id("parent")
+    await client.start("parent", {"n": 1, "wait": True}, instance_id=instance)
+    child = f"{instance}/kid#2"
+    for _ in range(500):
+        try:
+            if (await client.status(child)).waits:
+                break
+        except UnknownInstance:
+            pass
+        await asyncio.sleep(0.01)
+    await client.pause(instance)
+    await client.send_event(child, "kid-go", None)  # finishes while the parent is paused
+    await client.result(child, timeout=20)
+    await client.resume(instance)
+    result = await client.result(instance, timeout=30)
+    assert result[1] == {"kid": child, "doubled": 4}
+
+
+async def test_cancelling_a_parent_cancels_the_children_it_waits_for(client: Client) -> None:
+    instance = new_id("parent")
+    await client.start("parent", {"n": 1, "wait": True}, instance_id=instance)
+    child = f"{instance}/kid#2"
+    for _ in range(500):
+        try:
+            if (await client.status(child)).waits:
+                break
+        except UnknownInstance:
+            pass
+        await asyncio.sleep(0.01)
+    await client.cancel(instance, reason="changed my mind")
+    with pytest.raises(WorkflowCancelled, match=f"its parent {instance} was cancelled"):
+        await client.result(child, timeout=20)
+
+
+async def test_clients_may_not_send_the_engine_s_own_events(client: Client) -> None:
+    instance = await client.start("waiter", None, instance_id=new_id("tilde"))
+    with pytest.raises(InvalidPayload, match="reserved"):
+        await client.send_event(instance, "~child/kid", {"status": "completed"})

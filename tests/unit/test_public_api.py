@@ -30,6 +30,8 @@ def test_public_names_are_pinned() -> None:
         [
             "AccessDenied",
             "Break",
+            "ChildFailed",
+            "ChildHandle",
             "Client",
             "Continue",
             "ConnectionFailed",

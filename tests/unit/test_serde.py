@@ -22,6 +22,7 @@ from engine.errors import UndecodableRecord
 from engine.records import (
     ALL_TYPES,
     CancelWorkflow,
+    ChildStarted,
     CommandIgnored,
     DeadLetter,
     EventBuffered,
@@ -122,6 +123,7 @@ SAMPLES: list[Record] = [
     ValueRecorded(**env(14), key="now#1", kind="now", value=pl(str(T0))),
     RaceDecided(**env(14), key="race", winner="paid", losers=["race/late/", "race/busy/"]),
     LoopAdvanced(**env(14), key="poll", iteration=7, state=pl('{"seen":3}'), keep=10),
+    ChildStarted(**env(14), key="ship", workflow="ship", child_id="o-1/ship", input=pl("{}")),
     WorkflowPaused(**env(15)),
     WorkflowResumed(**env(16)),
     WorkflowCompleted(**env(17), result=pl('{"ok":true,"name":"Zoë ✓"}')),
@@ -184,6 +186,7 @@ RELEASED_FINGERPRINTS = {
     "EventBuffered": 0x07859BE56224BEED,
     "ValueRecorded": 0x0A718C0E09799E85,
     "RaceDecided": 0xC68F842E324D03CF,
+    "ChildStarted": 0x233C1FD2A294688D,
     "LoopAdvanced": 0xED02B388961365D9,
     "WorkflowPaused": 0xB3B46E1326F4E289,
     "WorkflowResumed": 0x0583DC6A6145B1E9,
