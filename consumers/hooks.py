@@ -20,7 +20,8 @@ logged). So:
 - on Kafka a worker that takes a partition over after its owner *crashed* does not run
   what that owner still owed: those tasks stay in the crashed worker's state directory
   and run when it owns the partition again. A new owner runs the hooks of what it
-  commits itself.
+  commits itself. That directory is not fsynced (Kafka is the source of truth): tasks
+  survive a killed process, not a lost machine or a directory rebuilt from the topics.
 
 Hooks of one instance run one after another, in the order of its records; instances do
 not wait for each other. Sync hooks run on this runner's threads, async ones on the loop.
@@ -256,8 +257,8 @@ class HookRunner:
         left = len(self._known)
         if left:
             log.warning(
-                "partition=%d: %d hook calls still owed after the drain timeout; they run "
-                "when this state directory owns the partition again",
+                "partition=%d: %d hook calls still owed after the drain timeout; they are "
+                "made when this state (data or state directory) owns the partition again",
                 self._backend.partition,
                 left,
             )
