@@ -1,0 +1,227 @@
+"""The README's workflow-language examples, run exactly as the README shows them.
+
+Every ``stepstream run examples.X:func --input '...'`` line of the section "The
+workflow language" runs in a subprocess (``python -m ops.cli`` with the repository on
+``PYTHONPATH``, from an empty directory) on a throwaway embedded engine; the printed
+result and the rows of the timeline are checked, so neither the examples nor the README
+can drift from what the engine does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SECTION = "## The workflow language"
+
+
+@dataclass(frozen=True)
+class Expected:
+    result: Any
+    rows: tuple[tuple[str, str, str], ...]  # (kind, key, outcome) timeline rows, in order
+
+
+EXPECTED = {
+    "examples.scopes:checkout": Expected(
+        {"items": 22.0, "shipping": 5.5},
+        (
+            ("step", "charge", "ok"),
+            ("step", "charge#2", "ok"),
+            ("step", "charge#3", "ok"),
+            ("step", "shipping/charge", "ok"),
+        ),
+    ),
+    "examples.try_step:price": Expected(
+        {
+            "price": 12.5,
+            "live": {"kind": "timeout", "attempts": 2},
+            "coupon": {"kind": "non_retryable", "attempts": 1},
+        },
+        (
+            ("step", "live-price", "retry"),
+            ("step", "live-price", "failed"),
+            ("step", "cached-price", "ok"),
+            ("step", "coupon", "failed"),
+        ),
+    ),
+    "examples.join:quote": Expected(
+        {"shipping": 4.5, "tax": 0.19, "stock": "book x1 reserved"},
+        (
+            ("step", "join/shipping/rate", "ok"),
+            ("step", "join/tax/rate", "ok"),
+            ("step", "join/stock/count", "ok"),
+            ("step", "join/stock/reserve", "ok"),
+        ),
+    ),
+    "examples.race:quote": Expected(
+        {"winner": "fast", "quote": {"supplier": "fast", "price": 10.0}},
+        (("step", "race/fast/quote", "ok"), ("RaceDecided", "race", "")),
+    ),
+    "examples.loop:poll": Expected(
+        {"checks": 20, "progress": 100},
+        (("step", "poll/19/check", "ok"),),
+    ),
+    "examples.saga:trip": Expected(
+        {"booked": False, "why": "card declined by the issuer"},
+        (
+            ("step", "booking/flight", "ok"),
+            ("step", "booking/hotel", "ok"),
+            ("step", "booking/pay", "failed"),
+            ("step", "booking/compensate#1", "ok"),
+            ("step", "booking/compensate#2", "ok"),
+        ),
+    ),
+    "examples.retry_forever:sync_stock": Expected(
+        {"attempts": 4},
+        (
+            ("step", "push-inventory", "retry"),
+            ("step", "push-inventory", "retry"),
+            ("step", "push-inventory", "retry"),
+            ("step", "push-inventory", "ok"),
+        ),
+    ),
+}
+
+
+def _section() -> str:
+    readme = (REPO / "README.md").read_text()
+    assert SECTION in readme, f"README.md has no {SECTION!r} section"
+    return readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
+
+
+def _commands() -> dict[str, str]:
+    """The section's ``stepstream run`` lines, by target."""
+    found: dict[str, str] = {}
+    for line in _section().splitlines():
+        if line.strip().startswith("stepstream run "):
+            target = shlex.split(line)[2]
+            assert target not in found, f"two commands run {target}"
+            found[target] = line.strip()
+    return found
+
+
+def _cli(argv: list[str], cwd: Path) -> tuple[str, float]:
+    """Run ``stepstream ...`` as ``python -m ops.cli ...``; its stdout and how long it took."""
+    assert argv[:2] == ["stepstream", "run"], argv
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.cli", *argv[1:]],
+        cwd=cwd,  # an empty directory: only the module path may matter
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    took = time.monotonic() - started
+    assert done.returncode == 0, f"{shlex.join(argv)}\n{done.stdout}{done.stderr}"
+    return done.stdout, took
+
+
+def _result(stdout: str) -> Any:
+    match = re.search(r"^result:\s+(.*)$", stdout, re.M)
+    assert match, stdout
+    return json.loads(match.group(1))
+
+
+def _row(stdout: str, kind: str, key: str, outcome: str, start: int) -> int:
+    """Where the timeline row (kind, key, outcome) starts, looking from ``start``."""
+    pattern = rf"^\s*\+\S+(?: m?s)?\s+{re.escape(kind)}\s+{re.escape(key)}"
+    pattern += rf"\s+{outcome}(\s|$)" if outcome else r"(\s|$)"
+    match = re.compile(pattern, re.M).search(stdout, start)
+    assert match, f"no row {kind} {key} {outcome} after offset {start}:\n{stdout}"
+    return match.end()
+
+
+def test_the_section_runs_every_example_it_links() -> None:
+    commands = _commands()
+    assert sorted(commands) == sorted(EXPECTED)
+    linked = set(re.findall(r"\(examples/(\w+)\.py\)", _section()))
+    assert linked == {target.split(":")[0].removeprefix("examples.") for target in EXPECTED}
+    for module in linked:
+        assert (REPO / "examples" / f"{module}.py").is_file(), module
+    assert "(docs/seeds.md)" in (REPO / "README.md").read_text()
+    assert (REPO / "docs" / "seeds.md").is_file()
+
+
+@pytest.mark.parametrize("target", sorted(EXPECTED))
+def test_the_readme_command_runs_to_the_documented_result(target: str, tmp_path: Path) -> None:
+    command = _commands().get(target)
+    assert command is not None, f"the README section runs no {target}"
+    stdout, took = _cli(shlex.split(command), tmp_path)
+    assert re.search(r"^status:\s+completed$", stdout, re.M), stdout
+    expected = EXPECTED[target]
+    assert _result(stdout) == expected.result, stdout
+    at = 0
+    for kind, key, outcome in expected.rows:
+        at = _row(stdout, kind, key, outcome, at)
+    assert list(tmp_path.iterdir()) == []  # nothing left in the working directory
+    if target == "examples.race:quote":
+        # The slow supplier's attempt (5 s) was given up, not waited for at shutdown.
+        assert took < 4, f"took {took:.1f} s:\n{stdout}"
+    if target == "examples.loop:poll":
+        checks = re.findall(r"\spoll/(\d+)/check\s", stdout)
+        assert len(checks) <= 4, stdout  # keep=3: the older iterations were pruned
+
+
+def test_the_saga_compensates_newest_first(tmp_path: Path) -> None:
+    stdout, _ = _cli([*shlex.split(_commands()["examples.saga:trip"]), "--json"], tmp_path)
+    undone = {
+        h["attributes"]["key"]: h["attributes"]["result"]
+        for h in json.loads(stdout)["history"]
+        if h["type"] == "StepSucceeded" and "/compensate#" in h["attributes"]["key"]
+    }
+    assert undone == {
+        "booking/compensate#1": "cancelled hotel-Lisbon",
+        "booking/compensate#2": "cancelled flight-Lisbon",
+    }
+
+
+def _join_failed(r: Any) -> bool:
+    return (
+        set(r["failed"]) == {"shipping"}
+        and "no carrier ships to AQ" in r["failed"]["shipping"]
+        and r["settled"] == {"tax": 0.0, "stock": "book x1 reserved"}
+    )
+
+
+# Other inputs the README suggests for the same examples: (target, the input as the
+# README words it, the input, what the result must satisfy).
+VARIANTS: list[tuple[str, str, Any, Callable[[Any], bool]]] = [
+    ("examples.join:quote", '"AQ"', {"country": "AQ", "sku": "book"}, _join_failed),
+    (
+        "examples.race:quote",
+        "`0.01`",
+        {"deadline_s": 0.01},
+        lambda r: r == {"winner": "deadline", "quote": None},
+    ),
+    (
+        "examples.saga:trip",
+        '`"4242"`',
+        {"to": "Lisbon", "card": "4242"},
+        lambda r: r == {"booked": True, "flight": "flight-Lisbon", "hotel": "hotel-Lisbon"},
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("target", "words", "value", "check"), VARIANTS, ids=[v[0] for v in VARIANTS]
+)
+def test_the_variants_the_readme_mentions(
+    target: str, words: str, value: Any, check: Callable[[Any], bool], tmp_path: Path
+) -> None:
+    assert target in _commands()
+    assert words in _section(), f"the README no longer suggests {words} for {target}"
+    stdout, _ = _cli(["stepstream", "run", target, "--input", json.dumps(value)], tmp_path)
+    assert check(_result(stdout)), stdout
