@@ -32,6 +32,7 @@ from typing import Any, TextIO
 
 from engine.codec import JsonCodec, PayloadCodec, decode_safely
 from engine.errors import HistoryDiverged, StepstreamError, UndecodableRecord, UnknownWorkflow
+from engine.loop import ROOT_TASK, WorkflowLoop
 from engine.records import (
     HistoryRecord,
     InstanceForgotten,
@@ -50,7 +51,7 @@ from engine.records import SleepStarted as SleepStartedRecord
 from engine.runtime import InstanceRuntime, Output
 from engine.serde import RecordSerde, default_serde
 from engine.state import Entry, EntryState, InstanceState
-from engine.workflow import Registry
+from engine.workflow import Registry, WorkflowDefinition
 
 DIVERGED_TYPE = "HistoryDiverged"
 PROGRESS_EVERY = 1000
@@ -197,6 +198,7 @@ class _ReplayRuntime(InstanceRuntime):
         super().__init__(*args, **kwargs)
         self.calls: list[_Call] = []
         self._tracing = trace
+        self._value_counts: dict[str, int] = {}
 
     def _note(self, kind: str, key: str) -> _Call:
         entry = self.state.entries.get(key)
@@ -250,8 +252,11 @@ class _ReplayRuntime(InstanceRuntime):
             produced = True
             return produce()
 
-        call = _Call("value", kind, None, None, False)
-        self.calls.append(call)
+        # Named as the runtime names values: the reading task's path and a count.
+        path = WorkflowLoop.task_path()
+        scope = f"{kind}#" if path == ROOT_TASK else f"{path}/{kind}#"
+        self._value_counts[scope] = n = self._value_counts.get(scope, 0) + 1
+        call = self._note("value", f"{scope}{n}")
         try:
             value = super().record_value(kind, fresh)
         except HistoryDiverged as exc:
@@ -259,6 +264,8 @@ class _ReplayRuntime(InstanceRuntime):
             call.entry_kind = _recorded_kind(self.state, exc.key)
             raise
         call.final = not produced
+        if produced:
+            call.seq = call.entry_kind = None
         if self._tracing:
             call.saw = _render(value) if not produced else f"new value {_render(value)}"
         return value
@@ -354,6 +361,16 @@ def replay_history(
         definition = registry.resolve(started.workflow, started.version)
     except UnknownWorkflow as exc:
         return made("missing", message=str(exc))
+    ended: list[str] = []  # how the code ended, if it did
+
+    async def noted(ctx: Any, arg: Any) -> Any:
+        try:
+            value = await definition.fn(ctx, arg)
+        except Exception as exc:
+            ended.append(f"end:raised:{type(exc).__name__}")
+            raise
+        ended.append("end:returned")
+        return value
 
     state = InstanceState(history.instance_id)
     end: HistoryRecord | None = None
@@ -366,7 +383,7 @@ def replay_history(
     recorded = {key: (e.kind.value, e.seq) for key, e in state.entries.items()}
     runtime = _ReplayRuntime(
         state,
-        definition,
+        WorkflowDefinition(definition.name, definition.version, noted),
         codec=codec or JsonCodec(),
         clock=_FixedClock(records[-1].time_ms),
         epoch=max(r.epoch for r in records) + 1,
@@ -380,7 +397,7 @@ def replay_history(
     finally:
         runtime.close()
     steps = tuple(TraceStep(c.kind, c.key, c.seq, c.saw) for c in runtime.calls) if trace else ()
-    diverged = _divergence(runtime, out, recorded)
+    diverged = _divergence(runtime, out, recorded, ended)
     if diverged is None:
         diverged = _ending_differs(end, out, runtime.calls)
     if diverged is not None:
@@ -404,7 +421,7 @@ def replay_history(
 
 
 def _divergence(
-    runtime: _ReplayRuntime, out: Output, recorded: dict[str, tuple[str, int]]
+    runtime: _ReplayRuntime, out: Output, recorded: dict[str, tuple[str, int]], ended: list[str]
 ) -> tuple[str, str, str, str] | None:
     """(key, recorded, reached, message) where the runtime found the code diverging."""
     message = _diverged_message(runtime, out)
@@ -415,7 +432,7 @@ def _divergence(
     mismatch = next((c for c in runtime.calls if c.key == key and c.kind != was), None)
     if mismatch is not None:
         return key, was, f"{mismatch.kind}:{key}", message
-    return key, was, _reached_instead(runtime.calls, recorded), message
+    return key, was, _reached_instead(runtime.calls, recorded, ended), message
 
 
 def _diverged_message(runtime: _ReplayRuntime, out: Output) -> str | None:
@@ -441,12 +458,16 @@ def _diverged_key(runtime: _ReplayRuntime, message: str) -> str:
     return ""
 
 
-def _reached_instead(calls: Sequence[_Call], recorded: dict[str, tuple[str, int]]) -> str:
+def _reached_instead(
+    calls: Sequence[_Call], recorded: dict[str, tuple[str, int]], ended: list[str]
+) -> str:
     """What the code did where the history has the missed key: its first call the history
     does not have, or how it ended, or that it only waits on what is recorded."""
     for call in calls:
         if call.key not in recorded and call.entry_kind is None and not call.final:
             return f"{call.kind}:{call.key}"
+    if ended:
+        return ended[0]
     return "nothing (the code waits on recorded calls only)"
 
 

@@ -1,0 +1,205 @@
+"""The history export file (docs/history-export.md): records -> JSON -> the same records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.codec import JSON, JsonCodec
+from engine.records import (
+    CommandIgnored,
+    HistoryRecord,
+    Payload,
+    RaceDecided,
+    StepAttemptStarted,
+    StepFailed,
+    StepSucceeded,
+    ValueRecorded,
+    WaitSatisfied,
+    WorkflowCompleted,
+    WorkflowStarted,
+)
+from engine.views import HistoryEntry
+from ops.history_export import (
+    FORMAT,
+    FORMAT_VERSION,
+    InvalidHistoryFile,
+    from_document,
+    read_export,
+    records_from_entries,
+    to_document,
+    write_export,
+)
+
+CODEC = JsonCodec()
+T0 = 1_700_000_000_000
+
+
+def sample(instance_id: str = "o-1") -> list[HistoryRecord]:
+    def env(seq: int, **more: Any) -> dict[str, Any]:
+        return {"instance_id": instance_id, "seq": seq, "time_ms": T0 + seq, "epoch": 3, **more}
+
+    return [
+        WorkflowStarted(
+            **env(1, command_id="start-1", traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01"),
+            workflow="order",
+            version="2",
+            input=CODEC.encode({"card": "4242", "note": "naïve ✓", "n": [1, 2.5, None]}),
+        ),
+        StepAttemptStarted(**env(2, command_id="start-1"), key="charge", attempt=1, max_attempts=0),
+        StepFailed(
+            **env(3, command_id="step:o-1/charge/1"),
+            key="charge",
+            attempt=1,
+            error_type="IOError",
+            error_message="boom",
+            next_attempt_at_ms=T0 + 200,
+        ),
+        StepSucceeded(
+            **env(4, command_id="step:o-1/charge/2"),
+            key="charge",
+            attempt=2,
+            # A codec of its own: kept as bytes.
+            result=Payload("application/x-sealed", b"\x00\x01sealed\xff"),
+        ),
+        WaitSatisfied(
+            **env(5, command_id="e-1"),
+            key="approval",
+            event_name="approval",
+            # JSON, but not as the JSON codec writes it (spaces): kept byte for byte.
+            payload=Payload(JSON, b'{"by": "ada"}'),
+            event_command_id="e-1",
+        ),
+        ValueRecorded(
+            **env(6, command_id="e-1"), key="uuid#1", kind="uuid", value=CODEC.encode("x")
+        ),
+        RaceDecided(**env(7, command_id="e-1"), key="race", winner="a", losers=["race/b/"]),
+        CommandIgnored(**env(8, command_id="c-9"), command_type="ResumeWorkflow", reason="running"),
+        WorkflowCompleted(**env(9, command_id="e-1"), result=CODEC.encode({"ok": True})),
+    ]
+
+
+def test_records_survive_the_file_exactly(tmp_path: Path) -> None:
+    records = sample()
+    path = tmp_path / "o-1.json"
+    write_export(path, "o-1", records)
+    exported = read_export(path)
+    assert exported.records == records
+    assert (exported.instance_id, exported.workflow, exported.version) == ("o-1", "order", "2")
+    # Reading and writing again gives the same document.
+    again = tmp_path / "again.json"
+    write_export(again, "o-1", exported.records)
+    assert again.read_text() == path.read_text()
+
+
+def test_the_document_is_readable_json() -> None:
+    document = to_document("o-1", sample())
+    assert (document["format"], document["format_version"]) == (FORMAT, FORMAT_VERSION)
+    started, *_, sealed, odd_json, _, _, _, _ = document["records"]
+    assert started["type"] == "WorkflowStarted" and started["seq"] == 1
+    assert started["traceparent"].startswith("00-")
+    assert started["attributes"]["input"] == {
+        "content_type": JSON,
+        "json": {"card": "4242", "note": "naïve ✓", "n": [1, 2.5, None]},
+    }
+    assert "traceparent" not in document["records"][1]
+    assert sealed["attributes"]["result"] == {
+        "content_type": "application/x-sealed",
+        "base64": "AAFzZWFsZWT/",
+    }
+    assert "base64" in odd_json["attributes"]["payload"]
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_any_json_payload_round_trips_byte_for_byte(value: Any) -> None:
+    payload = CODEC.encode(value)
+    record = WorkflowCompleted(instance_id="i", seq=2, time_ms=T0, result=payload)
+    document = json.loads(json.dumps(to_document("i", [record]), ensure_ascii=False))
+    (back,) = from_document(document).records
+    assert back == record
+
+
+def test_records_rebuilt_from_a_clients_view_are_the_records_but_epoch_and_trace() -> None:
+    records = sample()
+    # What the API serves: payloads decoded by the server's codec, as JSON.
+    entries = [HistoryEntry.from_json(HistoryEntry.of(r, CODEC).to_json()) for r in records]
+    rebuilt = records_from_entries("o-1", entries)
+    assert len(rebuilt) == len(records)
+    for got, want in zip(rebuilt, records, strict=True):
+        assert type(got) is type(want)
+        assert (got.epoch, got.traceparent) == (0, None)  # the view does not show them
+        for name in want.__dataclass_fields__:
+            if name in ("epoch", "traceparent", "tracestate"):
+                continue
+            mine, theirs = getattr(got, name), getattr(want, name)
+            if theirs == Payload(JSON, b'{"by": "ada"}'):
+                # JSON not written by the JSON codec: the same value, the codec's bytes.
+                assert mine == CODEC.encode({"by": "ada"})
+            else:
+                assert mine == theirs, name
+
+
+def test_an_undecodable_payload_in_a_view_is_kept_as_bytes() -> None:
+    record = sample()[3]  # the sealed result
+    entry = HistoryEntry.of(record, CODEC)
+    (rebuilt,) = records_from_entries("o-1", [entry])
+    assert isinstance(rebuilt, StepSucceeded) and rebuilt.result == record.result
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("not json", "is not JSON"),
+        ('{"records": []}', "is not a stepstream history export"),
+        (json.dumps({"format": FORMAT, "format_version": 99}), "format_version 99"),
+        (
+            json.dumps(
+                {
+                    "format": FORMAT,
+                    "format_version": 1,
+                    "instance_id": "i",
+                    "records": [{"type": "Nope", "seq": 1}],
+                }
+            ),
+            "unknown record type 'Nope'",
+        ),
+        (
+            json.dumps(
+                {
+                    "format": FORMAT,
+                    "format_version": 1,
+                    "instance_id": "i",
+                    "records": [{"type": "WorkflowPaused"}],
+                }
+            ),
+            "record 0 cannot be read",
+        ),
+    ],
+)
+def test_a_bad_file_says_what_is_wrong(tmp_path: Path, text: str, says: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(InvalidHistoryFile, match=says):
+        read_export(path)
+
+
+def test_a_missing_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(InvalidHistoryFile, match="cannot read history file"):
+        read_export(tmp_path / "nope.json")
