@@ -68,6 +68,11 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         (a loop iteration's), that does not shift the indexes of the parent's tasks."""
         return asyncio.Task(coro, loop=self, name=name)
 
+    def forget_tasks(self, prefixes: tuple[str, ...]) -> None:
+        """Forget the child counts of finished tasks whose paths start with a prefix."""
+        for path in [p for p in self._children if p.startswith(prefixes)]:
+            del self._children[path]
+
     @staticmethod
     def task_path() -> str:
         """The deterministic path of the workflow task running now."""

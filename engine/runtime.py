@@ -863,7 +863,24 @@ class InstanceRuntime:
             what=f"the state of loop {key!r} of instance {self.state.instance_id}",
         )
         self._emit(LoopAdvanced, key=key, iteration=iteration, state=payload, keep=keep)
+        self._forget_scope(loop_prefixes(key, iteration - 1))
         return decode_safely(self.codec, payload)
+
+    def _forget_scope(self, prefixes: tuple[str, ...]) -> None:
+        """Drop what the live coroutine kept about a finished loop iteration (its keys
+        are never used again), so an endless loop runs in bounded memory."""
+        for key in [k for k in self._futures if k.startswith(prefixes)]:
+            del self._futures[key]
+        for key in [k for k in self._intents if k.startswith(prefixes)]:
+            if not any(k == key for k, _ in self.inflight):
+                del self._intents[key]
+        self._visited.difference_update([k for k in self._visited if k.startswith(prefixes)])
+        for slot in [s for s in self._names if s[0].startswith(prefixes)]:
+            del self._names[slot]
+        for counter in [c for c in self._counters if c.startswith(prefixes)]:
+            del self._counters[counter]
+        if self._loop is not None:
+            self._loop.forget_tasks(prefixes)
 
     def race_decided(self, key: str) -> tuple[str, list[str]] | None:
         """The recorded winner and losers of the race ``key``, or None if it is open."""
