@@ -49,9 +49,9 @@ async def roll_back(rt: WorkflowRuntime, frame: SagaFrame, cause: BaseException)
     """Run the frame's compensations newest first, each as a durable step; the error to
     raise (compensations that failed for good are listed on it)."""
     failed: dict[str, StepFailed] = {}
-    for n, comp in enumerate(reversed(frame.done), start=1):
-        # Keys from the saga's own key and the undone step's: stable on replay.
-        key = f"{frame.key}/compensate#{n}"
+    for comp in reversed(frame.done):
+        # Named for the step it undoes (a step key is never a scope, so this is free).
+        key = f"{comp.key}/undo"
         try:
             await rt.step_future(key, comp.fn, (comp.result,), {}, COMPENSATION_RETRY, None)
         except StepFailed as exc:

@@ -75,7 +75,7 @@ def render_timeline(history: Sequence[HistoryEntry]) -> str:
                     "step",
                     key,
                     "running",
-                    f"attempt {a.get('attempt')}/{a.get('max_attempts')}",
+                    f"attempt {a.get('attempt')}/{a.get('max_attempts') or '∞'}",
                 )
             case "StepSucceeded":
                 end(at, "step", key, "ok")
@@ -98,6 +98,14 @@ def render_timeline(history: Sequence[HistoryEntry]) -> str:
                     detail += f", timeout at +{_duration(timeout_at - start)}"
                 begin(at, "wait", key, "waiting", detail)
             case "WaitSatisfied":
+                event = str(a.get("event_name", ""))
+                if event.startswith("~child/"):
+                    payload = a.get("payload")
+                    status = payload.get("status") if isinstance(payload, dict) else None
+                    for kind, name in [s for s in open_spans if s[0] == "child"]:
+                        if status is not None:
+                            end(at, kind, name, str(status))
+                            break
                 end(at, "wait", key, "received")
             case "WaitTimedOut":
                 end(at, "wait", key, "timed out")
@@ -105,6 +113,15 @@ def render_timeline(history: Sequence[HistoryEntry]) -> str:
                 point(at, "event", str(a.get("event_name", "")), "buffered")
             case "ValueRecorded":
                 point(at, "value", key, str(a.get("kind", "")))
+            case "RaceDecided":
+                losers = tuple(str(p) for p in a.get("losers") or ())
+                for kind, name in [s for s in open_spans if s[1].startswith(losers)]:
+                    end(at, kind, name, "abandoned", "lost the race")
+                point(at, "race", key, "won", f"by {a.get('winner')}")
+            case "LoopAdvanced":
+                point(at, "loop", key, "next", f"iteration {a.get('iteration')}")
+            case "ChildStarted":
+                begin(at, "child", str(a.get("child_id", "")), "running", f"{a.get('workflow')}")
             case "WorkflowPaused":
                 point(at, "workflow", "", "paused")
             case "WorkflowResumed":

@@ -418,8 +418,8 @@ async def test_a_saga_rolls_back_newest_first(client: Client) -> None:
     assert keys == [
         "booking/flight",
         "booking/hotel",
-        "booking/compensate#1",
-        "booking/compensate#2",
+        "booking/hotel/undo",
+        "booking/flight/undo",
     ]
 
 

@@ -340,7 +340,7 @@ def test_a_saga_compensates_completed_steps_newest_first_exactly_once() -> None:
     h.run("booking/car")
     h.fail("booking/pay", "card declined", retryable=False)
     # The first compensation (hotel, the newest) runs; then a crash.
-    h.run("booking/compensate#1")
+    h.run("booking/hotel/undo")
     h.crash()  # replay: flight's compensation is started, hotel's is not run again
     h.run_all()
     assert h.result() == {
@@ -349,7 +349,7 @@ def test_a_saga_compensates_completed_steps_newest_first_exactly_once() -> None:
         "compensation_errors": [],
     }
     assert UNDONE == ["hotel-booking", "flight-booking"]
-    assert h.ran["booking/compensate#1"] == 1 and h.ran["booking/compensate#2"] == 1
+    assert h.ran["booking/hotel/undo"] == 1 and h.ran["booking/flight/undo"] == 1
 
 
 def test_a_saga_that_completes_compensates_nothing() -> None:
