@@ -1,0 +1,270 @@
+"""``stepstream.testing.WorkflowEnvironment``: an embedded engine with a virtual clock.
+
+Long timers take no wall time, ``advance`` fires them at their own times and in order,
+and ``crash`` restarts the engine from its data directory as after kill -9: at chosen
+points and at seeded random ones, every instance ends as it does without a crash, and no
+step succeeds twice in its history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sys
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from engine.errors import EventTimeout, StepstreamError
+from engine.retry import RetryPolicy
+from engine.workflow import Registry
+from stepstream import Context, workflow
+from stepstream.testing import VirtualClock, WorkflowEnvironment
+
+DAY = 86400
+START = datetime(2024, 1, 1, tzinfo=UTC)
+FOREVER = RetryPolicy(max_attempts=None, initial_interval=1.0)
+
+
+def bill(customer: str, n: int) -> str:
+    return f"billed {customer} #{n}"
+
+
+async def slowly(value: int) -> int:
+    await asyncio.sleep(0.002)  # long enough for a crash to land while it runs
+    return value * 10
+
+
+@workflow("subscription")
+async def subscription(ctx: Context, customer: str) -> dict[str, Any]:
+    started = ctx.now()
+    await ctx.sleep("trial", 30 * DAY)
+    first = await ctx.step("bill", bill, customer, 1)
+    try:
+        renewal = await ctx.wait_for_event("renew", timeout=7 * DAY)
+    except EventTimeout:
+        renewal = None
+    return {
+        "first": first,
+        "renewal": renewal,
+        "days": (ctx.now() - started).total_seconds() / DAY,
+    }
+
+
+@workflow("ticks")
+async def ticks(ctx: Context, days: list[int]) -> list[str]:
+    seen = []
+    for n, day in enumerate(days):
+        await ctx.sleep(f"tick-{n}", day * DAY)
+        seen.append(ctx.now().isoformat())
+    return seen
+
+
+@workflow("pipeline")
+async def pipeline(ctx: Context, n: int) -> dict[str, Any]:
+    a, b = await asyncio.gather(
+        ctx.step("a", slowly, n, retry=FOREVER), ctx.step("b", slowly, n + 1, retry=FOREVER)
+    )
+    await ctx.sleep("settle", 3600)
+    c = await ctx.step("c", slowly, a + b, retry=FOREVER)
+    go = await ctx.wait_for_event("go", timeout=DAY)
+    d = await ctx.step("d", slowly, c + go, retry=FOREVER)
+    return {"a": a, "b": b, "c": c, "d": d}
+
+
+_failures: dict[str, int] = {}
+
+
+def fails_once(key: str) -> str:
+    _failures[key] = _failures.get(key, 0) + 1
+    if _failures[key] == 1:
+        raise RuntimeError("first attempt fails")
+    return "ok"
+
+
+@workflow("retrying")
+async def retrying(ctx: Context, key: str) -> str:
+    return await ctx.step(
+        "flaky", fails_once, key, retry=RetryPolicy(max_attempts=3, initial_interval=5.0)
+    )
+
+
+async def stuck() -> None:
+    await asyncio.sleep(30)
+
+
+@workflow("stuck")
+async def stuck_workflow(ctx: Context, _: Any) -> None:
+    await ctx.step("forever", stuck)
+
+
+ALL = [subscription, ticks, pipeline, retrying, stuck_workflow]
+
+
+async def test_a_30_day_sleep_and_a_7_day_timeout_take_no_wall_time() -> None:
+    began = time.monotonic()
+    async with WorkflowEnvironment(ALL, clock="virtual", start=START) as env:
+        await env.client.start("subscription", "ada", instance_id="s-1")
+        await env.settle()
+        (trial,) = (await env.client.status("s-1")).waits
+        assert (trial.key, trial.until) == ("trial", "2024-01-31T00:00:00.000+00:00")
+
+        await env.advance(30 * DAY)
+        (wait,) = (await env.client.status("s-1")).waits
+        assert (wait.key, wait.until) == ("renew", "2024-02-07T00:00:00.000+00:00")
+        await env.advance(7 * DAY)
+        result = await env.client.result("s-1", timeout=5)
+        assert env.now() == datetime(2024, 2, 7, tzinfo=UTC)
+    assert result == {"first": "billed ada #1", "renewal": None, "days": 37.0}
+    assert time.monotonic() - began < 1.0
+
+
+async def test_an_event_before_the_timeout_is_what_the_workflow_gets() -> None:
+    async with WorkflowEnvironment([subscription], start=START) as env:
+        await env.client.start("subscription", "bo", instance_id="s-2")
+        await env.advance(31 * DAY)
+        await env.client.send_event("s-2", "renew", {"plan": "yearly"})
+        assert await env.client.result("s-2", timeout=5) == {
+            "first": "billed bo #1",
+            "renewal": {"plan": "yearly"},
+            "days": 31.0,
+        }
+
+
+async def test_one_long_advance_fires_every_timer_at_its_own_time() -> None:
+    async with WorkflowEnvironment([ticks], start=START) as env:
+        await env.client.start("ticks", [1, 2, 30], instance_id="t-1")
+        await env.advance(365 * DAY)
+        assert await env.client.result("t-1", timeout=5) == [
+            "2024-01-02T00:00:00+00:00",
+            "2024-01-04T00:00:00+00:00",
+            "2024-02-03T00:00:00+00:00",
+        ]
+        assert env.now() == datetime(2024, 12, 31, tzinfo=UTC)
+
+
+async def test_a_retry_waits_for_its_backoff_in_virtual_time() -> None:
+    async with WorkflowEnvironment([retrying], start=START) as env:
+        await env.client.start("retrying", "r-1", instance_id="r-1")
+        await env.settle()
+        (flaky,) = (await env.client.status("r-1")).waits
+        assert (flaky.state, flaky.attempt) == ("backoff", 1)
+        await env.advance(4.9)
+        assert not (await env.client.status("r-1")).finished
+        await env.advance(0.1)
+        assert await env.client.result("r-1", timeout=5) == "ok"
+
+
+async def reference(inputs: list[int]) -> dict[str, Any]:
+    """What the pipeline instances end with when nothing crashes."""
+    async with WorkflowEnvironment([pipeline], start=START) as env:
+        return await drive(env, inputs, lambda _: asyncio.sleep(0))
+
+
+async def drive(env: WorkflowEnvironment, inputs: list[int], chaos: Any) -> dict[str, Any]:
+    for n in inputs:
+        await env.client.start("pipeline", n, instance_id=f"p-{n}")
+    await chaos("started")
+    await env.advance(3600)
+    await chaos("slept")
+    for n in inputs:
+        await env.client.send_event(f"p-{n}", "go", n)
+    await chaos("sent")
+    await env.settle()
+    results = {f"p-{n}": await env.client.result(f"p-{n}", timeout=10) for n in inputs}
+    for n in inputs:
+        succeeded = [
+            e.attributes["key"]
+            for e in await env.client.history(f"p-{n}")
+            if e.type == "StepSucceeded"
+        ]
+        assert sorted(succeeded) == ["a", "b", "c", "d"], f"p-{n}: {succeeded}"
+    return results
+
+
+@pytest.mark.parametrize("point", ["started", "slept", "sent"])
+async def test_a_crash_at_a_chosen_point_ends_the_same(point: str) -> None:
+    inputs = [1, 2, 3]
+    expected = await reference(inputs)
+
+    async with WorkflowEnvironment([pipeline], start=START) as env:
+
+        async def chaos(where: str) -> None:
+            if where == point:
+                await env.crash()
+
+        assert await drive(env, inputs, chaos) == expected
+        assert env.crashes == 1
+
+
+def random_crashes(env: WorkflowEnvironment, rng: random.Random) -> Any:
+    """At each point: up to two crashes, each after a random number of commits."""
+
+    async def chaos(_: str) -> None:
+        for _ in range(rng.randint(0, 2)):
+            await env.crash(after_writes=rng.randint(0, 6))
+
+    return chaos
+
+
+async def test_crashes_at_seeded_random_points_end_the_same() -> None:
+    inputs = [1, 2, 3, 4]
+    expected = await reference(inputs)
+    lost = 0
+    for seed in range(10):
+        async with WorkflowEnvironment([pipeline], start=START) as env:
+            chaos = random_crashes(env, random.Random(seed))
+            assert await drive(env, inputs, chaos) == expected, f"seed {seed}"
+            for n in inputs:
+                history = await env.client.history(f"p-{n}")
+                lost += sum(
+                    1
+                    for e in history
+                    if e.type == "StepFailed" and e.attributes["error_type"] == "AttemptLost"
+                )
+    assert lost > 0, "no crash landed while a step attempt ran: the test lost its point"
+
+
+async def test_a_result_awaited_across_a_crash_still_arrives() -> None:
+    async with WorkflowEnvironment([subscription], start=START) as env:
+        await env.client.start("subscription", "cy", instance_id="s-3")
+        waiting = asyncio.ensure_future(env.client.result("s-3", timeout=10))
+        await env.settle()
+        await env.crash()
+        await env.advance(37 * DAY)
+        assert (await waiting)["first"] == "billed cy #1"
+
+
+async def test_workflows_may_be_functions_modules_names_or_a_registry() -> None:
+    module = sys.modules[__name__]
+    for given in ([subscription], subscription, module, __name__, Registry([subscription])):
+        async with WorkflowEnvironment(given) as env:
+            await env.client.start("subscription", "d", instance_id="s")
+            await env.advance(40 * DAY)
+            assert (await env.client.result("s", timeout=5))["days"] == 37.0
+
+
+async def test_the_system_clock_runs_in_real_time_and_cannot_be_advanced() -> None:
+    async with WorkflowEnvironment([ticks], clock="system") as env:
+        with pytest.raises(StepstreamError, match="clock='virtual'"):
+            await env.advance(1)
+        await env.client.start("ticks", [0], instance_id="t")
+        assert len(await env.client.result("t", timeout=5)) == 1
+
+
+async def test_settle_names_what_keeps_the_engine_busy() -> None:
+    async with WorkflowEnvironment([stuck_workflow], settle_timeout=0.3) as env:
+        await env.client.start("stuck", None, instance_id="x")
+        with pytest.raises(StepstreamError, match="step 'forever' of instance x is running"):
+            await env.advance(1)
+
+
+async def test_a_virtual_clock_given_as_an_object_is_the_engines() -> None:
+    clock = VirtualClock(round(START.timestamp() * 1000))
+    async with WorkflowEnvironment([ticks], clock=clock) as env:
+        await env.client.start("ticks", [2], instance_id="t")
+        clock.advance(DAY)  # moved by hand: the engine sees it, the timer is not due yet
+        await env.advance(DAY)
+        assert await env.client.result("t", timeout=5) == ["2024-01-03T00:00:00+00:00"]
