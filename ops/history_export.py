@@ -213,15 +213,22 @@ def _payload_from(raw: Any) -> Payload:
     return Payload(raw["content_type"], base64.b64decode(raw["base64"], validate=True))
 
 
-def _payload_fields_of(cls: type[HistoryRecord]) -> frozenset[str]:
+def _payload_fields_of(cls: type[HistoryRecord], *, optional: bool) -> frozenset[str]:
     hints = typing.get_type_hints(cls)
-    return frozenset(
-        name for name, hint in hints.items() if hint is Payload or Payload in typing.get_args(hint)
-    )
+    if optional:
+        return frozenset(n for n, hint in hints.items() if Payload in typing.get_args(hint))
+    return frozenset(n for n, hint in hints.items() if hint is Payload)
 
 
-# Record type name -> the attributes that hold payloads, and every attribute it has.
-_PAYLOAD_FIELDS = {name: _payload_fields_of(cls) for name, cls in _CLASSES.items()}
+# Record type name -> the attributes that hold payloads (always, or maybe), and every
+# attribute it has.
+_PAYLOAD_FIELDS = {
+    name: _payload_fields_of(cls, optional=False) | _payload_fields_of(cls, optional=True)
+    for name, cls in _CLASSES.items()
+}
+_REQUIRED_PAYLOADS = {
+    name: _payload_fields_of(cls, optional=False) for name, cls in _CLASSES.items()
+}
 _ATTRIBUTES = {
     name: frozenset(f.name for f in dataclasses.fields(cls) if f.name not in _NOT_ATTRIBUTES)
     for name, cls in _CLASSES.items()
@@ -249,12 +256,14 @@ def records_from_entries(
                 "stepstream does not know; upgrade it"
             )
         payloads = _PAYLOAD_FIELDS[entry.type]
+        required = _REQUIRED_PAYLOADS[entry.type]
         known = _ATTRIBUTES[entry.type]
         attributes: dict[str, Any] = {}
         for name, value in entry.attributes.items():
             if name not in known:
                 continue
-            if name in payloads and value is not None:
+            # A payload that must be there and reads None held JSON null.
+            if name in required or (name in payloads and value is not None):
                 value = _viewed_payload(value, codec)
             attributes[name] = value
         records.append(

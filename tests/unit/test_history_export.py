@@ -203,3 +203,11 @@ def test_a_bad_file_says_what_is_wrong(tmp_path: Path, text: str, says: str) -> 
 def test_a_missing_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(InvalidHistoryFile, match="cannot read history file"):
         read_export(tmp_path / "nope.json")
+
+
+def test_a_null_payload_in_a_view_is_json_null_not_a_missing_payload() -> None:
+    record = WorkflowStarted(
+        instance_id="n", seq=1, time_ms=T0, workflow="w", version="1", input=CODEC.encode(None)
+    )
+    (rebuilt,) = records_from_entries("n", [HistoryEntry.of(record, CODEC)])
+    assert rebuilt == record
