@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepstream import Context, RetryPolicy, workflow
+from stepstream import Break, Context, Continue, RetryPolicy, workflow
 
 
 def charge(amount: int) -> dict[str, Any]:
@@ -95,3 +95,14 @@ async def removed_step(ctx: Context, _: Any) -> str:
     # a step "audit" was here
     await ctx.step("b", note, "b")
     return "done"
+
+
+@workflow("loop")
+async def loop(ctx: Context, rounds: int) -> int:
+    async def body(c: Context, n: int) -> Continue[int] | Break[int]:
+        await c.step("tick", note, str(n))
+        await c.sleep("pause", 1)
+        return Break(n) if n + 1 >= rounds else Continue(n + 1)
+
+    # Only the last 2 iterations' records are kept: the history has a gap.
+    return await ctx.loop("poll", body, state=0, keep=2)

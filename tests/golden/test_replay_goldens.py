@@ -1,6 +1,7 @@
 """Golden history exports, replayed against today's code (``replay_workflows.py``).
 
-``replay/ok-*.json`` must replay; ``replay/diverged-*.json`` must not: each was recorded
+``replay/ok-*.json`` must replay (one is a loop whose pruned iterations left a gap in
+the history); ``replay/diverged-*.json`` must not: each was recorded
 by code that has since changed in a way that breaks instances in flight (a renamed step,
 a step become a sleep, a wait inserted before a recorded step, a removed step, a step
 added after the end of a completed instance), and replay must say where (key), what the
@@ -41,6 +42,7 @@ EXPECTED: dict[str, tuple[str, str, str] | None] = {
     "ok-values": None,
     "ok-retrying": None,
     "ok-extended-running": None,
+    "ok-loop-pruned": None,
     "diverged-extended-completed": ("b", "completed", "step:b"),
     "diverged-renamed": ("charge-card", "step", "step:charge"),
     "diverged-step-to-sleep": ("notify", "step", "sleep:notify"),
@@ -154,6 +156,7 @@ BEFORE = Registry(
         today.order,
         today.values,
         today.retrying,
+        today.loop,
         extended_before,
         renamed_before,
         step_to_sleep_before,
@@ -171,6 +174,7 @@ async def _record() -> None:
         await client.start("order", {"amount": 5, "id": "o-2"}, instance_id="ok-order-waiting")
         await client.start("values", None, instance_id="ok-values")
         await client.start("retrying", "r", instance_id="ok-retrying")
+        await client.start("loop", 6, instance_id="ok-loop-pruned")
         for name in ("ok-extended-running", "diverged-extended-completed"):
             await client.start("extended", None, instance_id=name)
         await client.start("renamed", 7, instance_id="diverged-renamed")
@@ -180,6 +184,7 @@ async def _record() -> None:
         await client.send_event("ok-order", "approval", {"by": "ada"})
         await client.send_event("diverged-extended-completed", "go")
         await env.advance(120)
+        assert (await client.status("ok-loop-pruned")).status == "completed"
         for name in EXPECTED:
             history = await client.history(name)
             records = records_from_entries(name, history)
