@@ -372,12 +372,15 @@ def replay_history(
 
     state = InstanceState(history.instance_id)
     end: HistoryRecord | None = None
-    for record in records:
-        if isinstance(record, _TERMINAL):
-            end = record
-        elif not isinstance(record, WorkflowPaused | WorkflowResumed):
-            # Pauses only stop the code between commands; replay runs it regardless.
-            state.apply(record)
+    try:
+        for record in records:
+            if isinstance(record, _TERMINAL):
+                end = record
+            elif not isinstance(record, WorkflowPaused | WorkflowResumed):
+                # Pauses only stop the code between commands; replay runs it regardless.
+                state.apply(record)
+    except Exception as exc:
+        return made("error", message=f"folding the history raised {type(exc).__name__}: {exc}")
     recorded = {key: (e.kind.value, e.seq) for key, e in state.entries.items()}
     runtime = _ReplayRuntime(
         state,
@@ -434,18 +437,27 @@ def _divergence(
 
 
 def _diverged_message(runtime: _ReplayRuntime, out: Output) -> str | None:
+    """The runtime's verdict, however it gives it: the HistoryDiverged it keeps, a
+    WorkflowFailed(HistoryDiverged) it decided, or the instance parked with a reason."""
+    found = _diverged_error(runtime)
+    if found is not None:
+        return str(found)
     for record in out.history:
         if isinstance(record, WorkflowFailed) and record.error_type == DIVERGED_TYPE:
             return record.error_message
-    # A runtime that parks a diverged instance instead of failing it says so here.
     if runtime.state.parked and not runtime.state.status.finished:
         return runtime.state.parked
     return None
 
 
-def _diverged_key(runtime: _ReplayRuntime, message: str) -> str:
+def _diverged_error(runtime: _ReplayRuntime) -> HistoryDiverged | None:
     found = getattr(runtime, "diverged", None) or getattr(runtime, "_diverged", None)
-    if isinstance(found, HistoryDiverged) and found.key:
+    return found if isinstance(found, HistoryDiverged) else None
+
+
+def _diverged_key(runtime: _ReplayRuntime, message: str) -> str:
+    found = _diverged_error(runtime)
+    if found is not None and found.key:
         return found.key
     match = _QUOTED.search(message)
     if match is not None:
