@@ -5,11 +5,17 @@ instance's keys have one layout (``consumers.state_keys``) and one reader."""
 from __future__ import annotations
 
 from consumers import state_keys as keys
-from engine.records import CommandIgnored, HistoryRecord
+from engine.records import CommandIgnored, HistoryRecord, Payload
 from engine.seams import CommitBatch, StateStore
 from engine.serde import RecordSerde
 from engine.settle import recorded_reason
-from engine.state import InstanceState, entry_json, is_client_command
+from engine.state import (
+    InstanceState,
+    entry_json,
+    is_client_command,
+    payload_bytes,
+    payload_from_bytes,
+)
 
 
 def load_state(
@@ -42,6 +48,9 @@ def write_state(state: InstanceState, batch: CommitBatch) -> None:
     for command_id in state.new_commands:
         batch.put(keys.command(instance_id, command_id), b"")
     state.new_commands.clear()
+    for message_id, answer in state.new_replies.items():
+        batch.put(keys.reply(instance_id, message_id), payload_bytes(answer))
+    state.new_replies.clear()
     if state.status.finished:
         batch.delete(keys.active(instance_id))
         batch.put(keys.finished(state.finished_ms, instance_id), b"")
@@ -102,6 +111,11 @@ class InstanceReads:
             if record.command_id == command_id and isinstance(record, CommandIgnored):
                 return True, recorded_reason(record.command_type, record.reason)
         return True, None
+
+    def reply(self, instance_id: str, message_id: str) -> Payload | None:
+        """The instance's answer to the message ``message_id``, if it gave one."""
+        raw = self._store.get(keys.reply(instance_id, message_id))
+        return None if raw is None else payload_from_bytes(raw)
 
     def read_state(self, instance_id: str, *, entries: bool = True) -> InstanceState | None:
         return load_state(self._store, instance_id, entries=entries)

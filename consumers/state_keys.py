@@ -11,6 +11,7 @@ Layout (all keys local to one partition; ``<id>`` is an instance id, escaped):
   v\\0finished-indexed         set once every finished instance is in the f\\0 index
   t\\0<fire_at:8><id>\\0<timer>  timer index ordered by fire time
   T\\0<id>\\0<timer>            (instance, timer id) -> fire time (to cancel)
+  r\\0<id>\\0<message>          the instance's answer to a message (msg.complete)
   k\\0<id>\\0<seq:8>            a hook call still owed for the instance's record ``seq``
                               (``consumers.hooks``; deleted once the hook returned)
 
@@ -36,6 +37,7 @@ FINISHED_INDEXED = b"v\x00finished-indexed"
 TIMER = b"t\x00"
 TIMER_BY_ID = b"T\x00"
 HOOK = b"k\x00"
+REPLY = b"r\x00"
 _SEQ = struct.Struct(">Q")
 _END = b"\x00"
 
@@ -89,7 +91,21 @@ def history(instance_id: str, seq: int) -> bytes:
 def instance_prefixes(instance_id: str) -> tuple[bytes, ...]:
     """The prefixes of every multi-key family one instance has (entries, history,
     applied commands); its single keys are ``meta``, ``active`` and ``finished``."""
-    return (entry_prefix(instance_id), history_prefix(instance_id), command_prefix(instance_id))
+    return (
+        entry_prefix(instance_id),
+        history_prefix(instance_id),
+        command_prefix(instance_id),
+        reply_prefix(instance_id),
+    )
+
+
+def reply_prefix(instance_id: str) -> bytes:
+    return REPLY + escape_id(instance_id) + _END
+
+
+def reply(instance_id: str, message_id: str) -> bytes:
+    """The instance's answer to a message (``msg.complete``), for a client's request()."""
+    return reply_prefix(instance_id) + message_id.encode()
 
 
 def active(instance_id: str) -> bytes:

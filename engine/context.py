@@ -20,8 +20,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar, overload
 
+from engine.codec import PayloadCodec
 from engine.errors import ChildFailed, InvalidWorkflowCall, JoinError, RaceError, StepFailed
 from engine.loops import LoopBody, run_loop
+from engine.messages import Messages
 from engine.names import step_name_problem
 from engine.retry import RetryPolicy
 from engine.saga import SagaFrame, current_saga, register, roll_back
@@ -76,6 +78,17 @@ class WorkflowRuntime(Protocol):
     def start_child(self, key: str, workflow: str, input: Any, instance_id: str | None) -> str: ...
 
     def child_result(self, key: str) -> asyncio.Future[Any]: ...
+
+    def message_future(
+        self, key: str, names: list[str], max_messages: int, timeout_ms: int | None
+    ) -> asyncio.Future[Any]: ...
+
+    def send_message(self, key: str, target: str, name: str, payload: Any) -> None: ...
+
+    def complete_message(self, message_id: str, value: Any) -> None: ...
+
+    @property
+    def codec(self) -> PayloadCodec: ...
 
     def loop_advanced(self, key: str, iteration: int, state: Any, keep: int) -> Any: ...
 
@@ -205,6 +218,12 @@ class Context:
     @property
     def version(self) -> str:
         return self._rt.version
+
+    @property
+    def messages(self) -> Messages:
+        """Named message queues of this instance, and sending to other instances."""
+        _refuse_in_step_body("ctx.messages")
+        return Messages(self._rt, self._rt.codec)
 
     @property
     def attempt(self) -> int:

@@ -191,6 +191,50 @@ class ChildStarted(HistoryRecord):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MessageWaitStarted(HistoryRecord):
+    """The workflow waits for up to ``max`` messages of any of ``names``."""
+
+    key: str
+    names: list[str]
+    max: int
+    timeout_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessagesReceived(HistoryRecord):
+    """A message wait took these messages, in arrival order."""
+
+    key: str
+    ids: list[str]
+    names: list[str]
+    content_types: list[str]
+    data: list[bytes]
+    sent_ms: list[int]
+
+    @property
+    def payloads(self) -> list[Payload]:
+        return [Payload(t, d) for t, d in zip(self.content_types, self.data, strict=True)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageSent(HistoryRecord):
+    """The workflow sent a message to another instance."""
+
+    key: str
+    target: str
+    name: str
+    payload: Payload
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageCompleted(HistoryRecord):
+    """The workflow answered a message; a client's request() gets ``result``."""
+
+    message_id: str
+    result: Payload
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ValueRecorded(HistoryRecord):
     """A non-deterministic value the workflow read (now, uuid, random), kept for replay."""
 
@@ -342,6 +386,10 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     RaceDecided,
     LoopAdvanced,
     ChildStarted,
+    MessageWaitStarted,
+    MessagesReceived,
+    MessageSent,
+    MessageCompleted,
     WorkflowPaused,
     WorkflowResumed,
     WorkflowCompleted,

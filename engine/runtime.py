@@ -40,7 +40,7 @@ from engine.errors import (
     StepstreamError,
 )
 from engine.loop import ROOT_TASK, WorkflowLoop
-from engine.names import name_problem, step_name_problem
+from engine.names import event_name_problem, name_problem, step_name_problem
 from engine.records import (
     CancelWorkflow,
     ChildStarted,
@@ -49,6 +49,10 @@ from engine.records import (
     EventBuffered,
     HistoryRecord,
     LoopAdvanced,
+    MessageCompleted,
+    MessageSent,
+    MessagesReceived,
+    MessageWaitStarted,
     PauseWorkflow,
     Payload,
     RaceDecided,
@@ -86,6 +90,8 @@ from engine.state import (
     child_command,
     child_event,
     loop_prefixes,
+    message_command,
+    reply_key,
 )
 from engine.workflow import WorkflowDefinition
 
@@ -224,6 +230,11 @@ class InstanceRuntime:
         self._command_id = f"recover:{self.epoch}"
         for entry in self._waited_children():
             self._out.commands.append((self.state.instance_id, self._child_start(entry)))
+        # Published with their records, which a commit cut short may have kept without
+        # them (Kafka); the receiver applies a message's command id once.
+        for entry in self.state.entries.values():
+            if entry.kind is EntryKind.SENT:
+                self._out.commands.append((self.state.instance_id, self._message(entry)))
         self._drive()
 
     def _waited_children(self) -> list[Entry]:
@@ -436,14 +447,36 @@ class InstanceRuntime:
         waiting = [
             e
             for e in self.state.entries.values()
-            if e.state is EntryState.WAITING and e.event_name == msg.name
+            if e.state is EntryState.WAITING
+            and (e.event_name == msg.name or (e.names is not None and msg.name in e.names))
         ]
-        if not waiting:
+        if not waiting or self.state.status is Status.PAUSED:
+            # Held until a wait takes it (a paused instance takes nothing: on resume,
+            # the waits take what arrived meanwhile, in order).
             self._emit(EventBuffered, event_name=msg.name, payload=msg.payload)
             return
         entry = min(waiting, key=lambda e: e.seq)
-        self._satisfy(entry, msg.payload, msg.command_id)
+        if entry.names is not None:
+            now = self.clock.now_ms()
+            self._receive(entry, [(msg.command_id, msg.name, msg.payload, now)])
+        else:
+            self._satisfy(entry, msg.payload, msg.command_id)
         self._drive()
+
+    def _receive(self, entry: Entry, messages: list[tuple[str, str, Payload, int]]) -> None:
+        timer = entry.timer_id
+        self._emit(
+            MessagesReceived,
+            key=entry.key,
+            ids=[m[0] for m in messages],
+            names=[m[1] for m in messages],
+            content_types=[m[2].content_type for m in messages],
+            data=[m[2].data for m in messages],
+            sent_ms=[m[3] for m in messages],
+        )
+        if timer is not None:
+            self._timer(TimerCancelled, timer_id=timer)
+        self._resolve(entry)
 
     def _satisfy(self, entry: Entry, payload: Payload, event_command_id: str) -> None:
         timer = entry.timer_id
@@ -665,6 +698,14 @@ class InstanceRuntime:
                     self._resolve(entry)
                 else:
                     self._schedule(entry, "sleep")
+        elif what == "messages":
+            assert entry is not None and entry.state is EntryState.WAITING
+            names = entry.names or []
+            taken = [b for b in self.state.buffered if b.name in names][: entry.max_attempts]
+            if taken:
+                self._receive(entry, [(b.command_id, b.name, b.payload, b.time_ms) for b in taken])
+            elif entry.timer_id is not None:
+                self._schedule(entry, "wait")
         elif what == "wait":
             assert entry is not None and entry.state is EntryState.WAITING
             buffered = next((b for b in self.state.buffered if b.name == entry.event_name), None)
@@ -762,6 +803,9 @@ class InstanceRuntime:
             self._settle(fut, entry)
 
     def _settle(self, fut: asyncio.Future[Any], entry: Entry) -> None:
+        if entry.names is not None and entry.state is EntryState.SATISFIED:
+            fut.set_result(list(entry.messages or ()))  # raw: decoded where they are used
+            return
         match entry.state:
             case EntryState.SUCCEEDED | EntryState.SATISFIED | EntryState.RECORDED:
                 assert entry.result is not None
@@ -905,6 +949,67 @@ class InstanceRuntime:
         for entry in entries:
             if entry.state is EntryState.RUNNING and (entry.key, entry.attempt) in self.inflight:
                 self._out.cancels.append((self.state.instance_id, entry.key, entry.attempt))
+
+    def message_future(
+        self, key: str, names: list[str], max_messages: int, timeout_ms: int | None
+    ) -> asyncio.Future[Any]:
+        """Up to ``max_messages`` messages of any of ``names`` (at least one), as raw
+        (id, name, payload, arrived at ms) tuples; ``EventTimeout`` after the timeout."""
+        entry = self._visit(key, EntryKind.WAIT)
+        if entry is None:
+            timeout_at = None if timeout_ms is None else self.clock.now_ms() + timeout_ms
+            self._emit(
+                MessageWaitStarted,
+                key=key,
+                names=names,
+                max=max_messages,
+                timeout_at_ms=timeout_at,
+            )
+            self._deferred.append(("messages", key))
+        elif entry.state is EntryState.WAITING:
+            if entry.timer_id is not None and self._overdue(entry):
+                self._emit(WaitTimedOut, key=key)
+            elif any(b.name in names for b in self.state.buffered):
+                self._deferred.append(("messages", key))
+        return self._future(self.state.entries.get(key), key)
+
+    def send_message(self, key: str, target: str, name: str, payload: Any) -> None:
+        """Record a message for another instance and publish it (once: replay sends
+        nothing, and the receiver applies a repeat of its command id once)."""
+        if self._visit(key, EntryKind.SENT) is not None:
+            return
+        problem = name_problem(target) or event_name_problem(name)
+        if problem is not None:
+            raise InvalidWorkflowCall(f"message {key!r} of {self.state.instance_id}: {problem}")
+        encoded = check_size(
+            encode_safely(self.codec, payload),
+            self.max_payload_bytes,
+            what=f"message {name!r} from instance {self.state.instance_id}",
+        )
+        self._emit(MessageSent, key=key, target=target, name=name, payload=encoded)
+        self._out.commands.append((self.state.instance_id, self._message(self.state.entries[key])))
+
+    def _message(self, entry: Entry) -> SendEvent:
+        assert entry.child_id is not None and entry.result is not None
+        return SendEvent(
+            instance_id=entry.child_id,
+            command_id=message_command(self.state.instance_id, entry.key),
+            time_ms=self.clock.now_ms(),
+            name=entry.event_name or "",
+            payload=entry.result,
+            traceparent=self._traceparent,
+        )
+
+    def complete_message(self, message_id: str, value: Any) -> None:
+        """Answer a message (a client's request() gets ``value``); once per message."""
+        if self._visit(reply_key(message_id), EntryKind.VALUE) is not None:
+            return
+        result = check_size(
+            encode_safely(self.codec, value),
+            self.max_payload_bytes,
+            what=f"the answer to message {message_id} of instance {self.state.instance_id}",
+        )
+        self._emit(MessageCompleted, message_id=message_id, result=result)
 
     def record_value(self, kind: str, produce: Callable[[], Any]) -> Any:
         if self._closing:

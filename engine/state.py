@@ -23,6 +23,10 @@ from engine.records import (
     EventBuffered,
     HistoryRecord,
     LoopAdvanced,
+    MessageCompleted,
+    MessageSent,
+    MessagesReceived,
+    MessageWaitStarted,
     Payload,
     RaceDecided,
     SleepElapsed,
@@ -81,6 +85,7 @@ class EntryKind(StrEnum):
     RACE = "race"
     LOOP = "loop"
     CHILD = "child"
+    SENT = "sent"  # a message sent to another instance
 
 
 class EntryState(StrEnum):
@@ -104,6 +109,17 @@ class EntryState(StrEnum):
 _OPEN_ENTRY_STATES = frozenset(
     {EntryState.RUNNING, EntryState.BACKOFF, EntryState.SLEEPING, EntryState.WAITING}
 )
+
+
+def reply_key(message_id: str) -> str:
+    """The replay key of the answer to a message (``msg.complete``)."""
+    return f"~reply/{message_id}"
+
+
+def message_command(sender_id: str, key: str) -> str:
+    """The command id of a message one instance sends another: applied once however
+    often it is published."""
+    return f"msg:{len(sender_id)}:{sender_id}/{key}"
 
 
 CHILD_COMMAND = "child:"
@@ -160,6 +176,10 @@ class Entry:
     # A loop's kept iterations: iteration -> seq of the LoopAdvanced that ended it.
     marks: dict[int, int] | None = None
     child_id: str | None = None  # a child workflow's instance id (its input in result)
+    # A message wait: the names it takes (``max_attempts``: how many at most), and once
+    # satisfied the messages it took: (id, name, payload, arrived at ms).
+    names: list[str] | None = None
+    messages: list[tuple[str, str, Payload, int]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"k": self.kind.value, "s": self.state.value, "q": self.seq}
@@ -183,6 +203,10 @@ class Entry:
             out["mk"] = [[i, q] for i, q in self.marks.items()]
         if self.child_id is not None:
             out["ch"] = self.child_id
+        if self.names is not None:
+            out["nm"] = self.names
+        if self.messages is not None:
+            out["ms"] = [[i, n, _payload_json(p), t] for i, n, p, t in self.messages]
         return out
 
     @classmethod
@@ -204,6 +228,10 @@ class Entry:
             losers=raw.get("l"),
             marks=None if "mk" not in raw else {i: q for i, q in raw["mk"]},
             child_id=raw.get("ch"),
+            names=raw.get("nm"),
+            messages=None
+            if "ms" not in raw
+            else [(i, n, _payload_req(p), t) for i, n, p, t in raw["ms"]],
         )
 
 
@@ -213,6 +241,7 @@ class BufferedEvent:
     payload: Payload
     command_id: str
     seq: int
+    time_ms: int = 0  # when it reached the instance
 
 
 RECENT_COMMANDS = 64
@@ -257,6 +286,8 @@ class InstanceState:
     # [from, to) of the instance's stored history records.
     deleted_entries: set[str] = field(default_factory=set)
     pruned_history: list[tuple[int, int]] = field(default_factory=list)
+    # Answers to messages (msg.complete) since the state was last written: id -> answer.
+    new_replies: dict[str, Payload] = field(default_factory=dict)
 
     # ---- the state machine ----------------------------------------------------------
 
@@ -292,6 +323,33 @@ class InstanceState:
                 parent = parse_child_command(record.command_id)
                 if parent is not None:
                     self.parent_id, self.parent_key = parent
+            case MessageWaitStarted():
+                self._running()
+                entry = self._entry(record.key, EntryKind.WAIT, EntryState.WAITING, record.seq)
+                entry.names = list(record.names)
+                entry.max_attempts = record.max
+                if record.timeout_at_ms is not None:
+                    entry.timer_id = timer_id(self.instance_id, "wait", record.key, record.seq)
+                    entry.fire_at_ms = record.timeout_at_ms
+            case MessagesReceived():
+                entry = self._touch(record.key)
+                entry.state = EntryState.SATISFIED
+                entry.timer_id = entry.fire_at_ms = None
+                entry.messages = list(
+                    zip(record.ids, record.names, record.payloads, record.sent_ms, strict=True)
+                )
+                taken = set(record.ids)
+                self.buffered = [b for b in self.buffered if b.command_id not in taken]
+            case MessageSent():
+                entry = self._entry(record.key, EntryKind.SENT, EntryState.RECORDED, record.seq)
+                entry.child_id = record.target
+                entry.event_name = record.name
+                entry.result = record.payload
+            case MessageCompleted():
+                key = reply_key(record.message_id)
+                entry = self._entry(key, EntryKind.VALUE, EntryState.RECORDED, record.seq)
+                entry.result = record.result
+                self.new_replies[record.message_id] = record.result
             case ChildStarted():
                 self._running()
                 entry = self._entry(record.key, EntryKind.CHILD, EntryState.RECORDED, record.seq)
@@ -349,7 +407,13 @@ class InstanceState:
                 entry.timer_id = entry.fire_at_ms = None
             case EventBuffered():
                 self.buffered.append(
-                    BufferedEvent(record.event_name, record.payload, record.command_id, record.seq)
+                    BufferedEvent(
+                        record.event_name,
+                        record.payload,
+                        record.command_id,
+                        record.seq,
+                        record.time_ms,
+                    )
                 )
             case RaceDecided():
                 entry = self._entry(record.key, EntryKind.RACE, EntryState.RECORDED, record.seq)
@@ -461,7 +525,10 @@ class InstanceState:
             "fm": self.finished_ms,
             "pk": self.parked,
             "pi": [self.parent_id, self.parent_key] if self.parent_id else None,
-            "b": [[b.name, _payload_json(b.payload), b.command_id, b.seq] for b in self.buffered],
+            "b": [
+                [b.name, _payload_json(b.payload), b.command_id, b.seq, b.time_ms]
+                for b in self.buffered
+            ],
             "rc": list(self.recent_commands),
         }
         return orjson.dumps(raw)
@@ -490,7 +557,8 @@ class InstanceState:
             parent_id=(raw.get("pi") or ["", ""])[0],
             parent_key=(raw.get("pi") or ["", ""])[1],
             buffered=[
-                BufferedEvent(name, _payload_req(p), cid, seq) for name, p, cid, seq in raw["b"]
+                BufferedEvent(b[0], _payload_req(b[1]), b[2], b[3], b[4] if len(b) > 4 else 0)
+                for b in raw["b"]
             ],
         )
         state.recent_commands.extend(raw["rc"])
@@ -515,3 +583,12 @@ def _payload_from(raw: list[str] | None) -> Payload | None:
 
 def _payload_req(raw: list[str]) -> Payload:
     return Payload(raw[0], base64.b64decode(raw[1]))
+
+
+def payload_bytes(payload: Payload) -> bytes:
+    """A payload as stored on its own (an answer to a message)."""
+    return orjson.dumps(_payload_json(payload))
+
+
+def payload_from_bytes(raw: bytes) -> Payload:
+    return _payload_req(orjson.loads(raw))

@@ -10,7 +10,7 @@ from typing import Any
 
 from engine.codec import PayloadCodec, decode_safely
 from engine.errors import StepstreamError
-from engine.records import HistoryRecord, Payload
+from engine.records import HistoryRecord, MessagesReceived, Payload
 from engine.state import InstanceState
 
 
@@ -118,6 +118,9 @@ class HistoryEntry:
             if f.name in _ENVELOPE:
                 continue
             attributes[f.name] = _plain(getattr(record, f.name), codec)
+        if isinstance(record, MessagesReceived):  # payloads as one decoded list
+            del attributes["content_types"], attributes["data"]
+            attributes["payloads"] = [_plain(p, codec) for p in record.payloads]
         return cls(record.seq, record.type, _iso(record.time_ms), record.command_id, attributes)
 
 
@@ -139,4 +142,6 @@ def _plain(value: Any, codec: PayloadCodec) -> Any:
             }
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
+    if isinstance(value, list):
+        return [_plain(item, codec) for item in value]
     return value

@@ -422,3 +422,17 @@ async def parent(ctx: Context, args: dict[str, Any]) -> Any:
     except ChildFailed as exc:
         return [first, second, exc.status, exc.error_type]
     return [first, second]
+
+
+@workflow("mailbox")
+async def mailbox(ctx: Context, args: dict[str, Any]) -> Any:
+    """Takes ``count`` lines (in batches of up to 2), answers each, and tells ``notify``
+    (another instance) how many it took."""
+    taken: list[Any] = []
+    while len(taken) < args["count"]:
+        for msg in await ctx.messages.next_batch(["line", "urgent"], max=2):
+            taken.append([msg.name, msg.payload])
+            await msg.complete({"took": msg.payload})
+    if args.get("notify"):
+        await ctx.messages.send(args["notify"], "tally", len(taken))
+    return taken

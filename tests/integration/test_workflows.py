@@ -475,3 +475,35 @@ async def test_clients_may_not_send_the_engine_s_own_events(client: Client) -> N
     instance = await client.start("waiter", None, instance_id=new_id("tilde"))
     with pytest.raises(InvalidPayload, match="reserved"):
         await client.send_event(instance, "~child/kid", {"status": "completed"})
+
+
+async def test_messages_queue_in_arrival_order_and_go_to_other_instances_once(
+    client: Client,
+) -> None:
+    listener = await client.start("waiter", None, instance_id=new_id("listener"))
+    box = new_id("box")
+    await client.start("mailbox", {"count": 4, "notify": listener}, instance_id=box)
+    for item in ("a", "b"):
+        await client.send_event(box, "line", item)
+    await client.pause(box)  # held while paused, taken in order after
+    await client.send_event(box, "urgent", "c")
+    await client.send_event(box, "line", "d")
+    await client.resume(box)
+    assert await client.result(box, timeout=20) == [
+        ["line", "a"],
+        ["line", "b"],
+        ["urgent", "c"],
+        ["line", "d"],
+    ]
+    # The tally reaches the other instance's wait exactly once ("waiter" waits for
+    # "approval": it is buffered there, so count the buffered events).
+    for _ in range(500):
+        status = await client.status(listener)
+        if status.buffered_events:
+            break
+        await asyncio.sleep(0.01)
+    assert status.buffered_events == 1
+    tally = [h for h in await client.history(listener) if h.type == "EventBuffered"]
+    assert [(h.attributes["event_name"], h.attributes["payload"]) for h in tally] == [("tally", 4)]
+    types = [h.type for h in await client.history(box)]
+    assert types.count("MessageSent") == 1 and types.count("MessageCompleted") == 4

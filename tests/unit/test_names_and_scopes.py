@@ -437,3 +437,50 @@ def test_a_long_loop_holds_bounded_state_and_prunes_stored_history() -> None:
     assert kept < 30, (kept, len(h.records))  # the stored history is bounded too
     h.crash()
     assert h.result() == 500
+
+
+# ---- messages -----------------------------------------------------------------------------
+
+
+async def _queue(ctx: Context, _: Any) -> Any:
+    got = []
+    await ctx.wait_for_event("begin")
+    first = await ctx.messages.next(["line", "stop"])
+    got.append([first.name, first.payload])
+    batch = await ctx.messages.next_batch("line", max=2)
+    got.append([[m.name, m.payload] for m in batch])
+    none = await ctx.messages.next_batch("line", max=5, timeout=10)
+    got.append(none)
+    await first.complete({"answered": first.id})
+    return got
+
+
+def test_messages_are_taken_in_arrival_order_and_batches_take_what_is_there() -> None:
+    h = Harness(define("queue", _queue))
+    h.start(None)
+    for n in (1, 2, 3):
+        h.send("line", n, command_id=f"m{n}")  # buffered until the workflow takes them
+    h.send("other", 0, command_id="o1")
+    h.send("begin", None)
+    h.crash()  # replay takes the same messages
+    h.run_all()  # the last batch times out: []
+    assert h.result() == [["line", 1], [["line", 2], ["line", 3]], []]
+    assert [b.command_id for b in h.state.buffered] == ["o1"]
+    assert "~reply/m1" in h.state.entries
+
+
+async def _two_waits(ctx: Context, _: Any) -> Any:
+    return [await ctx.wait_for_event("go"), (await ctx.messages.next("go")).payload]
+
+
+def test_events_sent_while_paused_wait_until_resume() -> None:
+    from engine.records import PauseWorkflow, ResumeWorkflow
+
+    h = Harness(define("two-waits", _two_waits))
+    h.start(None)
+    h.feed(PauseWorkflow(instance_id=h.instance_id, command_id="p"))
+    h.send("go", "a")
+    h.send("go", "b")
+    assert "WaitSatisfied" not in [r.type for r in h.records]  # held while paused
+    h.feed(ResumeWorkflow(instance_id=h.instance_id, command_id="r"))
+    assert h.result() == ["a", "b"]

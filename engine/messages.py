@@ -1,0 +1,105 @@
+"""``ctx.messages``: queues of named messages, built on events.
+
+A message is an event sent to the instance (``client.send_event``, ``client.request``,
+or ``ctx.messages.send`` from another instance). Messages of a name wait in arrival
+order until a ``next`` or ``next_batch`` takes them; events sent while the instance is
+paused wait until it resumes. ``msg.complete(value)`` answers a client that sent the
+message with ``request()``. Every call is recorded, so replay takes the same messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from engine.codec import decode_safely
+from engine.errors import EventTimeout, InvalidWorkflowCall
+from engine.records import Payload
+
+if TYPE_CHECKING:
+    from engine.codec import PayloadCodec
+    from engine.context import WorkflowRuntime
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message taken from the instance's queue."""
+
+    id: str  # the command id it came with (unique)
+    name: str
+    payload: Any
+    sent_at: datetime  # when it reached the instance
+    _rt: WorkflowRuntime = field(repr=False, compare=False)
+
+    async def complete(self, value: Any = None) -> None:
+        """Answer the message: a client that sent it with ``request()`` gets ``value``.
+        Recorded once; completing it again changes nothing."""
+        self._rt.complete_message(self.id, value)
+
+
+class Messages:
+    """``ctx.messages``: take messages sent to this instance, send messages to others."""
+
+    __slots__ = ("_codec", "_rt")
+
+    def __init__(self, runtime: WorkflowRuntime, codec: PayloadCodec) -> None:
+        self._rt = runtime
+        self._codec = codec
+
+    async def next(
+        self, names: str | Sequence[str], *, timeout: float | timedelta | None = None
+    ) -> Message:
+        """The next message of ``names`` (a name or several), in arrival order; waits
+        for one. ``EventTimeout`` after ``timeout``."""
+        [message] = await self._take(names, 1, timeout, "next")
+        return message
+
+    async def next_batch(
+        self,
+        names: str | Sequence[str],
+        *,
+        max: int = 100,
+        timeout: float | timedelta | None = None,
+    ) -> list[Message]:
+        """Up to ``max`` messages of ``names`` at once, as soon as there is at least one;
+        ``[]`` if none arrived within ``timeout``."""
+        if max < 1:
+            raise InvalidWorkflowCall(f"next_batch needs max of at least 1, not {max}")
+        try:
+            return await self._take(names, max, timeout, "next_batch")
+        except EventTimeout:
+            return []
+
+    async def send(self, instance_id: str, name: str, payload: Any = None) -> None:
+        """Send ``payload`` as message (event) ``name`` to another instance: recorded,
+        published once the record is durable, applied there exactly once."""
+        self._rt.send_message(self._rt.key_for("send"), instance_id, name, payload)
+
+    async def _take(
+        self,
+        names: str | Sequence[str],
+        max_messages: int,
+        timeout: float | timedelta | None,
+        what: str,
+    ) -> list[Message]:
+        wanted = [names] if isinstance(names, str) else list(names)
+        if not wanted:
+            raise InvalidWorkflowCall(f"ctx.messages.{what} needs at least one name")
+        limit = None
+        if timeout is not None:
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+            limit = round(max(float(seconds), 0.0) * 1000)
+        key = self._rt.key_for(wanted[0] if len(wanted) == 1 else "messages")
+        raw = await self._rt.message_future(key, wanted, max_messages, limit)
+        return [self._message(*m) for m in raw]
+
+    def _message(self, message_id: str, name: str, payload: Payload, sent_ms: int) -> Message:
+        return Message(
+            id=message_id,
+            name=name,
+            payload=decode_safely(self._codec, payload),
+            sent_at=datetime.fromtimestamp(sent_ms / 1000, tz=UTC),
+            _rt=self._rt,
+        )
