@@ -14,7 +14,7 @@ from consumers.steps import StepExecutor
 from consumers.timers import TimerService
 from engine.codec import PayloadCodec
 from engine.errors import UnknownInstance
-from engine.records import HistoryRecord
+from engine.records import HistoryRecord, Payload
 from engine.seams import Clock, PartitionBackend
 from engine.serde import RecordSerde
 from engine.state import InstanceState
@@ -62,6 +62,7 @@ class PartitionHost:
         self._recent: OrderedDict[str, str | None] = OrderedDict()
         # Waiters per instance, in a dict used as an ordered set: removing one is O(1),
         # however many wait for the same instance.
+        self._replies: defaultdict[str, dict[asyncio.Future[Payload], None]] = defaultdict(dict)
         self._finished: defaultdict[str, dict[asyncio.Future[InstanceState], None]] = defaultdict(
             dict
         )
@@ -144,6 +145,10 @@ class PartitionHost:
                 for waiter in self._finished.pop(state.instance_id, ()):
                     if not waiter.done():
                         waiter.set_result(state)
+        for message_id, answer in committed.replies.items():
+            for asker in self._replies.pop(message_id, ()):
+                if not asker.done():
+                    asker.set_result(answer)
 
     def settled(self, command_id: str) -> asyncio.Future[str | None]:
         """Resolves once the command is applied (None) or dead-lettered (the reason).
@@ -165,6 +170,23 @@ class PartitionHost:
             self._settled_waiters[command_id] = left
         else:
             self._settled.pop(command_id, None)
+
+    async def wait_reply(self, instance_id: str, message_id: str, timeout: float | None) -> Payload:
+        """The instance's answer to the message ``message_id`` (``msg.complete``), once it
+        is durable; ``TimeoutError`` after ``timeout`` seconds."""
+        fut: asyncio.Future[Payload] = asyncio.get_running_loop().create_future()
+        self._replies[message_id][fut] = None
+        try:
+            # Read after registering, so a commit in between cannot be missed.
+            answer = self._processor(instance_id).reads.reply(instance_id, message_id)
+            if answer is not None:
+                return answer
+            self.finished(instance_id)  # UnknownInstance if there is none
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            waiters = self._replies.get(message_id)
+            if waiters is not None and waiters.pop(fut, 0) is None and not waiters:
+                del self._replies[message_id]
 
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
         fut: asyncio.Future[InstanceState] = asyncio.get_running_loop().create_future()

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from consumers import state_keys as keys
@@ -29,6 +29,7 @@ from engine.names import name_problem
 from engine.records import (
     Command,
     PartitionFenced,
+    Payload,
     SendEvent,
     StartWorkflow,
     TimerFired,
@@ -83,6 +84,7 @@ class Committed:
 
     instances: list[InstanceState]
     commands: dict[str, str | None]
+    replies: dict[str, Payload] = field(default_factory=dict)  # message id -> answer
 
 
 class PartitionProcessor:
@@ -573,6 +575,7 @@ class PartitionProcessor:
         for _, command in out.commands:  # to other instances, wherever they live
             appends.append(Append(COMMANDS, command.instance_id.encode(), encode(command)))
         for runtime in touched.values():
+            out.replies.update(runtime.state.new_replies)
             write_state(runtime.state, batch)
 
     def _after_commit(
@@ -590,7 +593,7 @@ class PartitionProcessor:
                 self._cache.drop(instance_id)
         self._cache.evict()
         self._hooks.launch()  # hooks: the records are durable now
-        self._on_commit(Committed([rt.state for rt in touched.values()], settled))
+        self._on_commit(Committed([rt.state for rt in touched.values()], settled, out.replies))
         self._committed.set()
 
     def _dead_letter(self, entry: LogEntry, reason: str) -> Append:

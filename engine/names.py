@@ -66,6 +66,15 @@ def event_name_problem(value: object) -> str | None:
     return problem
 
 
+def event_id_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a client's event id, or None: a name without ``:`` (the
+    engine's own command ids have one)."""
+    problem = name_problem(value)
+    if problem is None and isinstance(value, str) and ":" in value:
+        return "contains ':', which is reserved for the engine's own command ids"
+    return problem
+
+
 def text_problem(value: str) -> str | None:
     """Why free text (a cancel reason) cannot be stored, or None: only lone
     surrogates; its length is limited where it is taken."""

@@ -143,6 +143,9 @@ class Output:
     # Commands for other instances (children, parents), published with the records:
     # (the instance that decided it, the command).
     commands: list[tuple[str, Command]] = field(default_factory=list)
+    # Answers to messages made durable by the commit (message id -> answer), for the
+    # clients waiting in request(); filled when the state is written.
+    replies: dict[str, Payload] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

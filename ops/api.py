@@ -194,9 +194,10 @@ class _Api:
         return web.json_response({"instance_id": started}, status=201)
 
     async def send_event(self, request: web.Request) -> web.Response:
-        body = await _body(request, required=("name",), optional=("payload",))
+        body = await _body(request, required=("name",), optional=("payload", "event_id"))
+        event_id = _string(body, "event_id") if body.get("event_id") is not None else None
         await self._transport.send_event(
-            _instance_id(request), _string(body, "name"), body.get("payload")
+            _instance_id(request), _string(body, "name"), body.get("payload"), event_id
         )
         return _accepted()
 
@@ -309,6 +310,11 @@ class _Session:
             return [e.to_json() for e in await self._transport.history(instance_id)]
         if op == "result":
             return await self._transport.result(instance_id, timeout)
+        if op == "reply":
+            message_id = call.get("message_id")
+            if not isinstance(message_id, str) or not message_id:
+                raise InvalidPayload("session call 'reply' needs a message_id")
+            return await self._transport.reply(instance_id, message_id, timeout)
         if op == "finished" and self._commands is not None:
             return self._commands.finished_status(instance_id)
         if op == "settled" and self._commands is not None:
@@ -317,7 +323,7 @@ class _Session:
                 raise InvalidPayload("session call 'settled' needs a command_id")
             return await self._commands.wait_settled(command_id, instance_id, timeout)
         raise InvalidPayload(
-            f"unknown session call {op!r}; known: status, history, result, finished, settled"
+            f"unknown session call {op!r}; known: status, history, result, reply, finished, settled"
         )
 
 

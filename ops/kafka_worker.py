@@ -34,7 +34,7 @@ from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
 from engine.kafka_settings import KafkaSettings
-from engine.records import Command, HistoryRecord
+from engine.records import Command, HistoryRecord, Payload
 from engine.seams import Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
 from engine.state import InstanceState
@@ -134,6 +134,10 @@ class _OwnedReader:
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
         self._check(instance_id)
         return await self._host.wait_finished(instance_id, timeout)
+
+    async def wait_reply(self, instance_id: str, message_id: str, timeout: float | None) -> Payload:
+        self._check(instance_id)
+        return await self._host.wait_reply(instance_id, message_id, timeout)
 
     def finished_status(self, instance_id: str) -> str | None:
         self._check(instance_id)

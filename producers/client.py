@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from engine.errors import StepstreamError
-from engine.names import check_name, event_name_problem
+from engine.names import check_name, event_id_problem, event_name_problem
 from engine.views import HistoryEntry, InstanceStatus
 
 DEFAULT_CONNECT = "http://127.0.0.1:8233"
@@ -25,7 +25,11 @@ class Transport(Protocol):
         self, workflow: str, input: Any, instance_id: str, version: str | None
     ) -> str: ...
 
-    async def send_event(self, instance_id: str, name: str, payload: Any) -> None: ...
+    async def send_event(
+        self, instance_id: str, name: str, payload: Any, event_id: str | None = None
+    ) -> None: ...
+
+    async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any: ...
 
     async def cancel(self, instance_id: str, reason: str) -> None: ...
 
@@ -96,9 +100,26 @@ class Client:
             check_name(version, f"version of workflow {workflow!r}:")
         return await self._transport.start(workflow, input, instance_id, version)
 
-    async def send_event(self, instance_id: str, name: str, payload: Any = None) -> None:
+    async def send_event(
+        self, instance_id: str, name: str, payload: Any = None, *, event_id: str | None = None
+    ) -> None:
+        """Send event ``name`` to the instance (buffered if nothing waits for it yet).
+        ``event_id`` makes a retried send apply once (any id without ``:``)."""
         check_name(name, "event name", event_name_problem)
-        await self._transport.send_event(_id(instance_id), name, payload)
+        if event_id is not None:
+            check_name(event_id, "event id", event_id_problem)
+        await self._transport.send_event(_id(instance_id), name, payload, event_id)
+
+    async def request(
+        self, instance_id: str, name: str, payload: Any = None, *, timeout: float | None = 60.0
+    ) -> Any:
+        """Send message ``name`` and wait for the workflow's answer to it
+        (``await msg.complete(value)`` returns ``value`` here); ``ResultTimeout`` if
+        there is none within ``timeout`` seconds (the message stays queued)."""
+        check_name(name, "message name", event_name_problem)
+        message_id = str(uuid.uuid4())
+        await self._transport.send_event(_id(instance_id), name, payload, message_id)
+        return await self._transport.reply(instance_id, message_id, timeout)
 
     async def cancel(self, instance_id: str, *, reason: str = "") -> None:
         await self._transport.cancel(_id(instance_id), reason)

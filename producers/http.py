@@ -245,11 +245,13 @@ class HttpTransport:
         answer = await self._call("POST", "/v1/instances", data=data)
         return str(answer["instance_id"])
 
-    async def send_event(self, instance_id: str, name: str, payload: Any) -> None:
-        data = _encode(
-            {"name": name, "payload": payload},
-            f"payload of event {name!r} for instance {instance_id}",
-        )
+    async def send_event(
+        self, instance_id: str, name: str, payload: Any, event_id: str | None = None
+    ) -> None:
+        body: dict[str, Any] = {"name": name, "payload": payload}
+        if event_id is not None:
+            body["event_id"] = event_id
+        data = _encode(body, f"payload of event {name!r} for instance {instance_id}")
         await self._call("POST", f"{_path(instance_id)}/events", data=data)
 
     async def cancel(self, instance_id: str, reason: str) -> None:
@@ -279,6 +281,22 @@ class HttpTransport:
             raise ConnectionFailed(
                 f"stepstream at {self._base} did not answer the wait for {instance_id} within "
                 f"{limit} s; check the server log, then retry"
+            ) from None
+
+    async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
+        # Like result(): a call on the session, answered when the answer is durable.
+        limit = None if timeout is None else timeout + _RESULT_MARGIN_S
+        try:
+            async with asyncio.timeout(limit):
+                return await self._calls.call(
+                    "reply", instance_id=instance_id, message_id=message_id, timeout=timeout
+                )
+        except TimeoutError as exc:
+            if isinstance(exc, StepstreamError):
+                raise
+            raise ConnectionFailed(
+                f"stepstream at {self._base} did not answer the wait for a reply of "
+                f"{instance_id} within {limit} s; check the server log, then retry"
             ) from None
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:

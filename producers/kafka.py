@@ -190,6 +190,11 @@ class _WorkerApi(HttpTransport):
     async def result(self, instance_id: str, timeout: float | None) -> Any:
         return await self._calls.call("result", instance_id=instance_id, timeout=timeout)
 
+    async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
+        return await self._calls.call(
+            "reply", instance_id=instance_id, message_id=message_id, timeout=timeout
+        )
+
     async def close(self) -> None:
         # The HTTP session is the transport's, shared by every worker's API.
         await self._calls.close()
@@ -319,6 +324,20 @@ class KafkaTransport(CommandPublisher):
 
         return await self._routed(
             self._partition(instance_id), ask, timeout, f"result of {instance_id}", expired
+        )
+
+    async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
+        async def ask(api: _WorkerApi, remaining: float | None) -> Any:
+            return await api.reply(instance_id, message_id, remaining)
+
+        def expired() -> ResultTimeout:
+            return ResultTimeout(
+                f"instance {instance_id} did not answer message {message_id} within {timeout} "
+                "s; the message is queued there: wait again, or check `stepstream status`"
+            )
+
+        return await self._routed(
+            self._partition(instance_id), ask, timeout, f"reply of {instance_id}", expired
         )
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:

@@ -22,12 +22,13 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from engine.names import check_name, event_name_problem, text_problem
+from engine.names import check_name, event_id_problem, event_name_problem, text_problem
 from engine.records import (
     CancelWorkflow,
     Command,
     HistoryRecord,
     PauseWorkflow,
+    Payload,
     ResumeWorkflow,
     SendEvent,
     StartWorkflow,
@@ -73,6 +74,10 @@ class Reader(Publishing, Protocol):
     def list_instances(self) -> list[InstanceState]: ...
 
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState: ...
+
+    async def wait_reply(
+        self, instance_id: str, message_id: str, timeout: float | None
+    ) -> Payload: ...
 
 
 def raise_for_outcome(state: InstanceState, codec: PayloadCodec) -> Any:
@@ -160,16 +165,28 @@ class CommandPublisher(abc.ABC):
         )
         return instance_id
 
-    async def send_event(self, instance_id: str, name: str, payload: Any) -> None:
+    async def send_event(
+        self, instance_id: str, name: str, payload: Any, event_id: str | None = None
+    ) -> None:
         check_name(instance_id, "instance id")
         check_name(name, f"the name of an event for instance {instance_id}:", event_name_problem)
+        if event_id is not None:
+            check_name(event_id, "event id", event_id_problem)
         encoded = self._encode(payload, f"event {name!r} for instance {instance_id}")
         await self._check_exists(instance_id)
         await self._submit(
             SendEvent(
-                instance_id=instance_id, command_id=str(uuid.uuid4()), name=name, payload=encoded
+                instance_id=instance_id,
+                command_id=event_id or str(uuid.uuid4()),
+                name=name,
+                payload=encoded,
             )
         )
+
+    @abc.abstractmethod
+    async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
+        """The instance's answer to the event ``message_id`` (``msg.complete``);
+        ``ResultTimeout`` if it gave none within ``timeout`` seconds."""
 
     async def cancel(self, instance_id: str, reason: str) -> None:
         check_name(instance_id, "instance id")
@@ -249,6 +266,16 @@ class LogTransport(CommandPublisher):
                 "running: check `stepstream status` and wait again"
             ) from None
         return raise_for_outcome(state, self._codec)
+
+    async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
+        try:
+            answer = await self._reader.wait_reply(instance_id, message_id, timeout)
+        except TimeoutError:
+            raise ResultTimeout(
+                f"instance {instance_id} did not answer message {message_id} within {timeout} "
+                "s; the message is queued there: wait again, or check `stepstream status`"
+            ) from None
+        return decode_safely(self._codec, answer)
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
         return [HistoryEntry.of(r, self._codec) for r in self._reader.read_history(instance_id)]

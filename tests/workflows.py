@@ -436,3 +436,15 @@ async def mailbox(ctx: Context, args: dict[str, Any]) -> Any:
     if args.get("notify"):
         await ctx.messages.send(args["notify"], "tally", len(taken))
     return taken
+
+
+@workflow("quoter")
+async def quoter(ctx: Context, _: Any) -> int:
+    """Answers "quote" requests until it gets "stop"; returns how many it answered."""
+    answered = 0
+    while True:
+        msg = await ctx.messages.next(["quote", "stop"])
+        if msg.name == "stop":
+            return answered
+        await msg.complete({"price": msg.payload["qty"] * 3})
+        answered += 1

@@ -15,6 +15,7 @@ from stepstream import (
     InstanceNotPaused,
     InvalidPayload,
     PayloadTooLarge,
+    ResultTimeout,
     UnknownInstance,
     UnknownWorkflow,
     WorkflowCancelled,
@@ -507,3 +508,20 @@ async def test_messages_queue_in_arrival_order_and_go_to_other_instances_once(
     assert [(h.attributes["event_name"], h.attributes["payload"]) for h in tally] == [("tally", 4)]
     types = [h.type for h in await client.history(box)]
     assert types.count("MessageSent") == 1 and types.count("MessageCompleted") == 4
+
+
+async def test_request_gets_the_answer_the_workflow_completes_the_message_with(
+    client: Client,
+) -> None:
+    instance = await client.start("quoter", None, instance_id=new_id("quoter"))
+    answers = await asyncio.gather(
+        *(client.request(instance, "quote", {"qty": n}, timeout=20) for n in (1, 2, 3))
+    )
+    assert sorted(a["price"] for a in answers) == [3, 6, 9]
+    with pytest.raises(ResultTimeout):
+        await client.request(instance, "unheard", None, timeout=0.3)
+    await client.send_event(instance, "stop", None, event_id="stop-1")
+    await client.send_event(instance, "stop", None, event_id="stop-1")  # applied once
+    assert await client.result(instance, timeout=20) == 3
+    types = [h.type for h in await client.history(instance)]
+    assert types.count("MessageCompleted") == 3

@@ -1,0 +1,58 @@
+"""Messages through a real ``stepstream dev`` and the http:// client: request() waits for
+the workflow's answer over the session, event ids make a retried send apply once, and the
+HTTP API refuses an event id the engine keeps for itself."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+import producers.http  # noqa: F401  (registers http:// with Client.connect)
+from stepstream import Client, InvalidPayload
+from tests.dev_server import start_dev
+
+MODULE = "ss_messages_flows"
+WORKFLOWS = """
+from stepstream import Context, workflow
+
+
+@workflow("quoter")
+async def quoter(ctx: Context, _):
+    answered = 0
+    while True:
+        msg = await ctx.messages.next(["quote", "stop"])
+        if msg.name == "stop":
+            return answered
+        await msg.complete({"price": msg.payload["qty"] * 3})
+        answered += 1
+"""
+
+
+async def test_request_and_event_ids_over_http(tmp_path: Path) -> None:
+    dev = start_dev(tmp_path, MODULE, WORKFLOWS)
+    try:
+        async with Client.connect(dev.url) as client:
+            await client.start("quoter", None, instance_id="q-1")
+            answers = await asyncio.gather(
+                *(client.request("q-1", "quote", {"qty": n}, timeout=20) for n in range(1, 6))
+            )
+            assert sorted(a["price"] for a in answers) == [3, 6, 9, 12, 15]
+            with pytest.raises(InvalidPayload, match="reserved"):
+                await client.send_event("q-1", "stop", None, event_id="child:1:x/y")
+            await client.send_event("q-1", "stop", None, event_id="stop-once")
+            await client.send_event("q-1", "stop", None, event_id="stop-once")
+            assert await client.result("q-1", timeout=20) == 5
+        # The raw API: event_id travels in the body; a reserved one is a 400.
+        async with aiohttp.ClientSession() as http:
+            async with http.post(
+                f"{dev.url}/v1/instances/q-1/events",
+                data=json.dumps({"name": "x", "event_id": "a:b"}),
+                headers={"Content-Type": "application/json"},
+            ) as response:
+                assert response.status == 400, await response.text()
+    finally:
+        dev.stop()
