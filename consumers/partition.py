@@ -24,7 +24,7 @@ from consumers.retention import Sweeper
 from consumers.runtime_cache import RuntimeCache
 from consumers.steps import StepExecutor
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, PayloadCodec, check_size, decode_safely
-from engine.errors import StepstreamError, UndecodableRecord, UnknownWorkflow
+from engine.errors import HistoryDiverged, StepstreamError, UndecodableRecord, UnknownWorkflow
 from engine.names import name_problem
 from engine.records import (
     Command,
@@ -171,7 +171,11 @@ class PartitionProcessor:
             runtime = self._cache.load(instance_id)
             if runtime is None:
                 continue
-            runtime.recover(out)
+            try:
+                runtime.recover(out)
+            except HistoryDiverged as exc:
+                self._park(runtime, exc, out, touched, None)
+                continue
             touched[instance_id] = runtime
         self._index_finished(batch)
         self._persist(out, touched, batch)
@@ -404,6 +408,9 @@ class PartitionProcessor:
             own = Output()  # merged only if the whole recovery succeeds
             try:
                 runtime.recover(own)
+            except HistoryDiverged as exc:
+                self._park(runtime, exc, own, touched, None)
+                continue
             except Exception:
                 log.exception(
                     "partition=%d instance=%s: recovery failed", self.partition, instance_id
@@ -522,6 +529,8 @@ class PartitionProcessor:
     ) -> str | None:
         try:
             runtime.handle(msg, out)
+        except HistoryDiverged as exc:
+            return self._park(runtime, exc, out, touched, msg)
         except Exception as exc:
             # A bug, not user code (user exceptions stay inside the workflow task). Undo
             # this input's decisions and forget the runtime; its stored state is intact.
@@ -543,17 +552,54 @@ class PartitionProcessor:
                 # Its attempt ended: recovery records it as lost (its outcome is gone).
                 running.discard((msg.key, msg.attempt))
             self._cache.orphaned.setdefault(instance_id, set()).update(running)
-            out.history[:] = [r for r in out.history if r.instance_id != instance_id]
-            out.timers[:] = [t for t in out.timers if t.instance_id != instance_id]
-            out.launches[:] = [x for x in out.launches if x.instance_id != instance_id]
-            out.cancels[:] = [c for c in out.cancels if c[0] != instance_id]
-            out.commands[:] = [c for c in out.commands if c[0] != instance_id]
+            _strip(out, instance_id)
             self._cache.drop(instance_id)
             self._redrive.add(instance_id)
             if touched.pop(instance_id, None) is not None:
                 self._poisoned.add(instance_id)
             return f"internal error while applying {type(msg).__name__}: {exc!r}"
         touched[runtime.state.instance_id] = runtime
+        return None
+
+    def _park(
+        self,
+        runtime: InstanceRuntime,
+        diverged: HistoryDiverged,
+        out: Output,
+        touched: dict[str, InstanceRuntime],
+        msg: Command | StepOutcome | None,
+    ) -> str | None:
+        """The code no longer matches the instance's history: keep nothing the replay
+        decided, and park the instance (status stays running, its ``error`` says where it
+        diverged). Its inputs are still recorded, so nothing is lost; a worker with
+        matching code drives it on when it loads it."""
+        instance_id = runtime.state.instance_id
+        running = set(runtime.inflight)
+        _strip(out, instance_id)
+        self._cache.drop(instance_id)
+        parked = self._cache.load(instance_id)
+        if parked is None:
+            return f"HistoryDiverged: {diverged}"
+        parked.inflight |= running
+        parked.park(f"HistoryDiverged: {diverged}")
+        if msg is not None:
+            try:
+                parked.handle(msg, out)
+            except Exception as exc:
+                log.exception(
+                    "partition=%d instance=%s: internal error", self.partition, instance_id
+                )
+                _strip(out, instance_id)
+                self._cache.drop(instance_id)
+                return f"internal error while applying {type(msg).__name__}: {exc!r}"
+        touched[instance_id] = parked
+        log.warning(
+            "partition=%d instance=%s parked: %s; deploy code that matches its history to "
+            "let it go on (stepstream list --diverged)",
+            self.partition,
+            instance_id,
+            diverged,
+        )
         return None
 
     # ---- persistence ----------------------------------------------------------------
@@ -600,3 +646,12 @@ class PartitionProcessor:
         return dead_letter(
             entry, reason, serde=self._serde, backend=self.backend, clock=self._clock
         )
+
+
+def _strip(out: Output, instance_id: str) -> None:
+    """Take every decision of one instance out of a batch's output."""
+    out.history[:] = [r for r in out.history if r.instance_id != instance_id]
+    out.timers[:] = [t for t in out.timers if t.instance_id != instance_id]
+    out.launches[:] = [x for x in out.launches if x.instance_id != instance_id]
+    out.cancels[:] = [c for c in out.cancels if c[0] != instance_id]
+    out.commands[:] = [c for c in out.commands if c[0] != instance_id]

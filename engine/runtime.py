@@ -191,6 +191,9 @@ class InstanceRuntime:
         self._deferred: list[tuple[str, str]] = []
         self._replaying = False
         self._closing = False  # set while close() unwinds the coroutine
+        # Parked (its history no longer matches the code): inputs are recorded, the code
+        # is not run, until a worker with matching code loads it again.
+        self.parked = False
         self._diverged: HistoryDiverged | None = None
         self._out: Output = Output()
         self._command_id = ""
@@ -359,6 +362,18 @@ class InstanceRuntime:
         uses += 1
         self._names[scope, name] = (uses, task)
         return f"{scope}{name}" if uses == 1 else f"{scope}{name}#{uses}"
+
+    @property
+    def diverged(self) -> HistoryDiverged | None:
+        """How the code no longer matches the history, if it does not."""
+        return self._diverged
+
+    def park(self, reason: str) -> None:
+        """Stop running the code (its history diverged): inputs are still recorded, and
+        the state says why in ``parked`` (the status's ``error``)."""
+        self.close()
+        self.parked = True
+        self.state.parked = reason
 
     @property
     def busy(self) -> bool:
@@ -598,7 +613,7 @@ class InstanceRuntime:
     # ---- driving the code -----------------------------------------------------------
 
     def _runnable(self) -> bool:
-        return self.definition is not None and self.state.status in (
+        return not self.parked and self.definition is not None and self.state.status in (
             Status.PENDING,
             Status.RUNNING,
         )
@@ -637,8 +652,8 @@ class InstanceRuntime:
                 self._replaying = False
                 self._check_all_visited()
             if self._diverged is not None:
-                self._fail_workflow("HistoryDiverged", str(self._diverged))
-                return
+                # The owner parks the instance: nothing this drive decided is kept.
+                raise self._diverged
             if self._task.done():
                 self._complete()
                 return

@@ -52,6 +52,12 @@ class InstanceStatus:
     def finished(self) -> bool:
         return self.status in ("completed", "failed", "cancelled")
 
+    @property
+    def diverged(self) -> bool:
+        """Parked: its history no longer matches the deployed code (``error`` says where);
+        it goes on once matching code is deployed."""
+        return not self.finished and (self.error or "").startswith("HistoryDiverged")
+
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["waits"] = [{f.name: getattr(w, f.name) for f in fields(w)} for w in self.waits]

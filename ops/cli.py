@@ -399,6 +399,8 @@ def _history(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     async def command(client: Client) -> int:
         instances = await client.list(status=args.status)
+        if args.diverged:
+            instances = [i for i in instances if i.diverged]
         _output(args, [i.to_json() for i in instances], _table(instances))
         return EXIT_OK
 
@@ -780,6 +782,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     listing = command("list", _list, "list instances", [connect, as_json])
     listing.add_argument("--status", choices=[s.value for s in Status])
+    listing.add_argument(
+        "--diverged",
+        action="store_true",
+        help="only instances parked because their history no longer matches the deployed "
+        "code (they stay running; deploy matching code and they go on)",
+    )
 
     _replay_parser(command)
 

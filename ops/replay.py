@@ -393,6 +393,8 @@ def replay_history(
     out = Output()
     try:
         runtime.recover(out)
+    except HistoryDiverged:
+        pass  # read below from runtime.diverged
     except Exception as exc:
         return made("error", message=f"replay raised {type(exc).__name__}: {exc}")
     finally:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from engine.codec import JsonCodec
 from engine.context import Context
-from engine.errors import EventTimeout, StepFailed
+from engine.errors import EventTimeout, HistoryDiverged, StepFailed
 from engine.records import (
     CancelWorkflow,
     Command,
@@ -442,29 +442,26 @@ def _history_of_version_a() -> Harness:
 
 
 def test_renamed_step_is_history_diverged_naming_the_recorded_key() -> None:
+    """The runtime raises HistoryDiverged out of recover(); its owner parks the instance
+    and keeps nothing the replay decided (tests/faults/test_parked.py)."""
     h = _history_of_version_a()
     h.definition = define("div", _a_then_x, "1")  # same name and version, new code
-    out = h.crash()
-    assert [r.type for r in out.history] == ["WorkflowFailed"]
-    failed = out.history[0]
-    assert isinstance(failed, WorkflowFailed)
-    assert failed.error_type == "HistoryDiverged"
-    assert "'b'" in failed.error_message, failed.error_message
-    assert "seq 4" in failed.error_message  # where 'b' was recorded
-    assert out.launches == []  # the new step 'x' never runs
-    assert h.state.status is Status.FAILED
+    with pytest.raises(HistoryDiverged) as diverged:
+        h.crash()
+    assert diverged.value.key == "b"
+    assert "'b'" in str(diverged.value) and "seq 4" in str(diverged.value)
+    assert h.runtime.diverged is diverged.value
+    assert h.launches == []  # the new step 'x' never runs
+    assert h.state.status is Status.RUNNING
 
 
 def test_step_that_became_a_sleep_is_history_diverged() -> None:
     h = _history_of_version_a()
     h.definition = define("div", _a_then_sleep_b, "1")
-    out = h.crash()
-    assert [r.type for r in out.history] == ["WorkflowFailed"]
-    failed = out.history[0]
-    assert isinstance(failed, WorkflowFailed)
-    assert failed.error_type == "HistoryDiverged"
-    assert "step 'b'" in failed.error_message and "sleep" in failed.error_message
-    assert out.timers == [] and out.launches == []
+    with pytest.raises(HistoryDiverged) as diverged:
+        h.crash()
+    assert "step 'b'" in str(diverged.value) and "sleep" in str(diverged.value)
+    assert h.timers == {} and h.launches == []
 
 
 def test_unchanged_code_replays_cleanly() -> None:
