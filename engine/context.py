@@ -87,6 +87,10 @@ class WorkflowRuntime(Protocol):
 
     def complete_message(self, message_id: str, value: Any) -> None: ...
 
+    def patched(self, patch_id: str) -> bool: ...
+
+    def removed(self, key: str) -> None: ...
+
     @property
     def codec(self) -> PayloadCodec: ...
 
@@ -477,6 +481,21 @@ class Context:
                 return b, task.result()
         failed = ", ".join(f"{b}: {type(e).__name__}: {e}" for b, e in errors.items())
         raise RaceError(f"every branch of {key!r} failed ({failed})", errors=errors)
+
+    def patched(self, patch_id: str) -> bool:
+        """Whether this run takes the new code path of a change (``if ctx.patched(...):
+        new else: old``): True for instances that reach this point with the new code
+        (recorded), False while replaying a history made before the change. Keep the
+        old path until no instance from before the change is running."""
+        _refuse_in_step_body("ctx.patched")
+        return self._rt.patched(patch_id)
+
+    def removed(self, name: str) -> None:
+        """Where code used to run the step, sleep or wait ``name``: a history recorded
+        with it replays without it (its entry counts as reached) instead of diverging.
+        Call it where the removed call was, in the same scope."""
+        _refuse_in_step_body("ctx.removed")
+        self._rt.removed(self._rt.key_for(name))
 
     def now(self) -> datetime:
         """The current time, recorded: replay returns the same value."""

@@ -98,6 +98,7 @@ from engine.workflow import WorkflowDefinition
 log = logging.getLogger("stepstream.engine")
 
 LOST_ATTEMPT = "AttemptLost"
+PATCH_PREFIX = "~patch/"  # the replay keys of ctx.patched markers
 CANCELLED_ATTEMPT = "AttemptCancelled"  # the step executor's error type for a cancel
 
 
@@ -188,6 +189,7 @@ class InstanceRuntime:
         self._counters: dict[str, int] = {}
         # (scope, name) -> uses so far in this run, and the task that used it last.
         self._names: dict[tuple[str, str], tuple[int, asyncio.Task[Any] | None]] = {}
+        self._patches: dict[str, bool] = {}  # ctx.patched answers of this run
         self._deferred: list[tuple[str, str]] = []
         self._replaying = False
         self._closing = False  # set while close() unwinds the coroutine
@@ -627,6 +629,7 @@ class InstanceRuntime:
         self._visited = set()
         self._counters = {}
         self._names = {}
+        self._patches = {}
         self._deferred = []
         self._diverged = None
         self._replaying = bool(self.state.entries)
@@ -676,7 +679,9 @@ class InstanceRuntime:
             (
                 e
                 for e in self.state.entries.values()
-                if e.key not in self._visited and not (lost and e.key.startswith(lost))
+                if e.key not in self._visited
+                and not (lost and e.key.startswith(lost))
+                and not e.key.startswith(PATCH_PREFIX)  # a patch the code has dropped
             ),
             key=lambda e: e.seq,
         )
@@ -1028,6 +1033,48 @@ class InstanceRuntime:
             what=f"the answer to message {message_id} of instance {self.state.instance_id}",
         )
         self._emit(MessageCompleted, message_id=message_id, result=result)
+
+    def patched(self, patch_id: str) -> bool:
+        """True where code with the patch first reaches this point (recorded, so replay
+        says True again); False while replaying a history recorded before the patch (it
+        goes on past this point without a record of it). One answer per id and run."""
+        problem = step_name_problem(patch_id)
+        if problem is not None:
+            raise InvalidWorkflowCall(f"instance {self.state.instance_id}: patch id {problem}")
+        key = f"{PATCH_PREFIX}{patch_id}"
+        known = self._patches.get(key)
+        if known is not None:
+            return known
+        if key in self.state.entries:
+            self._visited.add(key)
+            answer = True
+        elif self._replaying and self._history_goes_on():
+            answer = False  # this history was made by code without the patch
+        else:
+            marker = encode_safely(self.codec, True)
+            self._emit(ValueRecorded, key=key, kind="patch", value=marker)
+            self._visited.add(key)
+            answer = True
+        self._patches[key] = answer
+        return answer
+
+    def removed(self, key: str) -> None:
+        """Code no longer has the step, sleep or wait ``key``: an older history's entry
+        for it counts as reached (its attempt, if one still runs, is given up)."""
+        entry = self.state.entries.get(key)
+        if entry is None or key in self._visited:
+            return
+        self._visited.add(key)
+        if entry.timer_id is not None and not entry.state.final:
+            self._timer(TimerCancelled, timer_id=entry.timer_id)
+        self._give_up_attempts([entry])
+
+    def _history_goes_on(self) -> bool:
+        """Whether recorded entries remain that replay has not reached yet."""
+        return any(
+            key not in self._visited and not key.startswith(PATCH_PREFIX)
+            for key in self.state.entries
+        )
 
     def record_value(self, kind: str, produce: Callable[[], Any]) -> Any:
         if self._closing:

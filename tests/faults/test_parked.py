@@ -80,3 +80,51 @@ def test_list_diverged_is_in_the_cli_help() -> None:
         check=True,
     ).stdout
     assert "--diverged" in out and "parked" in out
+
+
+PATCHED = """
+from stepstream import Context, workflow
+
+def echo(x):
+    return x
+
+@workflow("order")
+async def order(ctx: Context, _):
+    first = await ctx.step("reserve", echo, "reserved")
+    if ctx.patched("insure"):
+        await ctx.step("insure", echo, "insured")
+    got = await ctx.wait_for_event("go")
+    return [first, got, await ctx.step("ship", echo, "shipped")]
+"""
+
+
+async def test_a_patched_deploy_keeps_old_instances_on_the_old_path(tmp_path: Path) -> None:
+    from engine.workflow import Registry
+    from ops.embedded import EmbeddedConfig, open_embedded
+
+    config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        (tmp_path / "flows_before.py").write_text(ORIGINAL)
+        (tmp_path / "flows_patched.py").write_text(PATCHED)
+        before, patched = Registry(), Registry()
+        before.add_module("flows_before")
+        patched.add_module("flows_patched")
+    finally:
+        sys.path.remove(str(tmp_path))
+    engine = await open_embedded(before, config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        await client.start("order", None, instance_id="old")
+        for _ in range(200):
+            if (await client.status("old")).waits:
+                break
+    engine = await open_embedded(patched, config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        await client.start("order", None, instance_id="new")
+        for instance in ("old", "new"):
+            await client.send_event(instance, "go", instance)
+        assert await client.result("old", timeout=10) == ["reserved", "old", "shipped"]
+        assert await client.result("new", timeout=10) == ["reserved", "new", "shipped"]
+        old_keys = [h.attributes.get("key") for h in await client.history("old")]
+        new_keys = [h.attributes.get("key") for h in await client.history("new")]
+        assert "insure" not in old_keys and "insure" in new_keys
