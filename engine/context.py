@@ -59,6 +59,7 @@ class WorkflowRuntime(Protocol):
         kwargs: dict[str, Any],
         retry: RetryPolicy | None,
         timeout: float | None,
+        ephemeral: bool = False,
     ) -> asyncio.Future[Any]: ...
 
     def sleep_future(
@@ -243,6 +244,7 @@ class Context:
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
         compensate: Callable[[T], Any] | None = None,
+        ephemeral: bool = False,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
 
@@ -255,6 +257,7 @@ class Context:
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
         compensate: Callable[[T], Any] | None = None,
+        ephemeral: bool = False,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
 
@@ -266,17 +269,21 @@ class Context:
         retry: RetryPolicy | None = None,
         timeout: float | timedelta | None = None,
         compensate: Callable[[Any], Any] | None = None,
+        ephemeral: bool = False,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, Any]:
         """Run ``fn(*args, **kwargs)`` at least once, durably. Its return value is
         recorded and returned again on replay; the body does not run again once it
         succeeded. Raises ``StepFailed`` when the retry policy is used up. The step is
         started when this is called; await the result. ``compensate``: inside a
-        ``ctx.saga``, what undoes the step (called with its result) on a rollback."""
+        ``ctx.saga``, what undoes the step (called with its result) on a rollback.
+        ``ephemeral``: nothing is recorded before the body runs (one record less, one
+        commit less before it starts); its result is recorded when it comes back, and a
+        crash before that runs it again. For cheap, idempotent steps."""
         _refuse_in_step_body("ctx.step")
         limit = None if timeout is None else _seconds(timeout)
         key = self._rt.key_for(name)
-        fut = self._rt.step_future(key, fn, args, kwargs, retry, limit)
+        fut = self._rt.step_future(key, fn, args, kwargs, retry, limit, ephemeral)
         if compensate is None:
             return _awaiting(fut)
         frame = current_saga.get()

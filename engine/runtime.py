@@ -156,6 +156,7 @@ class _StepIntent:
     kwargs: dict[str, Any]
     policy: RetryPolicy
     timeout: float | None
+    ephemeral: bool = False
 
 
 class InstanceRuntime:
@@ -190,6 +191,8 @@ class InstanceRuntime:
         # (scope, name) -> uses so far in this run, and the task that used it last.
         self._names: dict[tuple[str, str], tuple[int, asyncio.Task[Any] | None]] = {}
         self._patches: dict[str, bool] = {}  # ctx.patched answers of this run
+        # Ephemeral steps whose attempt runs with nothing recorded yet: key -> attempt.
+        self._ephemeral: dict[str, int] = {}
         self._deferred: list[tuple[str, str]] = []
         self._replaying = False
         self._closing = False  # set while close() unwinds the coroutine
@@ -574,6 +577,23 @@ class InstanceRuntime:
     def _on_outcome(self, o: StepOutcome) -> None:
         entry = self.state.entries.get(o.key)
         self.inflight.discard((o.key, o.attempt))
+        if entry is None and self._ephemeral.get(o.key) == o.attempt:
+            del self._ephemeral[o.key]
+            if self.state.status.finished:
+                return
+            if o.result is None:
+                # A failed ephemeral attempt is recorded like any other, and retried
+                # durably from here on.
+                intent = self._intents.get(o.key)
+                if intent is None:
+                    return
+                self._record_attempt(o.key, intent, o.attempt)
+                entry = self.state.entries[o.key]
+            else:
+                self._emit(StepSucceededRecord, key=o.key, attempt=o.attempt, result=o.result)
+                self._resolve(self.state.entries[o.key])
+                self._drive()
+                return
         if (
             entry is None
             or entry.state is not EntryState.RUNNING
@@ -615,9 +635,14 @@ class InstanceRuntime:
     # ---- driving the code -----------------------------------------------------------
 
     def _runnable(self) -> bool:
-        return not self.parked and self.definition is not None and self.state.status in (
-            Status.PENDING,
-            Status.RUNNING,
+        return (
+            not self.parked
+            and self.definition is not None
+            and self.state.status
+            in (
+                Status.PENDING,
+                Status.RUNNING,
+            )
         )
 
     def _begin(self) -> None:
@@ -738,16 +763,12 @@ class InstanceRuntime:
                 self._schedule(entry, "wait")
 
     def _start_attempt(self, key: str, intent: _StepIntent, attempt: int) -> None:
-        deadline = (
-            None if intent.timeout is None else self.clock.now_ms() + int(intent.timeout * 1000)
-        )
-        self._emit(
-            StepAttemptStarted,
-            key=key,
-            attempt=attempt,
-            max_attempts=intent.policy.max_attempts or 0,
-            deadline_ms=deadline,
-        )
+        if intent.ephemeral and key not in self.state.entries:
+            # Nothing recorded before the body runs: its result is recorded with the
+            # records it comes back to; after a crash before that, it runs again.
+            self._ephemeral[key] = attempt
+        else:
+            self._record_attempt(key, intent, attempt)
         self.inflight.add((key, attempt))
         self._out.launches.append(
             StepLaunch(
@@ -759,6 +780,18 @@ class InstanceRuntime:
                 intent.kwargs,
                 intent.timeout,
             )
+        )
+
+    def _record_attempt(self, key: str, intent: _StepIntent, attempt: int) -> None:
+        deadline = (
+            None if intent.timeout is None else self.clock.now_ms() + int(intent.timeout * 1000)
+        )
+        self._emit(
+            StepAttemptStarted,
+            key=key,
+            attempt=attempt,
+            max_attempts=intent.policy.max_attempts or 0,
+            deadline_ms=deadline,
         )
 
     def _complete(self) -> None:
@@ -870,14 +903,18 @@ class InstanceRuntime:
         kwargs: dict[str, Any],
         retry: RetryPolicy | None,
         timeout: float | None,
+        ephemeral: bool = False,
     ) -> asyncio.Future[Any]:
         if not callable(fn):
             raise TypeError(f"ctx.step({key!r}, ...): {fn!r} is not callable")
         entry = self._visit(key, EntryKind.STEP)
-        self._intents[key] = _StepIntent(fn, args, kwargs, retry or DEFAULT_RETRY, timeout)
+        self._intents[key] = _StepIntent(
+            fn, args, kwargs, retry or DEFAULT_RETRY, timeout, ephemeral
+        )
         fut = self._future(entry, key)
-        if entry is None or (
-            entry.state in (EntryState.RUNNING, EntryState.BACKOFF)
+        if (entry is None and key not in self._ephemeral) or (
+            entry is not None
+            and entry.state in (EntryState.RUNNING, EntryState.BACKOFF)
             and (key, entry.attempt) not in self.inflight
             and (entry.state is EntryState.RUNNING or self._overdue(entry))
         ):
@@ -965,10 +1002,16 @@ class InstanceRuntime:
         for entry in abandoned:
             if entry.timer_id is not None:
                 self._timer(TimerCancelled, timer_id=entry.timer_id)
-        self._give_up_attempts(abandoned)
+        self._give_up_attempts(abandoned, prefixes)
         self._emit(RaceDecided, key=key, winner=winner, losers=losers)
 
-    def _give_up_attempts(self, entries: list[Entry]) -> None:
+    def _give_up_attempts(self, entries: list[Entry], prefixes: tuple[str, ...] = ("",)) -> None:
+        """Give up the running attempts of ``entries``, and of ephemeral steps whose keys
+        start with one of ``prefixes`` (nothing recorded of those: just forgotten)."""
+        for key, attempt in list(self._ephemeral.items()):
+            if key.startswith(prefixes):
+                del self._ephemeral[key]
+                self._out.cancels.append((self.state.instance_id, key, attempt))
         for entry in entries:
             if entry.state is EntryState.RUNNING and (entry.key, entry.attempt) in self.inflight:
                 self._out.cancels.append((self.state.instance_id, entry.key, entry.attempt))

@@ -364,7 +364,11 @@ class InstanceState:
                 entry.max_attempts = record.max_attempts
                 entry.timer_id = entry.fire_at_ms = None
             case StepSucceeded():
-                entry = self._touch(record.key)
+                entry = self.entries.get(record.key) or self._entry(
+                    record.key, EntryKind.STEP, EntryState.SUCCEEDED, record.seq
+                )  # an ephemeral step records nothing before its result
+                self.dirty_entries.add(record.key)
+                entry.attempt = entry.attempt or record.attempt
                 entry.state = EntryState.SUCCEEDED
                 entry.result = record.result
             case StepFailed():

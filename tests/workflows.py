@@ -448,3 +448,11 @@ async def quoter(ctx: Context, _: Any) -> int:
             return answered
         await msg.complete({"price": msg.payload["qty"] * 3})
         answered += 1
+
+
+@workflow("ephemeral")
+async def ephemeral_wf(ctx: Context, n: int) -> int:
+    total = 0
+    for i in range(n):
+        total = await ctx.step("tick", add, total, i, ephemeral=True)
+    return total

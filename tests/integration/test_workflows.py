@@ -525,3 +525,10 @@ async def test_request_gets_the_answer_the_workflow_completes_the_message_with(
     assert await client.result(instance, timeout=20) == 3
     types = [h.type for h in await client.history(instance)]
     assert types.count("MessageCompleted") == 3
+
+
+async def test_ephemeral_steps_record_only_their_results(client: Client) -> None:
+    instance = await client.start("ephemeral", 5, instance_id=new_id("eph"))
+    assert await client.result(instance, timeout=20) == 10
+    types = [h.type for h in await client.history(instance)]
+    assert types.count("StepSucceeded") == 5 and "StepAttemptStarted" not in types

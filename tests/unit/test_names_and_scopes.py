@@ -484,3 +484,36 @@ def test_events_sent_while_paused_wait_until_resume() -> None:
     assert "WaitSatisfied" not in [r.type for r in h.records]  # held while paused
     h.feed(ResumeWorkflow(instance_id=h.instance_id, command_id="r"))
     assert h.result() == ["a", "b"]
+
+
+# ---- ephemeral steps ----------------------------------------------------------------------
+
+
+async def _ticks(ctx: Context, n: int) -> Any:
+    got = [await ctx.step("tick", ident, i, ephemeral=True) for i in range(n)]
+    return [*got, await ctx.step("flaky", ident, "ok", ephemeral=True, retry=FAST)]
+
+
+def test_an_ephemeral_step_records_only_its_result() -> None:
+    h = Harness(define("ticks", _ticks))
+    h.start(2)
+    assert "StepAttemptStarted" not in [r.type for r in h.records]
+    assert [x.key for x in h.launches] == ["tick"]
+    h.crash()  # nothing was recorded: it runs again after a crash
+    assert [x.key for x in h.launches] == ["tick"]
+    h.run("tick")
+    h.run("tick#2")
+    h.fail("flaky")  # a failure is recorded, and retried durably
+    h.run_all()
+    assert h.result() == [0, 1, "ok"]
+    types = [(r.type, getattr(r, "key", "")) for r in h.records]
+    assert ("StepAttemptStarted", "tick") not in types
+    assert ("StepSucceeded", "tick") in types and ("StepSucceeded", "tick#2") in types
+    assert [t for t in types if t[1] == "flaky"] == [
+        ("StepAttemptStarted", "flaky"),
+        ("StepFailed", "flaky"),
+        ("StepAttemptStarted", "flaky"),
+        ("StepSucceeded", "flaky"),
+    ]
+    h.crash()
+    assert h.result() == [0, 1, "ok"]
