@@ -184,6 +184,14 @@ class PartitionProcessor:
         self._after_commit(out, touched, {})
         if touched:
             log.info("partition=%d resumed %d unfinished instances", self.partition, len(touched))
+        parked = sum(1 for rt in touched.values() if rt.state.parked)
+        if parked:
+            log.warning(
+                "partition=%d: %d instances parked (history diverged from the code, or their "
+                "version is not deployed here); stepstream list --diverged lists them",
+                self.partition,
+                parked,
+            )
 
     def _index_finished(self, batch: CommitBatch) -> None:
         """Once per state store: index the instances that finished before finish times
