@@ -4,7 +4,8 @@ Every ``stepstream run examples.X:func --input '...'`` line of the section "The
 workflow language" runs in a subprocess (``python -m ops.cli`` with the repository on
 ``PYTHONPATH``, from an empty directory) on a throwaway embedded engine; the printed
 result and the rows of the timeline are checked, so neither the examples nor the README
-can drift from what the engine does.
+can drift from what the engine does. The section's ``client.request`` snippet runs as
+written against the ``stepstream dev`` its first line names.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shlex
+import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +27,8 @@ from typing import Any
 
 import pytest
 
+from stepstream import Client
+
 REPO = Path(__file__).resolve().parents[2]
 SECTION = "## The workflow language"
 
@@ -30,7 +36,8 @@ SECTION = "## The workflow language"
 @dataclass(frozen=True)
 class Expected:
     result: Any
-    rows: tuple[tuple[str, str, str], ...]  # (kind, key, outcome) timeline rows, in order
+    # (kind, key, outcome) timeline rows, in order; "{id}" in a key is the instance's id
+    rows: tuple[tuple[str, str, str], ...]
 
 
 EXPECTED = {
@@ -97,6 +104,25 @@ EXPECTED = {
             ("step", "push-inventory", "ok"),
         ),
     ),
+    "examples.children:resize": Expected(
+        {"resized": ["a-small.jpg", "b-small.jpg", "c-small.jpg", "d-small.jpg"]},
+        (
+            ("child", "{id}/left", "completed"),
+            ("child", "{id}/right", "completed"),
+            ("wait", "left/result", "received"),
+            ("wait", "right/result", "received"),
+        ),
+    ),
+    "examples.messages:digest": Expected(
+        {"lead": "rain", "digests": ["sun | fog", "snow | hail"]},
+        (
+            ("sleep", "press-time", "elapsed"),
+            ("event", "story", "buffered"),
+            ("step", "mail", "ok"),
+            ("step", "mail#2", "ok"),
+            ("wait", "story#4", "timed out"),  # the last next_batch: []
+        ),
+    ),
 }
 
 
@@ -132,6 +158,12 @@ def _cli(argv: list[str], cwd: Path) -> tuple[str, float]:
     took = time.monotonic() - started
     assert done.returncode == 0, f"{shlex.join(argv)}\n{done.stdout}{done.stderr}"
     return done.stdout, took
+
+
+def _instance(stdout: str) -> str:
+    match = re.search(r"^instance:\s+(\S+)$", stdout, re.M)
+    assert match, stdout
+    return match.group(1)
 
 
 def _result(stdout: str) -> Any:
@@ -170,7 +202,7 @@ def test_the_readme_command_runs_to_the_documented_result(target: str, tmp_path:
     assert _result(stdout) == expected.result, stdout
     at = 0
     for kind, key, outcome in expected.rows:
-        at = _row(stdout, kind, key, outcome, at)
+        at = _row(stdout, kind, key.format(id=_instance(stdout)), outcome, at)
     assert list(tmp_path.iterdir()) == []  # nothing left in the working directory
     if target == "examples.race:quote":
         # The slow supplier's attempt (5 s) was given up, not waited for at shutdown.
@@ -193,6 +225,86 @@ def test_the_saga_compensates_newest_first(tmp_path: Path) -> None:
     }
 
 
+def _history(target: str, tmp_path: Path) -> tuple[str, list[dict[str, Any]]]:
+    """The README's command for ``target`` run with ``--json``: the id and history."""
+    stdout, _ = _cli([*shlex.split(_commands()[target]), "--json"], tmp_path)
+    out = json.loads(stdout)
+    assert out["status"] == "completed", stdout
+    return out["instance_id"], out["history"]
+
+
+def test_the_children_are_instances_of_their_own(tmp_path: Path) -> None:
+    parent, history = _history("examples.children:resize", tmp_path)
+    started = [h["attributes"] for h in history if h["type"] == "ChildStarted"]
+    assert [(a["child_id"], a["workflow"], a["input"]) for a in started] == [
+        (f"{parent}/left", "resize", ["a.jpg", "b.jpg"]),
+        (f"{parent}/right", "resize", ["c.jpg", "d.jpg"]),
+    ]
+    assert not [h for h in history if h["type"] == "StepAttemptStarted"]  # all in children
+
+
+def test_the_digest_takes_its_messages_in_arrival_order(tmp_path: Path) -> None:
+    instance, history = _history("examples.messages:digest", tmp_path)
+    sent = [h["attributes"] for h in history if h["type"] == "MessageSent"]
+    assert [(a["target"], a["name"], a["payload"]) for a in sent] == [
+        (instance, "story", story) for story in ("rain", "sun", "fog", "snow", "hail")
+    ]
+    taken = [h["attributes"]["payloads"] for h in history if h["type"] == "MessagesReceived"]
+    assert taken == [["rain"], ["sun", "fog"], ["snow", "hail"]]  # each sent once
+
+
+def _request_snippet() -> tuple[list[str], str]:
+    """The section's ``client.request`` snippet: the server its first line starts, and
+    the code."""
+    blocks = re.findall(r"```python\n(.*?)```", _section(), re.S)
+    [snippet] = [b for b in blocks if "client.request(" in b]
+    first, code = snippet.split("\n", 1)
+    assert first.startswith("# stepstream dev "), first
+    return shlex.split(first.removeprefix("# ")), code
+
+
+async def test_the_request_snippet_gets_its_answer_from_stepstream_dev(tmp_path: Path) -> None:
+    argv, code = _request_snippet()
+    readme_url = "http://127.0.0.1:8233"
+    assert code.count(readme_url) == 1, code
+    log = tmp_path / "dev.log"
+    with open(log, "wb") as stderr:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", *argv[1:], "--port", "0"],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(REPO), "STEPSTREAM_DATA": str(tmp_path / "d")},
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+    try:
+        assert server.stdout is not None
+        ready, _, _ = select.select([server.stdout], [], [], 20)
+        line = server.stdout.readline().decode() if ready else ""
+        found = re.search(r"listening on (http://\S+)", line)
+        assert found, f"{shlex.join(argv)} did not start: {line!r}\n{log.read_text()}"
+        url = found.group(1)
+        namespace: dict[str, Any] = {"Client": Client}
+        exec(
+            f"async def snippet():\n{textwrap.indent(code.replace(readme_url, url), '    ')}",
+            namespace,
+        )
+        await namespace["snippet"]()
+        async with Client.connect(url) as client:
+            assert await client.result("desk-1", timeout=20) == 1  # one quote answered
+            history = await client.history("desk-1")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    answers = [h.attributes["result"] for h in history if h.type == "MessageCompleted"]
+    promised = re.search(r"client\.request\(.*#\s*(\{.*\})$", code, re.M)
+    assert promised, code
+    assert answers == [json.loads(promised.group(1))]  # what the README's comment says
+
+
 def _join_failed(r: Any) -> bool:
     return (
         set(r["failed"]) == {"shipping"}
@@ -210,6 +322,17 @@ VARIANTS: list[tuple[str, str, Any, Callable[[Any], bool]]] = [
         "`0.01`",
         {"deadline_s": 0.01},
         lambda r: r == {"winner": "deadline", "quote": None},
+    ),
+    (
+        "examples.children:resize",
+        '`"broken.png"`',
+        ["a.jpg", "b.jpg", "c.jpg", "broken.png"],
+        lambda r: (
+            r["resized"] == ["a-small.jpg", "b-small.jpg"]
+            and list(r["failed"]) == ["right"]
+            and r["failed"]["right"].startswith("failed: ")
+            and "broken.png is not an image" in r["failed"]["right"]
+        ),
     ),
     (
         "examples.saga:trip",
