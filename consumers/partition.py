@@ -23,7 +23,13 @@ from consumers.instance_store import InstanceReads, write_state
 from consumers.retention import Sweeper
 from consumers.runtime_cache import RuntimeCache
 from consumers.steps import StepExecutor
-from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, PayloadCodec, check_size, decode_safely
+from engine.codec import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    PayloadCodec,
+    check_size,
+    decode_safely,
+    encode_safely,
+)
 from engine.errors import HistoryDiverged, StepstreamError, UndecodableRecord, UnknownWorkflow
 from engine.names import name_problem
 from engine.records import (
@@ -46,7 +52,7 @@ from engine.seams import (
 )
 from engine.serde import RecordSerde
 from engine.settle import UNKNOWN_INSTANCE, ignored_reason
-from engine.state import InstanceState, is_client_command
+from engine.state import InstanceState, child_event, is_client_command, parse_child_command
 from engine.topics import COMMANDS, HISTORY, TIMERS, partition_for
 from engine.workflow import Registry
 
@@ -145,6 +151,9 @@ class PartitionProcessor:
         self._redrive: set[str] = set()
         # Timer fires that hit an internal error: scheduled again, a little later.
         self._refires: list[TimerScheduled] = []
+        # Commands for other instances decided here, not by a runtime (a child that could
+        # not start tells its parent).
+        self._notices: list[Command] = []
         self._last_instance = ""  # the instance the last command applied to
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -334,6 +343,7 @@ class PartitionProcessor:
         self._poisoned.clear()
         self._redrive.clear()
         self._refires.clear()
+        self._notices.clear()
 
         applied_outcomes: dict[str, list[StepOutcome]] = {}
 
@@ -385,6 +395,10 @@ class PartitionProcessor:
                 settled[command_id] = reason
             else:  # a timer fire: nobody would send it again, so it goes round again
                 batch.appends.append(Append(COMMANDS, entry.key, entry.value, self.partition))
+        for notice in self._notices:
+            batch.appends.append(
+                Append(COMMANDS, notice.instance_id.encode(), self._serde.encode(notice))
+            )
         for refire in self._refires:
             batch.appends.append(
                 Append(
@@ -476,6 +490,7 @@ class PartitionProcessor:
             try:
                 definition = self._registry.resolve(record.workflow, record.version)
             except UnknownWorkflow as exc:
+                self._tell_parent_child_failed(record, exc)
                 return record.command_id, str(exc), True
             runtime = self._cache.new(InstanceState(record.instance_id), definition)
         elif self.reads.applied(runtime.state, record.command_id):
@@ -503,6 +518,24 @@ class PartitionProcessor:
             # Recorded as ignored (CommandIgnored); the publisher learns why.
             return record.command_id, ignored_reason(record, runtime.state.status.value), False
         return record.command_id, None, False
+
+    def _tell_parent_child_failed(self, start: StartWorkflow, exc: StepstreamError) -> None:
+        """A child that cannot start (its workflow is not deployed here) tells its parent,
+        which would otherwise wait for it for ever."""
+        parent = parse_child_command(start.command_id)
+        if parent is None:
+            return
+        parent_id, key = parent
+        outcome = {"status": "failed", "error_type": type(exc).__name__, "error": str(exc)}
+        self._notices.append(
+            SendEvent(
+                instance_id=parent_id,
+                command_id=f"childdone:{start.instance_id}",
+                time_ms=self._clock.now_ms(),
+                name=child_event(key),
+                payload=encode_safely(self._codec, outcome),
+            )
+        )
 
     def _check_payload(self, command: Command) -> str | None:
         """Clients check names and payloads before publishing; this catches what got

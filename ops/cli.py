@@ -92,7 +92,11 @@ async def _run_once(definition: WorkflowDefinition, value: Any, args: argparse.N
         config = EmbeddedConfig.from_env(
             data_dir=data_dir, partitions=1 if args.data is None else None
         )
-        engine = await open_embedded(Registry([definition]), config)
+        # Every workflow of the target's module, so children and messages it starts or
+        # sends to other workflows of that module run too.
+        registry = Registry([definition])
+        registry.add_module(definition.fn.__module__)
+        engine = await open_embedded(registry, config)
         try:
             client = Client(engine.transport)
             instance_id = await client.start(definition.name, value)

@@ -62,6 +62,7 @@ def render_timeline(history: Sequence[HistoryEntry]) -> str:
         row.took_ms = at - start - row.at_ms
         row.detail = "  ".join(part for part in (row.detail, detail) if part)
 
+    children: dict[str, str] = {}  # a child's key in the parent -> its instance id
     for entry in history:
         at = _ms(entry.time)
         a = entry.attributes
@@ -99,14 +100,27 @@ def render_timeline(history: Sequence[HistoryEntry]) -> str:
                 begin(at, "wait", key, "waiting", detail)
             case "WaitSatisfied":
                 event = str(a.get("event_name", ""))
-                if event.startswith("~child/"):
-                    payload = a.get("payload")
-                    status = payload.get("status") if isinstance(payload, dict) else None
-                    for kind, name in [s for s in open_spans if s[0] == "child"]:
-                        if status is not None:
-                            end(at, kind, name, str(status))
-                            break
+                child = children.get(event.removeprefix("~child/"))
+                payload = a.get("payload")
+                if event.startswith("~child/") and child and isinstance(payload, dict):
+                    end(at, "child", child, str(payload.get("status", "")), _child_error(payload))
                 end(at, "wait", key, "received")
+            case "MessageWaitStarted":
+                names = ", ".join(str(n) for n in a.get("names") or ())
+                detail = f"messages {names}" + (
+                    f", up to {a['max']}" if a.get("max", 1) > 1 else ""
+                )
+                timeout_at = a.get("timeout_at_ms")
+                if isinstance(timeout_at, int):
+                    detail += f", timeout at +{_duration(timeout_at - start)}"
+                begin(at, "wait", key, "waiting", detail)
+            case "MessagesReceived":
+                taken = len(a.get("ids") or ())
+                end(at, "wait", key, "received", f"{taken} message{'s' if taken != 1 else ''}")
+            case "MessageSent":
+                point(at, "message", key, "sent", f"{a.get('name')} to {a.get('target')}")
+            case "MessageCompleted":
+                point(at, "message", str(a.get("message_id", "")), "answered")
             case "WaitTimedOut":
                 end(at, "wait", key, "timed out")
             case "EventBuffered":
@@ -121,7 +135,8 @@ def render_timeline(history: Sequence[HistoryEntry]) -> str:
             case "LoopAdvanced":
                 point(at, "loop", key, "next", f"iteration {a.get('iteration')}")
             case "ChildStarted":
-                begin(at, "child", str(a.get("child_id", "")), "running", f"{a.get('workflow')}")
+                children[key] = str(a.get("child_id", ""))
+                begin(at, "child", children[key], "running", f"{a.get('workflow')}")
             case "WorkflowPaused":
                 point(at, "workflow", "", "paused")
             case "WorkflowResumed":
@@ -197,3 +212,9 @@ def _short(value: Any, limit: int = 80) -> str:
     text = value if isinstance(value, str) else json.dumps(value)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _child_error(outcome: dict[str, Any]) -> str:
+    error = str(outcome.get("error", ""))
+    kind = str(outcome.get("error_type", ""))
+    return _short(f"{kind}: {error}" if kind else error)

@@ -456,3 +456,13 @@ async def ephemeral_wf(ctx: Context, n: int) -> int:
     for i in range(n):
         total = await ctx.step("tick", add, total, i, ephemeral=True)
     return total
+
+
+@workflow("orphan-parent")
+async def orphan_parent(ctx: Context, _: Any) -> Any:
+    from stepstream import ChildFailed
+
+    try:
+        return await ctx.child("no-such-workflow", 1)
+    except ChildFailed as exc:
+        return [exc.status, exc.error_type]

@@ -532,3 +532,10 @@ async def test_ephemeral_steps_record_only_their_results(client: Client) -> None
     assert await client.result(instance, timeout=20) == 10
     types = [h.type for h in await client.history(instance)]
     assert types.count("StepSucceeded") == 5 and "StepAttemptStarted" not in types
+
+
+async def test_a_child_whose_workflow_is_not_deployed_fails_in_its_parent(
+    client: Client,
+) -> None:
+    instance = await client.start("orphan-parent", None, instance_id=new_id("orphan"))
+    assert await client.result(instance, timeout=20) == ["failed", "UnknownWorkflow"]
