@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import inspect
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from consumers.step_threads import StepThreads
-from engine.attempts import current_flag
+from engine.attempts import AttemptFlag, current_flag
 from engine.codec import PayloadCodec, check_size, encode_safely
 from engine.context import current_attempt
 from engine.errors import NonRetryableError, StepstreamError
@@ -44,7 +44,7 @@ class _Attempt:
 
     def __init__(self, launch: StepLaunch) -> None:
         self.launch = launch
-        self.flag = threading.Event()
+        self.flag = AttemptFlag()
         self.reason = ""
         self.body: asyncio.Task[Any] | None = None
         # Done when the attempt is given up: its waiter wakes even if the body does not.
@@ -60,7 +60,8 @@ class _Attempt:
             return False  # given up already, or too late: its outcome stands
         self.reason = reason
         self.flag.set()
-        self.woken.set_result(None)
+        if not self.woken.done():
+            self.woken.set_result(None)
         if self.body is not None:
             self.body.cancel()
         return True
@@ -140,12 +141,22 @@ class StepExecutor:
             return self._given_up(attempt)
         context = contextvars.copy_context()
         context.run(_enter_body, launch.attempt, attempt.flag)
-        body = asyncio.get_running_loop().create_task(self._call(attempt), context=context)
+        loop = asyncio.get_running_loop()
+        body = loop.create_task(self._call(attempt), context=context)
         attempt.body = body
+        woken = attempt.woken
+        # One future to wait on (cheaper than asyncio.wait on two): done when the body
+        # is, or when the attempt is given up (its timeout, a cancel).
+        body.add_done_callback(functools.partial(_wake, woken))
+        deadline = (
+            None
+            if launch.timeout is None
+            else loop.call_later(launch.timeout, attempt.give_up, _TIMEOUT)
+        )
         try:
-            await asyncio.wait(
-                {body, attempt.woken}, timeout=launch.timeout, return_when=asyncio.FIRST_COMPLETED
-            )
+            await woken
+            if deadline is not None:
+                deadline.cancel()
             attempt.give_up(_TIMEOUT)  # no-op when the body is done or was cancelled
             if not body.done():
                 await asyncio.wait({body}, timeout=self._grace)
@@ -291,7 +302,12 @@ class StepExecutor:
         self._threads.shutdown()
 
 
-def _enter_body(attempt: int, flag: threading.Event) -> None:
+def _wake(woken: asyncio.Future[None], _: object) -> None:
+    if not woken.done():
+        woken.set_result(None)
+
+
+def _enter_body(attempt: int, flag: AttemptFlag) -> None:
     current_attempt.set(attempt)
     current_flag.set(flag)
 

@@ -8,13 +8,27 @@ to stop early. The step executor sets the flag's context variable around each bo
 
 from __future__ import annotations
 
-import threading
 from contextvars import ContextVar
 
+
+class AttemptFlag:
+    """Set once when an attempt is given up. A plain attribute, not a threading.Event:
+    only the loop sets it and a body only reads it, and one is made per attempt."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 # The flag of the attempt whose body runs in this context; None outside step bodies.
-current_flag: ContextVar[threading.Event | None] = ContextVar(
-    "stepstream_attempt_flag", default=None
-)
+current_flag: ContextVar[AttemptFlag | None] = ContextVar("stepstream_attempt_flag", default=None)
 
 
 def attempt_cancelled() -> bool:

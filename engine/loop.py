@@ -32,6 +32,8 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         self._closed = False
         self._ready_running = False
         self._children: dict[str, int] = {}
+        # This loop's tasks (asyncio.all_tasks would walk every task of the process).
+        self._tasks: list[asyncio.Task[Any]] = []
 
     # ---- what asyncio's futures and tasks need ----------------------------------------
 
@@ -61,12 +63,22 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         index = self._children.get(parent_path, 0)
         self._children[parent_path] = index + 1
         path = f"{parent_path}.{index}" if parent_path else ROOT_TASK if index == 0 else str(index)
-        return asyncio.Task(coro, loop=self, name=path, context=context)
+        return self._track(asyncio.Task(coro, loop=self, name=path, context=context))
+
+    def _track(self, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
+        if len(self._tasks) >= 64:
+            self._tasks = [t for t in self._tasks if not t.done()]
+        self._tasks.append(task)
+        return task
+
+    def pending_tasks(self) -> list[asyncio.Task[Any]]:
+        """The tasks of this loop that have not finished."""
+        return [t for t in self._tasks if not t.done()]
 
     def create_named_task(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """A task with a path of the caller's choosing, unique and stable across replays
         (a loop iteration's), that does not shift the indexes of the parent's tasks."""
-        return asyncio.Task(coro, loop=self, name=name)
+        return self._track(asyncio.Task(coro, loop=self, name=name))
 
     def forget_tasks(self, prefixes: tuple[str, ...]) -> None:
         """Forget the child counts of finished tasks whose paths start with a prefix."""

@@ -392,7 +392,7 @@ class InstanceRuntime:
         call made while unwinding raises ``Evicted``: nothing is recorded."""
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            pending = loop.pending_tasks()
             if pending:
                 self._closing = True
                 try:
