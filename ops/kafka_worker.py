@@ -60,7 +60,7 @@ class KafkaWorkerConfig:
     # The URL clients reach this worker's API at (default: http://host:port as bound).
     advertise: str | None = None
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-    cache_size: int = 10_000
+    # The processors' settings, the instance cache's size among them.
     processor: ProcessorConfig = field(default_factory=ProcessorConfig)
     # History records between snapshots of a partition's state (0: no snapshots).
     snapshot_every: int = DEFAULT_SNAPSHOT_EVERY
