@@ -21,17 +21,10 @@ import pytest
 
 import producers.http  # noqa: F401  (registers http:// with Client.connect)
 from engine.workflow import Registry
-from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from producers.client import Client
 from stepstream import InvalidPayload, UnknownWorkflow
-from tests.conftest import (
-    KAFKA_TEST_PARTITIONS,
-    ThreadedWorker,
-    kafka_settings,
-    kafka_url,
-)
 from tests.dev_server import DevServer, run_cli, start_dev
-from tests.kafka_broker import Broker
+from tests.restartable import RestartableEmbedded, RestartableKafka
 
 
 def _registry() -> Registry:
@@ -40,70 +33,17 @@ def _registry() -> Registry:
     return registry
 
 
-class _Embedded:
-    def __init__(self, data_dir: Path) -> None:
-        self._config = EmbeddedConfig(data_dir=str(data_dir), partitions=2)
-        self._engine: EmbeddedEngine | None = None
-        self.client: Client | None = None
-
-    async def open(self) -> Client:
-        self._engine = await open_embedded(_registry(), self._config)
-        self.client = Client(self._engine.make_transport())
-        return self.client
-
-    async def restart(self) -> Client:
-        await self.close()
-        return await self.open()
-
-    async def close(self) -> None:
-        if self._engine is not None:
-            await self._engine.close()
-            self._engine = None
-
-
-class _Kafka:
-    def __init__(self, broker: Broker, state_dir: Path) -> None:
-        self._settings = kafka_settings(broker)
-        self._state_dir = state_dir
-        self._worker: ThreadedWorker | None = None
-        self.client: Client | None = None
-
-    async def open(self) -> Client:
-        from consumers.kafka import create_topics
-
-        await asyncio.to_thread(create_topics, self._settings, KAFKA_TEST_PARTITIONS)
-        await self._start_worker()
-        self.client = await Client.connect(kafka_url(self._settings))
-        return self.client
-
-    async def _start_worker(self) -> None:
-        self._worker = ThreadedWorker(self._settings, self._state_dir, _registry())
-        await asyncio.to_thread(self._worker.start)
-
-    async def restart(self) -> Client:
-        """A new worker process on the same state directory; the client stays."""
-        assert self._worker is not None and self.client is not None
-        await asyncio.to_thread(self._worker.stop)
-        self._worker = None
-        await self._start_worker()
-        return self.client
-
-    async def close(self) -> None:
-        if self.client is not None:
-            await self.client.close()
-        if self._worker is not None:
-            await asyncio.to_thread(self._worker.stop)
-
-
 @pytest.fixture(params=["embedded", "kafka"])
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
     """An engine with ``tests.workflows`` and ``tests.versioned_workflows`` registered,
     and a client of it; ``await backend.restart()`` restarts the engine on its state."""
-    made: _Embedded | _Kafka
+    made: RestartableEmbedded | RestartableKafka
     if request.param == "kafka":
-        made = _Kafka(request.getfixturevalue("kafka_broker"), tmp_path / "worker")
+        made = RestartableKafka(
+            request.getfixturevalue("kafka_broker"), tmp_path / "worker", _registry
+        )
     else:
-        made = _Embedded(tmp_path / "data")
+        made = RestartableEmbedded(tmp_path / "data", _registry)
     try:
         await made.open()
         yield made
