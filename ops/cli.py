@@ -340,7 +340,7 @@ def _send(args: argparse.Namespace) -> int:
     value = _json_flag(args.payload, "--payload")
 
     async def command(client: Client) -> int:
-        await client.send_event(args.id, args.event, value)
+        await client.send_event(args.id, args.event, value, event_id=args.event_id)
         print(f"sent {args.event} to {args.id}")
         return EXIT_OK
 
@@ -760,6 +760,12 @@ def _parser() -> argparse.ArgumentParser:
     send.add_argument("id", metavar="ID")
     send.add_argument("event", metavar="EVENT")
     send.add_argument("--payload", metavar="JSON", help="the event's payload (default: null)")
+    send.add_argument(
+        "--event-id",
+        metavar="ID",
+        help="an id of your choosing: sending again with the same id applies the event once "
+        "(for retries); no ':' in it",
+    )
 
     cancel = command("cancel", _cancel, "cancel an instance", [connect])
     cancel.add_argument("id", metavar="ID")

@@ -56,3 +56,25 @@ async def test_request_and_event_ids_over_http(tmp_path: Path) -> None:
                 assert response.status == 400, await response.text()
     finally:
         dev.stop()
+
+
+def test_send_with_an_event_id_applies_once_through_the_cli(tmp_path: Path) -> None:
+    dev = start_dev(tmp_path, MODULE, WORKFLOWS)
+    try:
+        assert dev.cli("start", "quoter", "--id", "q-cli").returncode == 0
+        for _ in range(2):
+            sent = dev.cli("send", "q-cli", "stop", "--event-id", "stop-cli")
+            assert sent.returncode == 0, sent.stderr
+        status = json.loads(dev.cli("status", "q-cli", "--json").stdout)
+        assert status["status"] == "completed", status
+        history = json.loads(dev.cli("history", "q-cli", "--json").stdout)
+        stops = [
+            h
+            for h in history
+            if h["type"] == "MessagesReceived" and h["attributes"]["names"] == ["stop"]
+        ]
+        assert len(stops) == 1, history
+        refused = dev.cli("send", "q-cli", "stop", "--event-id", "a:b")
+        assert refused.returncode != 0 and "reserved" in refused.stderr
+    finally:
+        dev.stop()
