@@ -196,9 +196,6 @@ class InstanceRuntime:
         self._deferred: list[tuple[str, str]] = []
         self._replaying = False
         self._closing = False  # set while close() unwinds the coroutine
-        # Parked (its history no longer matches the code): inputs are recorded, the code
-        # is not run, until a worker with matching code loads it again.
-        self.parked = False
         self._diverged: HistoryDiverged | None = None
         self._out: Output = Output()
         self._command_id = ""
@@ -377,7 +374,6 @@ class InstanceRuntime:
         """Stop running the code (its history diverged): inputs are still recorded, and
         the state says why in ``parked`` (the status's ``error``)."""
         self.close()
-        self.parked = True
         self.state.parked = reason
 
     @property
@@ -636,7 +632,10 @@ class InstanceRuntime:
 
     def _runnable(self) -> bool:
         return (
-            not self.parked
+            # Parked (its history no longer matches the code, or its version is not
+            # deployed): inputs are recorded, the code is not run, until a worker with
+            # matching code loads it again (which clears ``parked``).
+            not self.state.parked
             and self.definition is not None
             and self.state.status
             in (

@@ -4,8 +4,11 @@ Kafka worker replaced by a new one on the same state directory (the client stays
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+
+import pytest
 
 from engine.workflow import Registry
 from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
@@ -69,3 +72,22 @@ class RestartableKafka:
             await self.client.close()
         if self._worker is not None:
             await asyncio.to_thread(self._worker.stop)
+
+
+@contextlib.asynccontextmanager
+async def restartable_backend(
+    request: pytest.FixtureRequest, tmp_path: Path, registry: Callable[[], Registry]
+) -> AsyncIterator[RestartableEmbedded | RestartableKafka]:
+    """The backend ``request.param`` names ("embedded" or "kafka"), opened, then closed."""
+    made: RestartableEmbedded | RestartableKafka
+    if request.param == "kafka":
+        made = RestartableKafka(
+            request.getfixturevalue("kafka_broker"), tmp_path / "worker", registry
+        )
+    else:
+        made = RestartableEmbedded(tmp_path / "data", registry)
+    try:
+        await made.open()
+        yield made
+    finally:
+        await made.close()

@@ -22,7 +22,7 @@ from engine.workflow import Registry
 from producers.client import Client
 from tests.dev_server import run_cli
 from tests.hook_workflows import read_notes
-from tests.restartable import RestartableEmbedded, RestartableKafka
+from tests.restartable import restartable_backend
 
 Notes = list[dict[str, Any]]
 
@@ -46,18 +46,8 @@ def notes_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 async def backend(
     request: pytest.FixtureRequest, tmp_path: Path, notes_dir: Path
 ) -> AsyncIterator[Any]:
-    made: RestartableEmbedded | RestartableKafka
-    if request.param == "kafka":
-        made = RestartableKafka(
-            request.getfixturevalue("kafka_broker"), tmp_path / "worker", _registry
-        )
-    else:
-        made = RestartableEmbedded(tmp_path / "data", _registry)
-    try:
-        await made.open()
+    async with restartable_backend(request, tmp_path, _registry) as made:
         yield made
-    finally:
-        await made.close()
 
 
 def _id(prefix: str) -> str:

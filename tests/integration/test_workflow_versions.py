@@ -24,7 +24,7 @@ from engine.workflow import Registry
 from producers.client import Client
 from stepstream import InvalidPayload, UnknownWorkflow
 from tests.dev_server import DevServer, run_cli, start_dev
-from tests.restartable import RestartableEmbedded, RestartableKafka
+from tests.restartable import restartable_backend
 
 
 def _registry() -> Registry:
@@ -37,18 +37,8 @@ def _registry() -> Registry:
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
     """An engine with ``tests.workflows`` and ``tests.versioned_workflows`` registered,
     and a client of it; ``await backend.restart()`` restarts the engine on its state."""
-    made: RestartableEmbedded | RestartableKafka
-    if request.param == "kafka":
-        made = RestartableKafka(
-            request.getfixturevalue("kafka_broker"), tmp_path / "worker", _registry
-        )
-    else:
-        made = RestartableEmbedded(tmp_path / "data", _registry)
-    try:
-        await made.open()
+    async with restartable_backend(request, tmp_path, _registry) as made:
         yield made
-    finally:
-        await made.close()
 
 
 def _id(prefix: str) -> str:
