@@ -508,10 +508,15 @@ class Kafka(Backend):
             if busy or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.01)
-        frozen = rng.choice(busy or self.workers)
-        other = next(w for w in self.workers if w is not frozen)
         assert self.view is not None
         owned = {p: m for p in range(self.partitions) if (m := self.view.owner(p)) is not None}
+        # Only a worker that owns partitions in this view can be frozen out of them (the
+        # view may have moved since both owned some).
+        owners = {m.url for m in owned.values()}
+        frozen = rng.choice(
+            [w for w in busy if w.url in owners] or [w for w in self.workers if w.url in owners]
+        )
+        other = next(w for w in self.workers if w is not frozen)
         frozen.signal(signal.SIGSTOP)
         started = time.monotonic()
         stopped_ms = int(time.time() * 1000)
