@@ -38,33 +38,25 @@ AttemptId = tuple[str, str, int]  # (instance_id, key, attempt)
 
 
 class _Attempt:
-    """One running attempt: its flag, its body task, and why it was given up ("" if not)."""
+    """One running attempt: its flag, its task, why it was given up ("" if not), and
+    whether its outcome went out (exactly once: when the task ends, or when the
+    grace after giving it up passes, whichever comes first)."""
 
-    __slots__ = ("body", "flag", "launch", "reason", "woken")
+    __slots__ = ("deadline", "deliver", "delivered", "flag", "launch", "reason", "task")
 
-    def __init__(self, launch: StepLaunch) -> None:
+    def __init__(self, launch: StepLaunch, deliver: Callable[[StepOutcome], None]) -> None:
         self.launch = launch
+        self.deliver = deliver
         self.flag = AttemptFlag()
         self.reason = ""
-        self.body: asyncio.Task[Any] | None = None
-        # Done when the attempt is given up: its waiter wakes even if the body does not.
-        self.woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.delivered = False
+        self.task: asyncio.Task[Any] | None = None
+        self.deadline: asyncio.TimerHandle | None = None
 
     @property
     def label(self) -> str:
         launch = self.launch
         return f"instance={launch.instance_id} step={launch.key} attempt={launch.attempt}"
-
-    def give_up(self, reason: str) -> bool:
-        if self.reason or (self.body is not None and self.body.done()):
-            return False  # given up already, or too late: its outcome stands
-        self.reason = reason
-        self.flag.set()
-        if not self.woken.done():
-            self.woken.set_result(None)
-        if self.body is not None:
-            self.body.cancel()
-        return True
 
 
 class StepExecutor:
@@ -86,20 +78,53 @@ class StepExecutor:
             threads, max_threads=max_threads if max_threads is not None else 4 * threads
         )
         self._grace = cancel_grace_s
-        self._tasks: set[asyncio.Task[None]] = set()
         self._running: dict[AttemptId, _Attempt] = {}
         # Async bodies still running after their attempt was given up and the grace.
         self._stragglers: set[asyncio.Task[Any]] = set()
+        self._closing = False
 
     @property
     def threads(self) -> StepThreads:
         return self._threads
 
     def launch(self, launch: StepLaunch, deliver: Callable[[StepOutcome], None]) -> None:
-        attempt = self._register(launch)  # now, so that ``cancel`` finds it at once
-        task = asyncio.get_running_loop().create_task(self._run(attempt, deliver))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """Start an attempt; ``deliver`` gets its outcome once, on the loop.
+
+        One task per attempt, whose coroutine is the body itself (an async body) or
+        the hand-over to a step thread (a sync one); its done callback turns how it
+        ended into the outcome. Steps are the engine's hot path: no second task, no
+        future to wake, nothing scheduled unless the step has a timeout."""
+        attempt = _Attempt(launch, deliver)
+        attempt_id = (launch.instance_id, launch.key, launch.attempt)
+        self._running[attempt_id] = attempt  # now, so that ``cancel`` finds it at once
+        fn = launch.fn
+        context = contextvars.copy_context()
+        context.run(_enter_body, launch.attempt, attempt.flag)
+        if inspect.iscoroutinefunction(fn):
+            try:
+                body = fn(*launch.args, **launch.kwargs)
+            except Exception as exc:  # a bad call (arguments) fails like the body would
+                body = _raise(exc)
+        else:
+            body = self._sync_body(attempt, context)
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(body, context=context)
+        attempt.task = task
+        task.add_done_callback(functools.partial(self._settled, attempt))
+        if launch.timeout is not None:
+            attempt.deadline = loop.call_later(launch.timeout, self._give_up, attempt, _TIMEOUT)
+
+    async def run(self, launch: StepLaunch) -> StepOutcome:
+        """Run one attempt and return its outcome (``launch`` awaited)."""
+        outcome: asyncio.Future[StepOutcome] = asyncio.get_running_loop().create_future()
+        self.launch(launch, functools.partial(_settle_outcome, outcome))
+        try:
+            return await outcome
+        except asyncio.CancelledError:
+            launched = self._running.get((launch.instance_id, launch.key, launch.attempt))
+            if launched is not None:
+                self._give_up(launched, _SHUTDOWN)
+            raise
 
     def cancel(self, instance_id: str, key: str, attempt: int) -> bool:
         """Give up a running attempt: an async body is cancelled, a sync body flagged
@@ -108,26 +133,73 @@ class StepExecutor:
         False when the attempt is not running here (its outcome is already on its way,
         or it was never launched on this executor). Call on the executor's loop."""
         running = self._running.get((instance_id, key, attempt))
-        return running is not None and running.give_up(_CANCELLED)
+        return running is not None and self._give_up(running, _CANCELLED)
 
-    async def _run(self, attempt: _Attempt, deliver: Callable[[StepOutcome], None]) -> None:
-        try:
-            outcome = await self._attempt(attempt)
-        finally:
-            self._forget(attempt)
-        deliver(outcome)
+    def _give_up(self, attempt: _Attempt, reason: str) -> bool:
+        task = attempt.task
+        if attempt.reason or task is None or task.done():
+            return False  # given up already, or too late: its outcome stands
+        attempt.reason = reason
+        attempt.flag.set()
+        if attempt.deadline is not None:
+            attempt.deadline.cancel()
+        task.cancel()
+        if reason != _SHUTDOWN:
+            # The body may take its time in ``finally`` or swallow the cancellation:
+            # its outcome goes out after the grace whatever it does.
+            asyncio.get_running_loop().call_later(self._grace, self._overdue, attempt)
+        return True
 
-    async def run(self, launch: StepLaunch) -> StepOutcome:
-        attempt = self._register(launch)
-        try:
-            return await self._attempt(attempt)
-        finally:
-            self._forget(attempt)
+    def _overdue(self, attempt: _Attempt) -> None:
+        task = attempt.task
+        if attempt.delivered or task is None or task.done():
+            return
+        log.warning(
+            "async step body still running %.1f s after its attempt was given up %s "
+            "reason=%s: it ignores cancellation; its outcome is reported without it",
+            self._grace,
+            attempt.label,
+            attempt.reason,
+        )
+        self._stragglers.add(task)
+        self._deliver(attempt, self._given_up(attempt))
 
-    def _register(self, launch: StepLaunch) -> _Attempt:
-        attempt = _Attempt(launch)
-        self._running[(launch.instance_id, launch.key, launch.attempt)] = attempt
-        return attempt
+    def _settled(self, attempt: _Attempt, task: asyncio.Task[Any]) -> None:
+        self._stragglers.discard(task)
+        if attempt.deadline is not None:
+            attempt.deadline.cancel()
+        if attempt.delivered:  # reported after the grace; whatever it did is discarded
+            if not task.cancelled():
+                task.exception()
+            return
+        if attempt.reason:
+            if attempt.reason == _SHUTDOWN or self._closing:
+                self._forget(attempt)
+                return
+            if not task.cancelled():
+                task.exception()  # retrieved: a given-up attempt's result is discarded
+            self._deliver(attempt, self._given_up(attempt))
+            return
+        if task.cancelled():
+            if self._closing:
+                self._forget(attempt)
+                return
+            # The body raised CancelledError of its own (an inner task it awaited was
+            # cancelled): a failed attempt like any other, or it would never report.
+            try:
+                task.result()
+            except asyncio.CancelledError as exc:
+                cause = (
+                    exc.__context__ if isinstance(exc.__context__, asyncio.CancelledError) else exc
+                )
+                self._deliver(attempt, self._failed(attempt.launch, cause, retryable=True))
+            return
+        self._deliver(attempt, self._outcome(attempt.launch, task))
+
+    def _deliver(self, attempt: _Attempt, outcome: StepOutcome) -> None:
+        attempt.delivered = True
+        self._forget(attempt)
+        attempt.deliver(outcome)
 
     def _forget(self, attempt: _Attempt) -> None:
         launch = attempt.launch
@@ -135,51 +207,13 @@ class StepExecutor:
         if self._running.get(attempt_id) is attempt:
             del self._running[attempt_id]
 
-    async def _attempt(self, attempt: _Attempt) -> StepOutcome:
-        launch = attempt.launch
-        if attempt.reason:  # cancelled before it started
-            return self._given_up(attempt)
-        context = contextvars.copy_context()
-        context.run(_enter_body, launch.attempt, attempt.flag)
-        loop = asyncio.get_running_loop()
-        body = loop.create_task(self._call(attempt), context=context)
-        attempt.body = body
-        woken = attempt.woken
-        # One future to wait on (cheaper than asyncio.wait on two): done when the body
-        # is, or when the attempt is given up (its timeout, a cancel).
-        body.add_done_callback(functools.partial(_wake, woken))
-        deadline = (
-            None
-            if launch.timeout is None
-            else loop.call_later(launch.timeout, attempt.give_up, _TIMEOUT)
-        )
-        try:
-            await woken
-            if deadline is not None:
-                deadline.cancel()
-            attempt.give_up(_TIMEOUT)  # no-op when the body is done or was cancelled
-            if not body.done():
-                await asyncio.wait({body}, timeout=self._grace)
-        except asyncio.CancelledError:
-            attempt.give_up(_SHUTDOWN)  # the executor itself is being stopped
-            raise
-        if attempt.reason:
-            self._settle_late(attempt, body)
-            return self._given_up(attempt)
-        try:
-            value = body.result()
-        except NonRetryableError as exc:
-            return self._failed(launch, exc, retryable=False)
-        except asyncio.CancelledError as exc:
-            # The body raised CancelledError of its own (an inner task it awaited was
-            # cancelled): a failed attempt like any other, or it would never report.
-            cause = exc.__context__ if isinstance(exc.__context__, asyncio.CancelledError) else exc
-            return self._failed(launch, cause, retryable=True)
-        except Exception as exc:
-            return self._failed(launch, exc, retryable=True)
+    def _outcome(self, launch: StepLaunch, task: asyncio.Task[Any]) -> StepOutcome:
+        error = task.exception()
+        if error is not None:
+            return self._failed(launch, error, retryable=not isinstance(error, NonRetryableError))
         try:
             payload = check_size(
-                encode_safely(self._codec, value),
+                encode_safely(self._codec, task.result()),
                 self._limit,
                 what=f"result of step {launch.key!r}",
             )
@@ -188,16 +222,13 @@ class StepExecutor:
             return self._failed(launch, exc, retryable=False)
         return StepOutcome(launch.instance_id, launch.key, launch.attempt, result=payload)
 
-    async def _call(self, attempt: _Attempt) -> Any:
-        fn, args, kwargs = attempt.launch.fn, attempt.launch.args, attempt.launch.kwargs
-        if inspect.iscoroutinefunction(fn):
-            return await fn(*args, **kwargs)
-        result = await self._in_thread(attempt)
+    async def _sync_body(self, attempt: _Attempt, context: contextvars.Context) -> Any:
+        result = await self._in_thread(attempt, context)
         if inspect.isawaitable(result):
             return await result
         return result
 
-    async def _in_thread(self, attempt: _Attempt) -> Any:
+    async def _in_thread(self, attempt: _Attempt, context: contextvars.Context) -> Any:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Any] = loop.create_future()
 
@@ -208,9 +239,11 @@ class StepExecutor:
                 pass  # the loop is closed: nobody waits for this result any more
 
         launch = attempt.launch
-        context = contextvars.copy_context()  # the body's: attempt number and flag
+        # The thread runs in a copy of the body's context (attempt number and flag):
+        # a context cannot be entered by two threads at once.
+        thread_context = context.copy()
         job = self._threads.submit(
-            lambda: context.run(launch.fn, *launch.args, **launch.kwargs),
+            lambda: thread_context.run(launch.fn, *launch.args, **launch.kwargs),
             settle,
             label=attempt.label,
         )
@@ -235,26 +268,6 @@ class StepExecutor:
                         threads.max_threads,
                     )
             raise
-
-    def _settle_late(self, attempt: _Attempt, body: asyncio.Task[Any]) -> None:
-        if body.done():
-            if not body.cancelled():
-                body.exception()  # retrieved: its result is discarded
-            return
-        log.warning(
-            "async step body still running %.1f s after its attempt was given up %s "
-            "reason=%s: it ignores cancellation; its outcome is reported without it",
-            self._grace,
-            attempt.label,
-            attempt.reason,
-        )
-        self._stragglers.add(body)
-        body.add_done_callback(self._straggler_done)
-
-    def _straggler_done(self, body: asyncio.Task[Any]) -> None:
-        self._stragglers.discard(body)
-        if not body.cancelled():
-            body.exception()
 
     def _given_up(self, attempt: _Attempt) -> StepOutcome:
         launch = attempt.launch
@@ -295,16 +308,21 @@ class StepExecutor:
         )
 
     def shutdown(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        self._closing = True
+        for attempt in list(self._running.values()):
+            self._give_up(attempt, _SHUTDOWN)  # sync bodies see attempt_cancelled()
         for body in self._stragglers:
             body.cancel()
         self._threads.shutdown()
 
 
-def _wake(woken: asyncio.Future[None], _: object) -> None:
-    if not woken.done():
-        woken.set_result(None)
+async def _raise(exc: Exception) -> Any:
+    raise exc
+
+
+def _settle_outcome(outcome: asyncio.Future[StepOutcome], value: StepOutcome) -> None:
+    if not outcome.done():
+        outcome.set_result(value)
 
 
 def _enter_body(attempt: int, flag: AttemptFlag) -> None:

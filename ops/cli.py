@@ -35,6 +35,7 @@ from engine.views import InstanceStatus, Wait
 from engine.workflow import Registry, WorkflowDefinition, definition_of
 from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity, InsecureBind
+from ops.gc_tuning import tune_for_serving
 from ops.timeline import render_timeline
 from producers.client import DEFAULT_CONNECT, Client
 
@@ -175,6 +176,7 @@ def _dev(args: argparse.Namespace) -> int:
     _put_cwd_on_path()
     registry = Registry()
     registry.add_modules(args.workflows)
+    tune_for_serving()
     return asyncio.run(_serve(registry, args))
 
 
@@ -449,6 +451,7 @@ def _worker(args: argparse.Namespace) -> int:
     _put_cwd_on_path()
     registry = Registry()
     registry.add_modules(args.workflows)
+    tune_for_serving()
     return asyncio.run(_run_worker(registry, args))
 
 
@@ -508,6 +511,7 @@ def _bench(args: argparse.Namespace) -> int:
     # Imported here: the benchmark registers its own workflows, which no other command needs.
     from ops import bench
 
+    tune_for_serving()
     return bench.main(args)
 
 
