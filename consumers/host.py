@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 from consumers.partition import Committed, PartitionProcessor, ProcessorConfig
 from consumers.steps import StepExecutor
+from consumers.telemetry import Telemetry
 from consumers.timers import TimerService
 from engine.codec import PayloadCodec
 from engine.errors import UnknownInstance
@@ -24,6 +25,15 @@ from engine.workflow import Registry, WorkflowDefinition
 log = logging.getLogger("stepstream.host")
 
 RECENT_SETTLED = 50_000
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionGauges:
+    partition: int
+    timers_pending: int
+    cached_instances: int
+    parked_instances: int
+    lag: int  # commands appended to the partition and not yet applied
 
 
 @dataclass(slots=True)
@@ -52,6 +62,7 @@ class PartitionHost:
         self.executor = StepExecutor(codec, max_payload_bytes=max_payload_bytes)
         self._config = replace(config or ProcessorConfig(), max_payload_bytes=max_payload_bytes)
         self._owned: dict[int, _Owned] = {}
+        self.telemetry = Telemetry()
         self._settled: dict[str, asyncio.Future[str | None]] = {}
         # How many callers of ``settled`` have not called ``forget`` yet, per command:
         # two waits on one command share its future, and the first to give up must not
@@ -79,6 +90,7 @@ class PartitionHost:
             executor=self.executor,
             on_commit=self._committed,
             config=self._config,
+            telemetry=self.telemetry,
         )
         timers = TimerService(backend, serde=self.serde, clock=self.clock)
         await processor.start()
@@ -99,6 +111,7 @@ class PartitionHost:
         if owned is not None:
             await owned.timers.stop()
             await owned.processor.stop()
+            self.telemetry.partition_released(partition)
 
     async def close(self) -> None:
         await self.drain(list(self._owned))
@@ -117,6 +130,22 @@ class PartitionHost:
     @property
     def timers_pending(self) -> int:
         return sum(o.timers.pending for o in self._owned.values())
+
+    def gauges(self) -> list[PartitionGauges]:
+        """Per owned partition: what is pending now, for metrics read at scrape time."""
+        out: list[PartitionGauges] = []
+        for partition, owned in sorted(self._owned.items()):
+            processor = owned.processor
+            out.append(
+                PartitionGauges(
+                    partition=partition,
+                    timers_pending=owned.timers.pending,
+                    cached_instances=processor.cached,
+                    parked_instances=len(processor.parked),
+                    lag=processor.lag,
+                )
+            )
+        return out
 
     def owns(self, instance_id: str) -> bool:
         return partition_for(instance_id, self.partitions) in self._owned

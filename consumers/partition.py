@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from consumers.instance_store import InstanceReads, write_state
 from consumers.retention import Sweeper
 from consumers.runtime_cache import RuntimeCache
 from consumers.steps import StepExecutor
+from consumers.telemetry import Telemetry
 from engine.codec import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     PayloadCodec,
@@ -105,6 +107,7 @@ class PartitionProcessor:
         executor: StepExecutor,
         on_commit: Callable[[Committed], None],
         config: ProcessorConfig | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.backend = backend
         self.partition = backend.partition
@@ -115,6 +118,9 @@ class PartitionProcessor:
         self._executor = executor
         self._on_commit = on_commit
         self._config = config = config or ProcessorConfig()
+        self._telemetry = telemetry = telemetry or Telemetry()
+        # Instances parked here (history diverged, or their version is not deployed).
+        self.parked: set[str] = set()
         self.reads = InstanceReads(backend.store, serde)
         self._cache = RuntimeCache(
             backend.store,
@@ -125,6 +131,7 @@ class PartitionProcessor:
             epoch=backend.epoch,
             max_payload_bytes=config.max_payload_bytes,
             size=config.cache_size,
+            telemetry=telemetry,
         )
         # Hooks (on_error, on_status_change): their outbox is written ahead of each commit.
         self._hooks = HookRunner(
@@ -189,7 +196,15 @@ class PartitionProcessor:
         self._index_finished(batch)
         self._persist(out, touched, batch)
         await self._hooks.write_ahead(out, touched)  # hooks
+        began = time.perf_counter()
         await self.backend.commit(batch)
+        self._telemetry.committed(
+            self.partition,
+            out.history,
+            touched,
+            records=len(batch.appends),
+            seconds=time.perf_counter() - began,
+        )
         self._after_commit(out, touched, {})
         if touched:
             log.info("partition=%d resumed %d unfinished instances", self.partition, len(touched))
@@ -254,6 +269,17 @@ class PartitionProcessor:
                 left,
             )
         return left
+
+    @property
+    def cached(self) -> int:
+        """Instance runtimes held in memory."""
+        return len(self._cache)
+
+    @property
+    def lag(self) -> int:
+        """Commands on the partition not yet applied, as far as the backend knows."""
+        backend = self.backend
+        return max(0, backend.end_offset(COMMANDS) - backend.committed_offset(COMMANDS))
 
     def deliver(self, outcome: StepOutcome) -> None:
         self._outcomes.append(outcome)
@@ -409,7 +435,15 @@ class PartitionProcessor:
             batch.offsets[COMMANDS] = entries[-1].offset + 1
         self._persist(out, touched, batch)
         await self._hooks.write_ahead(out, touched)  # hooks
+        began = time.perf_counter()
         await self.backend.commit(batch)
+        self._telemetry.committed(
+            self.partition,
+            out.history,
+            touched,
+            records=len(batch.appends),
+            seconds=time.perf_counter() - began,
+        )
         self._after_commit(out, touched, settled)
         redrive = poisoned_seen | self._redrive
         if redrive:
@@ -447,7 +481,15 @@ class PartitionProcessor:
             touched[instance_id] = runtime
         self._persist(out, touched, batch)
         await self._hooks.write_ahead(out, touched)  # hooks
+        began = time.perf_counter()
         await self.backend.commit(batch)
+        self._telemetry.committed(
+            self.partition,
+            out.history,
+            touched,
+            records=len(batch.appends),
+            seconds=time.perf_counter() - began,
+        )
         self._after_commit(out, touched, {})
 
     def _apply_command(
@@ -514,6 +556,11 @@ class PartitionProcessor:
         if error is not None:
             return record.command_id, error, True
         self._last_instance = record.instance_id
+        self._telemetry.command_applied(record.type)
+        if isinstance(record, TimerFired):
+            self._telemetry.timer_lateness.observe(
+                max(0, self._clock.now_ms() - record.fire_at_ms) / 1000
+            )
         if runtime.ignored and not isinstance(record, StartWorkflow):
             # Recorded as ignored (CommandIgnored); the publisher learns why.
             return record.command_id, ignored_reason(record, runtime.state.status.value), False
@@ -674,9 +721,15 @@ class PartitionProcessor:
         for instance_id, key, attempt in out.cancels:
             self._executor.cancel(instance_id, key, attempt)
         for launch in out.launches:
-            self._executor.launch(launch, self.deliver)
+            self._executor.launch(launch, self.deliver, self.partition)
+        parked = self.parked
         for instance_id, runtime in touched.items():
-            if runtime.state.status.finished and not runtime.busy:
+            state = runtime.state
+            if state.parked and not state.status.finished:
+                parked.add(instance_id)
+            elif parked:
+                parked.discard(instance_id)
+            if state.status.finished and not runtime.busy:
                 self._cache.drop(instance_id)
         self._cache.evict()
         self._hooks.launch()  # hooks: the records are durable now
@@ -684,6 +737,7 @@ class PartitionProcessor:
         self._committed.set()
 
     def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
+        self._telemetry.dead_lettered(reason)
         return dead_letter(
             entry, reason, serde=self._serde, backend=self.backend, clock=self._clock
         )

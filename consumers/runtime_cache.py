@@ -12,6 +12,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 
 from consumers.instance_store import load_state
+from consumers.telemetry import Telemetry
 from engine.codec import PayloadCodec
 from engine.errors import UnknownWorkflow
 from engine.runtime import InstanceRuntime
@@ -34,6 +35,7 @@ class RuntimeCache:
         epoch: int,
         max_payload_bytes: int,
         size: int,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._store = store
         self._registry = registry
@@ -43,6 +45,7 @@ class RuntimeCache:
         self._epoch = epoch
         self._max_payload_bytes = max_payload_bytes
         self._size = size
+        self._telemetry = telemetry or Telemetry()
         self._runtimes: OrderedDict[str, InstanceRuntime] = OrderedDict()
         self._missing_versions: set[tuple[str, str]] = set()
         # Attempts still running for instances whose runtime an internal error dropped:
@@ -68,7 +71,12 @@ class RuntimeCache:
         return runtime
 
     def get_or_load(self, instance_id: str) -> InstanceRuntime | None:
-        return self.get(instance_id) or self.load(instance_id)
+        runtime = self.get(instance_id)
+        if runtime is not None:
+            self._telemetry.cache_hits += 1
+            return runtime
+        self._telemetry.cache_misses += 1
+        return self.load(instance_id)
 
     def load(self, instance_id: str) -> InstanceRuntime | None:
         """A runtime built from committed state (its coroutine replays on first drive)."""

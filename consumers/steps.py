@@ -42,10 +42,22 @@ class _Attempt:
     whether its outcome went out (exactly once: when the task ends, or when the
     grace after giving it up passes, whichever comes first)."""
 
-    __slots__ = ("deadline", "deliver", "delivered", "flag", "launch", "reason", "task")
+    __slots__ = (
+        "deadline",
+        "deliver",
+        "delivered",
+        "flag",
+        "launch",
+        "partition",
+        "reason",
+        "task",
+    )
 
-    def __init__(self, launch: StepLaunch, deliver: Callable[[StepOutcome], None]) -> None:
+    def __init__(
+        self, launch: StepLaunch, deliver: Callable[[StepOutcome], None], partition: int
+    ) -> None:
         self.launch = launch
+        self.partition = partition
         self.deliver = deliver
         self.flag = AttemptFlag()
         self.reason = ""
@@ -56,7 +68,11 @@ class _Attempt:
     @property
     def label(self) -> str:
         launch = self.launch
-        return f"instance={launch.instance_id} step={launch.key} attempt={launch.attempt}"
+        return (
+            f"instance={launch.instance_id} workflow={launch.workflow} step={launch.key} "
+            f"attempt={launch.attempt} partition={self.partition} "
+            f"trace={launch.traceparent or '-'}"
+        )
 
 
 class StepExecutor:
@@ -87,14 +103,16 @@ class StepExecutor:
     def threads(self) -> StepThreads:
         return self._threads
 
-    def launch(self, launch: StepLaunch, deliver: Callable[[StepOutcome], None]) -> None:
+    def launch(
+        self, launch: StepLaunch, deliver: Callable[[StepOutcome], None], partition: int = -1
+    ) -> None:
         """Start an attempt; ``deliver`` gets its outcome once, on the loop.
 
         One task per attempt, whose coroutine is the body itself (an async body) or
         the hand-over to a step thread (a sync one); its done callback turns how it
         ended into the outcome. Steps are the engine's hot path: no second task, no
         future to wake, nothing scheduled unless the step has a timeout."""
-        attempt = _Attempt(launch, deliver)
+        attempt = _Attempt(launch, deliver, partition)
         attempt_id = (launch.instance_id, launch.key, launch.attempt)
         self._running[attempt_id] = attempt  # now, so that ``cancel`` finds it at once
         fn = launch.fn
@@ -192,9 +210,9 @@ class StepExecutor:
                 cause = (
                     exc.__context__ if isinstance(exc.__context__, asyncio.CancelledError) else exc
                 )
-                self._deliver(attempt, self._failed(attempt.launch, cause, retryable=True))
+                self._deliver(attempt, self._failed(attempt, cause, retryable=True))
             return
-        self._deliver(attempt, self._outcome(attempt.launch, task))
+        self._deliver(attempt, self._outcome(attempt, task))
 
     def _deliver(self, attempt: _Attempt, outcome: StepOutcome) -> None:
         attempt.delivered = True
@@ -207,10 +225,11 @@ class StepExecutor:
         if self._running.get(attempt_id) is attempt:
             del self._running[attempt_id]
 
-    def _outcome(self, launch: StepLaunch, task: asyncio.Task[Any]) -> StepOutcome:
+    def _outcome(self, attempt: _Attempt, task: asyncio.Task[Any]) -> StepOutcome:
+        launch = attempt.launch
         error = task.exception()
         if error is not None:
-            return self._failed(launch, error, retryable=not isinstance(error, NonRetryableError))
+            return self._failed(attempt, error, retryable=not isinstance(error, NonRetryableError))
         try:
             payload = check_size(
                 encode_safely(self._codec, task.result()),
@@ -219,7 +238,7 @@ class StepExecutor:
             )
         except StepstreamError as exc:
             # Retrying a body that returns an unencodable value would return it again.
-            return self._failed(launch, exc, retryable=False)
+            return self._failed(attempt, exc, retryable=False)
         return StepOutcome(launch.instance_id, launch.key, launch.attempt, result=payload)
 
     async def _sync_body(self, attempt: _Attempt, context: contextvars.Context) -> Any:
@@ -289,15 +308,9 @@ class StepExecutor:
         )
 
     @staticmethod
-    def _failed(launch: StepLaunch, exc: BaseException, *, retryable: bool) -> StepOutcome:
-        log.info(
-            "step failed instance=%s step=%s attempt=%d error=%s: %s",
-            launch.instance_id,
-            launch.key,
-            launch.attempt,
-            type(exc).__name__,
-            exc,
-        )
+    def _failed(attempt: _Attempt, exc: BaseException, *, retryable: bool) -> StepOutcome:
+        launch = attempt.launch
+        log.info("step failed %s error=%s: %s", attempt.label, type(exc).__name__, exc)
         return StepOutcome(
             launch.instance_id,
             launch.key,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +131,8 @@ class StepLaunch:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     timeout: float | None
+    workflow: str = ""  # for log lines about the attempt
+    traceparent: str | None = None
 
 
 @dataclass(slots=True)
@@ -195,11 +198,14 @@ class InstanceRuntime:
         self._ephemeral: dict[str, int] = {}
         self._deferred: list[tuple[str, str]] = []
         self._replaying = False
+        # How long the last replay of the code took (seconds), until telemetry takes it.
+        self.replayed_s: float | None = None
         self._closing = False  # set while close() unwinds the coroutine
         self._diverged: HistoryDiverged | None = None
         self._out: Output = Output()
         self._command_id = ""
         self._traceparent: str | None = None
+        self._tracestate: str | None = None
 
     # ---- entry points ---------------------------------------------------------------
 
@@ -207,8 +213,13 @@ class InstanceRuntime:
         self._out = out
         self.ignored = False
         self._command_id = msg.command_id
+        # Records carry the trace of the command that caused them, else the start's.
+        self._traceparent = self.state.traceparent
+        self._tracestate = self.state.tracestate
         if isinstance(msg, Command):
-            self._traceparent = msg.traceparent
+            if msg.traceparent is not None:
+                self._traceparent = msg.traceparent
+                self._tracestate = msg.tracestate
             if msg.command_id in self.state.recent_commands:
                 return  # already applied: a re-delivered command changes nothing
         match msg:
@@ -236,6 +247,8 @@ class InstanceRuntime:
         idempotent; a finished child answers it with its outcome again)."""
         self._out = out
         self._command_id = f"recover:{self.epoch}"
+        self._traceparent = self.state.traceparent
+        self._tracestate = self.state.tracestate
         for entry in self._waited_children():
             self._out.commands.append((self.state.instance_id, self._child_start(entry)))
         # Published with their records, which a commit cut short may have kept without
@@ -268,6 +281,7 @@ class InstanceRuntime:
             workflow=entry.event_name or "",
             input=entry.result,
             traceparent=self._traceparent,
+            tracestate=self._tracestate,
         )
 
     def _notify_parent(self) -> None:
@@ -294,6 +308,7 @@ class InstanceRuntime:
                     name=child_event(state.parent_key),
                     payload=encode_safely(self.codec, outcome),
                     traceparent=self._traceparent,
+                    tracestate=self._tracestate,
                 ),
             )
         )
@@ -414,6 +429,7 @@ class InstanceRuntime:
             command_id=self._command_id,
             epoch=self.epoch,
             traceparent=self._traceparent,
+            tracestate=self._tracestate,
             **attrs,
         )
         self.state.apply(record)
@@ -674,9 +690,12 @@ class InstanceRuntime:
                 return
         assert self._loop is not None
         while True:
+            # Measured for metrics only; nothing the replay decides depends on it.
+            began = time.perf_counter() if self._replaying else 0.0
             self._loop.run_until_quiet()
             if self._replaying:
                 self._replaying = False
+                self.replayed_s = time.perf_counter() - began
                 self._check_all_visited()
             if self._diverged is not None:
                 # The owner parks the instance: nothing this drive decided is kept.
@@ -778,6 +797,8 @@ class InstanceRuntime:
                 intent.args,
                 intent.kwargs,
                 intent.timeout,
+                self.state.workflow,
+                self.state.traceparent,
             )
         )
 
@@ -1063,6 +1084,7 @@ class InstanceRuntime:
             name=entry.event_name or "",
             payload=entry.result,
             traceparent=self._traceparent,
+            tracestate=self._tracestate,
         )
 
     def complete_message(self, message_id: str, value: Any) -> None:

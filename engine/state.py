@@ -276,6 +276,10 @@ class InstanceState:
     # The parent of a child workflow, and the child's key in it ("" for other instances).
     parent_id: str = ""
     parent_key: str = ""
+    # The W3C trace context of the start: records caused by step outcomes and timer
+    # fires (which carry none of their own) join the trace the client started.
+    traceparent: str | None = None
+    tracestate: str | None = None
     buffered: list[BufferedEvent] = field(default_factory=list)
     entries: dict[str, Entry] = field(default_factory=dict)
     recent_commands: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_COMMANDS))
@@ -320,6 +324,8 @@ class InstanceState:
                 self.input = record.input
                 self.created_ms = record.time_ms
                 self.status = Status.PENDING
+                self.traceparent = record.traceparent
+                self.tracestate = record.tracestate
                 parent = parse_child_command(record.command_id)
                 if parent is not None:
                     self.parent_id, self.parent_key = parent
@@ -529,6 +535,7 @@ class InstanceState:
             "fm": self.finished_ms,
             "pk": self.parked,
             "pi": [self.parent_id, self.parent_key] if self.parent_id else None,
+            "tp": [self.traceparent, self.tracestate] if self.traceparent else None,
             "b": [
                 [b.name, _payload_json(b.payload), b.command_id, b.seq, b.time_ms]
                 for b in self.buffered
@@ -560,6 +567,8 @@ class InstanceState:
             parked=raw.get("pk", ""),
             parent_id=(raw.get("pi") or ["", ""])[0],
             parent_key=(raw.get("pi") or ["", ""])[1],
+            traceparent=(raw.get("tp") or [None, None])[0],
+            tracestate=(raw.get("tp") or [None, None])[1],
             buffered=[
                 BufferedEvent(b[0], _payload_req(b[1]), b[2], b[3], b[4] if len(b) > 4 else 0)
                 for b in raw["b"]

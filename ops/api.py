@@ -17,7 +17,7 @@ import logging
 import math
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import WSCloseCode, web
 
@@ -37,6 +37,7 @@ from engine.errors import (
 )
 from engine.state import Status
 from ops.api_security import ApiSecurity
+from producers import trace_context
 from producers.client import Transport
 from producers.http import (
     SESSION_FRAME_BYTES,
@@ -45,6 +46,9 @@ from producers.http import (
     error_to_wire,
     wire_error_class,
 )
+
+if TYPE_CHECKING:
+    from ops.metrics import Observability
 
 log = logging.getLogger("stepstream.api")
 
@@ -89,6 +93,13 @@ class CommandWaiter(Protocol):
 SESSIONS: web.AppKey[_Session] = web.AppKey("sessions")
 
 
+@web.middleware
+async def _join_trace(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request that carries W3C trace context: the commands it publishes join it."""
+    with trace_context.joined(request.headers):
+        return await handler(request)
+
+
 def make_app(
     transport: Transport,
     *,
@@ -97,16 +108,22 @@ def make_app(
     commands: CommandWaiter | None = None,
     security: ApiSecurity | None = None,
     served_hosts: tuple[str, ...] = (),
+    observability: Observability | None = None,
 ) -> web.Application:
     """The API over ``transport``. ``registry_names`` answers ``GET /v1/workflows``;
     ``commands`` (if given) ``GET /v1/commands/{id}?instance=ID&timeout=S``. ``security``
     (token, allowed hosts; see ``ops.api_security``) guards every route, and
     ``served_hosts`` are the names the server is reached by (bound host, advertised
-    host). ``app[SESSIONS]`` counts the websocket sessions and their calls."""
+    host). ``observability`` adds ``/metrics`` and ``/readyz``. ``app[SESSIONS]`` counts
+    the websocket sessions and their calls."""
     api = _Api(transport, registry_names, max_body_bytes, commands)
     guard = (security or ApiSecurity()).guard(served_hosts)
-    app = web.Application(client_max_size=max_body_bytes, middlewares=[guard, api.errors])
+    app = web.Application(
+        client_max_size=max_body_bytes, middlewares=[guard, api.errors, _join_trace]
+    )
     app.router.add_get("/healthz", api.healthz)
+    if observability is not None:
+        observability.add_routes(app)
     app.router.add_get("/v1/workflows", api.workflows)
     app.router.add_post("/v1/instances", api.start)
     app.router.add_get("/v1/instances", api.list)

@@ -1,8 +1,9 @@
 """Who may use the HTTP API of ``stepstream dev`` and of a worker.
 
-- A bearer token (``STEPSTREAM_API_TOKEN``, ``--api-token``): every request but
-  ``/healthz`` must carry ``Authorization: Bearer <token>``, the websocket upgrade of
-  ``/v1/session`` included. Compared in constant time.
+- A bearer token (``STEPSTREAM_API_TOKEN``, ``--api-token``): every request but the
+  probes (``/healthz``, ``/readyz``) must carry ``Authorization: Bearer <token>``, the
+  websocket upgrade of ``/v1/session`` and ``/metrics`` included. Compared in constant
+  time.
 - A server bound beyond loopback refuses to start without a token, unless ``--insecure``.
 - Cross-site requests are refused: an ``Origin`` that is not the server's own (403), a
   ``Host`` that is not a loopback name, an IP address, the bound or advertised host, this
@@ -34,7 +35,7 @@ _TLS_CERT_ENV = "STEPSTREAM_TLS_CERT"
 _TLS_KEY_ENV = "STEPSTREAM_TLS_KEY"
 _INSECURE_ENV = "STEPSTREAM_INSECURE"
 # Paths served to anyone: Kubernetes probes carry no token.
-_OPEN_PATHS = frozenset({"/healthz"})
+_OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 _WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 
 

@@ -22,7 +22,6 @@ import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -33,9 +32,11 @@ from engine.errors import InvalidPayload, StepstreamError
 from engine.state import Status
 from engine.views import InstanceStatus, Wait
 from engine.workflow import Registry, WorkflowDefinition, definition_of
+from ops import logs, tracing
 from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity, InsecureBind
 from ops.gc_tuning import tune_for_serving
+from ops.metrics import Health, observability_for
 from ops.timeline import render_timeline
 from producers.client import DEFAULT_CONNECT, Client
 
@@ -62,7 +63,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if level not in _LOG_LEVELS:
         print(f"error: log level {level!r} is not one of {', '.join(_LOG_LEVELS)}", file=sys.stderr)
         return EXIT_USAGE
-    _configure_logging(level)
+    log_format = (args.log_format or os.environ.get("STEPSTREAM_LOG_FORMAT") or "text").lower()
+    if log_format not in logs.FORMATS:
+        print(
+            f"error: log format {log_format!r} is not one of {', '.join(logs.FORMATS)}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    logs.configure(level, log_format)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
@@ -188,6 +196,7 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
     config = EmbeddedConfig.from_env(data_dir=args.data, partitions=args.partitions)
     sock = _listen(args.host, args.port)
     engine = await open_embedded(registry, config)
+    tracer_provider = tracing.setup(engine.host, service="stepstream-dev")
     try:
         app = make_app(
             engine.transport,
@@ -197,6 +206,13 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
             max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * config.max_payload_bytes),
             security=security,
             served_hosts=(args.host,),
+            observability=observability_for(
+                engine.host,
+                Health(
+                    ready=lambda: engine.db.failure is None,
+                    reason=lambda: f"the data directory failed: {engine.db.failure}",
+                ),
+            ),
         )
         # A result request whose client went away must stop waiting.
         runner = web.AppRunner(
@@ -234,6 +250,8 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
     finally:
         sock.close()
         await engine.close()
+        if tracer_provider is not None:
+            tracer_provider.shutdown()  # exports the spans still batched
     return EXIT_OK
 
 
@@ -466,6 +484,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
         port=args.port,
         advertise=args.advertise,
         api=_api_security(args),
+        tracer_provider=tracing.provider_from_env(os.environ, service="stepstream-worker"),
     )
     worker = KafkaWorker(registry, config)
     await worker.start()
@@ -490,6 +509,8 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
             log.info("shutting down url=%s", worker.url)
         finally:
             await worker.stop()
+            if config.tracer_provider is not None:
+                config.tracer_provider.shutdown()  # exports the spans still batched
     return EXIT_OK
 
 
@@ -609,30 +630,19 @@ def _put_cwd_on_path() -> None:
         sys.path.insert(0, cwd)
 
 
-class _KeyValueFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        when = datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds")
-        line = (
-            f"ts={when} level={record.levelname} logger={record.name} "
-            f"msg={json.dumps(record.getMessage(), ensure_ascii=False)}"
-        )
-        if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
-        return line
-
-
-def _configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_KeyValueFormatter())
-    logging.basicConfig(level=level, handlers=[handler], force=True)
-
-
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--log-level",
         help="DEBUG, INFO, WARNING or ERROR (default: $STEPSTREAM_LOG_LEVEL, "
         "else INFO for dev and WARNING otherwise)",
+    )
+    common.add_argument(
+        "--log-format",
+        choices=logs.FORMATS,
+        help="text (key=value) or json: one object per line with instance_id, workflow, "
+        "step, attempt, partition and trace_id as fields when a line concerns them "
+        "(default: $STEPSTREAM_LOG_FORMAT, else text)",
     )
     connect = argparse.ArgumentParser(add_help=False)
     connect.add_argument(

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
 
 from consumers.host import PartitionHost
 from consumers.kafka import (
@@ -40,8 +41,10 @@ from engine.serde import RecordSerde, default_serde
 from engine.state import InstanceState
 from engine.topics import MEMBERS, TopicNames, partition_for
 from engine.workflow import Registry, WorkflowDefinition
+from ops import tracing
 from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity
+from ops.metrics import Health, observability_for
 from producers.kafka_members import Member
 from producers.publisher import LogTransport
 
@@ -66,6 +69,9 @@ class KafkaWorkerConfig:
     snapshot_every: int = DEFAULT_SNAPSHOT_EVERY
     # Who may use the API: token, allowed hosts, TLS (STEPSTREAM_API_TOKEN and so on).
     api: ApiSecurity = field(default_factory=ApiSecurity)
+    # Where spans of runs and step attempts go (None: no tracing; the CLI builds one
+    # from the OTEL_* variables).
+    tracer_provider: TracerProvider | None = None
 
     @classmethod
     def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
@@ -217,6 +223,8 @@ class KafkaWorker:
                 max_payload_bytes=self.config.max_payload_bytes,
                 config=self.config.processor,
             )
+            if self.config.tracer_provider is not None:
+                tracing.install(self._host, self.config.tracer_provider)
             await self._serve(self._host)
             self._runner = KafkaRunner(
                 settings,
@@ -345,6 +353,16 @@ class KafkaWorker:
 
     # ---- the HTTP API --------------------------------------------------------------------
 
+    def _ready(self) -> bool:
+        return self.failed is None and self._runner is not None and self._runner.ready
+
+    def _not_ready_reason(self) -> str:
+        if self.failed is not None:
+            return f"the worker is failing: {self.failed}"
+        if self._runner is None:
+            return "not started"
+        return "waiting for the consumer group to assign partitions, or restoring the assigned ones"
+
     async def _publish(self, command: Command) -> None:
         """Commands sent to this worker's API (``--connect http://worker``) for the
         partitions it owns; a kafka:// client publishes its own."""
@@ -384,6 +402,11 @@ class KafkaWorker:
             commands=reader,
             security=security,
             served_hosts=(self.config.host, *([advertised] if advertised else [])),
+            observability=observability_for(
+                host,
+                Health(ready=self._ready, reason=self._not_ready_reason),
+                rebalances=lambda: self._runner.rebalances if self._runner is not None else 0,
+            ),
         )
         tls = security.ssl_context()
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

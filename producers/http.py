@@ -45,6 +45,7 @@ from engine.errors import (
     WorkflowFailed,
 )
 from engine.views import HistoryEntry, InstanceStatus
+from producers import trace_context
 from producers.client import Transport, register_transport
 
 _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
@@ -337,7 +338,11 @@ class HttpTransport:
                 url,
                 data=data,
                 params=params,
-                headers={"Content-Type": "application/json"} if data is not None else None,
+                headers=(
+                    {"Content-Type": "application/json", **trace_context.headers()}
+                    if data is not None
+                    else None
+                ),
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:
                 status = response.status

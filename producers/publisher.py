@@ -37,6 +37,7 @@ from engine.settle import error_for
 from engine.state import InstanceState, Status
 from engine.views import HistoryEntry, InstanceStatus
 from engine.workflow import WorkflowDefinition
+from producers import trace_context
 
 
 class WorkflowRef(Protocol):
@@ -110,6 +111,9 @@ _ACTIONS = {
 class CommandPublisher(abc.ABC):
     """The command half of a transport; subclasses say how to read."""
 
+    # Where commands go, for the producer span's name (``send <destination>``).
+    destination = "stepstream.commands"
+
     def __init__(
         self,
         publish: Callable[[Command], Awaitable[None]],
@@ -154,15 +158,18 @@ class CommandPublisher(abc.ABC):
             check_name(version, f"version of workflow {workflow!r}:")
         definition = self._publishing.resolve(workflow, version)
         payload = self._encode(input, f"input of instance {instance_id}")
-        await self._submit(
-            StartWorkflow(
-                instance_id=instance_id,
-                command_id=str(uuid.uuid4()),
-                workflow=definition.name,
-                version=definition.version,
-                input=payload,
+        with trace_context.sending(self.destination, instance_id, "StartWorkflow") as trace:
+            await self._submit(
+                StartWorkflow(
+                    instance_id=instance_id,
+                    command_id=str(uuid.uuid4()),
+                    workflow=definition.name,
+                    version=definition.version,
+                    input=payload,
+                    traceparent=trace[0],
+                    tracestate=trace[1],
+                )
             )
-        )
         return instance_id
 
     async def send_event(
@@ -174,14 +181,17 @@ class CommandPublisher(abc.ABC):
             check_name(event_id, "event id", event_id_problem)
         encoded = self._encode(payload, f"event {name!r} for instance {instance_id}")
         await self._check_exists(instance_id)
-        await self._submit(
-            SendEvent(
-                instance_id=instance_id,
-                command_id=event_id or str(uuid.uuid4()),
-                name=name,
-                payload=encoded,
+        with trace_context.sending(self.destination, instance_id, "SendEvent") as trace:
+            await self._submit(
+                SendEvent(
+                    instance_id=instance_id,
+                    command_id=event_id or str(uuid.uuid4()),
+                    name=name,
+                    payload=encoded,
+                    traceparent=trace[0],
+                    tracestate=trace[1],
+                )
             )
-        )
 
     @abc.abstractmethod
     async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:

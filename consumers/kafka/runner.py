@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -94,6 +95,9 @@ class KafkaRunner:
             client_id=f"stepstream-worker-{state_dir.worker_id[:8]}",
         )
         self.rebalances = 0
+        self._restoring: set[int] = set()  # assigned, not restored yet
+        self._joined = False
+        self._lost = False
 
     @property
     def owned(self) -> dict[int, int]:
@@ -127,12 +131,23 @@ class KafkaRunner:
         self, partitions: list[int], committed: dict[Position, int | None]
     ) -> dict[Position, int]:
         self.rebalances += 1
+        self._restoring.update(partitions)
         starts: dict[Position, int] = {}
-        for partition in partitions:
-            backend = await self._take(partition, committed)
-            starts.update({(kind, partition): backend.source(kind).position for kind in KINDS})
+        try:
+            for partition in partitions:
+                backend = await self._take(partition, committed)
+                starts.update({(kind, partition): backend.source(kind).position for kind in KINDS})
+                self._restoring.discard(partition)
+        finally:
+            self._restoring.difference_update(partitions)
+        self._joined, self._lost = True, False
         await self._on_owned(self.owned)
         return starts
+
+    @property
+    def ready(self) -> bool:
+        """Joined the group, every assigned partition restored, none lost since."""
+        return self._joined and not self._restoring and not self._lost
 
     async def _take(self, partition: int, committed: dict[Position, int | None]) -> KafkaPartition:
         """Open the partition's state, bring it up to the topics and start it. A state
@@ -165,6 +180,7 @@ class KafkaRunner:
         self, db: PartitionDB, partition: int, committed: dict[Position, int | None]
     ) -> KafkaPartition:
         assert self._reader is not None
+        began = time.perf_counter()
         db, restored = await restore_partition(
             db,
             partition,
@@ -201,6 +217,7 @@ class KafkaRunner:
             fences_between=self._fences_between,
         )
         await self._host.assign(backend)
+        self._host.telemetry.restore_seconds[partition] = time.perf_counter() - began
         return backend
 
     async def _fences_between(self, partition: int, start: int, stop: int) -> int:
@@ -244,6 +261,7 @@ class KafkaRunner:
         self._on_fatal(exc)
 
     async def _lose(self, partitions: list[int]) -> None:
+        self._lost = True  # not ready until the group assigns partitions again
         await self._revoke(partitions, drain=False)
 
     async def _revoke(self, partitions: list[int], *, drain: bool = True) -> None:

@@ -1,0 +1,310 @@
+"""What the engine counts and measures while it runs, for metrics and traces.
+
+One ``Telemetry`` per process (the host's), shared by every partition it owns, so its
+counters stay monotonic across rebalances. The hot path only bumps plain counters and
+bucket arrays here; ``ops/metrics.py`` turns them into Prometheus families when scraped,
+and an optional ``SpanSink`` (``ops/tracing.py``) turns finished work into spans. Both are
+fed from records once they are durable, so they count what happened, once, whichever
+worker saw it happen.
+
+Labels are bounded: a workflow name, a step name (the name the code gave, without the
+scope path or the ``#n`` of a repeated name), an outcome, a partition. Never an
+instance id.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from engine.records import (
+    HistoryRecord,
+    StepAttemptStarted,
+    StepFailed,
+    StepSucceeded,
+    WorkflowCancelled,
+    WorkflowCompleted,
+    WorkflowFailed,
+    WorkflowStarted,
+)
+
+if TYPE_CHECKING:
+    from engine.runtime import InstanceRuntime
+
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    1800.0,
+)
+BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+class Histogram:
+    """Cumulative-on-read bucket counts, a sum and a count (Prometheus semantics)."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, observations at or below it), ending with +Inf."""
+        out: list[tuple[float, int]] = []
+        total = 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class StepSpan:
+    """One step attempt that ended, as a span: from its durable start to its outcome."""
+
+    workflow: str
+    instance_id: str
+    partition: int
+    key: str
+    step: str
+    attempt: int
+    start_ms: int
+    end_ms: int
+    outcome: str
+    error_type: str
+    error_message: str
+    traceparent: str | None
+    tracestate: str | None
+    run_start_ms: int  # the run's start: names the run span the attempt belongs to
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpan:
+    """A workflow run that finished, as a span: from its start to its end."""
+
+    workflow: str
+    version: str
+    instance_id: str
+    partition: int
+    start_ms: int
+    end_ms: int
+    outcome: str
+    error_type: str
+    error_message: str
+    traceparent: str | None
+    tracestate: str | None
+
+
+class SpanSink(Protocol):
+    def step(self, span: StepSpan) -> None: ...
+
+    def run(self, span: RunSpan) -> None: ...
+
+
+def step_label(key: str) -> str:
+    """The step's own name for a label: ``join/a/charge#2`` -> ``charge``; a saga's
+    compensation ``charge#2/undo`` -> ``charge/undo``."""
+    parts = key.split("/")
+    if len(parts) > 1 and parts[-1] == "undo":
+        return parts[-2].split("#", 1)[0] + "/undo"
+    return parts[-1].split("#", 1)[0]
+
+
+def step_outcome(record: StepSucceeded | StepFailed) -> str:
+    if isinstance(record, StepSucceeded):
+        return "succeeded"
+    if record.error_type == "StepTimeout":
+        return "timed_out"
+    if record.error_type == "AttemptCancelled":
+        return "cancelled"
+    return "retried" if record.next_attempt_at_ms is not None else "failed"
+
+
+def dead_letter_reason(reason: str) -> str:
+    """A bounded label for why a record was dead-lettered."""
+    lowered = reason.lower()
+    for needle, label in (
+        ("undecodable", "undecodable"),
+        ("misrouted", "misrouted"),
+        ("is not a command", "not_a_command"),
+        ("internal error", "internal_error"),
+        ("not applied:", "undone"),
+        ("no instance", "unknown_instance"),
+        ("unknown workflow", "unknown_workflow"),
+        ("payloadtoolarge", "payload_too_large"),
+        ("invalidpayload", "invalid_payload"),
+        ("historydiverged", "history_diverged"),
+    ):
+        if needle in lowered:
+            return label
+    return "other"
+
+
+class Telemetry:
+    def __init__(self) -> None:
+        self.commands: Counter[str] = Counter()  # command type -> applied
+        self.workflows: Counter[tuple[str, str]] = Counter()  # (workflow, outcome)
+        self.steps: Counter[tuple[str, str, str]] = Counter()  # (workflow, step, outcome)
+        self.step_seconds: dict[tuple[str, str], Histogram] = {}
+        self.workflow_seconds: dict[tuple[str, str], Histogram] = {}
+        self.timer_lateness = Histogram(LATENCY_BUCKETS_S)
+        self.commit_records = Histogram(BATCH_BUCKETS)
+        self.commit_seconds = Histogram(LATENCY_BUCKETS_S)
+        self.replay_seconds = Histogram(LATENCY_BUCKETS_S)
+        self.restore_seconds: dict[int, float] = {}
+        self.dead_letters: Counter[str] = Counter()
+        self.cache_hits = 0
+        self.cache_misses = 0
+        self.rebalances = 0
+        self.spans: SpanSink | None = None
+        # When each running attempt was durably started:
+        # partition -> instance -> key -> (attempt, ms).
+        self._started: dict[int, dict[str, dict[str, tuple[int, int]]]] = {}
+
+    def command_applied(self, kind: str) -> None:
+        self.commands[kind] += 1
+
+    def dead_lettered(self, reason: str) -> None:
+        self.dead_letters[dead_letter_reason(reason)] += 1
+
+    def committed(
+        self,
+        partition: int,
+        history: Sequence[HistoryRecord],
+        touched: Mapping[str, InstanceRuntime],
+        *,
+        records: int,
+        seconds: float,
+    ) -> None:
+        """Count what a durable commit recorded."""
+        self.commit_records.observe(records)
+        self.commit_seconds.observe(seconds)
+        for runtime in touched.values():
+            if runtime.replayed_s is not None:
+                self.replay_seconds.observe(runtime.replayed_s)
+                runtime.replayed_s = None
+        started = self._started.get(partition)
+        if started is None:
+            started = self._started[partition] = {}
+        for record in history:
+            if isinstance(record, StepAttemptStarted):
+                attempts = started.get(record.instance_id)
+                if attempts is None:
+                    attempts = started[record.instance_id] = {}
+                attempts[record.key] = (record.attempt, record.time_ms)
+            elif isinstance(record, StepSucceeded | StepFailed):
+                attempts = started.get(record.instance_id)
+                began = attempts.pop(record.key, None) if attempts is not None else None
+                self._step_ended(partition, record, touched.get(record.instance_id), began)
+            elif isinstance(record, WorkflowStarted):
+                self.workflows[(record.workflow, "started")] += 1
+            elif isinstance(record, WorkflowCompleted | WorkflowFailed | WorkflowCancelled):
+                started.pop(record.instance_id, None)
+                self._run_ended(partition, record, touched.get(record.instance_id))
+
+    def _step_ended(
+        self,
+        partition: int,
+        record: StepSucceeded | StepFailed,
+        runtime: InstanceRuntime | None,
+        started: tuple[int, int] | None,
+    ) -> None:
+        workflow = runtime.state.workflow if runtime is not None else ""
+        step = step_label(record.key)
+        outcome = step_outcome(record)
+        self.steps[(workflow, step, outcome)] += 1
+        if started is None or started[0] != record.attempt:
+            return  # started before this process owned the partition: no duration here
+        seconds = max(0.0, (record.time_ms - started[1]) / 1000)
+        histogram = self.step_seconds.get((workflow, step))
+        if histogram is None:
+            histogram = self.step_seconds[(workflow, step)] = Histogram(LATENCY_BUCKETS_S)
+        histogram.observe(seconds)
+        if self.spans is not None and runtime is not None:
+            state = runtime.state
+            self.spans.step(
+                StepSpan(
+                    workflow=workflow,
+                    instance_id=record.instance_id,
+                    partition=partition,
+                    key=record.key,
+                    step=step,
+                    attempt=record.attempt,
+                    start_ms=started[1],
+                    end_ms=record.time_ms,
+                    outcome=outcome,
+                    error_type=getattr(record, "error_type", ""),
+                    error_message=getattr(record, "error_message", ""),
+                    traceparent=state.traceparent,
+                    tracestate=state.tracestate,
+                    run_start_ms=state.created_ms,
+                )
+            )
+
+    def _run_ended(
+        self,
+        partition: int,
+        record: WorkflowCompleted | WorkflowFailed | WorkflowCancelled,
+        runtime: InstanceRuntime | None,
+    ) -> None:
+        if runtime is None:
+            return
+        state = runtime.state
+        outcome = {
+            WorkflowCompleted: "completed",
+            WorkflowFailed: "failed",
+            WorkflowCancelled: "cancelled",
+        }[type(record)]
+        self.workflows[(state.workflow, outcome)] += 1
+        seconds = max(0.0, (record.time_ms - state.created_ms) / 1000)
+        histogram = self.workflow_seconds.get((state.workflow, outcome))
+        if histogram is None:
+            histogram = Histogram(LATENCY_BUCKETS_S)
+            self.workflow_seconds[(state.workflow, outcome)] = histogram
+        histogram.observe(seconds)
+        if self.spans is not None:
+            self.spans.run(
+                RunSpan(
+                    workflow=state.workflow,
+                    version=state.version,
+                    instance_id=state.instance_id,
+                    partition=partition,
+                    start_ms=state.created_ms,
+                    end_ms=record.time_ms,
+                    outcome=outcome,
+                    error_type=state.error_type,
+                    error_message=state.error_message or state.cancel_reason,
+                    traceparent=state.traceparent,
+                    tracestate=state.tracestate,
+                )
+            )
+
+    def partition_released(self, partition: int) -> None:
+        """The partition is no longer owned here: forget its attempts' start times."""
+        self._started.pop(partition, None)

@@ -1,0 +1,258 @@
+"""Prometheus metrics of a serving process (``stepstream dev``, ``stepstream worker``) and
+the ``/metrics`` and ``/readyz`` routes.
+
+Nothing is counted here: the engine keeps plain counters and histograms in its
+``Telemetry`` (cheap on the hot path) and the gauges are read from the partitions it
+owns; this collector turns them into metric families when Prometheus scrapes. Names
+follow Prometheus' conventions: ``stepstream_`` prefix, units in the name, counters end
+in ``_total``, durations are histograms in seconds. No label carries an instance id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from consumers.host import PartitionHost
+from consumers.telemetry import Histogram
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+SourceLag = Callable[[], Mapping[tuple[str, int], int]]
+
+
+@dataclass(frozen=True)
+class Health:
+    """What ``/readyz`` asks: ready once every owned partition is restored (and, on
+    Kafka, the worker is in the group and lost nothing since)."""
+
+    ready: Callable[[], bool]
+    # Why it is not ready, for the probe's body and an operator reading it.
+    reason: Callable[[], str] = lambda: "partitions are being restored"
+
+
+class EngineCollector(Collector):
+    def __init__(
+        self,
+        host: PartitionHost,
+        *,
+        health: Health,
+        rebalances: Callable[[], int] = lambda: 0,
+        source_lag: SourceLag | None = None,
+    ) -> None:
+        self._host = host
+        self._health = health
+        self._rebalances = rebalances
+        self._source_lag = source_lag
+
+    def collect(self) -> Iterator[Metric]:
+        t = self._host.telemetry
+        yield _counter(
+            "stepstream_commands_applied",
+            "Commands applied by the partition processors, by command type.",
+            ["type"],
+            {(kind,): n for kind, n in t.commands.items()},
+        )
+        yield _counter(
+            "stepstream_workflows",
+            "Workflow instances started and finished, by workflow and outcome "
+            "(started, completed, failed, cancelled).",
+            ["workflow", "outcome"],
+            t.workflows,
+        )
+        yield _counter(
+            "stepstream_steps",
+            "Step attempts that ended, by workflow, step and outcome "
+            "(succeeded, retried, failed, timed_out, cancelled).",
+            ["workflow", "step", "outcome"],
+            t.steps,
+        )
+        yield _histograms(
+            "stepstream_step_attempt_duration_seconds",
+            "Step attempts from their durable start to their durable outcome.",
+            ["workflow", "step"],
+            t.step_seconds,
+        )
+        yield _histograms(
+            "stepstream_workflow_duration_seconds",
+            "Workflow instances from their start to their end, by outcome.",
+            ["workflow", "outcome"],
+            t.workflow_seconds,
+        )
+        yield _histograms(
+            "stepstream_timer_lateness_seconds",
+            "How long after its due time a timer fire was applied.",
+            [],
+            {(): t.timer_lateness},
+        )
+        yield _histograms(
+            "stepstream_commit_batch_records",
+            "Records appended per commit (group commit batch size).",
+            [],
+            {(): t.commit_records},
+        )
+        yield _histograms(
+            "stepstream_commit_duration_seconds",
+            "How long a commit took to become durable.",
+            [],
+            {(): t.commit_seconds},
+        )
+        yield _histograms(
+            "stepstream_replay_duration_seconds",
+            "How long replaying a workflow's code over its history took (after an "
+            "eviction from the cache or a restart).",
+            [],
+            {(): t.replay_seconds},
+        )
+        yield _gauge(
+            "stepstream_restore_duration_seconds",
+            "How long the last restore of each partition owned here took.",
+            ["partition"],
+            {(str(p),): s for p, s in t.restore_seconds.items()},
+        )
+        yield _counter(
+            "stepstream_instance_cache_hits",
+            "Inputs whose instance runtime was in memory.",
+            [],
+            {(): t.cache_hits},
+        )
+        yield _counter(
+            "stepstream_instance_cache_misses",
+            "Inputs whose instance had to be loaded (and its code replayed).",
+            [],
+            {(): t.cache_misses},
+        )
+        yield _counter(
+            "stepstream_dead_letters",
+            "Records written to the dead-letters topic, by reason.",
+            ["reason"],
+            {(reason,): n for reason, n in t.dead_letters.items()},
+        )
+        gauges = self._host.gauges()
+        yield _gauge(
+            "stepstream_timers_pending",
+            "Timers scheduled and not fired yet, per partition.",
+            ["partition"],
+            {(str(g.partition),): g.timers_pending for g in gauges},
+        )
+        yield _gauge(
+            "stepstream_instance_cache_size",
+            "Instance runtimes held in memory.",
+            [],
+            {(): sum(g.cached_instances for g in gauges)},
+        )
+        yield _gauge(
+            "stepstream_parked_instances",
+            "Unfinished instances parked: their history diverged from the deployed code, "
+            "or their version is not deployed (stepstream list --diverged).",
+            [],
+            {(): sum(g.parked_instances for g in gauges)},
+        )
+        yield _gauge(
+            "stepstream_consumer_lag_records",
+            "Commands on each owned partition not yet applied.",
+            ["partition"],
+            {(str(g.partition),): g.lag for g in gauges},
+        )
+        lag = self._source_lag() if self._source_lag is not None else {}
+        yield _gauge(
+            "stepstream_source_lag_records",
+            "Records of event-source topics not yet turned into commands.",
+            ["topic", "partition"],
+            {(topic, str(p)): n for (topic, p), n in lag.items()},
+        )
+        yield _counter(
+            "stepstream_rebalances",
+            "Consumer-group rebalances this worker took part in.",
+            [],
+            {(): self._rebalances()},
+        )
+        yield _gauge(
+            "stepstream_partitions_owned",
+            "Partitions this process owns.",
+            [],
+            {(): len(gauges)},
+        )
+        yield _gauge(
+            "stepstream_ready",
+            "1 when every owned partition is restored and the process serves them.",
+            [],
+            {(): 1 if self._health.ready() else 0},
+        )
+
+
+def _counter(name: str, doc: str, labels: list[str], values: Mapping[Any, int]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for key, value in values.items():
+        family.add_metric(list(key), value)
+    return family
+
+
+def _gauge(name: str, doc: str, labels: list[str], values: Mapping[Any, float]) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=labels)
+    for key, value in values.items():
+        family.add_metric(list(key), value)
+    return family
+
+
+def _histograms(name: str, doc: str, labels: list[str], values: Mapping[Any, Histogram]) -> Metric:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for key, histogram in list(values.items()):
+        buckets = [(_bound(bound), n) for bound, n in histogram.cumulative()]
+        family.add_metric(list(key), buckets, histogram.sum)
+    return family
+
+
+def _bound(value: float) -> str:
+    return "+Inf" if value == float("inf") else repr(float(value))
+
+
+def metrics_registry(collector: EngineCollector) -> CollectorRegistry:
+    """A registry of its own (not the process-wide default), so two engines in one
+    process (tests, an embedding application) never collide."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry
+
+
+@dataclass(frozen=True)
+class Observability:
+    """What a server adds to its API: ``/metrics`` and ``/readyz``."""
+
+    registry: CollectorRegistry
+    health: Health
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        if self.health.ready():
+            return web.json_response({"ready": True})
+        return web.json_response({"ready": False, "reason": self.health.reason()}, status=503)
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/readyz", self.readyz)
+
+
+def observability_for(
+    host: PartitionHost,
+    health: Health,
+    *,
+    rebalances: Callable[[], int] = lambda: 0,
+    source_lag: SourceLag | None = None,
+) -> Observability:
+    collector = EngineCollector(host, health=health, rebalances=rebalances, source_lag=source_lag)
+    return Observability(metrics_registry(collector), health)

@@ -1,0 +1,182 @@
+"""`/metrics`, `/healthz` and `/readyz`: scraped from `stepstream dev` and from a Kafka
+worker while they run, and checked against what ran."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from confluent_kafka import Producer
+from prometheus_client.parser import text_string_to_metric_families
+
+from producers.client import Client
+from tests.conftest import ThreadedWorker, kafka_url
+from tests.dev_server import start_dev
+
+WORKFLOWS = textwrap.dedent(
+    """
+    from datetime import timedelta
+
+    from stepstream import Context, NonRetryableError, RetryPolicy, workflow
+
+    attempts: dict[str, int] = {}
+
+    def charge(i: int) -> int:
+        return i
+
+    def flaky(key: str) -> str:
+        attempts[key] = attempts.get(key, 0) + 1
+        if attempts[key] == 1:
+            raise RuntimeError("transient")
+        return key
+
+    def declined() -> None:
+        raise NonRetryableError("card declined")
+
+    @workflow("orders")
+    async def orders(ctx: Context, key: str) -> str:
+        for i in range(3):
+            await ctx.step("charge", charge, i)  # one name, three keys: one label
+        await ctx.sleep("settle", timedelta(milliseconds=50))
+        return await ctx.step("flaky", flaky, key, retry=RetryPolicy(initial_interval=0.01))
+
+    @workflow("declined")
+    async def declined_wf(ctx: Context, _: None) -> None:
+        await ctx.step("pay", declined)
+    """
+)
+
+
+def _scrape(
+    url: str, token: str | None = None
+) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    request = urllib.request.Request(f"{url}/metrics")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            assert "instance" not in sample.labels and "instance_id" not in sample.labels
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def _value(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def _get(url: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def test_dev_metrics_count_what_ran(tmp_path: Path) -> None:
+    server = start_dev(tmp_path, "shop", WORKFLOWS)
+    try:
+        async with Client.connect(server.url) as client:
+            ids = [await client.start("orders", f"o{n}", instance_id=f"o{n}") for n in range(4)]
+            failing = await client.start("declined", None, instance_id="d1")
+            for instance_id in ids:
+                assert await client.result(instance_id, timeout=30) == instance_id
+            try:
+                await client.result(failing, timeout=30)
+            except Exception as exc:
+                assert "card declined" in str(exc)
+        # Counters are taken after the commit that made them true; the result above is
+        # answered after that same commit.
+        samples = _scrape(server.url)
+    finally:
+        server.stop()
+
+    assert _value(samples, "stepstream_workflows_total", workflow="orders", outcome="started") == 4
+    assert (
+        _value(samples, "stepstream_workflows_total", workflow="orders", outcome="completed") == 4
+    )
+    assert _value(samples, "stepstream_workflows_total", workflow="declined", outcome="failed") == 1
+    steps = "stepstream_steps_total"
+    assert _value(samples, steps, workflow="orders", step="charge", outcome="succeeded") == 12
+    assert _value(samples, steps, workflow="orders", step="flaky", outcome="retried") == 4
+    assert _value(samples, steps, workflow="orders", step="flaky", outcome="succeeded") == 4
+    assert _value(samples, steps, workflow="declined", step="pay", outcome="failed") == 1
+    durations = "stepstream_step_attempt_duration_seconds_count"
+    assert _value(samples, durations, workflow="orders", step="charge") == 12
+    assert _value(samples, durations, workflow="orders", step="flaky") == 8
+    runs = "stepstream_workflow_duration_seconds_count"
+    assert _value(samples, runs, workflow="orders", outcome="completed") == 4
+    # Every run slept 50 ms and waited out a retry backoff: timers fired and were timed.
+    applied = "stepstream_commands_applied_total"
+    assert _value(samples, applied, type="StartWorkflow") == 5
+    assert _value(samples, applied, type="TimerFired") == 8
+    assert _value(samples, "stepstream_timer_lateness_seconds_count") == 8
+    assert _value(samples, "stepstream_commit_duration_seconds_count") > 0
+    assert _value(samples, "stepstream_parked_instances") == 0
+    assert _value(samples, "stepstream_partitions_owned") == 4
+    assert _value(samples, "stepstream_ready") == 1
+    assert sum(v for (name, _), v in samples.items() if name == "stepstream_timers_pending") == 0
+
+
+def test_probes_answer_without_a_token_and_metrics_need_it(tmp_path: Path) -> None:
+    from tests.dev_server import clean_env
+
+    server = start_dev(
+        tmp_path, "shop", WORKFLOWS, env=clean_env(tmp_path, STEPSTREAM_API_TOKEN="s3cret")
+    )
+    try:
+        assert _get(f"{server.url}/healthz")[0] == 200
+        status, body = _get(f"{server.url}/readyz")
+        assert (status, body) == (200, {"ready": True})
+        try:
+            urllib.request.urlopen(f"{server.url}/metrics", timeout=10)
+            raise AssertionError("/metrics answered without the token")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401
+        assert _value(_scrape(server.url, token="s3cret"), "stepstream_ready") == 1
+    finally:
+        server.stop()
+
+
+async def test_kafka_worker_metrics_and_readiness(kafka_worker: ThreadedWorker) -> None:
+    worker = kafka_worker.worker
+    async with Client.connect(kafka_url(kafka_worker.settings)) as client:
+        ids = [await client.start("arith", n) for n in range(3)]
+        for instance_id in ids:
+            await client.result(instance_id, timeout=30)
+    # A record no reader can decode, produced by a foreign tool: dead-lettered, counted.
+    producer = Producer({"bootstrap.servers": kafka_worker.settings.bootstrap})
+    producer.produce(f"{kafka_worker.settings.prefix}.commands", b"not avro", key=b"x", partition=0)
+    producer.flush(10)
+    for _ in range(200):
+        samples = _scrape(worker.url)
+        if _value(samples, "stepstream_dead_letters_total", reason="undecodable") >= 1:
+            break
+        await asyncio.sleep(0.05)
+    assert _value(samples, "stepstream_dead_letters_total", reason="undecodable") == 1
+    assert _value(samples, "stepstream_workflows_total", workflow="arith", outcome="completed") == 3
+    steps = "stepstream_steps_total"
+    assert _value(samples, steps, workflow="arith", step="add", outcome="succeeded") == 3
+    assert _value(samples, steps, workflow="arith", step="double", outcome="succeeded") == 3
+    assert _value(samples, "stepstream_partitions_owned") == 2
+    assert _value(samples, "stepstream_rebalances_total") >= 1
+    assert _value(samples, "stepstream_restore_duration_seconds", partition="0") > 0
+    assert _value(samples, "stepstream_ready") == 1
+    assert _get(f"{worker.url}/readyz")[0] == 200
+
+    # The group takes the partitions away without a hand-over (the session expired):
+    # the worker is not ready until it is assigned partitions again.
+    await kafka_worker.call(worker._runner._lose([0, 1]))
+    status, body = _get(f"{worker.url}/readyz")
+    assert status == 503 and body["ready"] is False
+    assert "restoring" in str(body["reason"])
+    assert _value(_scrape(worker.url), "stepstream_ready") == 0

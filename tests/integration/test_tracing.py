@@ -1,0 +1,143 @@
+"""OpenTelemetry: a start made inside a caller's span carries its W3C trace context, and
+the worker's spans for the run and each step attempt join that trace, on both backends
+and across a restart of the engine in the middle of a run."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from consumers.kafka import create_topics
+from ops import tracing
+from ops.embedded import EmbeddedConfig, open_embedded
+from producers.client import Client
+from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
+from tests.conftest import test_registry as registry
+from tests.kafka_broker import Broker
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[TracerProvider]:
+    provider = TracerProvider(id_generator=tracing.StableIds())
+    # The client's producer spans use the global provider, as in an application that
+    # configured OpenTelemetry; set once per process.
+    trace.set_tracer_provider(provider)
+    yield provider
+
+
+@pytest.fixture
+def exporter(provider: TracerProvider) -> InMemorySpanExporter:
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return exporter
+
+
+def _trace(exporter: InMemorySpanExporter, trace_id: int) -> dict[str, list[ReadableSpan]]:
+    found: dict[str, list[ReadableSpan]] = {}
+    for span in exporter.get_finished_spans():
+        if span.context is not None and span.context.trace_id == trace_id:
+            found.setdefault(span.name, []).append(span)
+    return found
+
+
+def _check_one_trace(
+    spans: dict[str, list[ReadableSpan]], checkout: ReadableSpan, instance_id: str
+) -> None:
+    """checkout (the caller) -> send (client, producer) -> process arith (worker)
+    -> step add, step double (worker)."""
+    assert checkout.context is not None
+    (send,) = spans["send stepstream.commands"]
+    assert send.kind is SpanKind.PRODUCER
+    assert send.parent is not None and send.parent.span_id == checkout.context.span_id
+    assert send.attributes is not None
+    assert send.attributes["messaging.destination.name"] == "stepstream.commands"
+    assert send.attributes["stepstream.instance_id"] == instance_id
+    (run,) = spans["process arith"]
+    assert run.kind is SpanKind.CONSUMER
+    assert send.context is not None and run.parent is not None
+    assert run.parent.span_id == send.context.span_id
+    assert run.attributes is not None and run.attributes["stepstream.outcome"] == "completed"
+    assert run.context is not None
+    for name in ("add", "double"):
+        (step,) = spans[f"step {name}"]
+        assert step.parent is not None and step.parent.span_id == run.context.span_id
+        attributes = step.attributes
+        assert attributes is not None
+        assert attributes["stepstream.workflow"] == "arith"
+        assert attributes["stepstream.step"] == name
+        assert attributes["stepstream.attempt"] == 1
+        assert attributes["stepstream.instance_id"] == instance_id
+        assert "messaging.destination.partition.id" in attributes
+        assert step.start_time is not None and run.start_time is not None
+        assert run.start_time <= step.start_time <= (step.end_time or 0) <= (run.end_time or 0)
+
+
+async def test_embedded_run_and_steps_join_the_callers_trace(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    engine = await open_embedded(
+        registry(), EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=2)
+    )
+    tracing.install(engine.host, provider)
+    app = provider.get_tracer("shop")
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        with app.start_as_current_span("checkout") as checkout:
+            instance_id = await client.start("arith", 4)
+        assert await client.result(instance_id, timeout=30) == {"total": 5, "doubled": 10}
+    spans = _trace(exporter, checkout.get_span_context().trace_id)
+    (caller,) = spans["checkout"]
+    _check_one_trace(spans, caller, instance_id)
+
+
+async def test_a_run_that_outlives_a_restart_stays_in_its_trace(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=2)
+    app = provider.get_tracer("shop")
+    engine = await open_embedded(registry(), config)
+    tracing.install(engine.host, provider)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        with app.start_as_current_span("checkout") as checkout:
+            instance_id = await client.start("waiter", None)
+        await client.status(instance_id)
+    # A new engine on the same data: the run ends there, after an event sent outside
+    # any span of the caller's.
+    engine = await open_embedded(registry(), config)
+    tracing.install(engine.host, provider)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        await client.send_event(instance_id, "approval", {"ok": True})
+        await client.result(instance_id, timeout=30)
+    spans = _trace(exporter, checkout.get_span_context().trace_id)
+    (run,) = spans["process waiter"]
+    assert run.attributes is not None and run.attributes["stepstream.instance_id"] == instance_id
+
+
+async def test_kafka_worker_spans_join_the_callers_trace(
+    kafka_broker: Broker,
+    tmp_path: Path,
+    provider: TracerProvider,
+    exporter: InMemorySpanExporter,
+) -> None:
+    settings = kafka_settings(kafka_broker, f"t{uuid.uuid4().hex[:10]}")
+    create_topics(settings, KAFKA_TEST_PARTITIONS)
+    worker = ThreadedWorker(settings, tmp_path / "worker", registry(), tracer_provider=provider)
+    try:
+        worker.start()
+        app = provider.get_tracer("shop")
+        async with Client.connect(kafka_url(settings)) as client:
+            with app.start_as_current_span("checkout") as checkout:
+                instance_id = await client.start("arith", 1)
+            assert await client.result(instance_id, timeout=30) == {"total": 2, "doubled": 4}
+    finally:
+        worker.stop()
+    spans = _trace(exporter, checkout.get_span_context().trace_id)
+    (caller,) = spans["checkout"]
+    _check_one_trace(spans, caller, instance_id)
