@@ -355,6 +355,9 @@ def test_notes_tell_how_to_reach_the_api() -> None:
     assert f"kubectl -n {NAMESPACE} port-forward svc/{FULLNAME} 8233:8233" in notes
     assert f"get secret {FULLNAME}-api" in notes
     assert "rollout status statefulset/" + FULLNAME in notes
+    assert f"kubectl -n {NAMESPACE} exec {FULLNAME}-0 -- stepstream list --diverged" in notes
+    connect = env_of(_worker(render_file(None)))["STEPSTREAM_CONNECT"]["value"]
+    assert connect == "kafka://kafka:9092?prefix=stepstream"
     idle = render({"workers": {"replicaCount": 14}}).notes
     assert "2 workers will own no partition" in idle
 
