@@ -17,17 +17,19 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from confluent_kafka import Producer
 
 from consumers.kafka.admin import existing_partitions
 from engine.kafka_settings import KafkaSettings
 from stepstream import Client, ConnectionFailed
-from tests.helm.chart import NAMESPACE, ROOT, Rendered, container, render
+from tests.helm.chart import NAMESPACE, ROOT, Rendered, container, env_of, render
 from tests.kafka_broker import Broker
 
 pytestmark = pytest.mark.kafka
@@ -126,6 +128,42 @@ def worker_process(chart_release: Rendered, tmp_path: Path) -> Iterator[subproce
             proc.wait(10)
 
 
+def _a_bad_command_is_dead_lettered_and_the_guide_reads_it(
+    env: dict[str, Any], tmp_path: Path
+) -> None:
+    """docs/operations.md, "Dead letters": its snippet finds what the worker refused."""
+    bootstrap = env["STEPSTREAM_KAFKA_BOOTSTRAP_SERVERS"]["value"]
+    prefix = env["STEPSTREAM_PREFIX"]["value"]
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(f"{prefix}.commands", b"not avro", key=b"chart-2", partition=0)
+    assert producer.flush(30) == 0
+    guide = (ROOT / "docs" / "operations.md").read_text()
+    snippet = re.search(
+        r"```python\n(from confluent_kafka import Consumer.*?)```", guide, re.DOTALL
+    )
+    assert snippet, "docs/operations.md lost its dead-letter reader"
+    code = (
+        snippet.group(1)
+        .replace('"kafka:9092"', repr(bootstrap))
+        .replace('"shop.dead-letters"', repr(f"{prefix}.dead-letters"))
+        .replace("range(24)", "range(2)")
+    )
+    deadline = time.monotonic() + 60
+    while True:  # the worker dead-letters it once it owns partition 0
+        read = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            timeout=120,
+        )
+        assert read.returncode == 0, read.stderr.decode()[-3000:]
+        out = read.stdout.decode()
+        if out or time.monotonic() > deadline:
+            break
+    assert out.startswith(f"{prefix}.commands 0 ") and "undecodable record" in out, out
+
+
 def _run_topic_job(rendered: Rendered, tmp_path: Path) -> None:
     spec = container(rendered.one("Job"), "topics")
     env = _pod_environment(spec, rendered)
@@ -187,6 +225,7 @@ async def test_the_worker_container_serves_runs_and_stops_as_rendered(
                     raise
                 await asyncio.sleep(0.2)
         assert await client.result("chart-1", timeout=60) == {"total": 21, "doubled": 42}
+    _a_bad_command_is_dead_lettered_and_the_guide_reads_it(env_of(spec), tmp_path)
     proc.send_signal(signal.SIGTERM)
     grace = statefulset["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert proc.wait(grace) == 0
