@@ -250,6 +250,15 @@ def test_mutual_tls_mounts_the_client_certificate() -> None:
     assert env["STEPSTREAM_KAFKA_SSL_CERTIFICATE_LOCATION"]["value"].endswith("/user.crt")
     assert env["STEPSTREAM_KAFKA_SSL_KEY_LOCATION"]["value"].endswith("/user.key")
     assert "STEPSTREAM_KAFKA_SASL_PASSWORD" not in env
+    # Secret properties (the key's password) come in a properties file from a Secret.
+    rendered = render_file("values-tls.yaml")
+    for spec in (_worker(rendered), container(rendered.one("Job"), "topics")):
+        path = env_of(spec)["STEPSTREAM_KAFKA_CONFIG"]["value"]
+        mount = next(m for m in spec["volumeMounts"] if m["name"] == "kafka-config")
+        assert path == f"{mount['mountPath']}/client.properties"
+    volumes = _statefulset(rendered)["spec"]["template"]["spec"]["volumes"]
+    config = next(v for v in volumes if v["name"] == "kafka-config")
+    assert config["secret"]["secretName"] == "shop-kafka-properties"
 
 
 def test_replicas_resources_and_disruption_budget_follow_values() -> None:

@@ -138,25 +138,41 @@ before the release's Secrets exist.
   value: /etc/stepstream/kafka-tls/{{ $kafka.tls.keyKey }}
 {{- end }}
 {{- end }}
+{{- if $kafka.configSecret.name }}
+- name: STEPSTREAM_KAFKA_CONFIG
+  value: /etc/stepstream/kafka-config/{{ $kafka.configSecret.key }}
+{{- end }}
 {{- range $key, $value := $kafka.config }}
 - name: STEPSTREAM_KAFKA_{{ $key | upper | replace "." "_" }}
   value: {{ $value | toString | quote }}
 {{- end }}
 {{- end -}}
 
-{{- define "stepstream.kafkaTlsVolume" -}}
+{{/* The Kafka certificates and properties file, mounted from the operator's Secrets. */}}
+{{- define "stepstream.kafkaVolumes" -}}
 {{- if .Values.kafka.tls.existingSecret }}
 - name: kafka-tls
   secret:
     secretName: {{ .Values.kafka.tls.existingSecret }}
     defaultMode: 0440
 {{- end }}
+{{- if .Values.kafka.configSecret.name }}
+- name: kafka-config
+  secret:
+    secretName: {{ .Values.kafka.configSecret.name }}
+    defaultMode: 0440
+{{- end }}
 {{- end -}}
 
-{{- define "stepstream.kafkaTlsMount" -}}
+{{- define "stepstream.kafkaMounts" -}}
 {{- if .Values.kafka.tls.existingSecret }}
 - name: kafka-tls
   mountPath: /etc/stepstream/kafka-tls
+  readOnly: true
+{{- end }}
+{{- if .Values.kafka.configSecret.name }}
+- name: kafka-config
+  mountPath: /etc/stepstream/kafka-config
   readOnly: true
 {{- end }}
 {{- end -}}
