@@ -1,0 +1,45 @@
+"""The metrics every worker serves at /metrics (design.md, "Operating it"), by type.
+
+Alerts, the dashboard and docs/operations.md may use these names and no others: a
+renamed metric must fail here, not leave a dashboard panel empty in production.
+"""
+
+from __future__ import annotations
+
+METRICS: dict[str, str] = {
+    "stepstream_commands_applied_total": "counter",
+    "stepstream_workflows_total": "counter",
+    "stepstream_steps_total": "counter",
+    "stepstream_step_attempt_duration_seconds": "histogram",
+    "stepstream_workflow_duration_seconds": "histogram",
+    "stepstream_timers_pending": "gauge",
+    "stepstream_timer_lateness_seconds": "histogram",
+    "stepstream_commit_batch_records": "histogram",
+    "stepstream_commit_duration_seconds": "histogram",
+    "stepstream_replay_duration_seconds": "histogram",
+    "stepstream_restore_duration_seconds": "gauge",
+    "stepstream_instance_cache_size": "gauge",
+    "stepstream_instance_cache_hits_total": "counter",
+    "stepstream_instance_cache_misses_total": "counter",
+    "stepstream_dead_letters_total": "counter",
+    "stepstream_parked_instances": "gauge",
+    "stepstream_consumer_lag_records": "gauge",
+    "stepstream_source_lag_records": "gauge",
+    "stepstream_rebalances_total": "counter",
+    "stepstream_partitions_owned": "gauge",
+    "stepstream_ready": "gauge",
+}
+
+# Prometheus adds this series for every scrape target itself.
+SCRAPE_SERIES = frozenset({"up"})
+
+
+def series_names() -> frozenset[str]:
+    """The series a query may select: a histogram is its _bucket, _sum and _count."""
+    names = set(SCRAPE_SERIES)
+    for name, kind in METRICS.items():
+        if kind == "histogram":
+            names.update(f"{name}{suffix}" for suffix in ("_bucket", "_sum", "_count"))
+        else:
+            names.add(name)
+    return frozenset(names)

@@ -1,0 +1,89 @@
+"""docs/operations.md and the README's Kubernetes section say what the chart and the
+workers do: the commands and values files they show install, the metrics table is the
+served metrics, the alerts table is the rules the chart installs."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+
+import helm_python
+import yaml
+
+from tests.helm.chart import ROOT, container, render, render_file, validate
+from tests.helm.metric_names import METRICS
+
+OPERATIONS = ROOT / "docs" / "operations.md"
+README = ROOT / "README.md"
+
+
+def _table_rows(text: str, first_header: str) -> list[list[str]]:
+    """The rows of the markdown table whose first column is headed `first_header`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_header} |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_metrics_table_lists_every_served_metric_with_its_type() -> None:
+    rows = _table_rows(OPERATIONS.read_text(), "metric")
+    documented = {row[0].strip("`"): row[1] for row in rows}
+    assert documented == METRICS
+    for row in rows:
+        assert row[2] and row[4], f"{row[0]} needs a unit and a meaning"
+
+
+def test_the_alerts_table_names_the_rules_the_chart_installs() -> None:
+    rows = _table_rows(OPERATIONS.read_text(), "alert")
+    documented = {row[0].strip("`") for row in rows}
+    (group,) = render_file("values-sasl.yaml").one("PrometheusRule")["spec"]["groups"]
+    assert documented == {rule["alert"] for rule in group["rules"]}
+
+
+def test_the_values_file_in_the_guide_installs() -> None:
+    text = OPERATIONS.read_text()
+    block = re.search(r"```yaml\n# shop-values.yaml\n(.*?)```", text, flags=re.DOTALL)
+    assert block, "docs/operations.md lost its shop-values.yaml example"
+    rendered = render(yaml.safe_load(block.group(1)))
+    for manifest in rendered.manifests:
+        validate(manifest)
+    worker = container(rendered.one("StatefulSet"), "worker")
+    env = {var["name"]: var for var in worker["env"]}
+    assert env["STEPSTREAM_KAFKA_SASL_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"] == (
+        "shop-kafka-user"
+    )
+    assert env["STEPSTREAM_KAFKA_SSL_CA_LOCATION"]["value"].endswith("/ca.crt")
+
+
+def test_the_readme_helm_install_command_installs() -> None:
+    text = README.read_text()
+    block = re.search(r"```bash\n(helm install .*?)```", text, flags=re.DOTALL)
+    assert block, "README lost its helm install example"
+    words = shlex.split(block.group(1).replace("\\\n", " "))
+    assert words[:4] == ["helm", "install", "shop", "./helm/stepstream"]
+    values: dict[str, object] = {}
+    for flag, setting in itertools.pairwise(words):
+        if flag == "--set":
+            values = _merge(values, helm_python.parse_set_string(setting))
+    rendered = render(values)
+    for manifest in rendered.manifests:
+        validate(manifest)
+    worker = container(rendered.one("StatefulSet"), "worker")
+    assert worker["image"] == "registry.example/shop/workflows:0.1.0"
+    assert worker["args"][worker["args"].index("--workflows") + 1] == "shop.workflows"
+
+
+def _merge(into: dict[str, object], more: dict[str, object]) -> dict[str, object]:
+    merged = dict(into)
+    for key, value in more.items():
+        current = merged.get(key)
+        if isinstance(current, dict) and isinstance(value, dict):
+            merged[key] = _merge(current, value)
+        else:
+            merged[key] = value
+    return merged
