@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,6 +31,7 @@ from consumers.kafka import (
 )
 from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_RETENTION_S, ProcessorConfig
+from consumers.sources import SourceConsumer, SourceLag, SourcesConfig
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
@@ -37,6 +39,7 @@ from engine.kafka_settings import KafkaSettings
 from engine.records import Command, HistoryRecord, Payload
 from engine.seams import Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
+from engine.sources import Source, declared_sources
 from engine.state import InstanceState
 from engine.topics import MEMBERS, TopicNames, partition_for
 from engine.workflow import Registry, WorkflowDefinition
@@ -66,6 +69,8 @@ class KafkaWorkerConfig:
     snapshot_every: int = DEFAULT_SNAPSHOT_EVERY
     # Who may use the API: token, allowed hosts, TLS (STEPSTREAM_API_TOKEN and so on).
     api: ApiSecurity = field(default_factory=ApiSecurity)
+    # How the user topics declared as Source are read (STEPSTREAM_SOURCES_*).
+    sources: SourcesConfig = field(default_factory=SourcesConfig)
 
     @classmethod
     def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
@@ -86,6 +91,7 @@ class KafkaWorkerConfig:
         if "STEPSTREAM_ADVERTISE" in env:
             values["advertise"] = env["STEPSTREAM_ADVERTISE"]
         values["api"] = ApiSecurity.from_env(env)
+        values["sources"] = SourcesConfig.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(settings, **values)
 
@@ -178,8 +184,12 @@ class KafkaWorker:
         codec: PayloadCodec | None = None,
         clock: Clock | None = None,
         serde: RecordSerde | None = None,
+        sources: Sequence[Source] | None = None,
     ) -> None:
+        """``sources``: the topics to read as event sources; by default the ``Source``
+        objects declared in the modules of the registry's workflows."""
         self.registry = registry
+        self._declared = sources
         self.config = config
         self._codec = codec or JsonCodec()
         self._clock = clock or SystemClock()
@@ -189,6 +199,7 @@ class KafkaWorker:
         self._producer: LogProducer | None = None
         self._host: PartitionHost | None = None
         self._runner: KafkaRunner | None = None
+        self._sources: SourceConsumer | None = None
         self._http: web.AppRunner | None = None
         self._changed = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -230,6 +241,7 @@ class KafkaWorker:
                 snapshot_every=self.config.snapshot_every,
             )
             await self._runner.start()
+            await self._start_sources(partitions)
         except BaseException:
             await self.stop()
             raise
@@ -264,6 +276,9 @@ class KafkaWorker:
     async def stop(self) -> None:
         """Leave the group (owned partitions are revoked and handed over), withdraw the
         announcement, stop serving."""
+        if self._sources is not None:
+            await self._sources.stop()  # first: it produces with the producer closed below
+            self._sources = None
         if self._runner is not None:
             await self._runner.stop()
             self._runner = None
@@ -291,6 +306,35 @@ class KafkaWorker:
             self._state_dir = None
         self._stopped.set()
         self._changed.set()
+
+    async def _start_sources(self, partitions: int) -> None:
+        """Consume the topics the workflow modules declare as ``Source`` (if any)."""
+        sources = (
+            declared_sources(self.registry) if self._declared is None else list(self._declared)
+        )
+        if not sources:
+            return
+        assert self._producer is not None
+        self._sources = SourceConsumer(
+            self.config.settings,
+            sources,
+            producer=self._producer,
+            serde=self._serde,
+            codec=self._codec,
+            clock=self._clock,
+            partitions=partitions,
+            max_payload_bytes=self.config.max_payload_bytes,
+            config=self.config.sources,
+            on_fatal=self._fatal,
+        )
+        await self._sources.start()
+
+    @property
+    def source_lag(self) -> SourceLag | None:
+        """Records of the source topics not yet turned into durable commands, per topic
+        partition this worker reads (``stepstream_source_lag_records``); None without
+        sources."""
+        return self._sources.lag if self._sources is not None else None
 
     # ---- what it owns -----------------------------------------------------------------
 

@@ -1,0 +1,191 @@
+"""Kafka topics as event sources, against the test broker.
+
+One worker reads several user topics at once (each a fresh topic with two partitions):
+JSON records that start workflows by key, events correlated by a header and by a field
+path, Avro in single-object encoding and in Confluent's wire format, raw bytes. Records
+that cannot be read land in ``<prefix>.dead-letters`` with their coordinates while the
+good records after them still run; the lag of every source partition comes down to 0.
+The README's example (examples/orders_source.py) runs on a worker that finds its
+``Source`` declarations by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from consumers.kafka import create_topics
+from engine.kafka_settings import KafkaSettings
+from engine.workflow import Registry
+from stepstream import Client, Source, UnknownInstance
+from tests.conftest import ThreadedWorker, kafka_settings, kafka_url
+from tests.kafka_broker import Broker
+
+pytestmark = pytest.mark.kafka
+
+PAYMENT = {
+    "type": "record",
+    "name": "Payment",
+    "namespace": "shop",
+    "fields": [
+        {"name": "order_id", "type": "string"},
+        {"name": "amount", "type": "double"},
+    ],
+}
+CONFLUENT_SCHEMA_ID = 7
+
+
+def make_topics(broker: Broker, *names: str) -> None:
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    futures = admin.create_topics([NewTopic(n, 2, 1) for n in names], request_timeout=30)
+    for future in futures.values():
+        future.result()
+
+
+def produce(
+    broker: Broker,
+    topic: str,
+    records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]] | None]],
+    partition: int = 0,
+) -> None:
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    for key, value, headers in records:
+        producer.produce(topic, value, key, partition=partition, headers=headers)
+    assert producer.flush(10) == 0
+
+
+def avro_body(value: dict[str, Any]) -> bytes:
+    out = io.BytesIO()
+    fastavro.schemaless_writer(out, fastavro.parse_schema(PAYMENT), value)
+    return out.getvalue()
+
+
+def single_object(value: dict[str, Any]) -> bytes:
+    canonical = to_parsing_canonical_form(fastavro.parse_schema(PAYMENT))
+    return b"\xc3\x01" + bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")) + avro_body(value)
+
+
+def confluent(value: dict[str, Any]) -> bytes:
+    return b"\x00" + CONFLUENT_SCHEMA_ID.to_bytes(4, "big") + avro_body(value)
+
+
+def src_registry() -> Registry:
+    registry = Registry()
+    registry.add_module("tests.source_workflows")
+    return registry
+
+
+@pytest.fixture
+def settings(kafka_broker: Broker) -> KafkaSettings:
+    settings = kafka_settings(kafka_broker)
+    create_topics(settings, 2)
+    return settings
+
+
+def json_value(value: Any) -> bytes:
+    return json.dumps(value).encode()
+
+
+async def result(client: Client, instance: str) -> Any:
+    """The instance's result, once a source record has started it."""
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                return await client.result(instance, timeout=60)
+            except UnknownInstance:
+                await asyncio.sleep(0.05)
+
+
+async def test_records_of_every_format_start_workflows_and_send_events(
+    kafka_broker: Broker, settings: KafkaSettings, tmp_path: Path
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    topic = {k: f"src-{k}-{run}" for k in ("orders", "header", "field", "avro", "bytes")}
+    make_topics(kafka_broker, *topic.values())
+    sources = [
+        Source(topic["orders"], start="src-order"),
+        Source(topic["header"], event="paid", instance_id="header:order-id"),
+        Source(topic["field"], event="paid", instance_id="field:payment.order"),
+        Source(
+            topic["avro"],
+            event="paid",
+            instance_id="field:order_id",
+            format="avro",
+            schemas={CONFLUENT_SCHEMA_ID: PAYMENT},
+        ),
+        Source(topic["bytes"], start="src-order", format="bytes"),
+    ]
+    # Before the worker starts: records wait in their topics, and are read from the start.
+    produce(
+        kafka_broker,
+        topic["orders"],
+        [(f"o-{i}-{run}".encode(), json_value({"n": i, "wait": i < 4}), None) for i in range(6)],
+    )
+    worker = ThreadedWorker(settings, tmp_path / "w", src_registry(), sources=sources)
+    try:
+        worker.start()
+        produce(
+            kafka_broker,
+            topic["header"],
+            [(None, json_value({"amount": 10}), [("order-id", f"o-0-{run}".encode())])],
+        )
+        produce(
+            kafka_broker,
+            topic["field"],
+            [(b"ignored", json_value({"payment": {"order": f"o-1-{run}", "amount": 11}}), None)],
+        )
+        produce(
+            kafka_broker,
+            topic["avro"],
+            [
+                (None, single_object({"order_id": f"o-2-{run}", "amount": 12.5}), None),
+                (None, confluent({"order_id": f"o-3-{run}", "amount": 13.5}), None),
+            ],
+        )
+        raw = bytes(range(256))
+        produce(kafka_broker, topic["bytes"], [(f"b-{run}".encode(), raw, None)])
+        async with Client.connect(kafka_url(settings)) as client:
+            assert await result(client, f"o-0-{run}") == {
+                "input": {"n": 0, "wait": True},
+                "paid": {"amount": 10},
+            }
+            assert (await result(client, f"o-1-{run}"))["paid"] == {
+                "payment": {"order": f"o-1-{run}", "amount": 11}
+            }
+            assert (await result(client, f"o-2-{run}"))["paid"] == {
+                "order_id": f"o-2-{run}",
+                "amount": 12.5,
+            }
+            assert (await result(client, f"o-3-{run}"))["paid"]["amount"] == 13.5
+            for i in (4, 5):
+                assert await result(client, f"o-{i}-{run}") == {"input": {"n": i, "wait": False}}
+            got = await result(client, f"b-{run}")
+            assert base64.b64decode(got["input"]) == raw
+            history = await client.history(f"o-0-{run}")
+            assert history[0].command_id == f"{topic['orders']}/0/0"
+        await lag_drains(worker, {(t, p) for t in topic.values() for p in (0, 1)})
+    finally:
+        worker.stop()
+
+
+async def lag_drains(worker: ThreadedWorker, partitions: set[tuple[str, int]]) -> None:
+    """Every source partition is assigned and reports 0 records of lag."""
+    lag = worker.worker.source_lag
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        now = lag.records()
+        if set(now) == partitions and not any(now.values()):
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"lag stays {now}"
+        await asyncio.sleep(0.1)
