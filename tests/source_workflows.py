@@ -1,6 +1,7 @@
-"""Workflows fed by source topics in the tests. ``orders`` reads the topic named by
-``STEPSTREAM_TEST_SOURCE_TOPIC`` (a fresh one per test), so a worker subprocess that
-loads this module with ``--workflows`` reads the topic its test produced to."""
+"""Workflows fed by source topics in the tests. ``orders`` and ``payments`` read the
+topics named by ``STEPSTREAM_TEST_SOURCE_TOPIC`` and ``STEPSTREAM_TEST_EVENT_TOPIC``
+(fresh ones per test), so a worker subprocess that loads this module with
+``--workflows`` reads the topics its test produced to."""
 
 from __future__ import annotations
 
@@ -20,3 +21,4 @@ async def src_order(ctx: Context, order: Any) -> dict[str, Any]:
 
 
 orders = Source(os.environ.get("STEPSTREAM_TEST_SOURCE_TOPIC", "test.src-orders"), start=src_order)
+payments = Source(os.environ.get("STEPSTREAM_TEST_EVENT_TOPIC", "test.src-paid"), event="paid")

@@ -133,6 +133,7 @@ class SourceConsumer:
             on_revoke=self._revoked_cb,
             on_lost=self._lost_cb,
         )
+        self._last_commit = asyncio.get_running_loop().time()
         self._task = asyncio.create_task(self._run(), name="stepstream-sources")
         log.info(
             "consuming sources topics=%s group=%s",

@@ -97,6 +97,17 @@ def json_value(value: Any) -> bytes:
     return json.dumps(value).encode()
 
 
+async def started(client: Client, instance: str) -> None:
+    """Once a source record has started the instance."""
+    async with asyncio.timeout(60):
+        while True:
+            try:
+                await client.status(instance)
+                return
+            except UnknownInstance:
+                await asyncio.sleep(0.05)
+
+
 async def result(client: Client, instance: str) -> Any:
     """The instance's result, once a source record has started it."""
     async with asyncio.timeout(60):
