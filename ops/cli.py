@@ -833,7 +833,9 @@ def _parser() -> argparse.ArgumentParser:
         "--workflows",
         required=True,
         metavar="MODULES",
-        help="comma-separated modules whose @workflow functions are run",
+        help="comma-separated modules whose @workflow functions are run; the topics they "
+        "declare as Source(...) are read as event sources (consumer group PREFIX.sources; "
+        "STEPSTREAM_SOURCES_COMMIT_INTERVAL_S)",
     )
     worker.add_argument(
         "--state-dir",

@@ -15,6 +15,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,16 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from consumers.kafka import create_topics
 from engine.kafka_settings import KafkaSettings
+from engine.serde import default_serde
 from engine.workflow import Registry
+from examples import orders_source
 from stepstream import Client, Source, UnknownInstance
 from tests.conftest import ThreadedWorker, kafka_settings, kafka_url
+from tests.integration.test_kafka_backend import decode, read_topic
 from tests.kafka_broker import Broker
 
 pytestmark = pytest.mark.kafka
+REPO = Path(__file__).resolve().parents[2]
 
 PAYMENT = {
     "type": "record",
@@ -200,3 +205,112 @@ async def lag_drains(worker: ThreadedWorker, partitions: set[tuple[str, int]]) -
             return
         assert asyncio.get_running_loop().time() < deadline, f"lag stays {now}"
         await asyncio.sleep(0.1)
+
+
+async def test_unreadable_records_go_to_dead_letters_and_the_records_after_them_run(
+    kafka_broker: Broker, settings: KafkaSettings, tmp_path: Path
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    orders, paid, avro = f"src-dl-orders-{run}", f"src-dl-paid-{run}", f"src-dl-avro-{run}"
+    make_topics(kafka_broker, orders, paid, avro)
+    sources = [
+        Source(orders, start="src-order", instance_id="field:id"),
+        Source(paid, event="paid"),
+        Source(avro, start="src-order", format="avro", schemas=[PAYMENT]),
+    ]
+    produce(
+        kafka_broker,
+        orders,
+        [
+            (None, b"{not json", None),
+            (None, json_value({"id": f"ok-1-{run}"}), None),
+            (None, json_value({"order": 1}), None),
+            (None, json_value({"id": "bad\u0001id"}), None),
+            (None, json_value({"id": f"ok-2-{run}"}), None),
+        ],
+    )
+    produce(kafka_broker, paid, [(f"nobody-{run}".encode(), json_value(1), None)])
+    produce(
+        kafka_broker,
+        avro,
+        [
+            (b"a-1", b"\xc3\x01" + b"\x00" * 8 + b"junk", None),  # an unknown schema
+            (b"a-2", confluent({"order_id": "x", "amount": 1.0}), None),  # no schema id 7
+            (f"a-3-{run}".encode(), single_object({"order_id": "y", "amount": 2.0}), None),
+        ],
+    )
+    worker = ThreadedWorker(settings, tmp_path / "w", src_registry(), sources=sources)
+    try:
+        worker.start()
+        async with Client.connect(kafka_url(settings)) as client:
+            assert await result(client, f"ok-1-{run}") == {"input": {"id": f"ok-1-{run}"}}
+            assert await result(client, f"ok-2-{run}") == {"input": {"id": f"ok-2-{run}"}}
+            assert (await result(client, f"a-3-{run}"))["input"]["amount"] == 2.0
+        letters: dict[tuple[str, int, int], str] = {}
+        deadline = asyncio.get_running_loop().time() + 30
+        while len(letters) < 6:
+            assert asyncio.get_running_loop().time() < deadline, letters
+            for record in read_topic(settings, "dead-letters"):
+                kind, body = decode(record.value)
+                assert kind == "DeadLetter"
+                letters[(body["source_topic"], body["partition"], body["offset"])] = body["reason"]
+            await asyncio.sleep(0.2)
+        reasons = {key: letters[key] for key in sorted(letters) if key[0] != settings.prefix}
+        assert "bad JSON" in reasons[(orders, 0, 0)]
+        assert "missing correlation field 'id'" in reasons[(orders, 0, 2)]
+        assert "invalid instance id in field 'id'" in reasons[(orders, 0, 3)]
+        assert "none of the Source's schemas" in reasons[(avro, 0, 0)]
+        assert "schema id 7" in reasons[(avro, 0, 1)]
+        # An event for an instance nobody started is refused by its partition's owner
+        # (the command, whose id is the record's coordinates, kept as it came).
+        [unknown] = [
+            body
+            for body in (decode(r.value)[1] for r in read_topic(settings, "dead-letters"))
+            if body["source_topic"] == settings.prefix + ".commands"
+        ]
+        assert "needs an instance started" in unknown["reason"]
+        assert default_serde().decode(unknown["value"]).command_id == f"{paid}/0/0"
+        await lag_drains(worker, {(t, p) for t in (orders, paid, avro) for p in (0, 1)})
+    finally:
+        worker.stop()
+
+
+def readme_snippets() -> list[str]:
+    """The Python blocks of the README's section on event sources, in order."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("### Kafka topics as event sources", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+async def test_the_readme_example_runs_on_a_worker_that_finds_its_sources(
+    kafka_broker: Broker, settings: KafkaSettings, tmp_path: Path
+) -> None:
+    from tests.faults.test_kafka_failover import WorkerProcess
+
+    make_topics(kafka_broker, *(s.topic for s in (orders_source.orders, orders_source.payments)))
+    order_id = f"o-{uuid.uuid4().hex[:8]}"
+    _declaration, order, payment = (
+        block.replace("kafka:9092", kafka_broker.bootstrap).replace("o-17", order_id)
+        for block in readme_snippets()
+    )
+    worker = WorkerProcess(
+        settings,
+        tmp_path / "w",
+        tmp_path,
+        tmp_path / "worker.log",
+        workflows="examples.orders_source",
+    )
+    worker.start()  # `stepstream worker --workflows examples.orders_source`, as shown
+    try:
+        scope: dict[str, Any] = {}
+        exec(order, scope)
+        async with Client.connect(kafka_url(settings)) as client:
+            await started(client, order_id)
+            exec(payment, scope)
+            assert await result(client, order_id) == {
+                "order": order_id,
+                "items": ["book", "pen"],
+                "paid": 25,
+            }
+    finally:
+        worker.stop()
