@@ -180,13 +180,16 @@ def _dev(args: argparse.Namespace) -> int:
 
 async def _serve(registry: Registry, args: argparse.Namespace) -> int:
     from ops.embedded import EmbeddedConfig, open_embedded
+    from ops.embedded_sources import start_embedded_sources
 
     security = _api_security(args)
     tls = security.ssl_context()
     config = EmbeddedConfig.from_env(data_dir=args.data, partitions=args.partitions)
     sock = _listen(args.host, args.port)
     engine = await open_embedded(registry, config)
+    sources = None
     try:
+        sources = await start_embedded_sources(registry, engine)
         app = make_app(
             engine.transport,
             registry_names=engine.host.registry.names,
@@ -231,6 +234,8 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                 await runner.cleanup()
     finally:
         sock.close()
+        if sources is not None:
+            await sources.stop()
         await engine.close()
     return EXIT_OK
 
@@ -715,7 +720,9 @@ def _parser() -> argparse.ArgumentParser:
         "--workflows",
         required=True,
         metavar="MODULES",
-        help="comma-separated modules whose @workflow functions are served",
+        help="comma-separated modules whose @workflow functions are served; the topics "
+        "they declare as Source(...) are read from the Kafka cluster named by "
+        "STEPSTREAM_SOURCES_BOOTSTRAP (HOST:PORT; prefix from STEPSTREAM_PREFIX)",
     )
     dev.add_argument(
         "--data", metavar="DIR", help="data directory (default: $STEPSTREAM_DATA or ./.stepstream)"

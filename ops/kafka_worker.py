@@ -31,7 +31,7 @@ from consumers.kafka import (
 )
 from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_RETENTION_S, ProcessorConfig
-from consumers.sources import SourceConsumer, SourceLag, SourcesConfig
+from consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
@@ -318,11 +318,10 @@ class KafkaWorker:
         self._sources = SourceConsumer(
             self.config.settings,
             sources,
-            producer=self._producer,
+            sink=kafka_sink(self._producer, self.config.settings.prefix, partitions),
             serde=self._serde,
             codec=self._codec,
             clock=self._clock,
-            partitions=partitions,
             max_payload_bytes=self.config.max_payload_bytes,
             config=self.config.sources,
             on_fatal=self._fatal,

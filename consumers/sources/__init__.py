@@ -1,7 +1,7 @@
 """Event sources on the Kafka backend: user topics declared with ``stepstream.Source``,
 read by a consumer group of the workers and turned into commands (see ``consumer``)."""
 
-from consumers.sources.consumer import SourceConsumer, SourcesConfig
+from consumers.sources.consumer import SourceConsumer, SourcesConfig, kafka_sink
 from consumers.sources.lag import METRIC_NAME, SourceLag
 from consumers.sources.translate import RecordTranslator, SourceRecord, Unreadable
 
@@ -13,4 +13,5 @@ __all__ = [
     "SourceRecord",
     "SourcesConfig",
     "Unreadable",
+    "kafka_sink",
 ]

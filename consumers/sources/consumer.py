@@ -1,12 +1,14 @@
-"""The sources consumer: a worker's member of the consumer group ``<prefix>.sources``,
-reading the user topics its workflow modules declare ``Source`` objects for.
+"""The sources consumer: a member of the consumer group ``<prefix>.sources``, reading
+the user topics that workflow modules declare ``Source`` objects for.
 
-A batch of records becomes commands (on ``<prefix>.commands``, keyed and partitioned by
-instance id) and dead letters (on ``<prefix>.dead-letters``, with the record's
-coordinates and the reason), produced together. Offsets are committed only for records
-whose command or dead letter the broker has acknowledged; a worker that dies before its
-commit leaves them to be read again, and a re-read record becomes the same command (id
-``topic/partition/offset``), which its instance applies once.
+A batch of records becomes commands (keyed by instance id) and dead letters (with the
+record's coordinates and the reason), handed together to a sink that returns once they
+are durable: on a Kafka worker, the broker's acknowledgement on ``<prefix>.commands`` and
+``<prefix>.dead-letters`` (``kafka_sink``); on ``stepstream dev``, the embedded log's
+append. Offsets are committed only for records whose command or dead letter is durable;
+a consumer that dies before its commit leaves them to be read again, and a re-read
+record becomes the same command (id ``topic/partition/offset``), which its instance
+applies once.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -28,10 +30,10 @@ from consumers.sources.translate import RecordTranslator, SourceRecord, Unreadab
 from engine.codec import PayloadCodec
 from engine.environ import env_int, env_seconds
 from engine.kafka_settings import KafkaSettings
-from engine.seams import Clock
+from engine.seams import Append, Clock
 from engine.serde import RecordSerde
 from engine.sources import Source
-from engine.topics import TopicNames, partition_for
+from engine.topics import COMMANDS, DEAD_LETTERS, TopicNames, partition_for
 
 log = logging.getLogger("stepstream.sources")
 
@@ -53,6 +55,29 @@ _POLL_S = 0.5
 _RETRY_S = 1.0
 
 Position = tuple[str, int]
+# Makes records durable (raises if it cannot); ``Append.kind`` is a topic kind.
+Sink = Callable[[Sequence[Append]], Awaitable[object]]
+
+
+def kafka_sink(producer: LogProducer, prefix: str, partitions: int) -> Sink:
+    """Produce to the prefix's topics, each record on its key's partition; returns once
+    the broker acknowledged every one."""
+    topics = TopicNames(prefix)
+
+    async def send(appends: Sequence[Append]) -> list[int]:
+        return await producer.send(
+            [
+                OutRecord(
+                    topics.name(a.kind),
+                    partition_for(a.key.decode(), partitions),
+                    a.key,
+                    a.value,
+                )
+                for a in appends
+            ]
+        )
+
+    return send
 
 
 @dataclass(frozen=True)
@@ -83,24 +108,21 @@ class SourceConsumer:
         settings: KafkaSettings,
         sources: Sequence[Source],
         *,
-        producer: LogProducer,
+        sink: Sink,
         serde: RecordSerde,
         codec: PayloadCodec,
         clock: Clock,
-        partitions: int,
         max_payload_bytes: int,
         config: SourcesConfig | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._settings = settings
-        self._topics = TopicNames(settings.prefix)
         self._translators = {
             s.topic: RecordTranslator(s, codec, max_payload_bytes) for s in sources
         }
-        self._producer = producer
+        self._sink = sink
         self._serde = serde
         self._clock = clock
-        self._partitions = partitions
         self._config = config or SourcesConfig()
         self._on_fatal = on_fatal
         self.lag = SourceLag()
@@ -209,7 +231,7 @@ class SourceConsumer:
 
     async def _make_durable(self, records: list[SourceRecord]) -> None:
         now = self._clock.now_ms()
-        out: list[OutRecord] = []
+        out: list[Append] = []
         for record in records:
             translator = self._translators[record.topic]
             try:
@@ -221,26 +243,14 @@ class SourceConsumer:
             except Exception as exc:  # a value the record schemas refuse
                 out.append(self._dead_letter(record, Unreadable(str(exc)), now))
                 continue
-            out.append(
-                OutRecord(
-                    self._topics.commands,
-                    partition_for(command.instance_id, self._partitions),
-                    command.instance_id.encode(),
-                    value,
-                )
-            )
-        await self._producer.send(out)
+            out.append(Append(COMMANDS, command.instance_id.encode(), value))
+        await self._sink(out)
 
-    def _dead_letter(self, record: SourceRecord, problem: Unreadable, now: int) -> OutRecord:
+    def _dead_letter(self, record: SourceRecord, problem: Unreadable, now: int) -> Append:
         log.warning("source record %s sent to dead-letters: %s", record.command_id, problem.reason)
         letter = dead_letter(record, problem, now)
         key = problem.instance_id or record.command_id
-        return OutRecord(
-            self._topics.dead_letters,
-            partition_for(key, self._partitions),
-            key.encode(),
-            self._serde.encode(letter),
-        )
+        return Append(DEAD_LETTERS, key.encode(), self._serde.encode(letter))
 
     # ---- offsets and lag (commit and close run on a thread: they block) -------------------
 

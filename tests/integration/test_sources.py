@@ -26,9 +26,11 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
+from consumers.embedded import EmbeddedDB
 from consumers.kafka import create_topics
 from engine.kafka_settings import KafkaSettings
 from engine.serde import default_serde
+from engine.topics import DEAD_LETTERS
 from engine.workflow import Registry
 from examples import orders_source
 from stepstream import Client, Source, UnknownInstance
@@ -38,6 +40,7 @@ from tests.kafka_broker import Broker
 
 pytestmark = pytest.mark.kafka
 REPO = Path(__file__).resolve().parents[2]
+SERDE = default_serde()
 
 PAYMENT = {
     "type": "record",
@@ -314,3 +317,56 @@ async def test_the_readme_example_runs_on_a_worker_that_finds_its_sources(
             }
     finally:
         worker.stop()
+
+
+DEV_MODULE = """
+from stepstream import Source, workflow
+
+@workflow("greet")
+async def greet(ctx, value):
+    return {"hello": value["name"]}
+
+names = Source("TOPIC", start=greet, instance_id="header:greeting-id")
+"""
+
+
+async def test_stepstream_dev_reads_sources_from_the_cluster_it_is_given(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    from tests.dev_server import clean_env, start_dev
+
+    run = uuid.uuid4().hex[:8]
+    topic = f"src-dev-{run}"
+    make_topics(kafka_broker, topic)
+    produce(
+        kafka_broker,
+        topic,
+        [
+            (None, json_value({"name": "ada"}), [("greeting-id", f"g-{run}".encode())]),
+            (None, b"nope", [("greeting-id", b"never")]),
+        ],
+    )
+    env = clean_env(
+        tmp_path,
+        STEPSTREAM_SOURCES_BOOTSTRAP=kafka_broker.bootstrap,
+        STEPSTREAM_PREFIX=f"dev{run}",
+        STEPSTREAM_KAFKA_SESSION_TIMEOUT_MS="2000",
+    )
+    server = start_dev(tmp_path, f"greetings_{run}", DEV_MODULE.replace("TOPIC", topic), env=env)
+    try:
+        async with Client.connect(server.url) as client:
+            assert await result(client, f"g-{run}") == {"hello": "ada"}
+    finally:
+        server.stop()
+    # The unreadable record is in the embedded log's dead letters, with its coordinates.
+    db = await EmbeddedDB.open(str(tmp_path / "data"), None)
+    try:
+        letters = [
+            SERDE.decode(entry.value)
+            for partition in range(db.partitions)
+            for entry in db.log.read(DEAD_LETTERS, partition, 0, 100)
+        ]
+    finally:
+        await db.close()
+    assert [(d.source_topic, d.partition, d.offset) for d in letters] == [(topic, 0, 1)]
+    assert "bad JSON" in letters[0].reason
