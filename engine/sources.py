@@ -94,8 +94,11 @@ class Source:
         workflow: str | None = None
         if start is not None:
             definition = definition_of(start)
-            workflow = definition.name if definition is not None else start  # type: ignore[assignment]
-            if not isinstance(workflow, str) or not workflow:
+            if definition is not None:
+                workflow = definition.name
+            elif isinstance(start, str) and start:
+                workflow = start
+            else:
                 raise TypeError(
                     f"Source({topic!r}): start={start!r} is neither a workflow name nor "
                     "a function decorated with @workflow"
