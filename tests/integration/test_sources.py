@@ -4,9 +4,11 @@ One worker reads several user topics at once (each a fresh topic with two partit
 JSON records that start workflows by key, events correlated by a header and by a field
 path, Avro in single-object encoding and in Confluent's wire format, raw bytes. Records
 that cannot be read land in ``<prefix>.dead-letters`` with their coordinates while the
-good records after them still run; the lag of every source partition comes down to 0.
-The README's example (examples/orders_source.py) runs on a worker that finds its
-``Source`` declarations by itself.
+good records after them (and the other sources, one of them a topic that does not exist)
+still run; the lag of every source partition comes down to 0. The README's example
+(examples/orders_source.py) runs on a `stepstream worker` that finds its ``Source``
+declarations by itself, and `stepstream dev` reads sources from the cluster that
+``STEPSTREAM_SOURCES_BOOTSTRAP`` names.
 """
 
 from __future__ import annotations
@@ -220,6 +222,7 @@ async def test_unreadable_records_go_to_dead_letters_and_the_records_after_them_
         Source(orders, start="src-order", instance_id="field:id"),
         Source(paid, event="paid"),
         Source(avro, start="src-order", format="avro", schemas=[PAYMENT]),
+        Source(f"src-dl-missing-{run}", start="src-order"),  # never created: the rest go on
     ]
     produce(
         kafka_broker,
