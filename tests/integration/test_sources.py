@@ -373,3 +373,40 @@ async def test_stepstream_dev_reads_sources_from_the_cluster_it_is_given(
         await db.close()
     assert [(d.source_topic, d.partition, d.offset) for d in letters] == [(topic, 0, 1)]
     assert "bad JSON" in letters[0].reason
+
+
+async def test_two_workers_split_the_source_partitions_and_each_record_runs_once(
+    kafka_broker: Broker, settings: KafkaSettings, tmp_path: Path
+) -> None:
+    run = uuid.uuid4().hex[:8]
+    topic = f"src-two-{run}"
+    make_topics(kafka_broker, topic)
+    sources = [Source(topic, start="src-order")]
+    first = ThreadedWorker(settings, tmp_path / "a", src_registry(), sources=sources)
+    second = ThreadedWorker(settings, tmp_path / "b", src_registry(), sources=sources)
+    try:
+        first.start()
+        second.start(partitions=None)
+        deadline = asyncio.get_running_loop().time() + 30
+        while not all(len(w.worker.source_lag.records()) == 1 for w in (first, second)):
+            assert asyncio.get_running_loop().time() < deadline, "the sources never split"
+            await asyncio.sleep(0.1)
+        ids = {p: [f"two-{p}-{i}-{run}" for i in range(5)] for p in (0, 1)}
+        for partition, names in ids.items():
+            produce(
+                kafka_broker,
+                topic,
+                [(n.encode(), json_value({"p": partition}), None) for n in names],
+                partition,
+            )
+        async with Client.connect(kafka_url(settings)) as client:
+            for partition, names in ids.items():
+                for name in names:
+                    assert await result(client, name) == {"input": {"p": partition}}
+                    starts = [h for h in await client.history(name) if h.type == "WorkflowStarted"]
+                    assert [h.command_id for h in starts] == [
+                        f"{topic}/{partition}/{names.index(name)}"
+                    ]
+    finally:
+        second.stop()
+        first.stop()
