@@ -190,6 +190,7 @@ def _dev(args: argparse.Namespace) -> int:
 
 async def _serve(registry: Registry, args: argparse.Namespace) -> int:
     from ops.embedded import EmbeddedConfig, open_embedded
+    from ops.embedded_sources import start_embedded_sources
 
     security = _api_security(args)
     tls = security.ssl_context()
@@ -197,7 +198,9 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
     sock = _listen(args.host, args.port)
     engine = await open_embedded(registry, config)
     tracer_provider = tracing.setup(engine.host, service="stepstream-dev")
+    sources = None
     try:
+        sources = await start_embedded_sources(registry, engine)
         app = make_app(
             engine.transport,
             registry_names=engine.host.registry.names,
@@ -212,6 +215,7 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                     ready=lambda: engine.db.failure is None,
                     reason=lambda: f"the data directory failed: {engine.db.failure}",
                 ),
+                source_lag=lambda: sources.lag.records() if sources is not None else {},
             ),
         )
         # A result request whose client went away must stop waiting.
@@ -249,6 +253,8 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                 await runner.cleanup()
     finally:
         sock.close()
+        if sources is not None:
+            await sources.stop()
         await engine.close()
         if tracer_provider is not None:
             tracer_provider.shutdown()  # exports the spans still batched
@@ -729,7 +735,9 @@ def _parser() -> argparse.ArgumentParser:
         "--workflows",
         required=True,
         metavar="MODULES",
-        help="comma-separated modules whose @workflow functions are served",
+        help="comma-separated modules whose @workflow functions are served; the topics "
+        "they declare as Source(...) are read from the Kafka cluster named by "
+        "STEPSTREAM_SOURCES_BOOTSTRAP (HOST:PORT; prefix from STEPSTREAM_PREFIX)",
     )
     dev.add_argument(
         "--data", metavar="DIR", help="data directory (default: $STEPSTREAM_DATA or ./.stepstream)"
@@ -847,7 +855,9 @@ def _parser() -> argparse.ArgumentParser:
         "--workflows",
         required=True,
         metavar="MODULES",
-        help="comma-separated modules whose @workflow functions are run",
+        help="comma-separated modules whose @workflow functions are run; the topics they "
+        "declare as Source(...) are read as event sources (consumer group PREFIX.sources; "
+        "STEPSTREAM_SOURCES_COMMIT_INTERVAL_S)",
     )
     worker.add_argument(
         "--state-dir",

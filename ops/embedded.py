@@ -81,6 +81,14 @@ class EmbeddedEngine:
         self.transport = self.make_transport()
         self._closed = False
 
+    @property
+    def codec(self) -> PayloadCodec:
+        return self._codec
+
+    @property
+    def max_payload_bytes(self) -> int:
+        return self._config.max_payload_bytes
+
     def make_transport(self, *, owns_engine: bool = False) -> LogTransport:
         """An in-process transport; with ``owns_engine`` closing it closes the engine."""
         return LogTransport(

@@ -14,6 +14,7 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,6 +32,7 @@ from consumers.kafka import (
 )
 from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_RETENTION_S, ProcessorConfig
+from consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
@@ -38,6 +40,7 @@ from engine.kafka_settings import KafkaSettings
 from engine.records import Command, HistoryRecord, Payload
 from engine.seams import Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
+from engine.sources import Source, declared_sources
 from engine.state import InstanceState
 from engine.topics import MEMBERS, TopicNames, partition_for
 from engine.workflow import Registry, WorkflowDefinition
@@ -72,6 +75,8 @@ class KafkaWorkerConfig:
     # Where spans of runs and step attempts go (None: no tracing; the CLI builds one
     # from the OTEL_* variables).
     tracer_provider: TracerProvider | None = None
+    # How the user topics declared as Source are read (STEPSTREAM_SOURCES_*).
+    sources: SourcesConfig = field(default_factory=SourcesConfig)
 
     @classmethod
     def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
@@ -92,6 +97,7 @@ class KafkaWorkerConfig:
         if "STEPSTREAM_ADVERTISE" in env:
             values["advertise"] = env["STEPSTREAM_ADVERTISE"]
         values["api"] = ApiSecurity.from_env(env)
+        values["sources"] = SourcesConfig.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(settings, **values)
 
@@ -184,8 +190,12 @@ class KafkaWorker:
         codec: PayloadCodec | None = None,
         clock: Clock | None = None,
         serde: RecordSerde | None = None,
+        sources: Sequence[Source] | None = None,
     ) -> None:
+        """``sources``: the topics to read as event sources; by default the ``Source``
+        objects declared in the modules of the registry's workflows."""
         self.registry = registry
+        self._declared = sources
         self.config = config
         self._codec = codec or JsonCodec()
         self._clock = clock or SystemClock()
@@ -195,6 +205,7 @@ class KafkaWorker:
         self._producer: LogProducer | None = None
         self._host: PartitionHost | None = None
         self._runner: KafkaRunner | None = None
+        self._sources: SourceConsumer | None = None
         self._http: web.AppRunner | None = None
         self._changed = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -238,6 +249,7 @@ class KafkaWorker:
                 snapshot_every=self.config.snapshot_every,
             )
             await self._runner.start()
+            await self._start_sources(partitions)
         except BaseException:
             await self.stop()
             raise
@@ -272,6 +284,9 @@ class KafkaWorker:
     async def stop(self) -> None:
         """Leave the group (owned partitions are revoked and handed over), withdraw the
         announcement, stop serving."""
+        if self._sources is not None:
+            await self._sources.stop()  # first: it produces with the producer closed below
+            self._sources = None
         if self._runner is not None:
             await self._runner.stop()
             self._runner = None
@@ -299,6 +314,34 @@ class KafkaWorker:
             self._state_dir = None
         self._stopped.set()
         self._changed.set()
+
+    async def _start_sources(self, partitions: int) -> None:
+        """Consume the topics the workflow modules declare as ``Source`` (if any)."""
+        sources = (
+            declared_sources(self.registry) if self._declared is None else list(self._declared)
+        )
+        if not sources:
+            return
+        assert self._producer is not None
+        self._sources = SourceConsumer(
+            self.config.settings,
+            sources,
+            sink=kafka_sink(self._producer, self.config.settings.prefix, partitions),
+            serde=self._serde,
+            codec=self._codec,
+            clock=self._clock,
+            max_payload_bytes=self.config.max_payload_bytes,
+            config=self.config.sources,
+            on_fatal=self._fatal,
+        )
+        await self._sources.start()
+
+    @property
+    def source_lag(self) -> SourceLag | None:
+        """Records of the source topics not yet turned into durable commands, per topic
+        partition this worker reads (``stepstream_source_lag_records``); None without
+        sources."""
+        return self._sources.lag if self._sources is not None else None
 
     # ---- what it owns -----------------------------------------------------------------
 
@@ -406,6 +449,7 @@ class KafkaWorker:
                 host,
                 Health(ready=self._ready, reason=self._not_ready_reason),
                 rebalances=lambda: self._runner.rebalances if self._runner is not None else 0,
+                source_lag=lambda: self.source_lag.records() if self.source_lag else {},
             ),
         )
         tls = security.ssl_context()

@@ -36,6 +36,7 @@ from engine.hook_events import StatusChangeEvent, StepErrorEvent
 from engine.loops import Break, Continue
 from engine.records import Payload
 from engine.retry import RetryPolicy
+from engine.sources import Source
 from engine.views import HistoryEntry, InstanceStatus
 from engine.workflow import workflow
 from ops.worker import Worker
@@ -68,6 +69,7 @@ __all__ = [
     "ResultTimeout",
     "RetryPolicy",
     "RolledBack",
+    "Source",
     "StatusChangeEvent",
     "StepErrorEvent",
     "StepFailed",

@@ -66,7 +66,12 @@ class ThreadedWorker:
     """A ``KafkaWorker`` on its own thread and event loop, driven from a test's loop."""
 
     def __init__(
-        self, settings: KafkaSettings, state_dir: Path, registry: Registry, **config: Any
+        self,
+        settings: KafkaSettings,
+        state_dir: Path,
+        registry: Registry,
+        sources: Any = None,
+        **config: Any,
     ) -> None:
         from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
 
@@ -77,7 +82,7 @@ class ThreadedWorker:
         )
         self._thread.start()
         built = KafkaWorkerConfig(settings, state_dir=str(state_dir), port=0, **config)
-        self.worker: Any = self.call_sync(_build(KafkaWorker, registry, built))
+        self.worker: Any = self.call_sync(_build(KafkaWorker, registry, built, sources=sources))
 
     def call_sync(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=120)
@@ -102,8 +107,8 @@ class ThreadedWorker:
             self._loop.close()
 
 
-async def _build(cls: Any, *args: Any) -> Any:
-    return cls(*args)  # constructed on the worker's loop: it creates asyncio primitives
+async def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
+    return cls(*args, **kwargs)  # constructed on the worker's loop: it creates asyncio primitives
 
 
 @pytest.fixture

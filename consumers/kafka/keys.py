@@ -52,6 +52,11 @@ def group_id(prefix: str) -> str:
     return f"{prefix}.workers"
 
 
+def sources_group_id(prefix: str) -> str:
+    """The consumer group that reads the user topics declared as ``Source``s."""
+    return f"{prefix}.sources"
+
+
 def partition_dir(partition: int) -> str:
     return f"partition-{partition}"
 

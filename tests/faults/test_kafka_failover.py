@@ -43,8 +43,19 @@ REPO = Path(__file__).resolve().parents[2]
 class WorkerProcess:
     """One `stepstream worker` subprocess; stopped by pid."""
 
-    def __init__(self, settings: KafkaSettings, state_dir: Path, ledger: Path, log: Path) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        state_dir: Path,
+        ledger: Path,
+        log: Path,
+        *,
+        workflows: str = "tests.workflows",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.settings = settings
+        self.workflows = workflows
+        self.env = env or {}
         self.state_dir = state_dir
         self.ledger = ledger
         self.log = log
@@ -58,7 +69,7 @@ class WorkerProcess:
             "ops.cli",
             "worker",
             "--workflows",
-            "tests.workflows",
+            self.workflows,
             "--bootstrap",
             self.settings.bootstrap,
             "--prefix",
@@ -76,6 +87,7 @@ class WorkerProcess:
                 p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
             ),
             "STEPSTREAM_TEST_LEDGER": str(self.ledger),
+            **self.env,
         }
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(

@@ -54,6 +54,7 @@ def test_public_names_are_pinned() -> None:
             "ResultTimeout",
             "RetryPolicy",
             "RolledBack",
+            "Source",
             "StatusChangeEvent",
             "StepErrorEvent",
             "StepFailure",

@@ -1,0 +1,17 @@
+"""Event sources on the Kafka backend: user topics declared with ``stepstream.Source``,
+read by a consumer group of the workers and turned into commands (see ``consumer``)."""
+
+from consumers.sources.consumer import SourceConsumer, SourcesConfig, kafka_sink
+from consumers.sources.lag import METRIC_NAME, SourceLag
+from consumers.sources.translate import RecordTranslator, SourceRecord, Unreadable
+
+__all__ = [
+    "METRIC_NAME",
+    "RecordTranslator",
+    "SourceConsumer",
+    "SourceLag",
+    "SourceRecord",
+    "SourcesConfig",
+    "Unreadable",
+    "kafka_sink",
+]
