@@ -14,6 +14,7 @@ from consumers.steps import StepExecutor
 from consumers.timers import TimerService
 from engine.codec import PayloadCodec
 from engine.errors import UnknownInstance
+from engine.listing import InstancePage, ListQuery, Overview, merge_overviews, merge_pages
 from engine.records import HistoryRecord, Payload
 from engine.seams import Clock, PartitionBackend
 from engine.serde import RecordSerde
@@ -231,6 +232,17 @@ class PartitionHost:
         for owned in self._owned.values():
             found.extend(owned.processor.reads.list_instances())
         return found
+
+    def list_page(self, query: ListQuery, budget: int) -> InstancePage:
+        """A page of ``query`` over the owned partitions, each looking at no more than
+        ``budget`` instances (so the page may be short: go on from its cursor)."""
+        pages = [o.processor.reads.list_page(query, budget) for o in self._owned.values()]
+        return merge_pages(pages, query.limit)
+
+    def overview(self) -> Overview:
+        """Counts by status, and what finished in the last hour, over the owned partitions."""
+        since = self.clock.now_ms() - 3600_000
+        return merge_overviews([o.processor.reads.overview(since) for o in self._owned.values()])
 
 
 def _unknown(instance_id: str) -> UnknownInstance:

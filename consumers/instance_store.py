@@ -4,7 +4,12 @@ instance's keys have one layout (``consumers.state_keys``) and one reader."""
 
 from __future__ import annotations
 
+from collections import deque
+
+import orjson
+
 from consumers import state_keys as keys
+from engine.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
 from engine.records import CommandIgnored, HistoryRecord, Payload
 from engine.seams import CommitBatch, StateStore
 from engine.serde import RecordSerde
@@ -16,6 +21,9 @@ from engine.state import (
     payload_bytes,
     payload_from_bytes,
 )
+from engine.views import InstanceStatus
+
+_STATUS_MARK = b'"st":"'  # how the status sits in an instance's meta (compact JSON)
 
 
 def load_state(
@@ -76,7 +84,8 @@ def forget_instance(
 
 class InstanceReads:
     """The reads a partition's owner answers from its committed state: point reads and
-    one instance's prefix, never a scan of the partition (except ``list_instances``)."""
+    one instance's prefix, never a scan of the partition (except ``list_instances`` and
+    ``overview``; ``list_page`` looks at a bounded number of keys)."""
 
     def __init__(self, store: StateStore, serde: RecordSerde) -> None:
         self._store = store
@@ -142,3 +151,53 @@ class InstanceReads:
             if state.status.finished:
                 found.append(state)
         return found
+
+    def list_page(self, query: ListQuery, budget: int) -> InstancePage:
+        """The instances of ``query`` on this partition, in id order, looking at no more
+        than ``budget`` instances: a page cut short by the budget has the last id looked
+        at as its cursor. Only metas are read, and a filter is checked on the raw bytes
+        before any is decoded, so a rare status or workflow costs one key read each."""
+        scope = keys.META + keys.escape_id(query.prefix)
+        start = scope
+        if query.after is not None:
+            # Escaped ids hold no 0x00: this is the first key after the cursor's.
+            start = max(start, keys.meta(query.after) + b"\x00")
+        marks = []
+        if query.status is not None:
+            marks.append(_STATUS_MARK + query.status.encode() + b'"')
+        if query.workflow is not None:
+            marks.append(b'"w":' + orjson.dumps(query.workflow))
+        found: list[InstanceStatus] = []
+        looked = 0
+        for key, meta in self._store.scan(scope, start):
+            looked += 1
+            if all(mark in meta for mark in marks):
+                view = InstanceStatus.of(InstanceState.from_storage(keys.split_meta(key), meta, []))
+                if query.matches(view):
+                    found.append(view)
+                    if len(found) >= query.limit:
+                        return InstancePage(found, view.instance_id)
+            if looked >= budget:
+                return InstancePage(found, keys.split_meta(key))
+        return InstancePage(found, None)
+
+    def overview(self, since_ms: int) -> Overview:
+        """Instances by status (read off the metas without decoding them), those that
+        finished since ``since_ms`` by status, and the latest failures among them."""
+        counts: dict[str, int] = {}
+        for _, meta in self._store.scan(keys.META):
+            at = meta.find(_STATUS_MARK) + len(_STATUS_MARK)
+            status = meta[at : meta.index(b'"', at)].decode()
+            counts[status] = counts.get(status, 0) + 1
+        finished: dict[str, int] = {}
+        failures: deque[InstanceStatus] = deque(maxlen=RECENT_FAILURES)
+        for key, _ in self._store.scan(keys.FINISHED, keys.finished(since_ms, "")):
+            _, instance_id = keys.split_finished(key)
+            state = load_state(self._store, instance_id, entries=False)
+            if state is None:
+                continue
+            finished[state.status.value] = finished.get(state.status.value, 0) + 1
+            if state.status.value == "failed":
+                failures.append(InstanceStatus.of(state))
+        # The index runs oldest first.
+        return Overview(counts, finished, list(reversed(failures)))

@@ -34,6 +34,7 @@ from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
 from engine.kafka_settings import KafkaSettings
+from engine.listing import InstancePage, ListQuery, Overview
 from engine.records import Command, HistoryRecord, Payload
 from engine.seams import Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
@@ -42,6 +43,7 @@ from engine.topics import MEMBERS, TopicNames, partition_for
 from engine.workflow import Registry, WorkflowDefinition
 from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity
+from ops.ui.cluster import ClusterView
 from producers.kafka_members import Member
 from producers.publisher import LogTransport
 
@@ -131,6 +133,12 @@ class _OwnedReader:
     def list_instances(self) -> list[InstanceState]:
         return self._host.list_instances()
 
+    def list_page(self, query: ListQuery, budget: int) -> InstancePage:
+        return self._host.list_page(query, budget)
+
+    def overview(self) -> Overview:
+        return self._host.overview()
+
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
         self._check(instance_id)
         return await self._host.wait_finished(instance_id, timeout)
@@ -190,6 +198,12 @@ class KafkaWorker:
         self._host: PartitionHost | None = None
         self._runner: KafkaRunner | None = None
         self._http: web.AppRunner | None = None
+        self._ui = ClusterView(
+            config.settings,
+            token=config.api.token,
+            codec=self._codec,
+            max_payload_bytes=config.max_payload_bytes,
+        )
         self._changed = asyncio.Event()
         self._stopped = asyncio.Event()
         self.url = ""
@@ -281,6 +295,7 @@ class KafkaWorker:
         if self._http is not None:
             await self._http.cleanup()
             self._http = None
+        await self._ui.close()
         if self._host is not None:
             await self._host.close()
         if self._producer is not None:
@@ -384,6 +399,7 @@ class KafkaWorker:
             commands=reader,
             security=security,
             served_hosts=(self.config.host, *([advertised] if advertised else [])),
+            ui_transport=self._ui.transport,
         )
         tls = security.ssl_context()
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from engine.errors import StepstreamError
+from engine.listing import InstancePage, ListQuery, Overview
 from engine.names import check_name, event_id_problem, event_name_problem
 from engine.views import HistoryEntry, InstanceStatus
 
@@ -44,6 +45,10 @@ class Transport(Protocol):
     async def history(self, instance_id: str) -> list[HistoryEntry]: ...
 
     async def list(self, status: str | None) -> list[InstanceStatus]: ...
+
+    async def list_page(self, query: ListQuery) -> InstancePage: ...
+
+    async def overview(self) -> Overview: ...
 
     async def close(self) -> None: ...
 
