@@ -29,7 +29,9 @@ UI_PATHS = ("/ui", "/ui/")
 STATIC_PREFIX = "/ui/static/"
 TransportSource = Callable[[], Awaitable[Transport]]
 _STATIC = resources.files("ops.ui") / "static"
-UI_FILES = frozenset({"app.js", "api.js", "timeline.js", "style.css", "index.html"})
+UI_FILES = frozenset(
+    {"app.js", "api.js", "dom.js", "timeline.js", "pages.js", "style.css", "index.html"}
+)
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 
 
