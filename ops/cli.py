@@ -214,6 +214,7 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                     f"{engine.host.partitions} partitions, workflows: {workflows})",
                     flush=True,
                 )
+                log.info("web UI at %s/ui", url)
                 # A full or damaged disk stops the engine: it says why and what to do.
                 signalled = asyncio.ensure_future(stop.wait())
                 failed = asyncio.ensure_future(engine.db.failed())
@@ -477,6 +478,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
                 f"workflows: {workflows})",
                 flush=True,
             )
+            log.info("web UI at %s/ui", worker.url)
             stop = asyncio.ensure_future(signalled.wait())
             failed = asyncio.ensure_future(worker.run())
             await asyncio.wait({stop, failed}, return_when=asyncio.FIRST_COMPLETED)
@@ -710,7 +712,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--data", metavar="DIR", help="data directory (default: a temporary one)")
     run.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
 
-    dev = command("dev", _dev, "serve the embedded engine and its HTTP API", [serving])
+    dev = command(
+        "dev",
+        _dev,
+        "serve the embedded engine, its HTTP API and the web UI (at /ui; it asks for the "
+        "API token when one is set)",
+        [serving],
+    )
     dev.add_argument(
         "--workflows",
         required=True,
@@ -826,7 +834,8 @@ def _parser() -> argparse.ArgumentParser:
     worker = command(
         "worker",
         _worker,
-        "run workflows in a Kafka consumer group, and serve their reads",
+        "run workflows in a Kafka consumer group, and serve their reads and the web UI (at "
+        "/ui, covering every worker's instances)",
         [kafka, serving],
     )
     worker.add_argument(

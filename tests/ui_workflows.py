@@ -62,3 +62,11 @@ async def gate(ctx: Context, _: Any) -> Any:
     if isinstance(payload, dict) and payload.get("fail"):
         raise NonRetryableError(f"told to fail: {payload['fail']}")
     return payload
+
+
+@workflow("instant")
+async def instant(ctx: Context, fail: bool) -> str:
+    """Finishes at once: completed, or failed when told to (for listing at scale)."""
+    if fail:
+        raise NonRetryableError("failed on purpose")
+    return "done"

@@ -35,6 +35,7 @@ export async function listPage(main, params) {
   const prefix = h("input", { id: "f-prefix", name: "prefix", value: params.get("prefix") || "", autocomplete: "off", spellcheck: "false" });
   const form = h("form", { class: "filters", role: "search", "aria-label": "Filter instances", onsubmit: (e) => {
     e.preventDefault();
+    performance.mark("stepstream:filter-sent");
     location.hash = listHash(new URLSearchParams({ status: status.value, workflow: workflow.value.trim(), prefix: prefix.value }));
   } },
   field("f-status", "Status", status),
@@ -67,6 +68,7 @@ export async function listPage(main, params) {
     pager.append(h("a", { href: listHash(next), rel: "next" }, "Next page"));
   }
   main.replaceChildren(h("h1", { tabindex: "-1" }, "Instances"), form, scroll(table), pager);
+  performance.mark("stepstream:list-shown"); // read by tests/ui_scale.py
 }
 
 export async function instancePage(main, id) {
