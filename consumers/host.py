@@ -24,6 +24,11 @@ from engine.workflow import Registry, WorkflowDefinition
 
 log = logging.getLogger("stepstream.host")
 
+# How far an overview got: since when it counts finishes, and where each partition not
+# yet done goes on (None: at its beginning).
+OverviewProgress = tuple[int, dict[int, bytes | None]]
+
+
 RECENT_SETTLED = 50_000
 
 
@@ -239,10 +244,26 @@ class PartitionHost:
         pages = [o.processor.reads.list_page(query, budget) for o in self._owned.values()]
         return merge_pages(pages, query.limit)
 
-    def overview(self) -> Overview:
-        """Counts by status, and what finished in the last hour, over the owned partitions."""
-        since = self.clock.now_ms() - 3600_000
-        return merge_overviews([o.processor.reads.overview(since) for o in self._owned.values()])
+    def overview_slice(
+        self, progress: OverviewProgress | None, budget: int
+    ) -> tuple[Overview, OverviewProgress | None]:
+        """Part of the overview of the owned partitions (each looks at no more than
+        ``budget`` keys) and where to go on (None: done); start with None. A partition
+        that moved away meanwhile is left to its new owner."""
+        if progress is None:
+            progress = (self.clock.now_ms() - 3600_000, dict.fromkeys(self._owned))
+        since, starts = progress
+        parts = []
+        left: dict[int, bytes | None] = {}
+        for partition, start in starts.items():
+            owned = self._owned.get(partition)
+            if owned is None:
+                continue
+            part, next_start = owned.processor.reads.overview_slice(since, start, budget)
+            parts.append(part)
+            if next_start is not None:
+                left[partition] = next_start
+        return merge_overviews(parts), (since, left) if left else None
 
 
 def _unknown(instance_id: str) -> UnknownInstance:

@@ -85,7 +85,7 @@ def forget_instance(
 class InstanceReads:
     """The reads a partition's owner answers from its committed state: point reads and
     one instance's prefix, never a scan of the partition (except ``list_instances`` and
-    ``overview``; ``list_page`` looks at a bounded number of keys)."""
+    ``overview_slice``, which like ``list_page`` looks at a bounded number of keys)."""
 
     def __init__(self, store: StateStore, serde: RecordSerde) -> None:
         self._store = store
@@ -181,23 +181,48 @@ class InstanceReads:
                 return InstancePage(found, keys.split_meta(key))
         return InstancePage(found, None)
 
-    def overview(self, since_ms: int) -> Overview:
-        """Instances by status (read off the metas without decoding them), those that
-        finished since ``since_ms`` by status, and the latest failures among them."""
+    def overview_slice(
+        self, since_ms: int, start: bytes | None, budget: int
+    ) -> tuple[Overview, bytes | None]:
+        """Part of the overview, from at most ``budget`` keys on from ``start`` (None: the
+        beginning), and the key to go on from (None: done). First every instance by
+        status, read off its meta without decoding it; then those that finished since
+        ``since_ms`` (the finished index from there), by status, with the latest
+        failures."""
         counts: dict[str, int] = {}
-        for _, meta in self._store.scan(keys.META):
-            at = meta.find(_STATUS_MARK) + len(_STATUS_MARK)
-            status = meta[at : meta.index(b'"', at)].decode()
-            counts[status] = counts.get(status, 0) + 1
         finished: dict[str, int] = {}
         failures: deque[InstanceStatus] = deque(maxlen=RECENT_FAILURES)
-        for key, _ in self._store.scan(keys.FINISHED, keys.finished(since_ms, "")):
+        looked = 0
+
+        def partial() -> Overview:
+            # The index runs oldest first.
+            return Overview(counts, finished, list(reversed(failures)))
+
+        resume = start
+        if resume is None or resume.startswith(keys.META):
+            for key, meta in self._store.scan(keys.META, resume):
+                if looked >= budget:
+                    return partial(), key
+                looked += 1
+                status = _status_in(meta)
+                counts[status] = counts.get(status, 0) + 1
+            resume = keys.finished(since_ms, "")
+        for key, _ in self._store.scan(keys.FINISHED, resume):
+            if looked >= budget:
+                return partial(), key
+            looked += 1
             _, instance_id = keys.split_finished(key)
-            state = load_state(self._store, instance_id, entries=False)
-            if state is None:
+            raw = self._store.get(keys.meta(instance_id))
+            if raw is None:
                 continue
-            finished[state.status.value] = finished.get(state.status.value, 0) + 1
-            if state.status.value == "failed":
+            status = _status_in(raw)
+            finished[status] = finished.get(status, 0) + 1
+            if status == "failed":
+                state = InstanceState.from_storage(instance_id, raw, [])
                 failures.append(InstanceStatus.of(state))
-        # The index runs oldest first.
-        return Overview(counts, finished, list(reversed(failures)))
+        return partial(), None
+
+
+def _status_in(meta: bytes) -> str:
+    at = meta.index(_STATUS_MARK) + len(_STATUS_MARK)
+    return meta[at : meta.index(b'"', at)].decode()

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from consumers.host import PartitionHost
+from consumers.host import OverviewProgress, PartitionHost
 from consumers.kafka import (
     KafkaRunner,
     LogProducer,
@@ -136,8 +136,10 @@ class _OwnedReader:
     def list_page(self, query: ListQuery, budget: int) -> InstancePage:
         return self._host.list_page(query, budget)
 
-    def overview(self) -> Overview:
-        return self._host.overview()
+    def overview_slice(
+        self, progress: OverviewProgress | None, budget: int
+    ) -> tuple[Overview, OverviewProgress | None]:
+        return self._host.overview_slice(progress, budget)
 
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
         self._check(instance_id)

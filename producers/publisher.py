@@ -22,7 +22,7 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from engine.listing import InstancePage, ListQuery, Overview
+from engine.listing import InstancePage, ListQuery, Overview, merge_overviews
 from engine.names import check_name, event_id_problem, event_name_problem, text_problem
 from engine.records import (
     CancelWorkflow,
@@ -79,7 +79,10 @@ class Reader(Publishing, Protocol):
 
     def list_page(self, query: ListQuery, budget: int) -> InstancePage: ...
 
-    def overview(self) -> Overview: ...
+    def overview_slice(self, progress: Any, budget: int) -> tuple[Overview, Any]:
+        """Part of the overview and where to go on from (opaque; None to start, None
+        when done)."""
+        ...
 
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState: ...
 
@@ -315,4 +318,12 @@ class LogTransport(CommandPublisher):
             await asyncio.sleep(0)
 
     async def overview(self) -> Overview:
-        return self._reader.overview()
+        # In slices, like list_page: counting every instance takes a while at 100,000.
+        parts = []
+        progress = None
+        while True:
+            part, progress = self._reader.overview_slice(progress, _LIST_SLICE)
+            parts.append(part)
+            if progress is None:
+                return merge_overviews(parts)
+            await asyncio.sleep(0)

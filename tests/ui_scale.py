@@ -80,7 +80,7 @@ def measure_browser(url: str) -> dict[str, float]:
             first.append(
                 page.evaluate("performance.getEntriesByName('stepstream:list-shown')[0].startTime")
             )
-            page.get_by_label("Status").select_option("failed")
+            page.get_by_label("Status", exact=True).select_option("failed")
             page.get_by_role("button", name="Filter").click()
             page.wait_for_function(
                 "performance.getEntriesByName('stepstream:list-shown').length == 2"

@@ -91,17 +91,17 @@ def test_list_filters_and_pages(server: DevServer, page: Page) -> None:
     page.get_by_role("link", name="First page").click()
     expect(page.locator("#instances tbody td:first-child").first).to_have_text("g-01")
 
-    page.get_by_label("Status").select_option("completed")
+    page.get_by_label("Status", exact=True).select_option("completed")
     page.get_by_role("button", name="Filter").click()
     expect(page.locator("#instances tbody tr")).to_have_count(2)
     assert ids(page) == ["g-01", "g-02"]
-    page.get_by_label("Status").select_option("")
+    page.get_by_label("Status", exact=True).select_option("")
     page.get_by_label("Id starts with").fill("g-1")
     page.get_by_role("button", name="Filter").click()
     expect(page.locator("#instances tbody tr")).to_have_count(3)
     assert ids(page) == ["g-10", "g-11", "g-12"]
     page.get_by_label("Id starts with").fill("")
-    page.get_by_label("Workflow").fill("nothing-like-it")
+    page.get_by_label("Workflow", exact=True).fill("nothing-like-it")
     page.get_by_role("button", name="Filter").click()
     expect(page.locator("#instances caption")).to_have_text("No instances match")
 
@@ -208,7 +208,7 @@ def test_definitions_show_workflows_and_overview(server: DevServer, page: Page) 
     expect(page.locator("#failures")).to_contain_text("g-03")
     expect(page.locator("#throughput")).to_contain_text("completed")
     page.get_by_role("link", name="instances of gate").click()
-    expect(page.get_by_label("Workflow")).to_have_value("gate")
+    expect(page.get_by_label("Workflow", exact=True)).to_have_value("gate")
 
 
 def test_usable_with_the_keyboard(server: DevServer, page: Page) -> None:
