@@ -63,7 +63,7 @@ def main() -> None:
             page.goto(f"{server.url}/ui#/")
             page.locator("#instances tbody tr").first.wait_for()
             page.screenshot(path=str(OUT / "ui-list.png"))
-            page.set_viewport_size({"width": 1100, "height": 1200})
+            page.set_viewport_size({"width": 1100, "height": 1560})
             page.goto(f"{server.url}/ui#/i/trip-042")
             page.locator(".tl-row[data-kind=wait]").first.wait_for()
             page.screenshot(path=str(OUT / "ui-instance.png"))
