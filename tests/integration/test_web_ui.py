@@ -145,6 +145,10 @@ def test_instance_page_shows_timeline_history_and_updates_live(
     expect(page.locator("h1")).to_have_text("t-live/leaf")
     expect(page.locator("#result")).to_have_text("42")
 
+    page.goto(f"{server.url}/ui#/i/no-such-thing")
+    expect(page.get_by_role("alert")).to_contain_text("UnknownInstance")
+    expect(page.get_by_role("alert")).to_contain_text("no instance 'no-such-thing'")
+
 
 def test_controls_and_their_errors(server: DevServer, page: Page) -> None:
     start(server, "gate", "c-1")
