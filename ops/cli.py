@@ -30,6 +30,7 @@ from aiohttp import web
 import producers.http  # registers http:// and https:// with Client.connect
 from engine.codec import parse_json_text
 from engine.errors import InvalidPayload, StepstreamError
+from engine.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from engine.state import Status
 from engine.views import InstanceStatus, Wait
 from engine.workflow import Registry, WorkflowDefinition, definition_of
@@ -402,11 +403,32 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    paged = args.limit is not None or args.after or args.workflow or args.prefix
+    if args.limit is not None and not 1 <= args.limit <= MAX_PAGE_SIZE:
+        raise _UsageError(f"--limit must be from 1 to {MAX_PAGE_SIZE}, got {args.limit}")
+
     async def command(client: Client) -> int:
-        instances = await client.list(status=args.status)
+        cursor = None
+        if not paged:
+            instances = await client.list(status=args.status)
+        else:
+            page = await client.list_page(
+                status=args.status,
+                workflow=args.workflow,
+                prefix=args.prefix or "",
+                after=args.after,
+                limit=args.limit or DEFAULT_PAGE_SIZE,
+            )
+            instances, cursor = page.instances, page.next
         if args.diverged:
             instances = [i for i in instances if i.diverged]
-        _output(args, [i.to_json() for i in instances], _table(instances))
+        text = _table(instances)
+        if cursor is not None:
+            text += f"\nnext page: --after {cursor}"
+        out: Any = [i.to_json() for i in instances]
+        if paged:
+            out = {"instances": out, "next": cursor}
+        _output(args, out, text)
         return EXIT_OK
 
     return _with_client(args, command)
@@ -800,6 +822,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     listing = command("list", _list, "list instances", [connect, as_json])
     listing.add_argument("--status", choices=[s.value for s in Status])
+    listing.add_argument("--workflow", metavar="NAME", help="only instances of this workflow")
+    listing.add_argument("--prefix", metavar="TEXT", help="only instances whose id starts so")
+    listing.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help=f"one page of at most N instances in id order (default {DEFAULT_PAGE_SIZE} "
+        "once any of --workflow, --prefix, --after is given); prints the cursor of the next",
+    )
+    listing.add_argument(
+        "--after", metavar="ID", help="the page after this instance id (the last page's cursor)"
+    )
     listing.add_argument(
         "--diverged",
         action="store_true",

@@ -82,11 +82,23 @@ async def test_a_short_slice_never_skips_instances(tmp_path: Path) -> None:
         assert seen == waiting
 
 
-def test_bad_page_queries_say_what_to_do(tmp_path: Path) -> None:
+def test_cli_pages_and_bad_page_queries(tmp_path: Path) -> None:
     from tests.dev_server import start_dev
 
     server = start_dev(tmp_path, "ui_none", "from tests.workflows import *  # noqa: F403\n")
     try:
+        for n in range(3):
+            started = server.cli("start", "waiter", "--id", f"p-{n}")
+            assert started.returncode == 0, started.stderr
+        first = server.cli("list", "--prefix", "p-", "--limit", "2")
+        assert first.returncode == 0, first.stderr
+        assert "p-0" in first.stdout and "p-1" in first.stdout and "p-2" not in first.stdout
+        assert first.stdout.rstrip().endswith("next page: --after p-1")
+        rest = server.cli("list", "--prefix", "p-", "--after", "p-1", "--json")
+        assert json.loads(rest.stdout)["next"] is None
+        assert [i["instance_id"] for i in json.loads(rest.stdout)["instances"]] == ["p-2"]
+        refused = server.cli("list", "--limit", "0")
+        assert refused.returncode == 2 and "--limit must be from 1 to 500" in refused.stderr
         for query, expected in (
             ("limit=0", "limit='0' is not a whole number from 1 to 500"),
             ("limit=x", "limit='x' is not a whole number"),
