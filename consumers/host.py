@@ -15,6 +15,7 @@ from consumers.telemetry import Telemetry
 from consumers.timers import TimerService
 from engine.codec import PayloadCodec
 from engine.errors import UnknownInstance
+from engine.listing import InstancePage, ListQuery, Overview, merge_overviews, merge_pages
 from engine.records import HistoryRecord, Payload
 from engine.seams import Clock, PartitionBackend
 from engine.serde import RecordSerde
@@ -23,6 +24,11 @@ from engine.topics import partition_for
 from engine.workflow import Registry, WorkflowDefinition
 
 log = logging.getLogger("stepstream.host")
+
+# How far an overview got: since when it counts finishes, and where each partition not
+# yet done goes on (None: at its beginning).
+OverviewProgress = tuple[int, dict[int, bytes | None]]
+
 
 RECENT_SETTLED = 50_000
 
@@ -260,6 +266,33 @@ class PartitionHost:
         for owned in self._owned.values():
             found.extend(owned.processor.reads.list_instances())
         return found
+
+    def list_page(self, query: ListQuery, budget: int) -> InstancePage:
+        """A page of ``query`` over the owned partitions, each looking at no more than
+        ``budget`` instances (so the page may be short: go on from its cursor)."""
+        pages = [o.processor.reads.list_page(query, budget) for o in self._owned.values()]
+        return merge_pages(pages, query.limit)
+
+    def overview_slice(
+        self, progress: OverviewProgress | None, budget: int
+    ) -> tuple[Overview, OverviewProgress | None]:
+        """Part of the overview of the owned partitions (each looks at no more than
+        ``budget`` keys) and where to go on (None: done); start with None. A partition
+        that moved away meanwhile is left to its new owner."""
+        if progress is None:
+            progress = (self.clock.now_ms() - 3600_000, dict.fromkeys(self._owned))
+        since, starts = progress
+        parts = []
+        left: dict[int, bytes | None] = {}
+        for partition, start in starts.items():
+            owned = self._owned.get(partition)
+            if owned is None:
+                continue
+            part, next_start = owned.processor.reads.overview_slice(since, start, budget)
+            parts.append(part)
+            if next_start is not None:
+                left[partition] = next_start
+        return merge_overviews(parts), (since, left) if left else None
 
 
 def _unknown(instance_id: str) -> UnknownInstance:

@@ -4,7 +4,12 @@ instance's keys have one layout (``consumers.state_keys``) and one reader."""
 
 from __future__ import annotations
 
+from collections import deque
+
+import orjson
+
 from consumers import state_keys as keys
+from engine.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
 from engine.records import CommandIgnored, HistoryRecord, Payload
 from engine.seams import CommitBatch, StateStore
 from engine.serde import RecordSerde
@@ -16,6 +21,9 @@ from engine.state import (
     payload_bytes,
     payload_from_bytes,
 )
+from engine.views import InstanceStatus
+
+_STATUS_MARK = b'"st":"'  # how the status sits in an instance's meta (compact JSON)
 
 
 def load_state(
@@ -76,7 +84,8 @@ def forget_instance(
 
 class InstanceReads:
     """The reads a partition's owner answers from its committed state: point reads and
-    one instance's prefix, never a scan of the partition (except ``list_instances``)."""
+    one instance's prefix, never a scan of the partition (except ``list_instances`` and
+    ``overview_slice``, which like ``list_page`` looks at a bounded number of keys)."""
 
     def __init__(self, store: StateStore, serde: RecordSerde) -> None:
         self._store = store
@@ -142,3 +151,78 @@ class InstanceReads:
             if state.status.finished:
                 found.append(state)
         return found
+
+    def list_page(self, query: ListQuery, budget: int) -> InstancePage:
+        """The instances of ``query`` on this partition, in id order, looking at no more
+        than ``budget`` instances: a page cut short by the budget has the last id looked
+        at as its cursor. Only metas are read, and a filter is checked on the raw bytes
+        before any is decoded, so a rare status or workflow costs one key read each."""
+        scope = keys.META + keys.escape_id(query.prefix)
+        start = scope
+        if query.after is not None:
+            # Escaped ids hold no 0x00: this is the first key after the cursor's.
+            start = max(start, keys.meta(query.after) + b"\x00")
+        marks = []
+        if query.status is not None:
+            marks.append(_STATUS_MARK + query.status.encode() + b'"')
+        if query.workflow is not None:
+            marks.append(b'"w":' + orjson.dumps(query.workflow))
+        found: list[InstanceStatus] = []
+        looked = 0
+        for key, meta in self._store.scan(scope, start):
+            looked += 1
+            if all(mark in meta for mark in marks):
+                view = InstanceStatus.of(InstanceState.from_storage(keys.split_meta(key), meta, []))
+                if query.matches(view):
+                    found.append(view)
+                    if len(found) >= query.limit:
+                        return InstancePage(found, view.instance_id)
+            if looked >= budget:
+                return InstancePage(found, keys.split_meta(key))
+        return InstancePage(found, None)
+
+    def overview_slice(
+        self, since_ms: int, start: bytes | None, budget: int
+    ) -> tuple[Overview, bytes | None]:
+        """Part of the overview, from at most ``budget`` keys on from ``start`` (None: the
+        beginning), and the key to go on from (None: done). First every instance by
+        status, read off its meta without decoding it; then those that finished since
+        ``since_ms`` (the finished index from there), by status, with the latest
+        failures."""
+        counts: dict[str, int] = {}
+        finished: dict[str, int] = {}
+        failures: deque[InstanceStatus] = deque(maxlen=RECENT_FAILURES)
+        looked = 0
+
+        def partial() -> Overview:
+            # The index runs oldest first.
+            return Overview(counts, finished, list(reversed(failures)))
+
+        resume = start
+        if resume is None or resume.startswith(keys.META):
+            for key, meta in self._store.scan(keys.META, resume):
+                if looked >= budget:
+                    return partial(), key
+                looked += 1
+                status = _status_in(meta)
+                counts[status] = counts.get(status, 0) + 1
+            resume = keys.finished(since_ms, "")
+        for key, _ in self._store.scan(keys.FINISHED, resume):
+            if looked >= budget:
+                return partial(), key
+            looked += 1
+            _, instance_id = keys.split_finished(key)
+            raw = self._store.get(keys.meta(instance_id))
+            if raw is None:
+                continue
+            status = _status_in(raw)
+            finished[status] = finished.get(status, 0) + 1
+            if status == "failed":
+                state = InstanceState.from_storage(instance_id, raw, [])
+                failures.append(InstanceStatus.of(state))
+        return partial(), None
+
+
+def _status_in(meta: bytes) -> str:
+    at = meta.index(_STATUS_MARK) + len(_STATUS_MARK)
+    return meta[at : meta.index(b'"', at)].decode()

@@ -66,7 +66,10 @@ class StateStore(Protocol):
 
     def get(self, key: bytes) -> bytes | None: ...
 
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Keys starting with ``prefix``, from ``start`` (default: the prefix) on, in key
+        order."""
+        ...
 
 
 @dataclass(slots=True)

@@ -35,8 +35,10 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
+from engine.listing import ListQuery
 from engine.state import Status
 from ops.api_security import ApiSecurity
+from ops.ui.routes import TransportSource, add_ui_routes
 from producers import trace_context
 from producers.client import Transport
 from producers.http import (
@@ -69,6 +71,8 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
     ConnectionFailed: 503,
 }
 _STATUSES = tuple(s.value for s in Status)
+# Any of these asks ``GET /v1/instances`` for one page (``engine.listing``) rather than all.
+_PAGE_PARAMS = frozenset({"limit", "after", "workflow", "prefix"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -109,13 +113,16 @@ def make_app(
     security: ApiSecurity | None = None,
     served_hosts: tuple[str, ...] = (),
     observability: Observability | None = None,
+    ui_transport: TransportSource | None = None,
 ) -> web.Application:
     """The API over ``transport``. ``registry_names`` answers ``GET /v1/workflows``;
     ``commands`` (if given) ``GET /v1/commands/{id}?instance=ID&timeout=S``. ``security``
     (token, allowed hosts; see ``ops.api_security``) guards every route, and
     ``served_hosts`` are the names the server is reached by (bound host, advertised
     host). ``observability`` adds ``/metrics`` and ``/readyz``. ``app[SESSIONS]`` counts
-    the websocket sessions and their calls."""
+    the websocket sessions and their calls. ``ui_transport`` gives the transport the web
+    UI reads the whole deployment through (default: ``transport``, which covers it unless
+    this is one worker of several)."""
     api = _Api(transport, registry_names, max_body_bytes, commands)
     guard = (security or ApiSecurity()).guard(served_hosts)
     app = web.Application(
@@ -140,7 +147,14 @@ def make_app(
     app[SESSIONS] = session
     app.router.add_get("/v1/session", session.serve)
     app.on_shutdown.append(session.close_all)
+    # The overview and the web UI (ops.ui), kept in one block.
+    app.router.add_get("/v1/overview", api.overview)
+    add_ui_routes(app, ui_transport or functools.partial(_ready, transport), registry_names)
     return app
+
+
+async def _ready(transport: Transport) -> Transport:
+    return transport
 
 
 class _Api:
@@ -174,7 +188,7 @@ class _Api:
                 raise
             message = f"{request.method} {request.path}: {exc.reason}"
             if exc.status == 404:
-                message += "; the API serves /healthz, /v1/workflows and /v1/instances"
+                message += "; the API serves /healthz, /v1/workflows and /v1/instances, the UI /ui"
             body = {
                 "error": {"type": exc.__class__.__name__.removeprefix("HTTP"), "message": message}
             }
@@ -246,8 +260,14 @@ class _Api:
         status = request.query.get("status")
         if status is not None and status not in _STATUSES:
             raise InvalidPayload(f"unknown status {status!r}; use one of {', '.join(_STATUSES)}")
+        if request.query.keys() & _PAGE_PARAMS:
+            page = await self._transport.list_page(ListQuery.from_params(request.query))
+            return web.json_response(page.to_json())
         instances = await self._transport.list(status)
         return web.json_response({"instances": [i.to_json() for i in instances]})
+
+    async def overview(self, request: web.Request) -> web.Response:
+        return web.json_response((await self._transport.overview()).to_json())
 
     async def command(self, request: web.Request) -> web.Response:
         # Waits here, woken by the commit that settles the command: one long request.

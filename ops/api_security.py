@@ -1,9 +1,9 @@
 """Who may use the HTTP API of ``stepstream dev`` and of a worker.
 
 - A bearer token (``STEPSTREAM_API_TOKEN``, ``--api-token``): every request but the
-  probes (``/healthz``, ``/readyz``) must carry ``Authorization: Bearer <token>``, the
-  websocket upgrade of ``/v1/session`` and ``/metrics`` included. Compared in constant
-  time.
+  probes (``/healthz``, ``/readyz``) and the web UI's page and static files must carry
+  ``Authorization: Bearer <token>``, the websocket upgrade of ``/v1/session``, ``/metrics``
+  and the UI's JSON included. Compared in constant time.
 - A server bound beyond loopback refuses to start without a token, unless ``--insecure``.
 - Cross-site requests are refused: an ``Origin`` that is not the server's own (403), a
   ``Host`` that is not a loopback name, an IP address, the bound or advertised host, this
@@ -28,14 +28,19 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from engine.errors import StepstreamError
+from ops.ui.routes import STATIC_PREFIX, UI_FILES, UI_PATHS
 
 TOKEN_ENV = "STEPSTREAM_API_TOKEN"
 ALLOWED_HOSTS_ENV = "STEPSTREAM_ALLOWED_HOSTS"
 _TLS_CERT_ENV = "STEPSTREAM_TLS_CERT"
 _TLS_KEY_ENV = "STEPSTREAM_TLS_KEY"
 _INSECURE_ENV = "STEPSTREAM_INSECURE"
-# Paths served to anyone: Kubernetes probes carry no token.
-_OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# Paths served to anyone: Kubernetes probes carry no token, and a browser cannot send one
+# when it opens the web UI (its page and files hold no data; the JSON it reads needs the
+# token, which the page asks for).
+_OPEN_PATHS = frozenset(
+    {"/healthz", "/readyz", *UI_PATHS, *(STATIC_PREFIX + name for name in UI_FILES)}
+)
 _WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 
 

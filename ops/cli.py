@@ -29,6 +29,7 @@ from aiohttp import web
 import producers.http  # registers http:// and https:// with Client.connect
 from engine.codec import parse_json_text
 from engine.errors import InvalidPayload, StepstreamError
+from engine.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from engine.state import Status
 from engine.views import InstanceStatus, Wait
 from engine.workflow import Registry, WorkflowDefinition, definition_of
@@ -236,6 +237,7 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                     f"{engine.host.partitions} partitions, workflows: {workflows})",
                     flush=True,
                 )
+                log.info("web UI at %s/ui", url)
                 # A full or damaged disk stops the engine: it says why and what to do.
                 signalled = asyncio.ensure_future(stop.wait())
                 failed = asyncio.ensure_future(engine.db.failed())
@@ -427,11 +429,32 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    paged = args.limit is not None or args.after or args.workflow or args.prefix
+    if args.limit is not None and not 1 <= args.limit <= MAX_PAGE_SIZE:
+        raise _UsageError(f"--limit must be from 1 to {MAX_PAGE_SIZE}, got {args.limit}")
+
     async def command(client: Client) -> int:
-        instances = await client.list(status=args.status)
+        cursor = None
+        if not paged:
+            instances = await client.list(status=args.status)
+        else:
+            page = await client.list_page(
+                status=args.status,
+                workflow=args.workflow,
+                prefix=args.prefix or "",
+                after=args.after,
+                limit=args.limit or DEFAULT_PAGE_SIZE,
+            )
+            instances, cursor = page.instances, page.next
         if args.diverged:
             instances = [i for i in instances if i.diverged]
-        _output(args, [i.to_json() for i in instances], _table(instances))
+        text = _table(instances)
+        if cursor is not None:
+            text += f"\nnext page: --after {cursor}"
+        out: Any = [i.to_json() for i in instances]
+        if paged:
+            out = {"instances": out, "next": cursor}
+        _output(args, out, text)
         return EXIT_OK
 
     return _with_client(args, command)
@@ -505,6 +528,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
                 f"workflows: {workflows})",
                 flush=True,
             )
+            log.info("web UI at %s/ui", worker.url)
             stop = asyncio.ensure_future(signalled.wait())
             failed = asyncio.ensure_future(worker.run())
             await asyncio.wait({stop, failed}, return_when=asyncio.FIRST_COMPLETED)
@@ -730,7 +754,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--data", metavar="DIR", help="data directory (default: a temporary one)")
     run.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
 
-    dev = command("dev", _dev, "serve the embedded engine and its HTTP API", [serving])
+    dev = command(
+        "dev",
+        _dev,
+        "serve the embedded engine, its HTTP API and the web UI (at /ui; it asks for the "
+        "API token when one is set)",
+        [serving],
+    )
     dev.add_argument(
         "--workflows",
         required=True,
@@ -814,6 +844,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     listing = command("list", _list, "list instances", [connect, as_json])
     listing.add_argument("--status", choices=[s.value for s in Status])
+    listing.add_argument("--workflow", metavar="NAME", help="only instances of this workflow")
+    listing.add_argument("--prefix", metavar="TEXT", help="only instances whose id starts so")
+    listing.add_argument(
+        "--limit",
+        type=int,
+        metavar="N",
+        help=f"one page of at most N instances in id order (default {DEFAULT_PAGE_SIZE} "
+        "once any of --workflow, --prefix, --after is given); prints the cursor of the next",
+    )
+    listing.add_argument(
+        "--after", metavar="ID", help="the page after this instance id (the last page's cursor)"
+    )
     listing.add_argument(
         "--diverged",
         action="store_true",
@@ -848,7 +890,8 @@ def _parser() -> argparse.ArgumentParser:
     worker = command(
         "worker",
         _worker,
-        "run workflows in a Kafka consumer group, and serve their reads",
+        "run workflows in a Kafka consumer group, and serve their reads and the web UI (at "
+        "/ui, covering every worker's instances)",
         [kafka, serving],
     )
     worker.add_argument(

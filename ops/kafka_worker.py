@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
-from consumers.host import PartitionHost
+from consumers.host import OverviewProgress, PartitionHost
 from consumers.kafka import (
     KafkaRunner,
     LogProducer,
@@ -37,6 +37,7 @@ from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
 from engine.kafka_settings import KafkaSettings
+from engine.listing import InstancePage, ListQuery, Overview
 from engine.records import Command, HistoryRecord, Payload
 from engine.seams import Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
@@ -48,6 +49,7 @@ from ops import tracing
 from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity
 from ops.metrics import Health, observability_for
+from ops.ui.cluster import ClusterView
 from producers.kafka_members import Member
 from producers.publisher import LogTransport
 
@@ -143,6 +145,14 @@ class _OwnedReader:
     def list_instances(self) -> list[InstanceState]:
         return self._host.list_instances()
 
+    def list_page(self, query: ListQuery, budget: int) -> InstancePage:
+        return self._host.list_page(query, budget)
+
+    def overview_slice(
+        self, progress: OverviewProgress | None, budget: int
+    ) -> tuple[Overview, OverviewProgress | None]:
+        return self._host.overview_slice(progress, budget)
+
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
         self._check(instance_id)
         return await self._host.wait_finished(instance_id, timeout)
@@ -207,6 +217,12 @@ class KafkaWorker:
         self._runner: KafkaRunner | None = None
         self._sources: SourceConsumer | None = None
         self._http: web.AppRunner | None = None
+        self._ui = ClusterView(
+            config.settings,
+            token=config.api.token,
+            codec=self._codec,
+            max_payload_bytes=config.max_payload_bytes,
+        )
         self._changed = asyncio.Event()
         self._stopped = asyncio.Event()
         self.url = ""
@@ -304,6 +320,7 @@ class KafkaWorker:
         if self._http is not None:
             await self._http.cleanup()
             self._http = None
+        await self._ui.close()
         if self._host is not None:
             await self._host.close()
         if self._producer is not None:
@@ -451,6 +468,7 @@ class KafkaWorker:
                 rebalances=lambda: self._runner.rebalances if self._runner is not None else 0,
                 source_lag=lambda: self.source_lag.records() if self.source_lag else {},
             ),
+            ui_transport=self._ui.transport,
         )
         tls = security.ssl_context()
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

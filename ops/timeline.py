@@ -1,16 +1,17 @@
-"""A readable text timeline of one instance's history, for the CLI.
+"""The timeline of one instance's history: rows for the CLI's text and the web UI's chart.
 
 Each step attempt, sleep and wait becomes one row placed at the time it started (relative
 to the first record) with its outcome and how long it took; everything else in the
 history (start, pause, buffered events, the end) is a point in time. Rows still open at
-the end of the history show what the instance is doing now.
+the end of the history show what the instance is doing now. ``timeline_rows`` is the
+model; ``render_timeline`` the CLI's text of it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +22,11 @@ _SpanKey = tuple[str, str]
 
 
 @dataclass(slots=True)
-class _Row:
+class TimelineRow:
+    """One row; times in ms since the first record. A span without ``took_ms`` is still
+    open. ``retry_at_ms``: a failed attempt's next one is due then (its backoff);
+    ``due_ms``: when a sleep ends or a wait times out."""
+
     at_ms: float
     kind: str
     name: str
@@ -29,6 +34,11 @@ class _Row:
     detail: str = ""
     is_span: bool = False
     took_ms: float | None = None
+    retry_at_ms: float | None = None
+    due_ms: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @property
     def took(self) -> str:
@@ -41,26 +51,34 @@ def render_timeline(history: Sequence[HistoryEntry]) -> str:
     """The history as aligned text lines, one row per step attempt, sleep, wait or event."""
     if not history:
         return "(no history)"
+    return _format(timeline_rows(history))
+
+
+def timeline_rows(history: Sequence[HistoryEntry]) -> list[TimelineRow]:
+    """The rows of ``history``, in the order they started."""
+    if not history:
+        return []
     start = _ms(history[0].time)
-    rows: list[_Row] = []
-    open_spans: dict[_SpanKey, _Row] = {}
+    rows: list[TimelineRow] = []
+    open_spans: dict[_SpanKey, TimelineRow] = {}
 
     def point(at: float, kind: str, name: str, outcome: str, detail: str = "") -> None:
-        rows.append(_Row(at - start, kind, name, outcome, detail))
+        rows.append(TimelineRow(at - start, kind, name, outcome, detail))
 
     def begin(at: float, kind: str, name: str, outcome: str, detail: str = "") -> None:
-        row = _Row(at - start, kind, name, outcome, detail, is_span=True)
+        row = TimelineRow(at - start, kind, name, outcome, detail, is_span=True)
         rows.append(row)
         open_spans[(kind, name)] = row
 
-    def end(at: float, kind: str, name: str, outcome: str, detail: str = "") -> None:
+    def end(at: float, kind: str, name: str, outcome: str, detail: str = "") -> TimelineRow:
         row = open_spans.pop((kind, name), None)
         if row is None:
             point(at, kind, name, outcome, detail)
-            return
+            return rows[-1]
         row.outcome = outcome
         row.took_ms = at - start - row.at_ms
         row.detail = "  ".join(part for part in (row.detail, detail) if part)
+        return row
 
     children: dict[str, str] = {}  # a child's key in the parent -> its instance id
     for entry in history:
@@ -85,11 +103,15 @@ def render_timeline(history: Sequence[HistoryEntry]) -> str:
                 detail = _error(a)
                 if isinstance(retry_at, int):
                     detail += f" (retry at +{_duration(retry_at - start)})"
-                end(at, "step", key, "retry" if retry_at is not None else "failed", detail)
+                row = end(at, "step", key, "retry" if retry_at is not None else "failed", detail)
+                if isinstance(retry_at, int):
+                    row.retry_at_ms = retry_at - start
             case "SleepStarted":
                 wake = a.get("wake_at_ms")
                 until = f"until +{_duration(wake - start)}" if isinstance(wake, int) else ""
                 begin(at, "sleep", key, "sleeping", until)
+                if isinstance(wake, int):
+                    rows[-1].due_ms = wake - start
             case "SleepElapsed":
                 end(at, "sleep", key, "elapsed")
             case "WaitStarted":
@@ -98,6 +120,8 @@ def render_timeline(history: Sequence[HistoryEntry]) -> str:
                 if isinstance(timeout_at, int):
                     detail += f", timeout at +{_duration(timeout_at - start)}"
                 begin(at, "wait", key, "waiting", detail)
+                if isinstance(timeout_at, int):
+                    rows[-1].due_ms = timeout_at - start
             case "WaitSatisfied":
                 event = str(a.get("event_name", ""))
                 child = children.get(event.removeprefix("~child/"))
@@ -157,10 +181,10 @@ def render_timeline(history: Sequence[HistoryEntry]) -> str:
                 )
             case _:
                 point(at, entry.type, key, "")
-    return _format(rows)
+    return rows
 
 
-def _format(rows: list[_Row]) -> str:
+def _format(rows: list[TimelineRow]) -> str:
     at = [f"+{_duration(r.at_ms)}" for r in rows]
     took = [r.took for r in rows]
     widths = [

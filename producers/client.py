@@ -14,6 +14,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from engine.errors import StepstreamError
+from engine.listing import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    InstancePage,
+    ListQuery,
+    Overview,
+)
 from engine.names import check_name, event_id_problem, event_name_problem
 from engine.views import HistoryEntry, InstanceStatus
 
@@ -44,6 +51,10 @@ class Transport(Protocol):
     async def history(self, instance_id: str) -> list[HistoryEntry]: ...
 
     async def list(self, status: str | None) -> list[InstanceStatus]: ...
+
+    async def list_page(self, query: ListQuery) -> InstancePage: ...
+
+    async def overview(self) -> Overview: ...
 
     async def close(self) -> None: ...
 
@@ -144,6 +155,22 @@ class Client:
 
     async def list(self, *, status: str | None = None) -> list[InstanceStatus]:
         return await self._transport.list(status)
+
+    async def list_page(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        prefix: str = "",
+        after: str | None = None,
+        limit: int = DEFAULT_PAGE_SIZE,
+    ) -> InstancePage:
+        """One page of instances in id order, filtered; pass the page's ``next`` as
+        ``after`` for the following one (None: there is none). Fast however many
+        instances there are: the owners read their state from the cursor on."""
+        return await self._transport.list_page(
+            ListQuery(status, workflow, prefix, after, max(1, min(limit, MAX_PAGE_SIZE)))
+        )
 
     async def close(self) -> None:
         await self._transport.close()

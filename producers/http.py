@@ -44,6 +44,7 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
+from engine.listing import InstancePage, ListQuery, Overview
 from engine.views import HistoryEntry, InstanceStatus
 from producers import trace_context
 from producers.client import Transport, register_transport
@@ -308,6 +309,13 @@ class HttpTransport:
         params = {} if status is None else {"status": status}
         answer = await self._call("GET", "/v1/instances", params=params)
         return [InstanceStatus.from_json(raw) for raw in answer["instances"]]
+
+    async def list_page(self, query: ListQuery) -> InstancePage:
+        answer = await self._call("GET", "/v1/instances", params=query.params())
+        return InstancePage.from_json(answer)
+
+    async def overview(self) -> Overview:
+        return Overview.from_json(await self._call("GET", "/v1/overview"))
 
     async def close(self) -> None:
         await self._calls.close()

@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
@@ -37,6 +37,7 @@ from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
 from engine.kafka_settings import KafkaSettings, KafkaSettingsError
+from engine.listing import InstancePage, ListQuery, Overview, merge_overviews, merge_pages
 from engine.records import Command
 from engine.serde import RecordSerde, default_serde
 from engine.topics import MEMBERS, TopicNames, partition_for
@@ -350,6 +351,33 @@ class KafkaTransport(CommandPublisher):
 
     async def list(self, status: str | None) -> list[InstanceStatus]:
         """Every owner's instances (each worker lists the partitions it owns)."""
+
+        async def ask(api: _WorkerApi) -> list[InstanceStatus]:
+            return await api.list(status)
+
+        answers = await self._every_worker(ask, "list instances")
+        merged = {view.instance_id: view for answer in answers for view in answer}
+        return sorted(merged.values(), key=lambda v: (v.created_at, v.instance_id))
+
+    async def list_page(self, query: ListQuery) -> InstancePage:
+        """One page merged from every worker's page of the partitions it owns."""
+
+        async def ask(api: _WorkerApi) -> InstancePage:
+            return await api.list_page(query)
+
+        return merge_pages(await self._every_worker(ask, "list instances"), query.limit)
+
+    async def overview(self) -> Overview:
+        async def ask(api: _WorkerApi) -> Overview:
+            return await api.overview()
+
+        return merge_overviews(await self._every_worker(ask, "read the overview"))
+
+    async def _every_worker(
+        self, call: Callable[[_WorkerApi], Awaitable[T]], what: str
+    ) -> Sequence[T]:
+        """``call`` every live worker once every partition has one; again while some
+        cannot be reached, until the request timeout."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._request_timeout
         problem = ""
@@ -360,24 +388,17 @@ class KafkaTransport(CommandPublisher):
                 problem = f"partitions {orphans} have no worker"
             else:
                 answers = await asyncio.gather(
-                    *(self._api(m.url).list(status) for m in members), return_exceptions=True
+                    *(call(self._api(m.url)) for m in members), return_exceptions=True
                 )
                 failed = [a for a in answers if isinstance(a, BaseException)]
                 if not failed:
-                    merged = {
-                        view.instance_id: view
-                        for answer in answers
-                        if not isinstance(answer, BaseException)
-                        for view in answer
-                    }
-                    return sorted(merged.values(), key=lambda v: (v.created_at, v.instance_id))
+                    return [a for a in answers if not isinstance(a, BaseException)]
                 if not all(isinstance(a, ConnectionFailed) for a in failed):
                     raise failed[0]
                 problem = str(failed[0])
             await self._members.changed(min(_RETRY_S, max(deadline - loop.time(), 0)))
         raise ConnectionFailed(
-            f"cannot list instances: {problem}; is every worker of prefix "
-            f"{self._topics.prefix!r} running?"
+            f"cannot {what}: {problem}; is every worker of prefix {self._topics.prefix!r} running?"
         )
 
     async def close(self) -> None:

@@ -22,6 +22,7 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
+from engine.listing import InstancePage, ListQuery, Overview, merge_overviews
 from engine.names import check_name, event_id_problem, event_name_problem, text_problem
 from engine.records import (
     CancelWorkflow,
@@ -38,6 +39,9 @@ from engine.state import InstanceState, Status
 from engine.views import HistoryEntry, InstanceStatus
 from engine.workflow import WorkflowDefinition
 from producers import trace_context
+
+# Instances one partition looks at per slice of a page (about a millisecond's work).
+_LIST_SLICE = 2000
 
 
 class WorkflowRef(Protocol):
@@ -73,6 +77,13 @@ class Reader(Publishing, Protocol):
     def read_history(self, instance_id: str) -> list[HistoryRecord]: ...
 
     def list_instances(self) -> list[InstanceState]: ...
+
+    def list_page(self, query: ListQuery, budget: int) -> InstancePage: ...
+
+    def overview_slice(self, progress: Any, budget: int) -> tuple[Overview, Any]:
+        """Part of the overview and where to go on from (opaque; None to start, None
+        when done)."""
+        ...
 
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState: ...
 
@@ -237,6 +248,12 @@ class CommandPublisher(abc.ABC):
     @abc.abstractmethod
     async def list(self, status: str | None) -> list[InstanceStatus]: ...
 
+    @abc.abstractmethod
+    async def list_page(self, query: ListQuery) -> InstancePage: ...
+
+    @abc.abstractmethod
+    async def overview(self) -> Overview: ...
+
     async def close(self) -> None:
         if self._on_close is not None:
             await self._on_close()
@@ -294,3 +311,29 @@ class LogTransport(CommandPublisher):
         states = self._reader.list_instances()
         views = [InstanceStatus.of(s) for s in states if status is None or s.status == status]
         return sorted(views, key=lambda v: (v.created_at, v.instance_id))
+
+    async def list_page(self, query: ListQuery) -> InstancePage:
+        # In slices of a bounded number of keys per partition, yielding between them, so
+        # a filter that matches little never holds the processors up for long.
+        found: list[InstanceStatus] = []
+        after = query.after
+        while True:
+            page = self._reader.list_page(
+                query.resumed(after, query.limit - len(found)), _LIST_SLICE
+            )
+            found.extend(page.instances)
+            after = page.next
+            if after is None or len(found) >= query.limit:
+                return InstancePage(found, after)
+            await asyncio.sleep(0)
+
+    async def overview(self) -> Overview:
+        # In slices, like list_page: counting every instance takes a while at 100,000.
+        parts = []
+        progress = None
+        while True:
+            part, progress = self._reader.overview_slice(progress, _LIST_SLICE)
+            parts.append(part)
+            if progress is None:
+                return merge_overviews(parts)
+            await asyncio.sleep(0)

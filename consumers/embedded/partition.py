@@ -25,10 +25,12 @@ class EmbeddedStore:
     def get(self, key: bytes) -> bytes | None:
         return self._db.get(keys.STATE_CF, self._prefix + key)
 
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Keys starting with ``prefix``, in key order."""
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Keys starting with ``prefix``, from ``start`` (default: the prefix) on, in key
+        order."""
         cut = len(self._prefix)
-        for key, value in self._db.scan(keys.STATE_CF, self._prefix + prefix):
+        begin = None if start is None else self._prefix + start
+        for key, value in self._db.scan(keys.STATE_CF, self._prefix + prefix, begin):
             yield key[cut:], value
 
 

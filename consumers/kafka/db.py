@@ -121,9 +121,10 @@ class PartitionDB:
             raise self._damaged(exc) from exc
         return value
 
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """Keys starting with ``prefix``, in key order."""
-        return prefix_scan(self._state, prefix, on_error=self._damaged)
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        """Keys starting with ``prefix``, from ``start`` (default: the prefix) on, in key
+        order."""
+        return prefix_scan(self._state, prefix, start, on_error=self._damaged)
 
     @property
     def empty(self) -> bool:

@@ -70,9 +70,9 @@ class FakeStore:
     def get(self, key: bytes) -> bytes | None:
         return self.data.get(key)
 
-    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         for key in sorted(self.data):
-            if key.startswith(prefix):
+            if key.startswith(prefix) and (start is None or key >= start):
                 yield key, self.data[key]
 
 
