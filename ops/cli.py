@@ -558,6 +558,31 @@ def _topics_create(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_BENCH_DESCRIPTION = """\
+measure throughput and latency through a real client path; prints one JSON object.
+
+clients:
+  inprocess  the embedded engine in the bench process, the in-process client
+  http       `stepstream dev` (embedded) as a subprocess, driven by an http:// client
+  kafka      `stepstream worker` subprocess(es) on fresh topics, driven by a kafka://
+             client (the test broker is started unless --bootstrap is given)
+
+workloads (all three unless --workload):
+  W1      N x 10 sequential steps started at once, results awaited (N=2000):
+          steps_per_s, workflows_per_s, latency_p50_ms, latency_p99_ms
+  W2      N one-second sleepers started at once (N=2000): lateness_p50_ms,
+          lateness_p99_ms and early_fires (timers fired before due; must be 0)
+  W3      N instances waiting for an event a client sends (N=500)
+  timers  --pending N timers on one engine, due 1/--rate s apart (1,000,000 at
+          2,000/s): lateness and the engine's resident memory (rss_mb_*)
+
+examples:
+  stepstream bench --client http --workload W1 --json
+  stepstream bench --client kafka --workers 2 --workload W1
+  stepstream bench --workload timers --pending 100000 --rate 2000
+"""
+
+
 def _bench(args: argparse.Namespace) -> int:
     # Imported here: the benchmark registers its own workflows, which no other command needs.
     from ops import bench
@@ -936,17 +961,50 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     bench = command("bench", _bench, "measure throughput and latency (see docs)", [as_json])
-    bench.add_argument("--backend", choices=("embedded", "kafka"), default="embedded")
+    bench.formatter_class = argparse.RawDescriptionHelpFormatter
+    bench.description = _BENCH_DESCRIPTION
+    bench.add_argument(
+        "--client",
+        choices=("inprocess", "http", "kafka"),
+        help="the client path to measure (default: inprocess, or kafka with --backend kafka)",
+    )
+    bench.add_argument(
+        "--backend",
+        choices=("embedded", "kafka"),
+        help="embedded (clients inprocess, http) or kafka (client kafka); implied by --client",
+    )
     bench.add_argument(
         "--bootstrap",
         metavar="H:P",
         help="Kafka bootstrap servers (default: start the test broker)",
     )
-    bench.add_argument("--workload", choices=("W1", "W2", "W3"), help="run only this one")
+    bench.add_argument("--workload", choices=("W1", "W2", "W3", "timers"), help="run only this one")
     bench.add_argument("--n", type=int, metavar="N", help="instances per workload")
-    bench.add_argument("--data", metavar="DIR", help="embedded data directory (default: temp)")
+    bench.add_argument(
+        "--data", metavar="DIR", help="where the engines keep their state (default: temp)"
+    )
     bench.add_argument(
         "--sync-steps", action="store_true", help="W1 with sync step functions (thread pool)"
+    )
+    bench.add_argument(
+        "--partitions", type=int, metavar="N", help="partitions of the Kafka topics (4)"
+    )
+    bench.add_argument(
+        "--workers",
+        type=int,
+        metavar="K",
+        help="worker processes sharing the partitions, with --client kafka (1)",
+    )
+    bench.add_argument(
+        "--pending", type=int, metavar="N", help="timers pending at once, --workload timers"
+    )
+    bench.add_argument(
+        "--rate", type=float, metavar="R", help="timers fired per second, --workload timers"
+    )
+    bench.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="sample every bench process with py-spy into DIR (collapsed stacks)",
     )
     return parser
 

@@ -1,0 +1,158 @@
+"""``stepstream bench``: the standard workloads, measured end to end through a real
+client path, printed as JSON.
+
+``--client inprocess`` (the embedded engine in this process), ``http`` (``stepstream
+dev`` as a subprocess, an ``http://`` client) or ``kafka`` (``stepstream worker``
+subprocess(es), a ``kafka://`` client); the workloads are in ``ops.bench.workloads``,
+the engines they drive in ``ops.bench.sessions``, the fixed-rate timer workload in
+``ops.bench.timers``. Progress goes to stderr; the JSON object goes to stdout.
+
+The engine subprocesses load their workflows from this module (``--workflows
+ops.bench``), hence the workflow re-exports below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ops.bench.profile import check_profiler, profiled
+from ops.bench.sessions import CLIENTS, Session, http, inprocess, kafka
+from ops.bench.timers import fixed_rate_timers
+from ops.bench.workloads import (
+    DEFAULT_N,
+    bench_event,
+    bench_sleep,
+    bench_steps,
+    bench_timer,
+    run_workload,
+)
+
+__all__ = ["bench_event", "bench_sleep", "bench_steps", "bench_timer", "main", "run_bench"]
+
+WORKLOADS = ("W1", "W2", "W3", "timers")
+DEFAULT_PENDING = 1_000_000
+DEFAULT_RATE = 2000.0
+
+
+def resolve_client(client: str | None, backend: str | None) -> tuple[str, str]:
+    """(client, backend) from the flags: each client path drives one backend."""
+    if backend not in (None, "embedded", "kafka"):
+        raise SystemExit(f"bench: unknown backend {backend!r} (embedded or kafka)")
+    if client is None:
+        client = "kafka" if backend == "kafka" else "inprocess"
+    if client not in CLIENTS:
+        raise SystemExit(f"bench: unknown client {client!r} ({', '.join(CLIENTS)})")
+    wanted = "kafka" if client == "kafka" else "embedded"
+    if backend is not None and backend != wanted:
+        raise SystemExit(
+            f"bench: --client {client} drives the {wanted} backend, not {backend}; "
+            f"drop --backend, or use --client {'kafka' if backend == 'kafka' else 'http'}"
+        )
+    return client, wanted
+
+
+@contextlib.asynccontextmanager
+async def _session(
+    client: str, path: str, bootstrap: str, partitions: int, workers: int
+) -> AsyncIterator[Session]:
+    if client == "inprocess":
+        async with inprocess(path) as session:
+            yield session
+    elif client == "http":
+        async with http(path) as session:
+            yield session
+    else:
+        async with kafka(bootstrap, path, partitions, workers) as session:
+            yield session
+
+
+async def run_bench(
+    workloads: list[str],
+    *,
+    client: str | None = None,
+    backend: str | None = None,
+    n: int | None = None,
+    data: str | None = None,
+    sync: bool = False,
+    bootstrap: str | None = None,
+    partitions: int = 4,
+    workers: int = 1,
+    pending: int | None = None,
+    rate: float = DEFAULT_RATE,
+    profile: str | None = None,
+) -> dict[str, Any]:
+    client, backend = resolve_client(client, backend)
+    if workers != 1 and client != "kafka":
+        raise SystemExit("bench: --workers is for --client kafka (worker processes)")
+    if profile is not None:
+        check_profiler()
+    result: dict[str, Any] = {
+        "backend": backend,
+        "client": client,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+    }
+    broker = None
+    if client == "kafka" and bootstrap is None:
+        from ops.broker import start_broker
+
+        broker = start_broker()
+        bootstrap = broker.bootstrap
+        result["broker"] = "local test broker (Tansu), same machine"
+    try:
+        with tempfile.TemporaryDirectory(prefix="stepstream-bench-") as tmp:
+            for name in workloads:
+                # Fresh state per workload, so one does not slow the next.
+                path = os.path.join(data or tmp, name)
+                session = _session(client, path, bootstrap or "", partitions, workers)
+                async with session as s:
+                    with profiled(profile, f"{name}-{client}", s.engine_pids):
+                        if name == "timers":
+                            count = pending or n or DEFAULT_PENDING
+                            figures = await fixed_rate_timers(s, count, rate)
+                        else:
+                            figures = await run_workload(s.client, name, n or DEFAULT_N[name], sync)
+                result[name] = {**figures, **s.extra}
+                if client == "kafka" and name != "timers":
+                    from ops.bench.restore import kafka_restore
+
+                    print("restore: timing a worker without local state", file=sys.stderr)
+                    prefix = s.extra["prefix"]
+                    result[name]["restore"] = await kafka_restore(
+                        bootstrap or "", prefix, partitions
+                    )
+    finally:
+        if broker is not None:
+            broker.stop()
+    return result
+
+
+def main(args: argparse.Namespace) -> int:
+    workload = getattr(args, "workload", None)
+    workloads = [workload] if workload else ["W1", "W2", "W3"]
+    result = asyncio.run(
+        run_bench(
+            workloads,
+            client=getattr(args, "client", None),
+            backend=getattr(args, "backend", None),
+            n=getattr(args, "n", None),
+            data=getattr(args, "data", None),
+            sync=getattr(args, "sync_steps", False),
+            bootstrap=getattr(args, "bootstrap", None),
+            partitions=getattr(args, "partitions", None) or 4,
+            workers=getattr(args, "workers", None) or 1,
+            pending=getattr(args, "pending", None),
+            rate=getattr(args, "rate", None) or DEFAULT_RATE,
+            profile=getattr(args, "profile", None),
+        )
+    )
+    print(json.dumps(result, indent=None if getattr(args, "json", False) else 2))
+    return 0

@@ -1,0 +1,209 @@
+"""Where a bench workload runs: the engine each client path drives, started and stopped.
+
+- ``inprocess``: the embedded engine in the bench's own process, with the in-process
+  client (no encoding, no network: what the engine alone can do).
+- ``http``: ``stepstream dev`` (embedded) as a subprocess, driven by an ``http://``
+  client from the bench process: the path of an application talking to the API.
+- ``kafka``: ``stepstream worker`` subprocess(es) on fresh topics of a broker, driven by
+  a ``kafka://`` client that publishes commands itself.
+
+Each session yields a ``Session``: the client, the process ids of the engine (for memory
+and profiles) and figures it adds to the workload's JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from engine.errors import StepstreamError
+from engine.workflow import Registry
+from ops.bench.workloads import bench_event, bench_sleep, bench_steps, bench_timer
+from ops.embedded import EmbeddedConfig, open_embedded
+from producers.client import Client
+
+CLIENTS = ("inprocess", "http", "kafka")
+# The module the engine subprocesses load the bench workflows from.
+WORKFLOWS_MODULE = "ops.bench"
+START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Session:
+    client: Client
+    engine_pids: list[int]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def registry() -> Registry:
+    return Registry([bench_steps, bench_sleep, bench_event, bench_timer])
+
+
+@contextlib.asynccontextmanager
+async def inprocess(path: str) -> AsyncIterator[Session]:
+    engine = await open_embedded(registry(), EmbeddedConfig(data_dir=path))
+    session = Session(Client(engine.make_transport()), [os.getpid()])
+    try:
+        yield session
+        session.extra["fsyncs"] = engine.db.batches_written
+    finally:
+        await engine.close()
+    # Restore: reopening the data directory the workload left (state is local: the
+    # engine resumes the unfinished instances; the log is not replayed).
+    began = time.perf_counter()
+    engine = await open_embedded(registry(), EmbeddedConfig(data_dir=path))
+    session.extra["restore_s"] = round(time.perf_counter() - began, 3)
+    await engine.close()
+
+
+def _spawn(args: list[str], log_path: str) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", *args, "--log-level", "WARNING"],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            start_new_session=True,
+        )
+
+
+async def _listening(proc: subprocess.Popen[bytes], what: str, log_path: str) -> str:
+    """The URL a ``stepstream dev|worker`` prints once it serves."""
+    stdout: IO[bytes] | None = proc.stdout
+    assert stdout is not None
+    try:
+        line = await asyncio.wait_for(asyncio.to_thread(stdout.readline), START_TIMEOUT_S)
+    except TimeoutError:
+        line = b""
+    found = re.search(r"listening on (https?://\S+)", line.decode(errors="replace"))
+    if found is None:
+        _stop(proc)
+        with open(log_path, errors="replace") as log:
+            tail = log.read()[-2000:]
+        raise SystemExit(f"bench: {what} did not start (its log {log_path}):\n{tail}")
+    return found.group(1)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def http(path: str) -> AsyncIterator[Session]:
+    """``stepstream dev`` on a free loopback port, and an ``http://`` client to it."""
+    log_path = f"{path}.dev.log"
+    args = ["dev", "--workflows", WORKFLOWS_MODULE, "--data", path, "--port", "0"]
+    proc = _spawn(args, log_path)
+    try:
+        url = await _listening(proc, "stepstream dev", log_path)
+        async with Client.connect(url) as client:
+            yield Session(client, [proc.pid], {"server": "stepstream dev (embedded)"})
+    finally:
+        await asyncio.to_thread(_stop, proc)
+
+
+@contextlib.asynccontextmanager
+async def kafka(
+    bootstrap: str, state_dir: str, partitions: int, workers: int
+) -> AsyncIterator[Session]:
+    """``workers`` worker processes on fresh topics, and a ``kafka://`` client; yields
+    once every partition has an owner and a probe ran end to end."""
+    from consumers.kafka import create_topics
+    from engine.kafka_settings import KafkaSettings
+
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    settings = KafkaSettings(bootstrap=bootstrap, prefix=prefix)
+    await asyncio.to_thread(create_topics, settings, partitions)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for index in range(workers):
+            log_path = f"{state_dir}.worker{index}.log"
+            args = ["worker", "--workflows", WORKFLOWS_MODULE, "--bootstrap", bootstrap]
+            args += ["--prefix", prefix, "--state-dir", f"{state_dir}/worker{index}"]
+            args += ["--port", "0"]
+            procs.append(_spawn(args, log_path))
+            await _listening(procs[-1], f"stepstream worker {index}", log_path)
+        await _until_spread(settings, partitions, workers, procs)
+        async with Client.connect(f"kafka://{bootstrap}?prefix={prefix}") as client:
+            await _until_ready(client, procs)
+            extra = {"partitions": partitions, "workers": workers, "prefix": prefix}
+            yield Session(client, [p.pid for p in procs], extra)
+    finally:
+        for proc in procs:
+            await asyncio.to_thread(_stop, proc)
+
+
+async def _until_spread(
+    settings: Any, partitions: int, workers: int, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Until the members topic shows ``workers`` workers owning all the partitions (the
+    group has settled, so no rebalance lands inside the measurement)."""
+    from engine.topics import MEMBERS, TopicNames
+    from producers.kafka import aiokafka_options
+    from producers.kafka_members import MembersView
+
+    view = await MembersView.open(
+        TopicNames(settings.prefix).name(MEMBERS),
+        timeout=START_TIMEOUT_S,
+        **aiokafka_options(settings, "consumer"),
+    )
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while True:
+            owned = {p for m in view.live() for p in m.partitions}
+            if len(view.live()) == workers and len(owned) == partitions:
+                return
+            for proc in procs:
+                if proc.poll() is not None:
+                    raise SystemExit(f"bench: a worker exited with {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"bench: after {START_TIMEOUT_S:.0f} s, {len(view.live())} of {workers} "
+                    f"workers own {len(owned)} of {partitions} partitions"
+                )
+            await view.changed(1.0)
+    finally:
+        await view.close()
+
+
+async def _until_ready(client: Client, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Until the workers announced the bench workflows and ran one end to end."""
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise SystemExit(f"bench: a worker exited with {proc.returncode}")
+        try:
+            probe = await client.start("bench-steps", {"steps": 1}, instance_id="ready")
+            await client.result(probe, timeout=30)
+            return
+        except StepstreamError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+def rss_mb(pids: list[int]) -> float:
+    """The resident memory of these processes together (MB), from /proc."""
+    total_kb = 0
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    total_kb += int(line.split()[1])
+    return round(total_kb / 1024, 1)

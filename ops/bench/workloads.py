@@ -1,0 +1,248 @@
+"""The bench's workflows and its three standard workloads, driven through any ``Client``.
+
+W1: N instances x 10 sequential steps started at once, results awaited (throughput and
+    latency), plus single-instance latency of a 10-step and a 100-step workflow run one
+    at a time.
+W2: N one-second sleepers started at once (timer lateness: when the sleep was recorded
+    as elapsed, minus when it was due; a negative lateness is an early fire, counted).
+W3: N instances waiting for an event a client sends (event sent -> result seen).
+
+Every workload only uses the public client calls, so the same code measures the
+in-process, ``http://`` and ``kafka://`` client paths.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from engine.context import Context
+from engine.workflow import workflow
+from producers.client import Client
+
+DEFAULT_N = {"W1": 2000, "W2": 2000, "W3": 500}
+# Waits longer than any workload takes on a loaded machine: a result that does not come
+# is a failure of the run, not a figure.
+RESULT_TIMEOUT_S = 600
+
+
+async def _noop(i: int) -> int:
+    return i + 1
+
+
+def _noop_sync(i: int) -> int:
+    return i + 1
+
+
+@workflow("bench-steps")
+async def bench_steps(ctx: Context, args: dict[str, Any]) -> int:
+    fn = _noop_sync if args.get("sync") else _noop
+    value = 0
+    for i in range(args["steps"]):
+        value = await ctx.step(f"s{i}", fn, value)
+    return value
+
+
+@workflow("bench-sleep")
+async def bench_sleep(ctx: Context, seconds: float) -> None:
+    await ctx.sleep("nap", seconds)
+
+
+@workflow("bench-event")
+async def bench_event(ctx: Context, _: Any) -> Any:
+    return await ctx.wait_for_event("go")
+
+
+@workflow("bench-timer")
+async def bench_timer(ctx: Context, wake_at_ms: int) -> None:
+    await ctx.sleep_until("due", datetime.fromtimestamp(wake_at_ms / 1000, tz=UTC))
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(p / 100 * len(ordered) + 0.5) - 1))
+    return round(ordered[index], 2)
+
+
+class Progress:
+    """``label: done/total`` on stderr, at most once a second."""
+
+    def __init__(self, label: str, total: int) -> None:
+        self._label, self._total, self._done, self._last = label, total, 0, 0.0
+
+    def tick(self) -> None:
+        self._done += 1
+        now = time.monotonic()
+        if now - self._last > 1.0 or self._done == self._total:
+            self._last = now
+            print(f"{self._label}: {self._done}/{self._total}", file=sys.stderr, flush=True)
+
+
+async def gather_limited(jobs: list[Callable[[], Awaitable[Any]]], limit: int) -> list[Any]:
+    semaphore = asyncio.Semaphore(limit)
+
+    async def one(job: Callable[[], Awaitable[Any]]) -> Any:
+        async with semaphore:
+            return await job()
+
+    return await asyncio.gather(*(one(j) for j in jobs))
+
+
+async def w1(client: Client, n: int, *, sync: bool) -> dict[str, Any]:
+    steps = 10
+    progress = Progress("W1", n)
+    latencies: list[float] = []
+    completed = 0
+
+    async def one(i: int) -> None:
+        nonlocal completed
+        t0 = time.perf_counter()
+        instance = await client.start(
+            "bench-steps", {"steps": steps, "sync": sync}, instance_id=f"w1-{i}"
+        )
+        value = await client.result(instance, timeout=RESULT_TIMEOUT_S)
+        if value != steps:
+            raise SystemExit(f"bench: {instance} returned {value!r}, expected {steps}")
+        latencies.append((time.perf_counter() - t0) * 1000)
+        completed += 1
+        progress.tick()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    elapsed = time.perf_counter() - start
+
+    async def single(prefix: str, count: int, steps: int) -> list[float]:
+        out = []
+        for i in range(count):
+            t0 = time.perf_counter()
+            instance = await client.start(
+                "bench-steps", {"steps": steps, "sync": sync}, instance_id=f"{prefix}-{i}"
+            )
+            await client.result(instance, timeout=RESULT_TIMEOUT_S)
+            out.append((time.perf_counter() - t0) * 1000)
+        return out
+
+    single10 = await single("w1-single10", 50, 10)
+    single100 = await single("w1-single100", 10, 100)
+    per_step_10 = pct(single10, 50) / 10
+    per_step_100 = pct(single100, 50) / 100
+    return {
+        "workflows": n,
+        "completed": completed,
+        "steps_per_workflow": steps,
+        "elapsed_s": round(elapsed, 3),
+        "steps_per_s": round(n * steps / elapsed, 1),
+        "workflows_per_s": round(n / elapsed, 1),
+        "latency_p50_ms": pct(latencies, 50),
+        "latency_p99_ms": pct(latencies, 99),
+        "single_10_steps_p50_ms": pct(single10, 50),
+        "single_100_steps_p50_ms": pct(single100, 50),
+        "per_step_ratio_100_vs_10": round(per_step_100 / per_step_10, 2) if per_step_10 else None,
+        "step_bodies": "sync (thread pool)" if sync else "async",
+    }
+
+
+async def sleep_lateness(client: Client, instances: list[str]) -> list[float]:
+    """Per instance, when its sleep was recorded as elapsed minus when it was due (ms),
+    read from the instance's history."""
+
+    async def one(instance: str) -> float:
+        history = await client.history(instance)
+        due = next(h.attributes["wake_at_ms"] for h in history if h.type == "SleepStarted")
+        woke = next(h for h in history if h.type == "SleepElapsed")
+        return float(datetime.fromisoformat(woke.time).timestamp() * 1000 - due)
+
+    def reader(instance: str) -> Callable[[], Awaitable[float]]:
+        return lambda: one(instance)
+
+    return await gather_limited([reader(i) for i in instances], 50)
+
+
+def lateness_figures(lateness: list[float]) -> dict[str, Any]:
+    return {
+        "lateness_p50_ms": pct(lateness, 50),
+        "lateness_p99_ms": pct(lateness, 99),
+        "lateness_min_ms": round(min(lateness), 2) if lateness else None,
+        "lateness_max_ms": round(max(lateness), 2) if lateness else None,
+        # A timer must never fire before it is due: anything here is a bug, not a figure.
+        "early_fires": sum(1 for x in lateness if x < 0),
+    }
+
+
+async def w2(client: Client, n: int) -> dict[str, Any]:
+    seconds = 1.0
+    progress = Progress("W2", n)
+    completed = 0
+
+    async def one(i: int) -> None:
+        nonlocal completed
+        instance = await client.start("bench-sleep", seconds, instance_id=f"w2-{i}")
+        await client.result(instance, timeout=RESULT_TIMEOUT_S)
+        completed += 1
+        progress.tick()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    elapsed = time.perf_counter() - start
+    lateness = await sleep_lateness(client, [f"w2-{i}" for i in range(n)])
+    return {
+        "workflows": n,
+        "completed": completed,
+        "sleep_s": seconds,
+        "workflows_per_s": round(n / elapsed, 1),
+        "elapsed_s": round(elapsed, 3),
+        **lateness_figures(lateness),
+    }
+
+
+def _starter(client: Client, workflow: str, instance: str) -> Callable[[], Awaitable[str]]:
+    return lambda: client.start(workflow, None, instance_id=instance)
+
+
+async def w3(client: Client, n: int) -> dict[str, Any]:
+    progress = Progress("W3 waiting", n)
+    ids = [f"w3-{i}" for i in range(n)]
+    await gather_limited([_starter(client, "bench-event", i) for i in ids], 200)
+    for instance in ids:
+        while not (await client.status(instance)).waits:
+            await asyncio.sleep(0.005)
+        progress.tick()
+    latencies: list[float] = []
+    done = Progress("W3 events", n)
+    completed = 0
+
+    async def one(instance: str) -> None:
+        nonlocal completed
+        t0 = time.perf_counter()
+        await client.send_event(instance, "go", {"at": t0})
+        await client.result(instance, timeout=RESULT_TIMEOUT_S)
+        latencies.append((time.perf_counter() - t0) * 1000)
+        completed += 1
+        done.tick()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in ids))
+    elapsed = time.perf_counter() - start
+    return {
+        "workflows": n,
+        "completed": completed,
+        "workflows_per_s": round(n / elapsed, 1),
+        "event_to_completion_p50_ms": pct(latencies, 50),
+        "event_to_completion_p99_ms": pct(latencies, 99),
+        "latency_p50_ms": pct(latencies, 50),
+        "latency_p99_ms": pct(latencies, 99),
+    }
+
+
+async def run_workload(client: Client, name: str, count: int, sync: bool) -> dict[str, Any]:
+    if name == "W1":
+        return await w1(client, count, sync=sync)
+    if name == "W2":
+        return await w2(client, count)
+    return await w3(client, count)

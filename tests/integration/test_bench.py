@@ -1,0 +1,71 @@
+"""``stepstream bench`` through each client path, as a user runs it: the JSON it prints
+has the documented shape, names the client, and every workflow of every workload
+completed (the figures themselves are not checked: this machine is shared)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.dev_server import run_cli
+from tests.kafka_broker import Broker
+
+N = 20
+
+
+def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
+    done = run_cli(tmp_path, "bench", "--n", str(N), "--json", *args, timeout=180)
+    assert done.returncode == 0, f"bench failed:\n{done.stderr[-3000:]}"
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def _check_workloads(result: dict[str, Any]) -> None:
+    for name in ("W1", "W2", "W3"):
+        assert result[name]["workflows"] == N, result[name]
+        assert result[name]["completed"] == N, result[name]
+    for key in ("steps_per_s", "workflows_per_s", "latency_p50_ms", "latency_p99_ms"):
+        assert result["W1"][key] > 0, result["W1"]
+    for key in ("lateness_p50_ms", "lateness_p99_ms"):
+        assert key in result["W2"], result["W2"]
+    assert result["W2"]["early_fires"] == 0, result["W2"]
+    assert result["W3"]["latency_p99_ms"] > 0, result["W3"]
+
+
+@pytest.mark.parametrize("client", ["inprocess", "http"])
+def test_bench_through_the_embedded_clients(tmp_path: Path, client: str) -> None:
+    result = _bench(tmp_path, "--client", client)
+    assert (result["client"], result["backend"]) == (client, "embedded")
+    _check_workloads(result)
+
+
+@pytest.mark.kafka
+def test_bench_through_the_kafka_client_on_two_workers(
+    tmp_path: Path, kafka_broker: Broker
+) -> None:
+    result = _bench(
+        tmp_path,
+        *("--client", "kafka", "--workers", "2", "--bootstrap", kafka_broker.bootstrap),
+    )
+    assert (result["client"], result["backend"]) == ("kafka", "kafka")
+    _check_workloads(result)
+    assert result["W1"]["workers"] == 2
+
+
+def test_fixed_rate_timers_fire_every_timer_never_early(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "--workload", "timers", "--pending", "300", "--rate", "500")
+    timers = result["timers"]
+    assert timers["pending"] == 300
+    assert timers["all_pending_before_first_due"] is True, timers
+    assert timers["early_fires"] == 0, timers
+    assert timers["rss_mb_all_pending"] > 0, timers
+
+
+def test_http_client_with_kafka_backend_says_what_to_use(tmp_path: Path) -> None:
+    done = run_cli(tmp_path, "bench", "--client", "http", "--backend", "kafka")
+    assert done.returncode != 0
+    assert "--client http drives the embedded backend" in done.stderr
+    assert "--client kafka" in done.stderr
