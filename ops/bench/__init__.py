@@ -25,7 +25,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ops.bench.profile import check_profiler, profiled
-from ops.bench.sessions import CLIENTS, Session, http, inprocess, kafka
+from ops.bench.sessions import (
+    CLIENTS,
+    Session,
+    cpu_seconds,
+    http,
+    inprocess,
+    kafka,
+    process_roles,
+)
 from ops.bench.timers import fixed_rate_timers
 from ops.bench.workloads import (
     DEFAULT_N,
@@ -101,11 +109,13 @@ async def run_bench(
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
     broker = None
+    broker_pid: int | None = None
     if client == "kafka" and bootstrap is None:
         from ops.broker import start_broker
 
         broker = start_broker()
         bootstrap = broker.bootstrap
+        broker_pid = broker.proc.pid
         result["broker"] = "local test broker (Tansu), same machine"
     try:
         with tempfile.TemporaryDirectory(prefix="stepstream-bench-") as tmp:
@@ -114,12 +124,19 @@ async def run_bench(
                 path = os.path.join(data or tmp, name)
                 session = _session(client, path, bootstrap or "", partitions, workers)
                 async with session as s:
+                    roles = process_roles(s.engine_pids, broker_pid)
+                    cpu = {role: cpu_seconds(pid) for role, pid in roles.items()}
                     with profiled(profile, f"{name}-{client}", s.engine_pids):
                         if name == "timers":
                             count = pending or n or DEFAULT_PENDING
                             figures = await fixed_rate_timers(s, count, rate)
                         else:
                             figures = await run_workload(s.client, name, n or DEFAULT_N[name], sync)
+                    # CPU each process spent on the workload: which one is the bottleneck,
+                    # and whether a second process would have a core to run on.
+                    figures["cpu_s"] = {
+                        role: round(cpu_seconds(pid) - cpu[role], 2) for role, pid in roles.items()
+                    }
                 result[name] = {**figures, **s.extra}
                 if client == "kafka" and name != "timers":
                     from ops.bench.restore import kafka_restore

@@ -15,6 +15,8 @@ import signal
 import subprocess
 from collections.abc import Iterator
 
+from ops.bench.sessions import process_roles
+
 
 def check_profiler() -> str:
     found = shutil.which("py-spy")
@@ -31,17 +33,13 @@ def profiled(directory: str | None, label: str, engine_pids: list[int]) -> Itera
         return
     py_spy = check_profiler()
     os.makedirs(directory, exist_ok=True)
-    own = os.getpid()
-    roles = [("client" if own not in engine_pids else "client+engine", own)]
-    others = [pid for pid in engine_pids if pid != own]
-    names = ["engine"] if len(others) == 1 else [f"worker{i}" for i in range(len(others))]
-    roles += list(zip(names, others, strict=True))
+    roles = process_roles(engine_pids, None)
     samplers = []
-    for role, pid in roles:
+    for role, pid in roles.items():
         out = os.path.join(directory, f"{label}-{role}.txt")
         command = [py_spy, "record", "--pid", str(pid), "--format", "raw", "--output", out]
         # --nonblocking: sampling never pauses the process measured.
-        command += ["--rate", "100", "--nonblocking"]
+        command += ["--rate", "100", "--nonblocking", "--threads"]
         samplers.append(
             subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         )

@@ -207,3 +207,26 @@ def rss_mb(pids: list[int]) -> float:
                 if line.startswith("VmRSS:"):
                     total_kb += int(line.split()[1])
     return round(total_kb / 1024, 1)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time a process has used so far (s), from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # Fields after the parenthesised command name; utime and stime are 14 and 15.
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_roles(engine_pids: list[int], broker_pid: int | None) -> dict[str, int]:
+    """Role -> pid of every process a workload runs on (the bench itself is the client)."""
+    own = os.getpid()
+    roles = {"client" if own not in engine_pids else "client+engine": own}
+    others = [pid for pid in engine_pids if pid != own]
+    names = ["engine"] if len(others) == 1 else [f"worker{i}" for i in range(len(others))]
+    roles.update(zip(names, others, strict=True))
+    if broker_pid is not None:
+        roles["broker"] = broker_pid
+    return roles

@@ -13,11 +13,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from datetime import datetime
 from typing import Any
 
 from ops.bench.sessions import Session, rss_mb
-from ops.bench.workloads import RESULT_TIMEOUT_S, Progress, gather_limited, lateness_figures
+from ops.bench.workloads import (
+    RESULT_TIMEOUT_S,
+    Progress,
+    gather_limited,
+    lateness_figures,
+    sleep_timeline,
+)
 from producers.client import Client
 
 # Starts in flight at once while scheduling: enough to keep any client path busy.
@@ -33,18 +38,6 @@ async def _start_rate(client: Client, count: int) -> float:
     began = time.perf_counter()
     await gather_limited([starter(i) for i in range(count)], _IN_FLIGHT)
     return count / (time.perf_counter() - began)
-
-
-async def _timeline(client: Client, instance: str) -> tuple[float, float, float]:
-    """(scheduled, due, woke) in ms since the epoch, from the instance's history."""
-    history = await client.history(instance)
-    started = next(h for h in history if h.type == "SleepStarted")
-    woke = next(h for h in history if h.type == "SleepElapsed")
-    return (
-        datetime.fromisoformat(started.time).timestamp() * 1000,
-        float(started.attributes["wake_at_ms"]),
-        datetime.fromisoformat(woke.time).timestamp() * 1000,
-    )
 
 
 async def fixed_rate_timers(session: Session, pending: int, rate: float) -> dict[str, Any]:
@@ -101,7 +94,7 @@ async def fixed_rate_timers(session: Session, pending: int, rate: float) -> dict
 
     def reader(i: int) -> Callable[[], Awaitable[tuple[float, float, float]]]:
         async def one() -> tuple[float, float, float]:
-            got = await _timeline(client, f"timer-{i}")
+            got = await sleep_timeline(client, f"timer-{i}")
             reads.tick()
             return got
 

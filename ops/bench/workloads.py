@@ -4,7 +4,9 @@ W1: N instances x 10 sequential steps started at once, results awaited (throughp
     latency), plus single-instance latency of a 10-step and a 100-step workflow run one
     at a time.
 W2: N one-second sleepers started at once (timer lateness: when the sleep was recorded
-    as elapsed, minus when it was due; a negative lateness is an early fire, counted).
+    as elapsed, minus when it was due; a negative lateness is an early fire, counted;
+    and as the client sees it: result seen minus start called plus one second, with
+    its two other parts: start called -> sleep recorded, sleep elapsed -> result seen).
 W3: N instances waiting for an event a client sends (event sent -> result seen).
 
 Every workload only uses the public client calls, so the same code measures the
@@ -148,20 +150,17 @@ async def w1(client: Client, n: int, *, sync: bool) -> dict[str, Any]:
     }
 
 
-async def sleep_lateness(client: Client, instances: list[str]) -> list[float]:
-    """Per instance, when its sleep was recorded as elapsed minus when it was due (ms),
-    read from the instance's history."""
-
-    async def one(instance: str) -> float:
-        history = await client.history(instance)
-        due = next(h.attributes["wake_at_ms"] for h in history if h.type == "SleepStarted")
-        woke = next(h for h in history if h.type == "SleepElapsed")
-        return float(datetime.fromisoformat(woke.time).timestamp() * 1000 - due)
-
-    def reader(instance: str) -> Callable[[], Awaitable[float]]:
-        return lambda: one(instance)
-
-    return await gather_limited([reader(i) for i in instances], 50)
+async def sleep_timeline(client: Client, instance: str) -> tuple[float, float, float]:
+    """(scheduled, due, woke) in ms since the epoch, from the instance's history: when its
+    sleep was recorded as started, when it was due, when it was recorded as elapsed."""
+    history = await client.history(instance)
+    started = next(h for h in history if h.type == "SleepStarted")
+    woke = next(h for h in history if h.type == "SleepElapsed")
+    return (
+        datetime.fromisoformat(started.time).timestamp() * 1000,
+        float(started.attributes["wake_at_ms"]),
+        datetime.fromisoformat(woke.time).timestamp() * 1000,
+    )
 
 
 def lateness_figures(lateness: list[float]) -> dict[str, Any]:
@@ -178,26 +177,42 @@ def lateness_figures(lateness: list[float]) -> dict[str, Any]:
 async def w2(client: Client, n: int) -> dict[str, Any]:
     seconds = 1.0
     progress = Progress("W2", n)
-    completed = 0
+    called: dict[str, float] = {}
+    seen: dict[str, float] = {}
 
     async def one(i: int) -> None:
-        nonlocal completed
+        called[f"w2-{i}"] = time.time() * 1000
         instance = await client.start("bench-sleep", seconds, instance_id=f"w2-{i}")
         await client.result(instance, timeout=RESULT_TIMEOUT_S)
-        completed += 1
+        seen[instance] = time.time() * 1000
         progress.tick()
 
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(n)))
     elapsed = time.perf_counter() - start
-    lateness = await sleep_lateness(client, [f"w2-{i}" for i in range(n)])
+
+    def reader(instance: str) -> Callable[[], Awaitable[tuple[float, float, float]]]:
+        return lambda: sleep_timeline(client, instance)
+
+    ids = list(seen)
+    timelines = await gather_limited([reader(i) for i in ids], 50)
+    late_seen = [seen[i] - called[i] - seconds * 1000 for i in ids]
+    way_in = [t[0] - called[i] for i, t in zip(ids, timelines, strict=True)]
+    way_out = [seen[i] - t[2] for i, t in zip(ids, timelines, strict=True)]
     return {
         "workflows": n,
-        "completed": completed,
+        "completed": len(seen),
         "sleep_s": seconds,
         "workflows_per_s": round(n / elapsed, 1),
         "elapsed_s": round(elapsed, 3),
-        **lateness_figures(lateness),
+        **lateness_figures([woke - due for _, due, woke in timelines]),
+        # As the client sees it: result seen minus (start called + the sleep). It adds
+        # to the timer's lateness the start's way in (called -> sleep recorded) and the
+        # result's way out (sleep elapsed -> result seen), split out below.
+        "client_lateness_p50_ms": pct(late_seen, 50),
+        "client_lateness_p99_ms": pct(late_seen, 99),
+        "start_to_sleeping_p99_ms": pct(way_in, 99),
+        "elapsed_to_result_p99_ms": pct(way_out, 99),
     }
 
 
