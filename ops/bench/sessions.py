@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import re
 import signal
@@ -49,14 +50,49 @@ def registry() -> Registry:
     return Registry([bench_steps, bench_sleep, bench_event, bench_timer])
 
 
+class _CollectorPauses:
+    """How long the garbage collector stopped this process, per generation (ms): it
+    stops the engine's loop, so a long full collection shows up as lateness."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.longest = [0.0, 0.0, 0.0]
+        self.total = [0.0, 0.0, 0.0]
+        self._began = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+            return
+        generation = info["generation"]
+        took = (time.perf_counter() - self._began) * 1000
+        self.count[generation] += 1
+        self.total[generation] += took
+        self.longest[generation] = max(self.longest[generation], took)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            f"gen{g}": {
+                "collections": self.count[g],
+                "total_ms": round(self.total[g], 1),
+                "longest_ms": round(self.longest[g], 1),
+            }
+            for g in range(3)
+        }
+
+
 @contextlib.asynccontextmanager
 async def inprocess(path: str) -> AsyncIterator[Session]:
     engine = await open_embedded(registry(), EmbeddedConfig(data_dir=path))
     session = Session(Client(engine.make_transport()), [os.getpid()])
+    pauses = _CollectorPauses()
+    gc.callbacks.append(pauses)
     try:
         yield session
         session.extra["fsyncs"] = engine.db.batches_written
     finally:
+        gc.callbacks.remove(pauses)
+        session.extra["gc_pauses"] = pauses.figures()
         await engine.close()
     # Restore: reopening the data directory the workload left (state is local: the
     # engine resumes the unfinished instances; the log is not replayed).
