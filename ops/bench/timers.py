@@ -56,10 +56,11 @@ async def fixed_rate_timers(session: Session, pending: int, rate: float) -> dict
     sampler = asyncio.get_running_loop().create_task(sample())
     try:
         start_rate = await _start_rate(client, min(1000, max(50, pending // 20)))
-        # Twice what the probe says, and 5 s: starts slow down as the index grows and a
-        # loaded machine has slower patches, and the first timers must not come due
-        # while the last are still being scheduled (both would compete for the engine).
-        lead_s = pending / start_rate * 2 + 5
+        # Three times what the probe says, and 5 s: starts slow down as the index grows
+        # (measured: to half the probe's rate at 100,000) and a loaded machine has slower
+        # patches, and the first timers must not come due while the last are still being
+        # scheduled (both would compete for the engine).
+        lead_s = pending / start_rate * 3 + 5
         first_due_ms = time.time() * 1000 + lead_s * 1000
         due = [round(first_due_ms + i * 1000 / rate) for i in range(pending)]
         progress = Progress("timers scheduled", pending)
