@@ -68,6 +68,12 @@ def resolve_client(client: str | None, backend: str | None) -> tuple[str, str]:
     return client, wanted
 
 
+def _check_positive(**values: float | None) -> None:
+    for flag, value in values.items():
+        if value is not None and value <= 0:
+            raise SystemExit(f"bench: --{flag} must be more than 0, got {value:g}")
+
+
 @contextlib.asynccontextmanager
 async def _session(
     client: str, path: str, bootstrap: str, partitions: int, workers: int
@@ -99,8 +105,14 @@ async def run_bench(
     profile: str | None = None,
 ) -> dict[str, Any]:
     client, backend = resolve_client(client, backend)
+    _check_positive(n=n, pending=pending, rate=rate, workers=workers, partitions=partitions)
     if workers != 1 and client != "kafka":
         raise SystemExit("bench: --workers is for --client kafka (worker processes)")
+    if workers > partitions:
+        raise SystemExit(
+            f"bench: --workers {workers} needs at least as many partitions; "
+            f"pass --partitions {workers} or more"
+        )
     if profile is not None:
         check_profiler()
     result: dict[str, Any] = {
@@ -152,6 +164,12 @@ async def run_bench(
     return result
 
 
+def _given(args: argparse.Namespace, name: str, default: Any) -> Any:
+    """The flag's value if it was passed (0 included, so it is refused, not replaced)."""
+    value = getattr(args, name, None)
+    return default if value is None else value
+
+
 def main(args: argparse.Namespace) -> int:
     workload = getattr(args, "workload", None)
     workloads = [workload] if workload else ["W1", "W2", "W3"]
@@ -164,10 +182,10 @@ def main(args: argparse.Namespace) -> int:
             data=getattr(args, "data", None),
             sync=getattr(args, "sync_steps", False),
             bootstrap=getattr(args, "bootstrap", None),
-            partitions=getattr(args, "partitions", None) or 4,
-            workers=getattr(args, "workers", None) or 1,
+            partitions=_given(args, "partitions", 4),
+            workers=_given(args, "workers", 1),
             pending=getattr(args, "pending", None),
-            rate=getattr(args, "rate", None) or DEFAULT_RATE,
+            rate=_given(args, "rate", DEFAULT_RATE),
             profile=getattr(args, "profile", None),
         )
     )

@@ -69,3 +69,16 @@ def test_http_client_with_kafka_backend_says_what_to_use(tmp_path: Path) -> None
     assert done.returncode != 0
     assert "--client http drives the embedded backend" in done.stderr
     assert "--client kafka" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--workload", "timers", "--rate", "0"), "--rate must be more than 0"),
+        (("--client", "kafka", "--workers", "5"), "pass --partitions 5 or more"),
+    ],
+)
+def test_bad_bench_flags_say_what_to_pass(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
+    done = run_cli(tmp_path, "bench", *args)
+    assert done.returncode != 0
+    assert says in done.stderr, done.stderr
