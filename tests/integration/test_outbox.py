@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import shlex
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -22,8 +24,11 @@ from engine.workflow import Registry
 from ops.embedded import EmbeddedConfig, open_embedded
 from stepstream import Client, HistoryEntry, WorkflowFailed
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
+from tests.dev_server import clean_env, run_cli
 from tests.kafka_broker import Broker
 
+REPO = Path(__file__).resolve().parents[2]
+SECTION = "### Publishing to Kafka from a workflow (outbox)"
 TOPIC_PARTITIONS = 3
 
 
@@ -283,3 +288,36 @@ async def test_a_publish_while_the_cluster_is_unreachable_completes_when_it_is_b
     assert len(landed) == 1 and any(
         (r.partition, r.offset) == (landed[0]["partition"], landed[0]["offset"]) for r in records
     ), (landed, records)
+
+
+@pytest.mark.kafka
+async def test_the_readme_example_publishes_what_it_documents(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    section = (REPO / "README.md").read_text().split(SECTION, 1)[1].split("\n## ", 1)[0]
+    assert "(examples/outbox.py)" in section
+    line = next(x for x in section.splitlines() if x.startswith("STEPSTREAM_OUTBOX_BOOTSTRAP="))
+    words = shlex.split(line)
+    assert words[1] == "stepstream", line
+    for name in ("shop.orders.confirmed", "shop.shipments"):
+        await asyncio.to_thread(create_topic, kafka_broker.bootstrap, name)
+    env = clean_env(tmp_path, STEPSTREAM_OUTBOX_BOOTSTRAP=kafka_broker.bootstrap)
+    done = await asyncio.to_thread(run_cli, tmp_path, *words[2:], env=env)
+    assert re.search(r"^status:\s+completed$", done.stdout, re.M), done.stdout + done.stderr
+    found = re.search(r"^result:\s+(.*)$", done.stdout, re.M)
+    assert found is not None, done.stdout
+    result = json.loads(found.group(1))
+    instance = result["id"].split("/", 1)[0]
+    assert result["id"] == f"{instance}/publish:shop.orders.confirmed"
+    assert result["total"] == 25
+
+    [confirmed] = await asyncio.to_thread(
+        read_topic, kafka_broker.bootstrap, "shop.orders.confirmed", 1
+    )
+    assert (confirmed.key, json.loads(confirmed.value)) == (b"o-17", {"order": "o-17", "total": 25})
+    assert confirmed.headers["origin"] == b"stepstream" and confirmed.offset == result["offset"]
+    shipped = await asyncio.to_thread(read_topic, kafka_broker.bootstrap, "shop.shipments", 2)
+    assert {r.id: json.loads(r.value)["item"] for r in shipped} == {
+        f"{instance}/publish:shop.shipments": "pen",
+        f"{instance}/publish:shop.shipments#2": "book",
+    }
