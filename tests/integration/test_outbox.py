@@ -233,6 +233,10 @@ async def test_a_publish_to_a_missing_topic_is_retried_until_the_topic_exists(
         )
         await asyncio.to_thread(create_topic, kafka_broker.bootstrap, missing)
         await client.result(instance, timeout=60)
+        # Metrics count a publish as the step "publish:<topic>".
+        steps = engine.host.telemetry.steps
+        assert steps[("outbox-bad", f"publish:{missing}", "retried")] >= 1, steps
+        assert steps[("outbox-bad", f"publish:{missing}", "succeeded")] == 1, steps
     records = await asyncio.to_thread(read_topic, kafka_broker.bootstrap, missing, 1)
     assert list(first_of_each_id(records)) == [f"late-1/publish:{missing}"], records
 
