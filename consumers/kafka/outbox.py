@@ -143,8 +143,9 @@ class KafkaOutbox:
         self._retiring.append(closing)
         self._retiring = [t for t in self._retiring if t.is_alive()]
 
-    def close(self, timeout: float = 10.0) -> None:
-        """Flush what is queued (up to ``timeout`` seconds) and stop. Blocking."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush what is queued (up to ``timeout`` seconds) and stop. Blocking. A record
+        left unacknowledged belongs to an attempt that was given up: retried later."""
         self._closed = True
         if self._producer is not None:
             self._producer.close(timeout)
