@@ -61,6 +61,18 @@ class Outbox(Protocol):
         ...
 
 
+class MemoryOutbox:
+    """An ``Outbox`` that keeps what is published in ``records`` (one partition, offsets
+    from 0), for tests (``stepstream.testing.WorkflowEnvironment``)."""
+
+    def __init__(self) -> None:
+        self.records: list[OutboxRecord] = []
+
+    async def publish(self, record: OutboxRecord) -> tuple[int, int]:
+        self.records.append(record)
+        return 0, len(self.records) - 1
+
+
 # Set by the step executor around each step body (None: this host has no outbox).
 current_outbox: ContextVar[Outbox | None] = ContextVar("stepstream_outbox", default=None)
 

@@ -25,6 +25,7 @@ from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
 from engine.kafka_settings import KafkaSettings
 from engine.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
+from engine.outbox import Outbox
 from engine.records import Command
 from engine.seams import Append, Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
@@ -145,12 +146,15 @@ async def open_embedded(
     *,
     codec: PayloadCodec | None = None,
     clock: Clock | None = None,
+    outbox: Outbox | None = None,
 ) -> EmbeddedEngine:
+    """``outbox``: what ``ctx.publish`` produces with, instead of the Kafka cluster of
+    ``config.outbox_bootstrap``."""
     config = config or EmbeddedConfig()
     codec = codec or JsonCodec()
     serde = default_serde()
     db = await EmbeddedDB.open(config.data_dir, config.partitions)
-    outbox = _outbox(config.outbox_bootstrap)
+    kafka_outbox = None if outbox is not None else _outbox(config.outbox_bootstrap)
     host = PartitionHost(
         registry,
         partitions=db.partitions,
@@ -164,7 +168,7 @@ async def open_embedded(
             retention_s=config.retention_s,
             sweep_interval_s=config.sweep_interval_s,
         ),
-        outbox=outbox,
+        outbox=outbox or kafka_outbox,
     )
     try:
         for partition in range(db.partitions):
@@ -173,7 +177,7 @@ async def open_embedded(
         await host.close()
         await db.close()
         raise
-    return EmbeddedEngine(db, host, serde, codec, config, outbox)
+    return EmbeddedEngine(db, host, serde, codec, config, kafka_outbox)
 
 
 async def _connect(url: str, options: dict[str, Any]) -> Transport:

@@ -328,3 +328,23 @@ async def test_the_readme_example_publishes_what_it_documents(
         f"{instance}/publish:shop.shipments": "pen",
         f"{instance}/publish:shop.shipments#2": "book",
     }
+
+
+async def test_the_workflow_environment_keeps_what_is_published_without_kafka() -> None:
+    from stepstream.testing import WorkflowEnvironment
+
+    async with WorkflowEnvironment("tests.outbox_workflows") as env:
+        order = {"topic": "orders", "total": 3}
+        await env.client.start("outbox-order", order, instance_id="e-1")
+        result = await env.client.result("e-1")
+        assert [r.id for r in env.published] == result["ids"]
+        first = env.published[0]
+        assert (first.topic, first.key, json.loads(first.value)) == (
+            "orders",
+            b"e-1",
+            {"order": "e-1", "total": 3},
+        )
+        assert result["first"] == ["orders", 0, 0]
+        await env.crash()
+        assert await env.client.result("e-1") == result
+        assert len(env.published) == 4  # replay returns where they landed: none again
