@@ -69,10 +69,13 @@ class KafkaOutbox:
         self._client_id = client_id
         self._producer: LogProducer | None = None
         self._closed = False
-        config = settings.client_config("producer", OUTBOX_DEFAULTS, OUTBOX_REQUIRED)
-        # A replaced producer is closed once every record it holds has its delivery
-        # report (each times out within message.timeout.ms), so no publish waits for ever.
-        self._drain_s = int(str(config[_MESSAGE_TIMEOUT])) / 1000 + 5.0
+        # Every record must get its delivery report within a bounded time, or a publish
+        # could wait for ever (a retired producer is closed once they all have theirs).
+        timeout_ms = _message_timeout_ms(
+            settings.client_config("producer", OUTBOX_DEFAULTS, OUTBOX_REQUIRED)
+        )
+        self._required = {**OUTBOX_REQUIRED, _MESSAGE_TIMEOUT: timeout_ms}
+        self._timeout_s = timeout_ms / 1000
         self._retiring: list[threading.Thread] = []
 
     @property
@@ -91,7 +94,7 @@ class KafkaOutbox:
                 self._settings,
                 client_id=self._client_id,
                 defaults=OUTBOX_DEFAULTS,
-                required=OUTBOX_REQUIRED,
+                required=self._required,
             )
         return producer
 
@@ -122,7 +125,7 @@ class KafkaOutbox:
             if exc.code == KafkaError._MSG_TIMED_OUT:
                 raise ProduceFailed(
                     f"{self.bootstrap} did not acknowledge the record for {record.topic!r} "
-                    f"within {_MESSAGE_TIMEOUT} ({self._drain_s - 5.0:g} s): is the cluster "
+                    f"within {_MESSAGE_TIMEOUT} ({self._timeout_s:g} s): is the cluster "
                     "reachable? The publish is tried again until it is acknowledged",
                     code=exc.code,
                 ) from None
@@ -135,7 +138,7 @@ class KafkaOutbox:
         self._producer = None
         closing = threading.Thread(
             target=producer.close,
-            args=(self._drain_s,),
+            args=(self._timeout_s + 5.0,),
             name="stepstream-outbox-retire",
             daemon=True,
         )
@@ -153,3 +156,19 @@ class KafkaOutbox:
         for closing in self._retiring:
             closing.join(timeout)
         self._retiring = []
+
+
+def _message_timeout_ms(config: dict[str, object]) -> int:
+    default = int(str(OUTBOX_DEFAULTS[_MESSAGE_TIMEOUT]))
+    try:
+        value = int(str(config[_MESSAGE_TIMEOUT]))
+    except ValueError:
+        value = 0
+    if value <= 0:
+        log.warning(
+            "the outbox needs a positive producer.message.timeout.ms (got %r): using %d ms",
+            config[_MESSAGE_TIMEOUT],
+            default,
+        )
+        return default
+    return value
