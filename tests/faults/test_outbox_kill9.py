@@ -72,6 +72,7 @@ class Process:
     def start(self, kill: str | None) -> None:
         env = clean_env(REPO, **{NOTES_ENV: str(self.notes)})
         env.pop(KILL_ENV, None)
+        env.pop("STEPSTREAM_OUTBOX_BOOTSTRAP", None)  # a worker publishes to its own cluster
         if kill is not None:
             env[KILL_ENV] = kill
         if self.backend == "dev":
