@@ -20,7 +20,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from stepstream import Context, workflow
+from stepstream import Break, Context, Continue, workflow
 
 KILL_ENV = "STEPSTREAM_TEST_OUTBOX_KILL"
 NOTES_ENV = "STEPSTREAM_TEST_OUTBOX_NOTES"
@@ -40,6 +40,12 @@ async def outbox_order(ctx: Context, order: dict[str, Any]) -> dict[str, Any]:
         ids.append((await ctx.publish(topic, f"line {line}".encode(), key=b"lines")).id)
     async with ctx.scope("ship"):
         ids.append((await ctx.publish(topic, {"shipped": True})).id)
+
+    async def remind(c: Context, sent: list[str]) -> Continue | Break:
+        sent = [*sent, (await c.publish(topic, {"reminder": len(sent)})).id]
+        return Continue(sent) if len(sent) < 2 else Break(sent)
+
+    ids.extend(await ctx.loop("remind", remind, state=[]))  # each iteration a scope
     return {"ids": ids, "first": [first.topic, first.partition, first.offset]}
 
 

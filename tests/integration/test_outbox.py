@@ -155,13 +155,14 @@ async def test_publish_produces_value_key_and_headers_with_a_distinct_id_per_cal
         "outbox-order", {"topic": topic, "total": 25}, instance_id="o-1"
     )
     result = await outbox_client.result(instance, timeout=60)
+    # Repeats of one name, a scope and the iterations of a ctx.loop: each its own key.
     keys = [f"publish:{topic}", f"publish:{topic}#2", f"publish:{topic}#3"]
-    keys.append(f"ship/publish:{topic}")
+    keys += [f"ship/publish:{topic}", f"remind/0/publish:{topic}", f"remind/1/publish:{topic}"]
     assert result["ids"] == [f"o-1/{key}" for key in keys]
 
     records = await asyncio.to_thread(read_topic, kafka_broker.bootstrap, topic)
     by_id = {r.id: r for r in records}
-    assert len(records) == 4 and sorted(by_id) == sorted(result["ids"]), records
+    assert len(records) == 6 and sorted(by_id) == sorted(result["ids"]), records
     first = by_id[f"o-1/publish:{topic}"]
     assert json.loads(first.value) == {"order": "o-1", "total": 25}
     assert first.key == b"o-1"
@@ -175,6 +176,10 @@ async def test_publish_produces_value_key_and_headers_with_a_distinct_id_per_cal
     assert {by_id[f"o-1/{k}"].key for k in keys[1:3]} == {b"lines"}
     assert json.loads(by_id[f"o-1/{keys[3]}"].value) == {"shipped": True}
     assert by_id[f"o-1/{keys[3]}"].key is None
+    assert [json.loads(by_id[f"o-1/{k}"].value) for k in keys[4:]] == [
+        {"reminder": 0},
+        {"reminder": 1},
+    ]
 
     # A publish is a step: its attempt is durable before it runs, its landing recorded.
     history = await outbox_client.history(instance)
@@ -347,4 +352,4 @@ async def test_the_workflow_environment_keeps_what_is_published_without_kafka() 
         assert result["first"] == ["orders", 0, 0]
         await env.crash()
         assert await env.client.result("e-1") == result
-        assert len(env.published) == 4  # replay returns where they landed: none again
+        assert len(env.published) == 6  # replay returns where they landed: none again
