@@ -749,7 +749,12 @@ def _parser() -> argparse.ArgumentParser:
     run = command(
         "run", _run, "run one workflow to completion on a throwaway embedded engine", [as_json]
     )
-    run.add_argument("target", metavar="MODULE:FUNC", help="the @workflow function to run")
+    run.add_argument(
+        "target",
+        metavar="MODULE:FUNC",
+        help="the @workflow function to run (its ctx.publish(...) records go to the Kafka "
+        "cluster named by STEPSTREAM_OUTBOX_BOOTSTRAP, HOST:PORT)",
+    )
     run.add_argument("--input", metavar="JSON", help="the workflow's input (default: null)")
     run.add_argument("--data", metavar="DIR", help="data directory (default: a temporary one)")
     run.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
@@ -767,7 +772,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULES",
         help="comma-separated modules whose @workflow functions are served; the topics "
         "they declare as Source(...) are read from the Kafka cluster named by "
-        "STEPSTREAM_SOURCES_BOOTSTRAP (HOST:PORT; prefix from STEPSTREAM_PREFIX)",
+        "STEPSTREAM_SOURCES_BOOTSTRAP (HOST:PORT; prefix from STEPSTREAM_PREFIX); their "
+        "ctx.publish(...) records are produced to the Kafka cluster named by "
+        "STEPSTREAM_OUTBOX_BOOTSTRAP (HOST:PORT; without it a publish fails)",
     )
     dev.add_argument(
         "--data", metavar="DIR", help="data directory (default: $STEPSTREAM_DATA or ./.stepstream)"
@@ -900,7 +907,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULES",
         help="comma-separated modules whose @workflow functions are run; the topics they "
         "declare as Source(...) are read as event sources (consumer group PREFIX.sources; "
-        "STEPSTREAM_SOURCES_COMMIT_INTERVAL_S)",
+        "STEPSTREAM_SOURCES_COMMIT_INTERVAL_S); their ctx.publish(...) records are "
+        "produced to this cluster, or to STEPSTREAM_OUTBOX_BOOTSTRAP (HOST:PORT) if set",
     )
     worker.add_argument(
         "--state-dir",

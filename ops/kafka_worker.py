@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,6 +30,7 @@ from consumers.kafka import (
     StateDir,
     topic_partitions,
 )
+from consumers.kafka.outbox import KafkaOutbox
 from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_RETENTION_S, ProcessorConfig
 from consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
@@ -38,6 +39,7 @@ from engine.environ import env_int, env_seconds
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
 from engine.kafka_settings import KafkaSettings
 from engine.listing import InstancePage, ListQuery, Overview
+from engine.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
 from engine.records import Command, HistoryRecord, Payload
 from engine.seams import Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
@@ -79,6 +81,9 @@ class KafkaWorkerConfig:
     tracer_provider: TracerProvider | None = None
     # How the user topics declared as Source are read (STEPSTREAM_SOURCES_*).
     sources: SourcesConfig = field(default_factory=SourcesConfig)
+    # The cluster ctx.publish produces to (STEPSTREAM_OUTBOX_BOOTSTRAP, with the same
+    # client properties); None: the worker's own.
+    outbox_bootstrap: str | None = None
 
     @classmethod
     def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
@@ -100,6 +105,7 @@ class KafkaWorkerConfig:
             values["advertise"] = env["STEPSTREAM_ADVERTISE"]
         values["api"] = ApiSecurity.from_env(env)
         values["sources"] = SourcesConfig.from_env(env)
+        values["outbox_bootstrap"] = env.get(OUTBOX_ENV) or None
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(settings, **values)
 
@@ -213,6 +219,7 @@ class KafkaWorker:
         self._topics = TopicNames(config.settings.prefix)
         self._state_dir: StateDir | None = None
         self._producer: LogProducer | None = None
+        self._outbox: KafkaOutbox | None = None
         self._host: PartitionHost | None = None
         self._runner: KafkaRunner | None = None
         self._sources: SourceConsumer | None = None
@@ -241,6 +248,11 @@ class KafkaWorker:
             self._producer = await asyncio.to_thread(
                 LogProducer, settings, client_id=f"stepstream-worker-{worker_id[:8]}"
             )
+            outbox_bootstrap = self.config.outbox_bootstrap or settings.bootstrap
+            self._outbox = KafkaOutbox(
+                replace(settings, bootstrap=outbox_bootstrap),
+                client_id=f"stepstream-outbox-{worker_id[:8]}",
+            )
             self._host = PartitionHost(
                 self.registry,
                 partitions=partitions,
@@ -249,6 +261,7 @@ class KafkaWorker:
                 clock=self._clock,
                 max_payload_bytes=self.config.max_payload_bytes,
                 config=self.config.processor,
+                outbox=self._outbox,
             )
             if self.config.tracer_provider is not None:
                 tracing.install(self._host, self.config.tracer_provider)
@@ -323,6 +336,9 @@ class KafkaWorker:
         await self._ui.close()
         if self._host is not None:
             await self._host.close()
+        if self._outbox is not None:
+            await asyncio.to_thread(self._outbox.close)
+            self._outbox = None
         if self._producer is not None:
             await asyncio.to_thread(self._producer.close)
             self._producer = None
