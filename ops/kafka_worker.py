@@ -42,7 +42,7 @@ from engine.topics import MEMBERS, TopicNames, partition_for
 from engine.workflow import Registry, WorkflowDefinition
 from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity
-from producers.kafka_members import Member
+from producers.kafka.members import Member
 from producers.publisher import LogTransport
 
 log = logging.getLogger("stepstream.worker")

@@ -85,7 +85,7 @@ from engine.serde import default_serde
 from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, MEMBERS, SNAPSHOTS, TopicNames
 from producers.client import Client
 from producers.kafka import aiokafka_options
-from producers.kafka_members import MembersView
+from producers.kafka.members import MembersView
 from tests.conftest import KAFKA_TEST_OPTIONS, kafka_settings, kafka_url
 from tests.crash_check import Logged, Run, Sent, check_run, fold, render_instance
 from tests.crash_workflows import LEDGER_ENV, read_ledger

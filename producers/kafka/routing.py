@@ -1,0 +1,148 @@
+"""Routing a ``kafka://`` client's reads to the worker that owns the instance's partition.
+
+The owner comes from the members view. A call is made of the current owner; when the
+owner moves (rebalance, crash) while it is in flight, it is abandoned and made again of
+the new owner; an owner that cannot be reached is asked again once the view has moved on.
+Nothing polls in a loop: between attempts the router waits for the view to change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import aiohttp
+
+from engine.errors import ConnectionFailed, StepstreamError
+from engine.topics import TopicNames
+from engine.views import InstanceStatus
+from producers.kafka.members import MembersView
+from producers.kafka.session import WorkerSession
+
+T = TypeVar("T")
+RETRY_S = 1.0  # longest wait for the members view to move on before asking again
+
+
+class Router:
+    """Calls on the owners of partitions; ``close()`` ends every worker's session."""
+
+    def __init__(
+        self,
+        members: MembersView,
+        session: aiohttp.ClientSession,
+        topics: TopicNames,
+        partitions: int,
+        request_timeout: float,
+    ) -> None:
+        self._members = members
+        self._session = session
+        self._topics = topics
+        self._partitions = partitions
+        self._request_timeout = request_timeout
+        self._apis: dict[str, WorkerSession] = {}
+        self._watched: dict[asyncio.Future[Any], tuple[int, str, str]] = {}
+        members.on_change(self._owners_changed)
+
+    def api(self, url: str) -> WorkerSession:
+        api = self._apis.get(url)
+        if api is None:
+            api = self._apis[url] = WorkerSession(
+                url, self._session, request_timeout=self._request_timeout
+            )
+        return api
+
+    async def routed(
+        self,
+        partition: int,
+        call: Callable[[WorkerSession, float | None], Awaitable[T]],
+        timeout: float | None,
+        what: str,
+        expired: Callable[[], StepstreamError] | None = None,
+    ) -> T:
+        """``call`` the owner of ``partition``; ask again, of the new owner, when the owner
+        moves or cannot be reached, until ``timeout`` seconds have passed (then raise
+        ``expired()``, or ``ConnectionFailed``)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        problem = "no worker owns it"
+        while True:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                if expired is not None:
+                    raise expired()
+                raise ConnectionFailed(
+                    f"{what}: the owner of partition {partition} did not answer within "
+                    f"{timeout} s ({problem}); is a worker of prefix {self._topics.prefix!r} "
+                    "running?"
+                )
+            owner = self._members.owner(partition)
+            if owner is None:
+                await self._members.changed(
+                    RETRY_S if remaining is None else min(remaining, RETRY_S)
+                )
+                continue
+            request = asyncio.ensure_future(call(self.api(owner.url), remaining))
+            # Cancelled by _owners_changed if the partition gets another owner meanwhile.
+            self._watched[request] = (partition, owner.worker_id, owner.url)
+            try:
+                await asyncio.wait((request,), timeout=remaining)
+            finally:
+                self._watched.pop(request, None)
+                if not request.done():
+                    request.cancel()
+                    with contextlib.suppress(BaseException):
+                        await request
+            if request.cancelled():
+                continue  # the owner moved (or the deadline passed): the loop decides
+            try:
+                return request.result()
+            except ConnectionFailed as exc:
+                # Gone, or no longer the owner: let the view catch up, then ask again.
+                problem = str(exc)
+                wait = RETRY_S if remaining is None else min(remaining, RETRY_S)
+                await self._members.changed(wait)
+
+    async def list(self, status: str | None) -> list[InstanceStatus]:
+        """Every owner's instances (each worker lists the partitions it owns)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._request_timeout
+        problem = ""
+        while loop.time() < deadline:
+            orphans = [p for p in range(self._partitions) if self._members.owner(p) is None]
+            members = self._members.live()
+            if orphans:
+                problem = f"partitions {orphans} have no worker"
+            else:
+                answers = await asyncio.gather(
+                    *(self.api(m.url).list(status) for m in members), return_exceptions=True
+                )
+                failed = [a for a in answers if isinstance(a, BaseException)]
+                if not failed:
+                    merged = {
+                        view.instance_id: view
+                        for answer in answers
+                        if not isinstance(answer, BaseException)
+                        for view in answer
+                    }
+                    return sorted(merged.values(), key=lambda v: (v.created_at, v.instance_id))
+                if not all(isinstance(a, ConnectionFailed) for a in failed):
+                    raise failed[0]
+                problem = str(failed[0])
+            await self._members.changed(min(RETRY_S, max(deadline - loop.time(), 0)))
+        raise ConnectionFailed(
+            f"cannot list instances: {problem}; is every worker of prefix "
+            f"{self._topics.prefix!r} running?"
+        )
+
+    async def close(self) -> None:
+        for api in self._apis.values():
+            await api.close()
+        await self._session.close()
+
+    def _owners_changed(self) -> None:
+        for request, (partition, worker_id, url) in list(self._watched.items()):
+            owner = self._members.owner(partition)
+            if owner is None or (owner.worker_id, owner.url) != (worker_id, url):
+                request.cancel()

@@ -1,0 +1,313 @@
+"""``kafka://HOST:PORT[,HOST:PORT...]?prefix=P``: a client that needs nothing but the
+bootstrap servers.
+
+Commands are checked here (``CommandPublisher``: known workflow, encodable and small
+enough payloads), then published to ``<prefix>.commands`` with aiokafka (acks=all; not
+idempotent: its InitProducerId fails against some brokers), on the instance's partition.
+Reads, and the wait until a published command is settled, go to the worker that owns the
+instance's partition (``producers.kafka.routing``), found on ``<prefix>.members``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from typing import Any
+
+import aiohttp
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from engine.environ import env_int
+from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
+from engine.kafka_settings import KafkaSettings
+from engine.records import Command
+from engine.serde import RecordSerde, default_serde
+from engine.topics import MEMBERS, TopicNames, partition_for
+from engine.views import HistoryEntry, InstanceStatus
+from producers.client import Transport, register_transport
+from producers.http import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    client_headers,
+    client_security,
+    client_ssl,
+)
+from producers.kafka.members import MembersView, RemoteWorkflow
+from producers.kafka.routing import Router
+from producers.kafka.session import WorkerSession
+from producers.kafka.settings import aiokafka_options, settings_from_url
+from producers.publisher import CommandPublisher
+
+log = logging.getLogger("stepstream.kafka.client")
+
+DEFAULT_COMMAND_TIMEOUT_S = 30.0
+_CONNECT_TIMEOUT_S = 15.0
+
+
+class _Settlements:
+    """``Publishing`` for ``CommandPublisher``: workflows from the members view, and the
+    futures that the publish step resolves once the owner says a command is settled."""
+
+    def __init__(self, members: MembersView) -> None:
+        self._members = members
+        self._waiting: dict[str, asyncio.Future[str | None]] = {}
+
+    def resolve(self, workflow: str, version: str | None = None) -> RemoteWorkflow:
+        return self._members.resolve(workflow, version)
+
+    def settled(self, command_id: str) -> asyncio.Future[str | None]:
+        fut = self._waiting.get(command_id)
+        if fut is None:
+            fut = self._waiting[command_id] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def forget(self, command_id: str) -> None:
+        self._waiting.pop(command_id, None)
+
+    def settle(self, command_id: str, reason: str | None) -> None:
+        fut = self._waiting.get(command_id)
+        if fut is not None and not fut.done():
+            fut.set_result(reason)
+
+
+class KafkaTransport(CommandPublisher):
+    def __init__(
+        self,
+        *,
+        producer: Any,
+        members: MembersView,
+        session: aiohttp.ClientSession,
+        topics: TopicNames,
+        partitions: int,
+        codec: PayloadCodec,
+        serde: RecordSerde,
+        max_payload_bytes: int,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
+    ) -> None:
+        self._settlements = _Settlements(members)
+        super().__init__(
+            self._produce, self._settlements, codec=codec, max_payload_bytes=max_payload_bytes
+        )
+        self._producer = producer
+        self._members = members
+        self._topics = topics
+        self._partitions = partitions
+        self._serde = serde
+        self._request_timeout = request_timeout
+        self._command_timeout = command_timeout
+        self._router = Router(members, session, topics, partitions, request_timeout)
+
+    # ---- commands -----------------------------------------------------------------------
+
+    async def start(
+        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+    ) -> str:
+        if not self._members.knows(workflow, version):
+            await self._members.synced(self._request_timeout)  # a worker may have just joined
+        return await super().start(workflow, input, instance_id, version)
+
+    async def _produce(self, command: Command) -> None:
+        partition = self._partition(command.instance_id)
+        try:
+            await self._producer.send_and_wait(
+                self._topics.commands,
+                self._serde.encode(command),
+                key=command.instance_id.encode(),
+                partition=partition,
+            )
+        except KafkaError as exc:
+            raise ConnectionFailed(
+                f"cannot publish {command.type} for instance {command.instance_id} to "
+                f"{self._topics.commands}: {exc}; check the brokers, then retry"
+            ) from None
+
+        async def ask(api: WorkerSession, remaining: float | None) -> str | None:
+            assert remaining is not None
+            return await api.settled(command.command_id, command.instance_id, remaining)
+
+        try:
+            reason = await self._router.routed(
+                partition, ask, self._command_timeout, f"{command.type} for {command.instance_id}"
+            )
+        except (ConnectionFailed, ResultTimeout) as exc:
+            raise ConnectionFailed(
+                f"{command.type} for instance {command.instance_id} was published but no "
+                f"worker confirmed it within {self._command_timeout} s ({exc}); it will be "
+                "applied once a worker owns its partition: check `stepstream status`"
+            ) from None
+        self._settlements.settle(command.command_id, reason)
+
+    async def _check_exists(self, instance_id: str) -> None:
+        """No round trip before publishing: the owner settles a command for an unknown
+        instance as a dead letter (UnknownInstance) and one for a finished instance as
+        recorded and ignored (InstanceFinished), and ``_submit`` raises either."""
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    async def status(self, instance_id: str) -> InstanceStatus:
+        async def ask(api: WorkerSession, _: float | None) -> InstanceStatus:
+            return await api.status(instance_id)
+
+        return await self._router.routed(
+            self._partition(instance_id), ask, self._request_timeout, f"status of {instance_id}"
+        )
+
+    async def result(self, instance_id: str, timeout: float | None) -> Any:
+        async def ask(api: WorkerSession, remaining: float | None) -> Any:
+            return await api.result(instance_id, remaining)
+
+        def expired() -> ResultTimeout:
+            return ResultTimeout(
+                f"instance {instance_id} did not finish within {timeout} s; it is still "
+                "running: check `stepstream status` and wait again"
+            )
+
+        return await self._router.routed(
+            self._partition(instance_id), ask, timeout, f"result of {instance_id}", expired
+        )
+
+    async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
+        async def ask(api: WorkerSession, remaining: float | None) -> Any:
+            return await api.reply(instance_id, message_id, remaining)
+
+        def expired() -> ResultTimeout:
+            return ResultTimeout(
+                f"instance {instance_id} did not answer message {message_id} within {timeout} "
+                "s; the message is queued there: wait again, or check `stepstream status`"
+            )
+
+        return await self._router.routed(
+            self._partition(instance_id), ask, timeout, f"reply of {instance_id}", expired
+        )
+
+    async def history(self, instance_id: str) -> list[HistoryEntry]:
+        async def ask(api: WorkerSession, _: float | None) -> list[HistoryEntry]:
+            return await api.history(instance_id)
+
+        return await self._router.routed(
+            self._partition(instance_id), ask, self._request_timeout, f"history of {instance_id}"
+        )
+
+    async def list(self, status: str | None) -> list[InstanceStatus]:
+        return await self._router.list(status)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._producer.stop()
+        await self._members.close()
+        await self._router.close()
+
+    def _partition(self, instance_id: str) -> int:
+        return partition_for(instance_id, self._partitions)
+
+
+async def _connect(url: str, options: dict[str, Any]) -> Transport:
+    settings = settings_from_url(url, options)
+    request_timeout = float(options.pop("timeout", DEFAULT_REQUEST_TIMEOUT_S))
+    command_timeout = float(options.pop("command_timeout", DEFAULT_COMMAND_TIMEOUT_S))
+    limit = int(
+        options.pop("max_payload_bytes", None)
+        or env_int(os.environ, "STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)
+    )
+    codec: PayloadCodec = options.pop("codec", None) or JsonCodec()
+    token, tls_ca = client_security(options)
+    if options:
+        raise StepstreamError(
+            f"unknown options for {url}: {', '.join(sorted(options))} (known: prefix, kafka, "
+            "kafka_config, timeout, command_timeout, max_payload_bytes, codec, token, tls_ca)"
+        )
+    return await open_kafka_transport(
+        settings,
+        codec=codec,
+        max_payload_bytes=limit,
+        request_timeout=request_timeout,
+        command_timeout=command_timeout,
+        token=token,
+        tls_ca=tls_ca,
+    )
+
+
+async def open_kafka_transport(
+    settings: KafkaSettings,
+    *,
+    codec: PayloadCodec | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+    command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
+    token: str | None = None,
+    tls_ca: str | None = None,
+) -> KafkaTransport:
+    """``token`` and ``tls_ca``: for the workers' HTTP APIs (see ``producers.http``)."""
+    topics = TopicNames(settings.prefix)
+    headers = client_headers(token)
+    worker_tls = client_ssl(tls_ca)
+    producer_options = aiokafka_options(settings, "producer")
+    producer_options.setdefault("max_request_size", max(2 * max_payload_bytes, 1 << 21))
+    producer = AIOKafkaProducer(**producer_options, acks="all", enable_idempotence=False)
+    try:
+        async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+            await producer.start()
+            # A metadata request naming a topic creates it on brokers that auto-create:
+            # ask for all topics, and name ours only once they are known to exist.
+            cluster = await producer.client.fetch_all_metadata()
+    except (KafkaError, TimeoutError, OSError) as exc:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise ConnectionFailed(
+            f"cannot reach Kafka at {settings.bootstrap}: {exc or type(exc).__name__}; check "
+            "the address and the security settings"
+        ) from None
+    members: MembersView | None = None
+    try:
+        found = cluster.partitions_for_topic(topics.commands)
+        missing = [
+            name
+            for name in (topics.commands, topics.name(MEMBERS))
+            if cluster.partitions_for_topic(name) is None
+        ]
+        if missing or not found:
+            raise StepstreamError(
+                f"topics {', '.join(missing)} do not exist on {settings.bootstrap}; create "
+                f"them with `stepstream topics create --bootstrap {settings.bootstrap} "
+                f"--prefix {settings.prefix} --partitions N` and start a worker"
+            )
+        members = await MembersView.open(
+            topics.name(MEMBERS),
+            timeout=request_timeout,
+            **aiokafka_options(settings, "consumer"),
+        )
+        announced = members.partition_count
+        if announced and announced != len(found):
+            raise StepstreamError(
+                f"{topics.commands} has {len(found)} partitions but the workers run with "
+                f"{announced}; the topics were recreated: restart the workers"
+            )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        if members is not None:
+            await members.close()
+        raise
+    # Waits are calls on one websocket per worker; requests (lists) are few.
+    session = aiohttp.ClientSession(
+        headers=headers, connector=aiohttp.TCPConnector(limit=0, ssl=worker_tls)
+    )
+    return KafkaTransport(
+        producer=producer,
+        members=members,
+        session=session,
+        topics=topics,
+        partitions=len(found),
+        codec=codec or JsonCodec(),
+        serde=default_serde(),
+        max_payload_bytes=max_payload_bytes,
+        request_timeout=request_timeout,
+        command_timeout=command_timeout,
+    )
+
+
+register_transport("kafka", _connect)
