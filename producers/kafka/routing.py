@@ -4,13 +4,19 @@ The owner comes from the members view. A call is made of the current owner; when
 owner moves (rebalance, crash) while it is in flight, it is abandoned and made again of
 the new owner; an owner that cannot be reached is asked again once the view has moved on.
 Nothing polls in a loop: between attempts the router waits for the view to change.
+
+A read of a partition that nobody owns does not wait for a worker: with no worker running
+it fails at once saying which partition and since when; while other workers run (the
+partition is changing hands) it waits for the hand-over at most ``HANDOVER_GRACE_S``.
+Waits for an outcome (``result``) do wait for an owner, until their timeout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import aiohttp
@@ -23,6 +29,9 @@ from producers.kafka.session import WorkerSession
 
 T = TypeVar("T")
 RETRY_S = 1.0  # longest wait for the members view to move on before asking again
+# A rebalance leaves a partition without an announced owner for a moment: join time
+# (about half of session.timeout.ms) plus restore; a read waits that long at most.
+HANDOVER_GRACE_S = 5.0
 
 
 class Router:
@@ -60,12 +69,17 @@ class Router:
         timeout: float | None,
         what: str,
         expired: Callable[[], StepstreamError] | None = None,
+        *,
+        wait_for_owner: bool = False,
     ) -> T:
         """``call`` the owner of ``partition``; ask again, of the new owner, when the owner
         moves or cannot be reached, until ``timeout`` seconds have passed (then raise
-        ``expired()``, or ``ConnectionFailed``)."""
+        ``expired()``, or ``ConnectionFailed``). Without ``wait_for_owner``, a partition
+        with no owner raises ``ConnectionFailed`` at once (see the module's docstring)."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
+        handover_deadline = loop.time() + HANDOVER_GRACE_S
+        synced = False
         problem = "no worker owns it"
         while True:
             remaining = None if deadline is None else deadline - loop.time()
@@ -79,6 +93,15 @@ class Router:
                 )
             owner = self._members.owner(partition)
             if owner is None:
+                if not wait_for_owner and not synced:
+                    # The view may lag a worker that just started: catch up once.
+                    synced = True
+                    await self._members.synced(self._request_timeout)
+                    continue
+                if not wait_for_owner and (
+                    not self._members.live() or loop.time() >= handover_deadline
+                ):
+                    raise self.unowned(what, [partition])
                 await self._members.changed(
                     RETRY_S if remaining is None else min(remaining, RETRY_S)
                 )
@@ -108,10 +131,18 @@ class Router:
         """Every owner's instances (each worker lists the partitions it owns)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._request_timeout
+        handover_deadline = loop.time() + min(HANDOVER_GRACE_S, self._request_timeout)
+        synced = False
         problem = ""
         while loop.time() < deadline:
             orphans = [p for p in range(self._partitions) if self._members.owner(p) is None]
             members = self._members.live()
+            if orphans and not synced:
+                synced = True  # the view may lag a worker that just started
+                await self._members.synced(self._request_timeout)
+                continue
+            if orphans and (not members or loop.time() >= handover_deadline):
+                raise self.unowned("cannot list instances", orphans)
             if orphans:
                 problem = f"partitions {orphans} have no worker"
             else:
@@ -134,6 +165,31 @@ class Router:
         raise ConnectionFailed(
             f"cannot list instances: {problem}; is every worker of prefix "
             f"{self._topics.prefix!r} running?"
+        )
+
+    def unowned(self, what: str, partitions: Sequence[int]) -> ConnectionFailed:
+        """The error for a read of ``partitions`` that no live worker owns."""
+        details = []
+        for partition in partitions:
+            vacancy = self._members.vacancy(partition)
+            if vacancy is None:
+                details.append(f"partition {partition}: no worker has announced owning it")
+            else:
+                since = datetime.fromtimestamp(vacancy.since_ms / 1000, UTC)
+                details.append(
+                    f"partition {partition}: no live owner since "
+                    f"{since.isoformat(timespec='seconds')} (last owner: worker "
+                    f"{vacancy.worker_id})"
+                )
+        state = (
+            "no worker of prefix {p!r} is running"
+            if not self._members.live()
+            else "the partition has not been handed over to a running worker of prefix {p!r}"
+        ).format(p=self._topics.prefix)
+        return ConnectionFailed(
+            f"{what}: {'; '.join(details)}; {state}. Commands sent meanwhile are kept on "
+            f"{self._topics.commands} and run when a worker owns the partition: start "
+            "`stepstream worker`, then ask again"
         )
 
     async def close(self) -> None:

@@ -1,11 +1,17 @@
 """``kafka://HOST:PORT[,HOST:PORT...]?prefix=P``: a client that needs nothing but the
 bootstrap servers.
 
-Commands are checked here (``CommandPublisher``: known workflow, encodable and small
-enough payloads), then published to ``<prefix>.commands`` with aiokafka (acks=all; not
-idempotent: its InitProducerId fails against some brokers), on the instance's partition.
-Reads, and the wait until a published command is settled, go to the worker that owns the
-instance's partition (``producers.kafka.routing``), found on ``<prefix>.members``.
+Commands are checked here (``CommandPublisher``: encodable and small enough payloads, a
+workflow some worker registered on ``<prefix>.definitions``), then published to
+``<prefix>.commands`` with aiokafka (acks=all; not idempotent: its InitProducerId fails
+against some brokers), on the instance's partition. Once the broker has acknowledged a
+command it is durable, and no live worker is needed: if the partition's owner is live the
+client waits a little (``command_timeout``) to hear whether it applied the command, so it
+can report one it refused (an unknown or finished instance); with no owner, or past that
+time, the call returns and the command runs when a worker owns the partition.
+
+Reads go to the worker that owns the instance's partition (``producers.kafka.routing``),
+found on ``<prefix>.members``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
 from engine.kafka_settings import KafkaSettings
 from engine.records import Command
 from engine.serde import RecordSerde, default_serde
-from engine.topics import MEMBERS, TopicNames, partition_for
+from engine.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
 from engine.views import HistoryEntry, InstanceStatus
 from producers.client import Transport, register_transport
 from producers.http import (
@@ -35,7 +41,8 @@ from producers.http import (
     client_security,
     client_ssl,
 )
-from producers.kafka.members import MembersView, RemoteWorkflow
+from producers.kafka.definitions import DefinitionsView, RemoteWorkflow
+from producers.kafka.members import MembersView
 from producers.kafka.routing import Router
 from producers.kafka.session import WorkerSession
 from producers.kafka.settings import aiokafka_options, settings_from_url
@@ -43,20 +50,22 @@ from producers.publisher import CommandPublisher
 
 log = logging.getLogger("stepstream.kafka.client")
 
-DEFAULT_COMMAND_TIMEOUT_S = 30.0
+# How long a command waits for a live owner to say whether it applied it.
+DEFAULT_COMMAND_TIMEOUT_S = 5.0
 _CONNECT_TIMEOUT_S = 15.0
 
 
 class _Settlements:
-    """``Publishing`` for ``CommandPublisher``: workflows from the members view, and the
-    futures that the publish step resolves once the owner says a command is settled."""
+    """``Publishing`` for ``CommandPublisher``: workflows from the definitions topic, and
+    the futures that the publish step resolves once the command is published (and settled,
+    if its owner was live to say so)."""
 
-    def __init__(self, members: MembersView) -> None:
-        self._members = members
+    def __init__(self, definitions: DefinitionsView) -> None:
+        self._definitions = definitions
         self._waiting: dict[str, asyncio.Future[str | None]] = {}
 
     def resolve(self, workflow: str, version: str | None = None) -> RemoteWorkflow:
-        return self._members.resolve(workflow, version)
+        return self._definitions.resolve(workflow, version)
 
     def settled(self, command_id: str) -> asyncio.Future[str | None]:
         fut = self._waiting.get(command_id)
@@ -79,6 +88,7 @@ class KafkaTransport(CommandPublisher):
         *,
         producer: Any,
         members: MembersView,
+        definitions: DefinitionsView,
         session: aiohttp.ClientSession,
         topics: TopicNames,
         partitions: int,
@@ -88,12 +98,13 @@ class KafkaTransport(CommandPublisher):
         request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
         command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
     ) -> None:
-        self._settlements = _Settlements(members)
+        self._settlements = _Settlements(definitions)
         super().__init__(
             self._produce, self._settlements, codec=codec, max_payload_bytes=max_payload_bytes
         )
         self._producer = producer
         self._members = members
+        self._definitions = definitions
         self._topics = topics
         self._partitions = partitions
         self._serde = serde
@@ -106,8 +117,15 @@ class KafkaTransport(CommandPublisher):
     async def start(
         self, workflow: str, input: Any, instance_id: str, version: str | None = None
     ) -> str:
-        if not self._members.knows(workflow, version):
-            await self._members.synced(self._request_timeout)  # a worker may have just joined
+        definitions = self._definitions
+        if not definitions.knows(workflow, version):
+            await definitions.synced(self._request_timeout)  # registered a moment ago?
+            # A fresh prefix: the first worker is starting (a script runs `stepstream
+            # worker &` and then `stepstream start`), give it the time to register.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._request_timeout
+            while definitions.empty and loop.time() < deadline:
+                await definitions.changed(deadline - loop.time())
         return await super().start(workflow, input, instance_id, version)
 
     async def _produce(self, command: Command) -> None:
@@ -125,20 +143,31 @@ class KafkaTransport(CommandPublisher):
                 f"{self._topics.commands}: {exc}; check the brokers, then retry"
             ) from None
 
-        async def ask(api: WorkerSession, remaining: float | None) -> str | None:
-            assert remaining is not None
-            return await api.settled(command.command_id, command.instance_id, remaining)
+        # Durable now. A live owner says soon whether it applied or refused the command;
+        # without one, or if it takes longer, the command runs when a worker gets to it.
+        reason = None
+        if self._members.owner(partition) is not None:
 
-        try:
-            reason = await self._router.routed(
-                partition, ask, self._command_timeout, f"{command.type} for {command.instance_id}"
-            )
-        except (ConnectionFailed, ResultTimeout) as exc:
-            raise ConnectionFailed(
-                f"{command.type} for instance {command.instance_id} was published but no "
-                f"worker confirmed it within {self._command_timeout} s ({exc}); it will be "
-                "applied once a worker owns its partition: check `stepstream status`"
-            ) from None
+            async def ask(api: WorkerSession, remaining: float | None) -> str | None:
+                assert remaining is not None
+                return await api.settled(command.command_id, command.instance_id, remaining)
+
+            try:
+                reason = await self._router.routed(
+                    partition,
+                    ask,
+                    self._command_timeout,
+                    f"{command.type} for {command.instance_id}",
+                )
+            except (ConnectionFailed, ResultTimeout) as exc:
+                log.info(
+                    "%s for instance %s is published; its owner did not confirm it within "
+                    "%s s (%s): it runs when a worker gets to it",
+                    command.type,
+                    command.instance_id,
+                    self._command_timeout,
+                    exc,
+                )
         self._settlements.settle(command.command_id, reason)
 
     async def _check_exists(self, instance_id: str) -> None:
@@ -167,7 +196,12 @@ class KafkaTransport(CommandPublisher):
             )
 
         return await self._router.routed(
-            self._partition(instance_id), ask, timeout, f"result of {instance_id}", expired
+            self._partition(instance_id),
+            ask,
+            timeout,
+            f"result of {instance_id}",
+            expired,
+            wait_for_owner=True,
         )
 
     async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
@@ -181,7 +215,12 @@ class KafkaTransport(CommandPublisher):
             )
 
         return await self._router.routed(
-            self._partition(instance_id), ask, timeout, f"reply of {instance_id}", expired
+            self._partition(instance_id),
+            ask,
+            timeout,
+            f"reply of {instance_id}",
+            expired,
+            wait_for_owner=True,
         )
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
@@ -199,6 +238,7 @@ class KafkaTransport(CommandPublisher):
         with contextlib.suppress(Exception):
             await self._producer.stop()
         await self._members.close()
+        await self._definitions.close()
         await self._router.close()
 
     def _partition(self, instance_id: str) -> int:
@@ -262,11 +302,12 @@ async def open_kafka_transport(
             "the address and the security settings"
         ) from None
     members: MembersView | None = None
+    definitions: DefinitionsView | None = None
     try:
         found = cluster.partitions_for_topic(topics.commands)
         missing = [
             name
-            for name in (topics.commands, topics.name(MEMBERS))
+            for name in (topics.commands, topics.name(MEMBERS), topics.name(DEFINITIONS))
             if cluster.partitions_for_topic(name) is None
         ]
         if missing or not found:
@@ -275,6 +316,12 @@ async def open_kafka_transport(
                 f"them with `stepstream topics create --bootstrap {settings.bootstrap} "
                 f"--prefix {settings.prefix} --partitions N` and start a worker"
             )
+        definitions = await DefinitionsView.open(
+            topics.name(DEFINITIONS),
+            prefix=settings.prefix,
+            timeout=request_timeout,
+            **aiokafka_options(settings, "consumer"),
+        )
         members = await MembersView.open(
             topics.name(MEMBERS),
             timeout=request_timeout,
@@ -291,6 +338,8 @@ async def open_kafka_transport(
             await producer.stop()
         if members is not None:
             await members.close()
+        if definitions is not None:
+            await definitions.close()
         raise
     # Waits are calls on one websocket per worker; requests (lists) are few.
     session = aiohttp.ClientSession(
@@ -299,6 +348,7 @@ async def open_kafka_transport(
     return KafkaTransport(
         producer=producer,
         members=members,
+        definitions=definitions,
         session=session,
         topics=topics,
         partitions=len(found),
