@@ -734,7 +734,14 @@ def _parser() -> argparse.ArgumentParser:
         help="partitions of a new data directory (default: 4)",
     )
 
-    start = command("start", _start, "start an instance", [connect, as_json])
+    start = command(
+        "start",
+        _start,
+        "start an instance; returns once the command is durable (with kafka:// no worker "
+        "needs to be running: the workflow name is checked against the workflows workers "
+        "registered, and it runs when a worker owns its partition)",
+        [connect, as_json],
+    )
     start.add_argument("workflow", help="the workflow's name")
     start.add_argument("--input", metavar="JSON", help="the workflow's input (default: null)")
     start.add_argument(
@@ -756,7 +763,13 @@ def _parser() -> argparse.ArgumentParser:
         help="with --wait, give up after S seconds (default: no limit)",
     )
 
-    send = command("send", _send, "send an event to an instance", [connect])
+    send = command(
+        "send",
+        _send,
+        "send an event to an instance; returns once the command is durable (kafka://: "
+        "without waiting for a worker)",
+        [connect],
+    )
     send.add_argument("id", metavar="ID")
     send.add_argument("event", metavar="EVENT")
     send.add_argument("--payload", metavar="JSON", help="the event's payload (default: null)")
