@@ -7,8 +7,10 @@ Nothing polls in a loop: between attempts the router waits for the view to chang
 
 A read of a partition that nobody owns does not wait for a worker: with no worker running
 it fails at once saying which partition and since when; while other workers run (the
-partition is changing hands) it waits for the hand-over at most ``HANDOVER_GRACE_S``.
-Waits for an outcome (``result``) do wait for an owner, until their timeout.
+partition is changing hands) it waits for the hand-over at most ``HANDOVER_GRACE_S``. An
+owner that cannot be reached while no other worker runs (killed, its announcement left
+behind) fails a read at once too. Waits for an outcome (``result``) do wait for an owner,
+until their timeout.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import aiohttp
 from engine.errors import ConnectionFailed, StepstreamError
 from engine.topics import TopicNames
 from engine.views import InstanceStatus
-from producers.kafka.members import MembersView
+from producers.kafka.members import Member, MembersView
 from producers.kafka.session import WorkerSession
 
 T = TypeVar("T")
@@ -122,6 +124,14 @@ class Router:
             try:
                 return request.result()
             except ConnectionFailed as exc:
+                if (
+                    not wait_for_owner
+                    and str(exc).startswith("cannot reach")
+                    and {m.worker_id for m in self._members.live()} == {owner.worker_id}
+                ):
+                    # Killed without withdrawing its announcement, and nobody to take over
+                    # until a worker starts: say so now rather than at the deadline.
+                    raise self.unreachable(what, partition, owner, exc) from None
                 # Gone, or no longer the owner: let the view catch up, then ask again.
                 problem = str(exc)
                 wait = RETRY_S if remaining is None else min(remaining, RETRY_S)
@@ -190,6 +200,19 @@ class Router:
             f"{what}: {'; '.join(details)}; {state}. Commands sent meanwhile are kept on "
             f"{self._topics.commands} and run when a worker owns the partition: start "
             "`stepstream worker`, then ask again"
+        )
+
+    def unreachable(
+        self, what: str, partition: int, owner: Member, exc: Exception
+    ) -> ConnectionFailed:
+        """The error for a read whose owner does not answer, with no other worker."""
+        announced = datetime.fromtimestamp(owner.time_ms / 1000, UTC)
+        return ConnectionFailed(
+            f"{what}: partition {partition}: its owner, worker {owner.worker_id} at {owner.url} "
+            f"(announced {announced.isoformat(timespec='seconds')}), does not answer ({exc}) "
+            f"and no other worker of prefix {self._topics.prefix!r} is running (was it killed?). "
+            f"Commands sent meanwhile are kept on {self._topics.commands} and run when a "
+            "worker owns the partition: start `stepstream worker`, then ask again"
         )
 
     async def close(self) -> None:

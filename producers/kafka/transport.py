@@ -171,9 +171,10 @@ class KafkaTransport(CommandPublisher):
         self._settlements.settle(command.command_id, reason)
 
     async def _check_exists(self, instance_id: str) -> None:
-        """No round trip before publishing: the owner settles a command for an unknown
-        instance as a dead letter (UnknownInstance) and one for a finished instance as
-        recorded and ignored (InstanceFinished), and ``_submit`` raises either."""
+        """No round trip before publishing (the owner may be down): a live owner settles a
+        command for an unknown instance as a dead letter (UnknownInstance) and one for a
+        finished instance as recorded and ignored (InstanceFinished), and ``_submit``
+        raises either; with no live owner the command is dead-lettered or ignored later."""
 
     # ---- reads ----------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import pytest
 
 from consumers.kafka import create_topics
 from producers.client import Client
+from producers.kafka.members import Member
 from stepstream import ConnectionFailed, UnknownWorkflow
 from tests.conftest import (
     KAFKA_TEST_PARTITIONS,
@@ -98,6 +99,13 @@ async def test_commands_are_accepted_while_every_worker_is_down_and_run_when_one
             await client.history(instance)
         with pytest.raises(ConnectionFailed, match=rf"list.*partition 0: {since}; partition 1"):
             await client.list()
+        # A worker killed without withdrawing its announcement: its address does not answer.
+        ghost = Member("ghost", "http://127.0.0.1:9", (0, 1), 1, KAFKA_TEST_PARTITIONS)
+        await asyncio.to_thread(produce_raw, settings, "members", [(0, b"ghost", ghost.encode())])
+        with pytest.raises(
+            ConnectionFailed, match=r"partition 0: its owner, worker ghost.*does not"
+        ):
+            await client.status(instance)
 
         second = ThreadedWorker(settings, tmp_path / "second", workflows_registry())
         try:
