@@ -839,7 +839,9 @@ def _parser() -> argparse.ArgumentParser:
     worker = command(
         "worker",
         _worker,
-        "run workflows in a Kafka consumer group, and serve their reads",
+        "run workflows in a Kafka consumer group, and serve their reads; on start it "
+        "registers its workflows on <prefix>.definitions, so clients accept them from then "
+        "on, even while no worker runs",
         [kafka, serving],
     )
     worker.add_argument(
@@ -872,7 +874,8 @@ def _parser() -> argparse.ArgumentParser:
     create = topic_commands.add_parser(
         "create",
         help="create the topics of a prefix (idempotent); says what exists",
-        description="create the topics of a prefix (idempotent); says what exists",
+        description="create the topics of a prefix (idempotent; run it again after an "
+        "upgrade that adds topics, such as <prefix>.definitions); says what exists",
         parents=[common, kafka, as_json],
     )
     create.set_defaults(handler=_topics_create)
