@@ -8,9 +8,9 @@ Nothing polls in a loop: between attempts the router waits for the view to chang
 A read of a partition that nobody owns does not wait for a worker: with no worker running
 it fails at once saying which partition and since when; while other workers run (the
 partition is changing hands) it waits for the hand-over at most ``HANDOVER_GRACE_S``. An
-owner that cannot be reached while no other worker runs (killed, its announcement left
-behind) fails a read at once too. Waits for an outcome (``result``) do wait for an owner,
-until their timeout.
+owner that cannot be reached (killed, its announcement left behind; or restarting, soon
+to announce its new address) is asked again until the request timeout, and the error then
+names it. Waits for an outcome (``result``) do wait for an owner, until their timeout.
 """
 
 from __future__ import annotations
@@ -83,11 +83,16 @@ class Router:
         handover_deadline = loop.time() + HANDOVER_GRACE_S
         synced = False
         problem = "no worker owns it"
+        unreachable: tuple[Member, ConnectionFailed] | None = None
         while True:
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 if expired is not None:
                     raise expired()
+                if unreachable is not None and {m.worker_id for m in self._members.live()} == {
+                    unreachable[0].worker_id
+                }:
+                    raise self.unreachable(what, partition, *unreachable)
                 raise ConnectionFailed(
                     f"{what}: the owner of partition {partition} did not answer within "
                     f"{timeout} s ({problem}); is a worker of prefix {self._topics.prefix!r} "
@@ -124,16 +129,11 @@ class Router:
             try:
                 return request.result()
             except ConnectionFailed as exc:
-                if (
-                    not wait_for_owner
-                    and str(exc).startswith("cannot reach")
-                    and {m.worker_id for m in self._members.live()} == {owner.worker_id}
-                ):
-                    # Killed without withdrawing its announcement, and nobody to take over
-                    # until a worker starts: say so now rather than at the deadline.
-                    raise self.unreachable(what, partition, owner, exc) from None
-                # Gone, or no longer the owner: let the view catch up, then ask again.
+                # Gone, or no longer the owner: let the view catch up, then ask again. A
+                # worker restarting under the same id announces its new address soon; one
+                # killed for good does not, and the deadline says so.
                 problem = str(exc)
+                unreachable = (owner, exc) if problem.startswith("cannot reach") else None
                 wait = RETRY_S if remaining is None else min(remaining, RETRY_S)
                 await self._members.changed(wait)
 
@@ -203,13 +203,13 @@ class Router:
         )
 
     def unreachable(
-        self, what: str, partition: int, owner: Member, exc: Exception
+        self, what: str, partition: int, owner: Member, exc: ConnectionFailed
     ) -> ConnectionFailed:
-        """The error for a read whose owner does not answer, with no other worker."""
+        """The error for a read whose owner did not answer, with no other worker."""
         announced = datetime.fromtimestamp(owner.time_ms / 1000, UTC)
         return ConnectionFailed(
             f"{what}: partition {partition}: its owner, worker {owner.worker_id} at {owner.url} "
-            f"(announced {announced.isoformat(timespec='seconds')}), does not answer ({exc}) "
+            f"(announced {announced.isoformat(timespec='seconds')}), did not answer ({exc}) "
             f"and no other worker of prefix {self._topics.prefix!r} is running (was it killed?). "
             f"Commands sent meanwhile are kept on {self._topics.commands} and run when a "
             "worker owns the partition: start `stepstream worker`, then ask again"

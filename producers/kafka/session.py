@@ -13,7 +13,7 @@ from producers.http import HttpTransport
 class WorkerSession(HttpTransport):
     """The calls a ``kafka://`` client makes of the worker that owns a partition."""
 
-    async def settled(self, command_id: str, instance_id: str, timeout: float) -> str | None:
+    async def settled(self, command_id: str, instance_id: str, timeout: float | None) -> str | None:
         reason = await self._calls.call(
             "settled", command_id=command_id, instance_id=instance_id, timeout=timeout
         )

@@ -30,8 +30,9 @@ from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int
 from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
 from engine.kafka_settings import KafkaSettings
-from engine.records import Command
+from engine.records import Command, StartWorkflow
 from engine.serde import RecordSerde, default_serde
+from engine.settle import error_for
 from engine.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
 from engine.views import HistoryEntry, InstanceStatus
 from producers.client import Transport, register_transport
@@ -53,6 +54,7 @@ log = logging.getLogger("stepstream.kafka.client")
 # How long a command waits for a live owner to say whether it applied it.
 DEFAULT_COMMAND_TIMEOUT_S = 5.0
 _CONNECT_TIMEOUT_S = 15.0
+_UNCONFIRMED_KEPT = 10_000  # the newest starts a result may have to wait for
 
 
 class _Settlements:
@@ -111,6 +113,10 @@ class KafkaTransport(CommandPublisher):
         self._request_timeout = request_timeout
         self._command_timeout = command_timeout
         self._router = Router(members, session, topics, partitions, request_timeout)
+        # Starts published here that no owner has confirmed yet, by instance: a result
+        # asked for meanwhile first waits for the start (the owner may still be catching
+        # up on its backlog and not know the instance yet).
+        self._unconfirmed: dict[str, str] = {}
 
     # ---- commands -----------------------------------------------------------------------
 
@@ -146,6 +152,7 @@ class KafkaTransport(CommandPublisher):
         # Durable now. A live owner says soon whether it applied or refused the command;
         # without one, or if it takes longer, the command runs when a worker gets to it.
         reason = None
+        confirmed = False
         if self._members.owner(partition) is not None:
 
             async def ask(api: WorkerSession, remaining: float | None) -> str | None:
@@ -159,6 +166,7 @@ class KafkaTransport(CommandPublisher):
                     self._command_timeout,
                     f"{command.type} for {command.instance_id}",
                 )
+                confirmed = True
             except (ConnectionFailed, ResultTimeout) as exc:
                 log.info(
                     "%s for instance %s is published; its owner did not confirm it within "
@@ -168,6 +176,13 @@ class KafkaTransport(CommandPublisher):
                     self._command_timeout,
                     exc,
                 )
+        if isinstance(command, StartWorkflow):
+            if confirmed:
+                self._unconfirmed.pop(command.instance_id, None)
+            else:
+                self._unconfirmed[command.instance_id] = command.command_id
+                if len(self._unconfirmed) > _UNCONFIRMED_KEPT:
+                    del self._unconfirmed[next(iter(self._unconfirmed))]
         self._settlements.settle(command.command_id, reason)
 
     async def _check_exists(self, instance_id: str) -> None:
@@ -188,6 +203,12 @@ class KafkaTransport(CommandPublisher):
 
     async def result(self, instance_id: str, timeout: float | None) -> Any:
         async def ask(api: WorkerSession, remaining: float | None) -> Any:
+            start = self._unconfirmed.get(instance_id)
+            if start is not None:
+                reason = await api.settled(start, instance_id, remaining)
+                if reason is not None:
+                    raise error_for(reason, instance_id, "start")
+                self._unconfirmed.pop(instance_id, None)
             return await api.result(instance_id, remaining)
 
         def expired() -> ResultTimeout:
