@@ -181,7 +181,7 @@ async def test_the_kafka_client_maps_settings_to_aiokafka(
             raise RuntimeError("recorded")
 
     monkeypatch.setattr("producers.kafka.settings.create_ssl_context", fake_context)
-    monkeypatch.setattr("producers.kafka.transport.AIOKafkaProducer", FakeProducer)
+    monkeypatch.setattr("producers.kafka.connect.AIOKafkaProducer", FakeProducer)
     monkeypatch.setattr("producers.kafka.follower.AIOKafkaConsumer", FakeConsumer)
     with pytest.raises(RuntimeError, match="recorded"):
         await kafka_client.open_kafka_transport(secure)
