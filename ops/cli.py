@@ -793,7 +793,14 @@ def _parser() -> argparse.ArgumentParser:
         help="partitions of a new data directory (default: 4)",
     )
 
-    start = command("start", _start, "start an instance", [connect, as_json])
+    start = command(
+        "start",
+        _start,
+        "start an instance; returns once the command is durable (with kafka:// no worker "
+        "needs to be running: the workflow name is checked against the workflows workers "
+        "registered, and it runs when a worker owns its partition)",
+        [connect, as_json],
+    )
     start.add_argument("workflow", help="the workflow's name")
     start.add_argument("--input", metavar="JSON", help="the workflow's input (default: null)")
     start.add_argument(
@@ -815,7 +822,13 @@ def _parser() -> argparse.ArgumentParser:
         help="with --wait, give up after S seconds (default: no limit)",
     )
 
-    send = command("send", _send, "send an event to an instance", [connect])
+    send = command(
+        "send",
+        _send,
+        "send an event to an instance; returns once the command is durable (kafka://: "
+        "without waiting for a worker)",
+        [connect],
+    )
     send.add_argument("id", metavar="ID")
     send.add_argument("event", metavar="EVENT")
     send.add_argument("--payload", metavar="JSON", help="the event's payload (default: null)")
@@ -898,7 +911,8 @@ def _parser() -> argparse.ArgumentParser:
         "worker",
         _worker,
         "run workflows in a Kafka consumer group, and serve their reads and the web UI (at "
-        "/ui, covering every worker's instances)",
+        "/ui, covering every worker's instances); on start it registers its workflows on "
+        "<prefix>.definitions, so clients accept them from then on, even while no worker runs",
         [kafka, serving],
     )
     worker.add_argument(
@@ -934,7 +948,8 @@ def _parser() -> argparse.ArgumentParser:
     create = topic_commands.add_parser(
         "create",
         help="create the topics of a prefix (idempotent); says what exists",
-        description="create the topics of a prefix (idempotent); says what exists",
+        description="create the topics of a prefix (idempotent; run it again after an "
+        "upgrade that adds topics, such as <prefix>.definitions); says what exists",
         parents=[common, kafka, as_json],
     )
     create.set_defaults(handler=_topics_create)

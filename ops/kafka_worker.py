@@ -3,9 +3,10 @@
 One worker = one member of the consumer group ``<prefix>.workers``: the partitions the
 group gives it run in a ``PartitionHost`` (processors, timer services, step executor)
 through ``consumers.kafka.KafkaRunner``; an HTTP API serves reads of those partitions and
-tells ``kafka://`` clients when their commands are settled; its address, partitions and
-workflows are announced on ``<prefix>.members`` whenever they change, and withdrawn (a
-tombstone) when it stops cleanly.
+tells ``kafka://`` clients when their commands are settled; its address and partitions
+are announced on ``<prefix>.members`` whenever they change, and withdrawn (a tombstone)
+when it stops cleanly. On start, before it joins the group, it registers the workflows it
+runs on ``<prefix>.definitions``, so clients accept them even while no worker runs.
 """
 
 from __future__ import annotations
@@ -45,14 +46,15 @@ from engine.seams import Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
 from engine.sources import Source, declared_sources
 from engine.state import InstanceState
-from engine.topics import MEMBERS, TopicNames, partition_for
+from engine.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
 from engine.workflow import Registry, WorkflowDefinition
 from ops import tracing
 from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity
 from ops.metrics import Health, observability_for
 from ops.ui.cluster import ClusterView
-from producers.kafka_members import Member
+from producers.kafka.definitions import registrations
+from producers.kafka.members import Member
 from producers.publisher import LogTransport
 
 log = logging.getLogger("stepstream.worker")
@@ -265,6 +267,7 @@ class KafkaWorker:
             )
             if self.config.tracer_provider is not None:
                 tracing.install(self._host, self.config.tracer_provider)
+            await self._register(worker_id)
             await self._serve(self._host)
             self._runner = KafkaRunner(
                 settings,
@@ -393,13 +396,15 @@ class KafkaWorker:
     def worker_id(self) -> str:
         return self._state_dir.worker_id if self._state_dir is not None else ""
 
-    def _workflows(self) -> dict[str, list[str]]:
-        """Each workflow's versions, the one new instances get last."""
-        out: dict[str, list[str]] = {}
-        for name, versions in self.registry.names().items():
-            latest = self.registry.resolve(name).version
-            out[name] = [v for v in versions if v != latest] + [latest]
-        return out
+    async def _register(self, worker_id: str) -> None:
+        assert self._producer is not None
+        topic = self._topics.name(DEFINITIONS)
+        records = [
+            OutRecord(topic, 0, r.key, r.encode())
+            for r in registrations(self.registry, worker_id, self._clock.now_ms())
+        ]
+        await self._producer.send(records)
+        log.info("registered workflows=%s on %s", sorted(self.registry.names()), topic)
 
     async def _announce(self, owned: dict[int, int]) -> None:
         assert self._producer is not None and self._state_dir is not None
@@ -408,13 +413,12 @@ class KafkaWorker:
             url=self.url,
             partitions=tuple(sorted(owned)),
             epoch=max(owned.values(), default=0),
-            workflows={name: tuple(v) for name, v in self._workflows().items()},
             partition_count=self.host.partitions,
             max_payload_bytes=self.config.max_payload_bytes,
             time_ms=self._clock.now_ms(),
         )
         await self._producer.send(
-            [OutRecord(self._topics.name(MEMBERS), 0, member.worker_id.encode(), member.to_json())]
+            [OutRecord(self._topics.name(MEMBERS), 0, member.worker_id.encode(), member.encode())]
         )
         log.info("announced partitions=%s url=%s", list(member.partitions), self.url)
         self._announced += 1

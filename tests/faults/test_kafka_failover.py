@@ -30,7 +30,7 @@ from engine.kafka_settings import KafkaSettings
 from engine.topics import MEMBERS, TopicNames, partition_for
 from producers.client import Client
 from producers.kafka import aiokafka_options
-from producers.kafka_members import MembersView
+from producers.kafka.members import MembersView
 from tests.conftest import KAFKA_TEST_OPTIONS, kafka_settings, kafka_url
 from tests.kafka_broker import Broker
 from tests.workflows import ledger_count

@@ -37,7 +37,7 @@ from engine.views import HistoryEntry, InstanceStatus
 from ops.broker import Broker, _free_port, _resolve_bin
 from producers.client import Client
 from producers.kafka import aiokafka_options
-from producers.kafka_members import MembersView
+from producers.kafka.members import MembersView
 from tests.conftest import KAFKA_TEST_OPTIONS, kafka_url
 from tests.tcp_proxy import TcpProxy
 
