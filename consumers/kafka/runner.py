@@ -85,6 +85,10 @@ class KafkaRunner:
         self._gap_reader: HistoryReader | None = None
         self._gap_lock = asyncio.Lock()
         self._snapshot_every = snapshot_every
+        # Partitions being taken over (restored), one at a time, in the order assigned;
+        # a revoke of one waits for its take to finish.
+        self._taking: dict[int, asyncio.Task[None]] = {}
+        self._take_lock = asyncio.Lock()
         self._group = GroupConsumer(
             settings,
             on_assign=self._assign,
@@ -93,7 +97,6 @@ class KafkaRunner:
             on_fatal=on_fatal,
             client_id=f"stepstream-worker-{state_dir.worker_id[:8]}",
         )
-        self.rebalances = 0
 
     @property
     def owned(self) -> dict[int, int]:
@@ -110,8 +113,8 @@ class KafkaRunner:
     async def stop(self) -> None:
         """Leave the group: what is still owned is revoked first."""
         await self._group.stop()
-        if self._owned:  # the poll thread died before it could revoke
-            await self._revoke(sorted(self._owned))
+        if self._owned or self._taking:  # the poll thread died before it could revoke
+            await self._revoke(sorted({*self._owned, *self._taking}))
         if self._reader is not None:
             await asyncio.to_thread(self._reader.close)
             self._reader = None
@@ -123,16 +126,26 @@ class KafkaRunner:
                 await asyncio.to_thread(self._gap_reader.close)
                 self._gap_reader = None
 
-    async def _assign(
-        self, partitions: list[int], committed: dict[Position, int | None]
-    ) -> dict[Position, int]:
-        self.rebalances += 1
-        starts: dict[Position, int] = {}
+    async def _assign(self, partitions: list[int], committed: dict[Position, int | None]) -> None:
+        """Take the partitions over one by one; each is fetched and announced as soon as
+        it is restored, while the partitions this worker already owns run on."""
+        tasks = []
         for partition in partitions:
-            backend = await self._take(partition, committed)
-            starts.update({(kind, partition): backend.source(kind).position for kind in KINDS})
-        await self._on_owned(self.owned)
-        return starts
+            task = asyncio.get_running_loop().create_task(self._take_one(partition, committed))
+            self._taking[partition] = task
+            tasks.append(task)
+        await asyncio.gather(*tasks)
+
+    async def _take_one(self, partition: int, committed: dict[Position, int | None]) -> None:
+        try:
+            async with self._take_lock:
+                backend = await self._take(partition, committed)
+                starts = {kind: backend.source(kind).position for kind in KINDS}
+                self._group.fetch(partition, starts)
+                await self._on_owned(self.owned)
+        finally:
+            if self._taking.get(partition) is asyncio.current_task():
+                del self._taking[partition]
 
     async def _take(self, partition: int, committed: dict[Position, int | None]) -> KafkaPartition:
         """Open the partition's state, bring it up to the topics and start it. A state
@@ -247,6 +260,10 @@ class KafkaRunner:
         await self._revoke(partitions, drain=False)
 
     async def _revoke(self, partitions: list[int], *, drain: bool = True) -> None:
+        # A partition still being restored is finished first: its fence is on the topic
+        # and its state half written, so it is given up like any other.
+        taking = [t for p in partitions if (t := self._taking.get(p)) is not None]
+        await asyncio.gather(*taking, return_exceptions=True)
         if drain:
             # Still the owner until this returns (the group waits for it): running step
             # attempts finish and are recorded here rather than lost to the next owner,

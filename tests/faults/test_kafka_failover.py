@@ -43,8 +43,16 @@ REPO = Path(__file__).resolve().parents[2]
 class WorkerProcess:
     """One `stepstream worker` subprocess; stopped by pid."""
 
-    def __init__(self, settings: KafkaSettings, state_dir: Path, ledger: Path, log: Path) -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        state_dir: Path,
+        ledger: Path,
+        log: Path,
+        workflows: str = "tests.workflows",
+    ) -> None:
         self.settings = settings
+        self.workflows = workflows
         self.state_dir = state_dir
         self.ledger = ledger
         self.log = log
@@ -58,7 +66,7 @@ class WorkerProcess:
             "ops.cli",
             "worker",
             "--workflows",
-            "tests.workflows",
+            self.workflows,
             "--bootstrap",
             self.settings.bootstrap,
             "--prefix",
