@@ -44,6 +44,7 @@ from tests.kafka_broker import Broker, start_broker
 PARTITIONS = 12
 PER_PARTITION = 2  # ticker instances on each partition
 TICK_S = 0.05
+BASELINE_MS = 1500  # before each change, for comparison: nothing moves in it
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +215,7 @@ def analyse(
     in_handover = {
         p: sum(1 for s in by_partition.get(p, []) if lo < s.time_ms < hi) for p in stayed
     }
-    baseline_start = start_ms - (end_ms - start_ms)
+    baseline_start = start_ms - BASELINE_MS
     return Phase(
         name=name,
         moved=moved,
@@ -244,9 +245,16 @@ def analyse(
 
 def _max_gap(records: list[Seen], start_ms: int, end_ms: int) -> float:
     """The longest stretch of [start, end] without a record of the partition."""
+    return _gap(records, start_ms, end_ms)[0]
+
+
+def _gap(records: list[Seen], start_ms: int, end_ms: int) -> tuple[float, float]:
+    """The longest stretch of [start, end] without a record of the partition, and when
+    it began (seconds after start)."""
     times = sorted(s.time_ms for s in records if start_ms <= s.time_ms <= end_ms)
     marks = [start_ms, *times, end_ms]
-    return max(b - a for a, b in itertools.pairwise(marks)) / 1000
+    length, began = max((b - a, a) for a, b in itertools.pairwise(marks))
+    return length / 1000, (began - start_ms) / 1000
 
 
 def duplicate_successes(seen: list[Seen]) -> list[tuple[str, str]]:
@@ -331,7 +339,7 @@ async def run_scenario(settings: KafkaSettings, workdir: Path) -> Report:
             } != set(range(PARTITIONS)):
                 assert time.monotonic() < deadline, "the workload never reached every partition"
                 await asyncio.sleep(0.1)
-            await asyncio.sleep(2)
+            await asyncio.sleep(BASELINE_MS / 1000)
 
             async def change(
                 name: str, act: Callable[[], None], members: Callable[[], list[WorkerProcess]]
@@ -340,7 +348,8 @@ async def run_scenario(settings: KafkaSettings, workdir: Path) -> Report:
                 start_ms = int(time.time() * 1000)
                 await asyncio.to_thread(act)
                 after = await _owners(view, _balanced({w.url for w in members()}))
-                await asyncio.sleep(1.5)  # the new owners' first records
+                # The new owners' first records, and the next phase's baseline.
+                await asyncio.sleep(BASELINE_MS / 1000)
                 end_ms = int(time.time() * 1000)
                 report.phases.append(
                     analyse(name, watch.records(), start_ms, end_ms, before, after)

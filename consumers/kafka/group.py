@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
@@ -379,6 +380,7 @@ class GroupConsumer:
     def _revoked(self, consumer: Consumer, revoked: list[TopicPartition]) -> None:
         partitions = sorted({tp.partition for tp in revoked})
         log.info("group revoked partitions=%s", partitions)
+        began = time.monotonic()
         try:
             self._call(self._on_revoke(partitions))
         except BaseException as exc:
@@ -386,6 +388,8 @@ class GroupConsumer:
             self._fail(exc)
         self._commit(consumer, asynchronous=False, only=set(partitions))
         self._stop_fetching(consumer, partitions)
+        # Fetching for every other partition stood still meanwhile.
+        log.info("gave up partitions=%s in %.3f s", partitions, time.monotonic() - began)
 
     def _lost(self, consumer: Consumer, lost: list[TopicPartition]) -> None:
         partitions = sorted({tp.partition for tp in lost})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -139,9 +140,16 @@ class KafkaRunner:
     async def _take_one(self, partition: int, committed: dict[Position, int | None]) -> None:
         try:
             async with self._take_lock:
+                began = time.monotonic()
                 backend = await self._take(partition, committed)
                 starts = {kind: backend.source(kind).position for kind in KINDS}
                 self._group.fetch(partition, starts)
+                log.info(
+                    "took partition=%d epoch=%d in %.3f s",
+                    partition,
+                    backend.epoch,
+                    time.monotonic() - began,
+                )
                 await self._on_owned(self.owned)
         finally:
             if self._taking.get(partition) is asyncio.current_task():
