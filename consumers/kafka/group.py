@@ -173,6 +173,7 @@ class GroupConsumer:
         self._fetching: set[int] = set()
         self._failed = False
         self._mixed_protocols = False
+        self._rebalanced = False  # a rebalance callback ran in the last poll
 
     # ---- loop side --------------------------------------------------------------------
 
@@ -250,6 +251,9 @@ class GroupConsumer:
                     routed = self._route(batch)
                     if routed:
                         loop.call_soon_threadsafe(self._deliver, routed)
+                if self._rebalanced:
+                    self._rebalanced = False
+                    self._wake_fetchers(consumer)
                 now = loop.time()
                 if now - last_commit >= _COMMIT_INTERVAL_S:
                     last_commit = now
@@ -284,6 +288,24 @@ class GroupConsumer:
             )
             routed.setdefault((kind, partition), []).append(entry)
         return routed
+
+    def _wake_fetchers(self, consumer: Consumer) -> None:
+        """librdkafka pauses every assigned partition while a rebalance callback is
+        pending and resumes them when it is answered, but a fetcher that went idle in the
+        meantime sleeps on for up to a second (measured: the first record 0.5-0.9 s after
+        a 0.1 s pause, 2 ms with a seek; docs/kafka-notes.md). Seeking each partition to
+        its own position wakes it: the partitions that stayed do not wait."""
+        fetched = [
+            TopicPartition(self._topics.name(k), p) for p in sorted(self._fetching) for k in KINDS
+        ]
+        if not fetched:
+            return
+        try:
+            for tp in consumer.position(fetched):
+                if tp.offset >= 0:  # else nothing was handed out yet: it starts anyway
+                    consumer.seek(tp)
+        except Exception as exc:
+            log.warning("could not wake the fetchers after a rebalance: %s", exc)
 
     def _refused_join(self, err: KafkaError) -> None:
         # Workers of a stepstream that used the eager assignor: the group takes one
@@ -350,6 +372,10 @@ class GroupConsumer:
         # Acknowledged with nothing to fetch yet: each partition is fetched once restored
         # (``fetch``), from the offsets its state covers.
         consumer.incremental_assign([])
+        # Wake the fetchers once this poll returns. Not after a revoke: an assign (of
+        # none, maybe) always follows it, with the partitions paused again until then,
+        # and a seek while paused does not wake them.
+        self._rebalanced = True
         partitions = sorted(tp.partition for tp in assigned if tp.topic in self._kind_of)
         if self._failed or not partitions:
             return
