@@ -25,11 +25,12 @@ from consumers.kafka.db import (
     needs_quarantine,
     quarantine,
 )
-from consumers.kafka.group import KINDS, GroupConsumer, KafkaSource, Position
+from consumers.kafka.group import KINDS, GroupConsumer, Position
 from consumers.kafka.partition import KafkaPartition
 from consumers.kafka.producer import LogProducer
 from consumers.kafka.restore import Headers, HistoryReader, restore_partition
 from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY, SnapshotReader, Snapshotter
+from consumers.kafka.source import KafkaSource
 from consumers.kafka.state_dir import StateDir
 from engine.errors import UndecodableRecord
 from engine.kafka_settings import KafkaSettings
