@@ -111,6 +111,9 @@ class Phase:
     stayed: list[int]
     # Partitions that stayed but were fenced (taken over) again: should be none.
     stayed_refenced: list[int]
+    # Partitions that stayed but that <prefix>.members showed unowned or owned by another
+    # worker at some point of the change: should be none.
+    stayed_reannounced: list[int]
     # Moved partitions: the epochs of the fences written in the phase (a take-over fences
     # twice with one epoch: restore, then the processor's start).
     new_fences: dict[int, list[int]]
@@ -161,7 +164,10 @@ def analyse(
     end_ms: int,
     before: dict[int, str],
     after: dict[int, str],
+    announced: list[dict[int, str]],
 ) -> Phase:
+    """``announced``: the owners ``<prefix>.members`` showed, after each change of it
+    during the phase."""
     by_partition: dict[int, list[Seen]] = {}
     for s in seen:
         by_partition.setdefault(s.partition, []).append(s)
@@ -221,6 +227,7 @@ def analyse(
         moved=moved,
         stayed=stayed,
         stayed_refenced=[p for p in stayed if fences(p, start_ms, end_ms)],
+        stayed_reannounced=[p for p in stayed if any(o.get(p) != before[p] for o in announced)],
         new_fences=new_fences,
         old_epochs=old_epochs,
         handover_s=handover_s,
@@ -311,6 +318,12 @@ async def run_scenario(settings: KafkaSettings, workdir: Path) -> Report:
         **aiokafka_options(settings, "consumer"),
     )
     report = Report()
+    announced: list[dict[int, str]] = []
+    view.on_change(
+        lambda: announced.append(
+            {p: m.url for p in range(PARTITIONS) if (m := view.owner(p)) is not None}
+        )
+    )
     try:
         await asyncio.gather(*(asyncio.to_thread(w.start) for w in workers[:3]))
         await _owners(view, _balanced({w.url for w in workers[:3]}))
@@ -346,13 +359,14 @@ async def run_scenario(settings: KafkaSettings, workdir: Path) -> Report:
             ) -> None:
                 before = await _owners(view, lambda o: len(o) == PARTITIONS)
                 start_ms = int(time.time() * 1000)
+                announced.clear()
                 await asyncio.to_thread(act)
                 after = await _owners(view, _balanced({w.url for w in members()}))
                 # The new owners' first records, and the next phase's baseline.
                 await asyncio.sleep(BASELINE_MS / 1000)
                 end_ms = int(time.time() * 1000)
                 report.phases.append(
-                    analyse(name, watch.records(), start_ms, end_ms, before, after)
+                    analyse(name, watch.records(), start_ms, end_ms, before, after, list(announced))
                 )
 
             await change("join", workers[3].start, lambda: workers)

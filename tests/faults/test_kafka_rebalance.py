@@ -39,6 +39,9 @@ def _check(phase: Phase, moving: int) -> None:
     # A partition that stayed was not revoked and taken over again (every take-over
     # appends a fence before anything else).
     assert phase.stayed_refenced == [], detail
+    # The workers' announcements moved only the moved partitions: a partition that stayed
+    # was never shown unowned (as a worker announcing a revoke of everything would).
+    assert phase.stayed_reannounced == [], detail
     # It kept writing history while the moved partitions had no owner.
     assert all(n > 0 for n in phase.stayed_records_in_handover.values()), detail
     for partition in phase.moved:
