@@ -87,10 +87,11 @@ class KafkaRunner:
         self._gap_reader: HistoryReader | None = None
         self._gap_lock = asyncio.Lock()
         self._snapshot_every = snapshot_every
-        # Partitions being taken over (restored), one at a time, in the order assigned;
-        # a revoke of one waits for its take to finish.
+        # Partitions being taken over (restored), one at a time, in the order assigned,
+        # and the one whose take has begun.
         self._taking: dict[int, asyncio.Task[None]] = {}
         self._take_lock = asyncio.Lock()
+        self._taking_now: int | None = None
         self._group = GroupConsumer(
             settings,
             on_assign=self._assign,
@@ -136,11 +137,18 @@ class KafkaRunner:
             task = asyncio.get_running_loop().create_task(self._take_one(partition, committed))
             self._taking[partition] = task
             tasks.append(task)
-        await asyncio.gather(*tasks)
+        for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+            # A take cancelled before it began was revoked meanwhile; any other failure
+            # is the worker's.
+            if isinstance(outcome, BaseException) and not isinstance(
+                outcome, asyncio.CancelledError
+            ):
+                raise outcome
 
     async def _take_one(self, partition: int, committed: dict[Position, int | None]) -> None:
         try:
             async with self._take_lock:
+                self._taking_now = partition
                 began = time.monotonic()
                 backend = await self._take(partition, committed)
                 starts = {kind: backend.source(kind).position for kind in KINDS}
@@ -153,6 +161,8 @@ class KafkaRunner:
                 )
                 await self._on_owned(self.owned)
         finally:
+            if self._taking_now == partition:
+                self._taking_now = None
             if self._taking.get(partition) is asyncio.current_task():
                 del self._taking[partition]
 
@@ -269,9 +279,13 @@ class KafkaRunner:
         await self._revoke(partitions, drain=False)
 
     async def _revoke(self, partitions: list[int], *, drain: bool = True) -> None:
-        # A partition still being restored is finished first: its fence is on the topic
-        # and its state half written, so it is given up like any other.
+        # A take not begun yet is dropped: fencing a partition that is no longer ours
+        # would depose its new owner. One under way is finished first (its fence is on
+        # the topic, its state half written) and given up like any other.
         taking = [t for p in partitions if (t := self._taking.get(p)) is not None]
+        for partition in partitions:
+            if partition in self._taking and partition != self._taking_now:
+                self._taking[partition].cancel()
         await asyncio.gather(*taking, return_exceptions=True)
         if drain:
             # Still the owner until this returns (the group waits for it): running step
