@@ -915,6 +915,13 @@ def _parser() -> argparse.ArgumentParser:
         "<prefix>.definitions, so clients accept them from then on, even while no worker runs",
         [kafka, serving],
     )
+    worker.epilog = (
+        "Workers with one --prefix form one consumer group and share its partitions. "
+        "Rebalances are incremental: a worker joining, or leaving on SIGTERM, moves only "
+        "the partitions that change hands (their running steps finish first, up to "
+        "$STEPSTREAM_DRAIN_TIMEOUT_S); the others keep running. Workers of a stepstream "
+        "version with eager rebalancing cannot share the group: stop them all first."
+    )
     worker.add_argument(
         "--workflows",
         required=True,

@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable
 
 from consumers.kafka import keys
 from consumers.kafka.db import PartitionDB
-from consumers.kafka.group import KafkaSource
 from consumers.kafka.producer import LogProducer, OutRecord
 from consumers.kafka.snapshots import Snapshotter
+from consumers.kafka.source import KafkaSource
 from engine.seams import CommitBatch, PartitionLost
 from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TopicNames, partition_for
 
