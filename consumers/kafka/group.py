@@ -124,6 +124,9 @@ class GroupConsumer:
         self._mixed_protocols = False
         self._rebalanced = False  # a rebalance callback ran in the last poll
         self._steady = False  # the last statistics showed the group steady
+        # (topic kind, partition) -> the log end offset the last statistics showed; read
+        # for consumer lag.
+        self._high_watermarks: dict[tuple[str, int], int] = {}
 
     # ---- loop side --------------------------------------------------------------------
 
@@ -414,10 +417,23 @@ class GroupConsumer:
         assignment lost (librdkafka issue 4059): every partition is given up without a
         drain and taken over again. Seen in 1 of ~8 joins with commits every 0.2 s."""
         try:
-            group = json.loads(stats).get("cgrp", {})
+            parsed = json.loads(stats)
         except ValueError:
             return
+        group = parsed.get("cgrp", {})
         self._steady = group.get("state") == "up" and group.get("join_state") == "steady"
+        for name, topic in parsed.get("topics", {}).items():
+            kind = self._kind_of.get(name)
+            if kind is None:
+                continue
+            for partition, figures in topic.get("partitions", {}).items():
+                high = figures.get("hi_offset", -1)
+                if partition != "-1" and isinstance(high, int) and high >= 0:
+                    self._high_watermarks[(kind, int(partition))] = high
+
+    def high_watermark(self, kind: str, partition: int) -> int | None:
+        """The end of the topic partition as the consumer last heard it (None: not yet)."""
+        return self._high_watermarks.get((kind, partition))
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():

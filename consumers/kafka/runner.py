@@ -245,6 +245,7 @@ class KafkaRunner:
                 epoch=restored.epoch,
             ),
             fences_between=self._fences_between,
+            high_watermark=self._group.high_watermark,
         )
         await self._host.assign(backend)
         self._host.telemetry.restore_seconds[partition] = time.perf_counter() - began

@@ -185,6 +185,23 @@ async def test_kafka_worker_metrics_and_readiness(kafka_worker: ThreadedWorker) 
     assert _value(samples, "stepstream_restore_duration_seconds", partition="0") > 0
     assert _value(samples, "stepstream_ready") == 1
     assert _get(f"{worker.url}/readyz")[0] == 200
+    # Consumer lag: the log end the consumer heard of, less what was applied; all of it.
+    group = worker._runner._group
+
+    def heard() -> int:  # commands the consumer knows the partitions hold
+        return sum(group.high_watermark("commands", p) or 0 for p in (0, 1))
+
+    for _ in range(100):
+        if heard() >= 4:  # three starts and the undecodable record
+            break
+        await asyncio.sleep(0.05)
+    assert heard() >= 4
+    for partition in (0, 1):
+        assert group.high_watermark("commands", partition) is not None
+        lag = _value(
+            _scrape(worker.url), "stepstream_consumer_lag_records", partition=str(partition)
+        )
+        assert lag == 0
 
     # The group takes the partitions away without a hand-over (the session expired):
     # the worker is not ready until it is assigned partitions again.
