@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-from producers.kafka_members import MembersView
 
 from consumers.kafka import create_topics
 from engine.kafka_settings import KafkaSettings
@@ -37,6 +36,7 @@ from engine.serde import default_serde
 from engine.topics import HISTORY, MEMBERS, TopicNames, partition_for
 from producers.client import Client
 from producers.kafka import aiokafka_options
+from producers.kafka.members import MembersView
 from tests.conftest import kafka_settings, kafka_url
 from tests.faults.test_kafka_failover import WorkerProcess
 from tests.kafka_broker import Broker, start_broker

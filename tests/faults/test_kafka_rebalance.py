@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer
-from producers.kafka_members import MembersView
 
 from consumers.kafka import create_topics, keys
 from engine.topics import COMMANDS, MEMBERS, TIMERS, TopicNames
 from producers.kafka import aiokafka_options
+from producers.kafka.members import MembersView
 from tests.conftest import kafka_settings
 from tests.faults.test_kafka_failover import WorkerProcess
 from tests.kafka_broker import Broker
