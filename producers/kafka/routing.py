@@ -8,9 +8,11 @@ Nothing polls in a loop: between attempts the router waits for the view to chang
 A read of a partition that nobody owns does not wait for a worker: with no worker running
 it fails at once saying which partition and since when; while other workers run (the
 partition is changing hands) it waits for the hand-over at most ``HANDOVER_GRACE_S``. An
-owner that cannot be reached (killed, its announcement left behind; or restarting, soon
-to announce its new address) is asked again until the request timeout, and the error then
-names it. Waits for an outcome (``result``) do wait for an owner, until their timeout.
+owner that cannot be reached while no other worker runs (killed, its announcement left
+behind; or restarting, soon to announce its new address) fails the read at once, naming
+that worker; with other workers running, one of them takes the partition over and the
+read is asked again of it, until the request timeout. Waits for an outcome (``result``)
+do wait for an owner, until their timeout.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class Router:
                 if unreachable is not None and {m.worker_id for m in self._members.live()} == {
                     unreachable[0].worker_id
                 }:
-                    raise self.unreachable(what, partition, *unreachable)
+                    raise self.unreachable(what, partition, *unreachable) from None
                 raise ConnectionFailed(
                     f"{what}: the owner of partition {partition} did not answer within "
                     f"{timeout} s ({problem}); is a worker of prefix {self._topics.prefix!r} "
@@ -130,11 +132,19 @@ class Router:
             try:
                 return request.result()
             except ConnectionFailed as exc:
-                # Gone, or no longer the owner: let the view catch up, then ask again. A
-                # worker restarting under the same id announces its new address soon; one
-                # killed for good does not, and the deadline says so.
+                # Gone, or no longer the owner: let the view catch up, then ask again (a
+                # survivor takes the partition over; a worker restarting under the same id
+                # announces its new address soon).
                 problem = str(exc)
                 unreachable = (owner, exc) if problem.startswith("cannot reach") else None
+                if (
+                    unreachable is not None
+                    and not wait_for_owner
+                    and {m.worker_id for m in self._members.live()} == {owner.worker_id}
+                ):
+                    # Its announcement outlived it (killed) and no other worker runs to
+                    # take the partition over: say so now rather than at the deadline.
+                    raise self.unreachable(what, partition, *unreachable) from None
                 wait = RETRY_S if remaining is None else min(remaining, RETRY_S)
                 await self._members.changed(wait)
 
