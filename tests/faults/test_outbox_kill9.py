@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import select
 import subprocess
 import sys
 import time
@@ -36,6 +34,7 @@ from tests.dev_server import clean_env
 from tests.integration.test_outbox import create_topic, first_of_each_id, read_topic
 from tests.kafka_broker import Broker
 from tests.outbox_workflows import KILL_ENV, NOTES_ENV
+from tests.processes import launch
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -77,25 +76,14 @@ class Process:
             env[KILL_ENV] = kill
         if self.backend == "dev":
             env["STEPSTREAM_OUTBOX_BOOTSTRAP"] = self.bootstrap
-        with open(self.log, "ab") as log:
-            log.write(f"---- start, kill at {kill} ----\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                self.command(),
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-            )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-        line = self.proc.stdout.readline().decode() if ready else ""
-        found = re.search(r"listening on (https?://\S+)", line)
-        if found is None:
-            self.stop()
-            pytest.fail(f"{self.backend} did not start: {line!r}\n{self.log.read_text()[-3000:]}")
-        self.url = found.group(1) if self.backend == "dev" else kafka_url(self.settings)
+        self.proc, url = launch(
+            self.command(),
+            env=env,
+            log=self.log,
+            what=self.backend,
+            header=f"---- start, kill at {kill} ----\n",
+        )
+        self.url = url if self.backend == "dev" else kafka_url(self.settings)
 
     async def died_at(self, point: str, index: int) -> None:
         assert self.proc is not None

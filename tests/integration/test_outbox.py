@@ -252,17 +252,10 @@ async def test_a_publish_to_a_missing_topic_is_retried_until_the_topic_exists(
 @pytest.fixture
 def proxied_broker() -> Iterator[Any]:
     """A broker of its own that clients reach only through a TCP proxy."""
-    from tests.faults.test_network_faults import start_broker_behind
-    from tests.tcp_proxy import TcpProxy
+    from tests.faults.test_network_faults import broker_behind_proxy
 
-    proxy = TcpProxy()
-    proxy.start()
-    broker = start_broker_behind(proxy)
-    try:
+    with broker_behind_proxy() as proxy:
         yield proxy
-    finally:
-        proxy.stop()
-        broker.stop()
 
 
 @pytest.mark.kafka
