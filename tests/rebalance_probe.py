@@ -38,7 +38,7 @@ from producers.client import Client
 from producers.kafka import aiokafka_options
 from producers.kafka.members import MembersView
 from tests.conftest import kafka_settings, kafka_url
-from tests.faults.test_kafka_failover import WorkerProcess
+from tests.faults.test_kafka_failover import WorkerProcess, owned_by
 from tests.kafka_broker import Broker, start_broker
 
 PARTITIONS = 12
@@ -280,15 +280,7 @@ def duplicate_successes(seen: list[Seen]) -> list[tuple[str, str]]:
 async def _owners(
     view: MembersView, expect: Callable[[dict[int, str]], bool], timeout: float = 60
 ) -> dict[int, str]:
-    deadline = time.monotonic() + timeout
-    while True:
-        owners = {p: m.url for p in range(PARTITIONS) if (m := view.owner(p)) is not None}
-        if expect(owners):
-            return owners
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(f"partitions never got the expected owners: {owners}")
-        await view.changed(remaining)
+    return await owned_by(view, PARTITIONS, expect, timeout)
 
 
 def _balanced(urls: set[str]) -> Callable[[dict[int, str]], bool]:
