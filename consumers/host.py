@@ -16,6 +16,7 @@ from consumers.timers import TimerService
 from engine.codec import PayloadCodec
 from engine.errors import UnknownInstance
 from engine.listing import InstancePage, ListQuery, Overview, merge_overviews, merge_pages
+from engine.outbox import Outbox
 from engine.records import HistoryRecord, Payload
 from engine.seams import Clock, PartitionBackend
 from engine.serde import RecordSerde
@@ -59,13 +60,16 @@ class PartitionHost:
         clock: Clock,
         max_payload_bytes: int,
         config: ProcessorConfig | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
+        """``outbox``: what ``ctx.publish`` produces with (None: publishing fails, with
+        an error saying how to configure it)."""
         self.registry = registry
         self.partitions = partitions
         self.serde = serde
         self.codec = codec
         self.clock = clock
-        self.executor = StepExecutor(codec, max_payload_bytes=max_payload_bytes)
+        self.executor = StepExecutor(codec, max_payload_bytes=max_payload_bytes, outbox=outbox)
         self._config = replace(config or ProcessorConfig(), max_payload_bytes=max_payload_bytes)
         self._owned: dict[int, _Owned] = {}
         self.telemetry = Telemetry()

@@ -194,18 +194,7 @@ class PartitionProcessor:
                 continue
             touched[instance_id] = runtime
         self._index_finished(batch)
-        self._persist(out, touched, batch)
-        await self._hooks.write_ahead(out, touched)  # hooks
-        began = time.perf_counter()
-        await self.backend.commit(batch)
-        self._telemetry.committed(
-            self.partition,
-            out.history,
-            touched,
-            records=len(batch.appends),
-            seconds=time.perf_counter() - began,
-        )
-        self._after_commit(out, touched, {})
+        await self._commit(out, touched, batch, {})
         if touched:
             log.info("partition=%d resumed %d unfinished instances", self.partition, len(touched))
         parked = sum(1 for rt in touched.values() if rt.state.parked)
@@ -433,18 +422,7 @@ class PartitionProcessor:
             )
         if entries:
             batch.offsets[COMMANDS] = entries[-1].offset + 1
-        self._persist(out, touched, batch)
-        await self._hooks.write_ahead(out, touched)  # hooks
-        began = time.perf_counter()
-        await self.backend.commit(batch)
-        self._telemetry.committed(
-            self.partition,
-            out.history,
-            touched,
-            records=len(batch.appends),
-            seconds=time.perf_counter() - began,
-        )
-        self._after_commit(out, touched, settled)
+        await self._commit(out, touched, batch, settled)
         redrive = poisoned_seen | self._redrive
         if redrive:
             await self._recover(sorted(redrive))
@@ -479,18 +457,7 @@ class PartitionProcessor:
             out.cancels.extend(own.cancels)
             out.commands.extend(own.commands)
             touched[instance_id] = runtime
-        self._persist(out, touched, batch)
-        await self._hooks.write_ahead(out, touched)  # hooks
-        began = time.perf_counter()
-        await self.backend.commit(batch)
-        self._telemetry.committed(
-            self.partition,
-            out.history,
-            touched,
-            records=len(batch.appends),
-            seconds=time.perf_counter() - began,
-        )
-        self._after_commit(out, touched, {})
+        await self._commit(out, touched, batch, {})
 
     def _apply_command(
         self, entry: LogEntry, out: Output, touched: dict[str, InstanceRuntime]
@@ -691,6 +658,28 @@ class PartitionProcessor:
         return None
 
     # ---- persistence ----------------------------------------------------------------
+
+    async def _commit(
+        self,
+        out: Output,
+        touched: dict[str, InstanceRuntime],
+        batch: CommitBatch,
+        settled: dict[str, str | None],
+    ) -> None:
+        """Make what the inputs decided durable, then act on it: count it, launch the
+        attempts, wake the waiters."""
+        self._persist(out, touched, batch)
+        await self._hooks.write_ahead(out, touched)  # hooks
+        began = time.perf_counter()
+        await self.backend.commit(batch)
+        self._telemetry.committed(
+            self.partition,
+            out.history,
+            touched,
+            records=len(batch.appends),
+            seconds=time.perf_counter() - began,
+        )
+        self._after_commit(out, touched, settled)
 
     def _persist(
         self, out: Output, touched: dict[str, InstanceRuntime], batch: CommitBatch

@@ -22,6 +22,7 @@ from engine.attempts import AttemptFlag, current_flag
 from engine.codec import PayloadCodec, check_size, encode_safely
 from engine.context import current_attempt
 from engine.errors import NonRetryableError, StepstreamError
+from engine.outbox import Outbox, current_outbox
 from engine.runtime import StepLaunch, StepOutcome
 
 log = logging.getLogger("stepstream.steps")
@@ -84,11 +85,14 @@ class StepExecutor:
         threads: int = 32,
         max_threads: int | None = None,
         cancel_grace_s: float = DEFAULT_CANCEL_GRACE_S,
+        outbox: Outbox | None = None,
     ) -> None:
         """``threads`` sync bodies can always start at once; threads kept by bodies
         that overran their attempt come on top, up to ``max_threads`` in all
-        (default: four times ``threads``)."""
+        (default: four times ``threads``). ``outbox``: what ``ctx.publish`` bodies
+        produce with (None: they fail, saying how to configure one)."""
         self._codec = codec
+        self._outbox = outbox
         self._limit = max_payload_bytes
         self._threads = StepThreads(
             threads, max_threads=max_threads if max_threads is not None else 4 * threads
@@ -117,7 +121,7 @@ class StepExecutor:
         self._running[attempt_id] = attempt  # now, so that ``cancel`` finds it at once
         fn = launch.fn
         context = contextvars.copy_context()
-        context.run(_enter_body, launch.attempt, attempt.flag)
+        context.run(_enter_body, launch.attempt, attempt.flag, self._outbox)
         if inspect.iscoroutinefunction(fn):
             try:
                 body = fn(*launch.args, **launch.kwargs)
@@ -338,9 +342,10 @@ def _settle_outcome(outcome: asyncio.Future[StepOutcome], value: StepOutcome) ->
         outcome.set_result(value)
 
 
-def _enter_body(attempt: int, flag: AttemptFlag) -> None:
+def _enter_body(attempt: int, flag: AttemptFlag, outbox: Outbox | None) -> None:
     current_attempt.set(attempt)
     current_flag.set(flag)
+    current_outbox.set(outbox)
 
 
 def _settle(done: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:

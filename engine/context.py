@@ -16,7 +16,7 @@ import random as _random
 import uuid as _uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar, overload
 
@@ -25,6 +25,14 @@ from engine.errors import ChildFailed, InvalidWorkflowCall, JoinError, RaceError
 from engine.loops import LoopBody, run_loop
 from engine.messages import Messages
 from engine.names import step_name_problem
+from engine.outbox import (
+    NAME_PREFIX,
+    PUBLISH_RETRY,
+    Published,
+    outbox_record,
+    publish_body,
+    published,
+)
 from engine.retry import RetryPolicy
 from engine.saga import SagaFrame, current_saga, register, roll_back
 
@@ -136,6 +144,10 @@ def _refuse_in_step_body(what: str) -> None:
 
 async def _awaiting(fut: asyncio.Future[Any]) -> Any:
     return await fut
+
+
+async def _published(fut: asyncio.Future[Any]) -> Published:
+    return published(await fut)
 
 
 class ChildHandle:
@@ -310,6 +322,31 @@ class Context:
             failure = StepFailure(exc.kind, exc.attempts, exc.error_type, exc.error_message)
             return StepResult(ok=False, failure=failure)
         return StepResult(ok=True, value=value)
+
+    def publish(
+        self,
+        topic: str,
+        value: Any,
+        key: str | bytes | None = None,
+        headers: dict[str, str | bytes] | None = None,
+        *,
+        name: str | None = None,
+    ) -> Coroutine[Any, Any, Published]:
+        """Produce a record to the Kafka topic ``topic``, as a durable step: it goes out
+        after the transition that reached this call is durable, is retried until the
+        broker acknowledged it, and replay returns where it landed without producing
+        again. ``value``: bytes as they are, anything else through the payload codec
+        (JSON by default); ``key``: str or bytes; ``headers``: str to str or bytes. Every
+        copy of the record carries the header ``stepstream-id`` (``<instance id>/<replay
+        key>``, the same on every retry and replay): a consumer that drops ids it has
+        seen gets each publish once. ``name``: the replay key (default
+        ``publish:<topic>``, counted like any name when it repeats)."""
+        _refuse_in_step_body("ctx.publish")
+        record = outbox_record(topic, value, key, headers, codec=self._rt.codec)
+        step_key = self._rt.key_for(name or f"{NAME_PREFIX}{topic}")
+        record = replace(record, id=f"{self._rt.instance_id}/{step_key}")
+        fut = self._rt.step_future(step_key, publish_body, (record,), {}, PUBLISH_RETRY, None)
+        return _published(fut)
 
     def sleep(self, name: str, duration: float | timedelta) -> Coroutine[Any, Any, None]:
         """Sleep durably for ``duration`` (seconds or timedelta); survives restarts."""

@@ -31,6 +31,8 @@ be made again (``retriable``)::
     └── UndecodableRecord            bytes on a topic that are no record of this version
 
     NonRetryableError (an Exception, raised by step bodies: fail the step at once)
+    └── OutboxNotConfigured          ctx.publish on an engine with no Kafka cluster
+                                     (set STEPSTREAM_OUTBOX_BOOTSTRAP)
     Evicted (a BaseException: internal control flow, never catch it)
 
 Internal control-flow signals derive from ``BaseException`` so that a workflow's
@@ -124,6 +126,12 @@ class HistoryDiverged(StepstreamError):
 
 class NonRetryableError(Exception):
     """Raise from a step body to fail the step at once, without further attempts."""
+
+
+class OutboxNotConfigured(NonRetryableError):
+    """``ctx.publish`` ran on an engine that has no Kafka cluster to publish to (an
+    embedded engine without ``STEPSTREAM_OUTBOX_BOOTSTRAP``): the publish fails at once
+    (``StepFailed`` in the workflow) with a message naming the variable."""
 
 
 class StepFailed(StepstreamError):

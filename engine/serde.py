@@ -45,7 +45,9 @@ _DOMAIN_OF_TOPIC: Final = {
     "snapshots": "snapshots",
 }
 _COMMON: Final = "common"
-_DOMAINS: Final = frozenset({_COMMON, *_DOMAIN_OF_TOPIC.values()})
+# Records of the compacted cluster topics (engine.cluster_serde): no envelope, no class.
+CLUSTER_DOMAINS: Final = frozenset({"members", "definitions"})
+_DOMAINS: Final = frozenset({_COMMON, *_DOMAIN_OF_TOPIC.values(), *CLUSTER_DOMAINS})
 _HEADER: Final = "header"
 _ENVELOPE_ATTRS: Final = frozenset(f.name for f in fields(Record))
 # Records nested inside record types, by Avro name; the envelope is flattened instead.
@@ -758,7 +760,7 @@ class RecordSerde:
         defs = {name: file.raw for name, file in files.items()}
         self._schemas: dict[int, _Schema] = {}
         for file in files.values():
-            if file.domain == _COMMON:
+            if file.domain == _COMMON or file.domain in CLUSTER_DOMAINS:
                 continue
             schema = _build_schema(file, defs)
             clash = self._schemas.setdefault(schema.fingerprint, schema)

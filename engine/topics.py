@@ -10,6 +10,7 @@ HISTORY = "history"
 TIMERS = "timers"
 DEAD_LETTERS = "dead-letters"
 MEMBERS = "members"
+DEFINITIONS = "definitions"
 SNAPSHOTS = "snapshots"
 TOPIC_KINDS = (COMMANDS, HISTORY, TIMERS, DEAD_LETTERS, SNAPSHOTS)
 DEFAULT_PREFIX = "stepstream"

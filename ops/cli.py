@@ -774,7 +774,12 @@ def _parser() -> argparse.ArgumentParser:
     run = command(
         "run", _run, "run one workflow to completion on a throwaway embedded engine", [as_json]
     )
-    run.add_argument("target", metavar="MODULE:FUNC", help="the @workflow function to run")
+    run.add_argument(
+        "target",
+        metavar="MODULE:FUNC",
+        help="the @workflow function to run (its ctx.publish(...) records go to the Kafka "
+        "cluster named by STEPSTREAM_OUTBOX_BOOTSTRAP, HOST:PORT)",
+    )
     run.add_argument("--input", metavar="JSON", help="the workflow's input (default: null)")
     run.add_argument("--data", metavar="DIR", help="data directory (default: a temporary one)")
     run.add_argument("--timeout", type=float, metavar="S", help="give up after S seconds")
@@ -792,7 +797,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULES",
         help="comma-separated modules whose @workflow functions are served; the topics "
         "they declare as Source(...) are read from the Kafka cluster named by "
-        "STEPSTREAM_SOURCES_BOOTSTRAP (HOST:PORT; prefix from STEPSTREAM_PREFIX)",
+        "STEPSTREAM_SOURCES_BOOTSTRAP (HOST:PORT; prefix from STEPSTREAM_PREFIX); their "
+        "ctx.publish(...) records are produced to the Kafka cluster named by "
+        "STEPSTREAM_OUTBOX_BOOTSTRAP (HOST:PORT; without it a publish fails)",
     )
     dev.add_argument(
         "--data", metavar="DIR", help="data directory (default: $STEPSTREAM_DATA or ./.stepstream)"
@@ -811,7 +818,14 @@ def _parser() -> argparse.ArgumentParser:
         help="partitions of a new data directory (default: 4)",
     )
 
-    start = command("start", _start, "start an instance", [connect, as_json])
+    start = command(
+        "start",
+        _start,
+        "start an instance; returns once the command is durable (with kafka:// no worker "
+        "needs to be running: the workflow name is checked against the workflows workers "
+        "registered, and it runs when a worker owns its partition)",
+        [connect, as_json],
+    )
     start.add_argument("workflow", help="the workflow's name")
     start.add_argument("--input", metavar="JSON", help="the workflow's input (default: null)")
     start.add_argument(
@@ -833,7 +847,13 @@ def _parser() -> argparse.ArgumentParser:
         help="with --wait, give up after S seconds (default: no limit)",
     )
 
-    send = command("send", _send, "send an event to an instance", [connect])
+    send = command(
+        "send",
+        _send,
+        "send an event to an instance; returns once the command is durable (kafka://: "
+        "without waiting for a worker)",
+        [connect],
+    )
     send.add_argument("id", metavar="ID")
     send.add_argument("event", metavar="EVENT")
     send.add_argument("--payload", metavar="JSON", help="the event's payload (default: null)")
@@ -916,8 +936,16 @@ def _parser() -> argparse.ArgumentParser:
         "worker",
         _worker,
         "run workflows in a Kafka consumer group, and serve their reads and the web UI (at "
-        "/ui, covering every worker's instances)",
+        "/ui, covering every worker's instances); on start it registers its workflows on "
+        "<prefix>.definitions, so clients accept them from then on, even while no worker runs",
         [kafka, serving],
+    )
+    worker.epilog = (
+        "Workers with one --prefix form one consumer group and share its partitions. "
+        "Rebalances are incremental: a worker joining, or leaving on SIGTERM, moves only "
+        "the partitions that change hands (their running steps finish first, up to "
+        "$STEPSTREAM_DRAIN_TIMEOUT_S); the others keep running. Workers of a stepstream "
+        "version with eager rebalancing cannot share the group: stop them all first."
     )
     worker.add_argument(
         "--workflows",
@@ -925,7 +953,8 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULES",
         help="comma-separated modules whose @workflow functions are run; the topics they "
         "declare as Source(...) are read as event sources (consumer group PREFIX.sources; "
-        "STEPSTREAM_SOURCES_COMMIT_INTERVAL_S)",
+        "STEPSTREAM_SOURCES_COMMIT_INTERVAL_S); their ctx.publish(...) records are "
+        "produced to this cluster, or to STEPSTREAM_OUTBOX_BOOTSTRAP (HOST:PORT) if set",
     )
     worker.add_argument(
         "--state-dir",
@@ -951,7 +980,8 @@ def _parser() -> argparse.ArgumentParser:
     create = topic_commands.add_parser(
         "create",
         help="create the topics of a prefix (idempotent); says what exists",
-        description="create the topics of a prefix (idempotent); says what exists",
+        description="create the topics of a prefix (idempotent; run it again after an "
+        "upgrade that adds topics, such as <prefix>.definitions); says what exists",
         parents=[common, kafka, as_json],
     )
     create.set_defaults(handler=_topics_create)

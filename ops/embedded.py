@@ -7,9 +7,10 @@ step executor) and an in-process client transport, and registers ``embedded:PATH
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from consumers.embedded.db import EmbeddedDB
 from consumers.embedded.partition import EmbeddedPartition
@@ -22,6 +23,9 @@ from consumers.partition import (
 )
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
+from engine.kafka_settings import KafkaSettings
+from engine.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
+from engine.outbox import Outbox
 from engine.records import Command
 from engine.seams import Append, Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
@@ -29,6 +33,9 @@ from engine.topics import COMMANDS
 from engine.workflow import Registry
 from producers.client import Transport, register_transport
 from producers.publisher import LogTransport
+
+if TYPE_CHECKING:
+    from consumers.kafka.outbox import KafkaOutbox
 
 DEFAULT_DATA_DIR = "./.stepstream"
 
@@ -44,6 +51,9 @@ class EmbeddedConfig:
     # How long finished instances stay readable (0: for ever).
     retention_s: float = DEFAULT_RETENTION_S
     sweep_interval_s: float = SWEEP_INTERVAL_S  # how often expired instances are looked for
+    # The Kafka cluster ctx.publish produces to (STEPSTREAM_OUTBOX_BOOTSTRAP, HOST:PORT;
+    # client properties from STEPSTREAM_KAFKA_*); None: publishing fails, saying so.
+    outbox_bootstrap: str | None = None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> EmbeddedConfig:
@@ -58,6 +68,7 @@ class EmbeddedConfig:
             env, "STEPSTREAM_DRAIN_TIMEOUT_S", DEFAULT_DRAIN_TIMEOUT_S
         )
         values["retention_s"] = env_seconds(env, "STEPSTREAM_RETENTION_S", DEFAULT_RETENTION_S)
+        values["outbox_bootstrap"] = env.get(OUTBOX_ENV) or None
         if "STEPSTREAM_PARTITIONS" in env:
             values["partitions"] = env_int(env, "STEPSTREAM_PARTITIONS", 4)
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -72,8 +83,10 @@ class EmbeddedEngine:
         serde: RecordSerde,
         codec: PayloadCodec,
         config: EmbeddedConfig,
+        outbox: KafkaOutbox | None = None,
     ) -> None:
         self.db = db
+        self._outbox = outbox
         self.host = host
         self._serde = serde
         self._codec = codec
@@ -113,7 +126,18 @@ class EmbeddedEngine:
             for partition in self.host.owned:
                 await self.host.revoke(partition)
         await self.host.close()
+        if self._outbox is not None:
+            await asyncio.to_thread(self._outbox.close)
         await self.db.close()
+
+
+def _outbox(bootstrap: str | None) -> KafkaOutbox | None:
+    if not bootstrap:
+        return None
+    # Imported here: an engine that publishes nowhere never loads the Kafka client.
+    from consumers.kafka.outbox import KafkaOutbox
+
+    return KafkaOutbox(KafkaSettings.load(bootstrap), client_id="stepstream-embedded-outbox")
 
 
 async def open_embedded(
@@ -122,11 +146,15 @@ async def open_embedded(
     *,
     codec: PayloadCodec | None = None,
     clock: Clock | None = None,
+    outbox: Outbox | None = None,
 ) -> EmbeddedEngine:
+    """``outbox``: what ``ctx.publish`` produces with, instead of the Kafka cluster of
+    ``config.outbox_bootstrap``."""
     config = config or EmbeddedConfig()
     codec = codec or JsonCodec()
     serde = default_serde()
     db = await EmbeddedDB.open(config.data_dir, config.partitions)
+    kafka_outbox = None if outbox is not None else _outbox(config.outbox_bootstrap)
     host = PartitionHost(
         registry,
         partitions=db.partitions,
@@ -140,6 +168,7 @@ async def open_embedded(
             retention_s=config.retention_s,
             sweep_interval_s=config.sweep_interval_s,
         ),
+        outbox=outbox or kafka_outbox,
     )
     try:
         for partition in range(db.partitions):
@@ -148,7 +177,7 @@ async def open_embedded(
         await host.close()
         await db.close()
         raise
-    return EmbeddedEngine(db, host, serde, codec, config)
+    return EmbeddedEngine(db, host, serde, codec, config, kafka_outbox)
 
 
 async def _connect(url: str, options: dict[str, Any]) -> Transport:

@@ -3,9 +3,10 @@
 One worker = one member of the consumer group ``<prefix>.workers``: the partitions the
 group gives it run in a ``PartitionHost`` (processors, timer services, step executor)
 through ``consumers.kafka.KafkaRunner``; an HTTP API serves reads of those partitions and
-tells ``kafka://`` clients when their commands are settled; its address, partitions and
-workflows are announced on ``<prefix>.members`` whenever they change, and withdrawn (a
-tombstone) when it stops cleanly.
+tells ``kafka://`` clients when their commands are settled; its address and partitions
+are announced on ``<prefix>.members`` whenever they change, and withdrawn (a tombstone)
+when it stops cleanly. On start, before it joins the group, it registers the workflows it
+runs on ``<prefix>.definitions``, so clients accept them even while no worker runs.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ import logging
 import os
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
-from consumers.host import OverviewProgress, PartitionHost
+from consumers.host import PartitionHost
 from consumers.kafka import (
     KafkaRunner,
     LogProducer,
@@ -30,27 +31,29 @@ from consumers.kafka import (
     StateDir,
     topic_partitions,
 )
+from consumers.kafka.outbox import KafkaOutbox
 from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_RETENTION_S, ProcessorConfig
 from consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
-from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError
+from engine.errors import ConnectionFailed, StepstreamError
 from engine.kafka_settings import KafkaSettings
-from engine.listing import InstancePage, ListQuery, Overview
-from engine.records import Command, HistoryRecord, Payload
+from engine.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
+from engine.records import Command
 from engine.seams import Clock, SystemClock
 from engine.serde import RecordSerde, default_serde
 from engine.sources import Source, declared_sources
-from engine.state import InstanceState
-from engine.topics import MEMBERS, TopicNames, partition_for
-from engine.workflow import Registry, WorkflowDefinition
+from engine.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
+from engine.workflow import Registry
 from ops import tracing
 from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity
 from ops.metrics import Health, observability_for
 from ops.ui.cluster import ClusterView
-from producers.kafka_members import Member
+from ops.worker_reads import OwnedReader
+from producers.kafka.definitions import registrations
+from producers.kafka.members import Member
 from producers.publisher import LogTransport
 
 log = logging.getLogger("stepstream.worker")
@@ -79,6 +82,9 @@ class KafkaWorkerConfig:
     tracer_provider: TracerProvider | None = None
     # How the user topics declared as Source are read (STEPSTREAM_SOURCES_*).
     sources: SourcesConfig = field(default_factory=SourcesConfig)
+    # The cluster ctx.publish produces to (STEPSTREAM_OUTBOX_BOOTSTRAP, with the same
+    # client properties); None: the worker's own.
+    outbox_bootstrap: str | None = None
 
     @classmethod
     def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
@@ -100,92 +106,9 @@ class KafkaWorkerConfig:
             values["advertise"] = env["STEPSTREAM_ADVERTISE"]
         values["api"] = ApiSecurity.from_env(env)
         values["sources"] = SourcesConfig.from_env(env)
+        values["outbox_bootstrap"] = env.get(OUTBOX_ENV) or None
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(settings, **values)
-
-
-class _OwnedReader:
-    """The host's reads, refused (``ConnectionFailed``, HTTP 503) for an instance whose
-    partition this worker does not own now: its owner is elsewhere, and a kafka:// client
-    asks again there."""
-
-    def __init__(self, host: PartitionHost) -> None:
-        self._host = host
-
-    def _check(self, instance_id: str) -> None:
-        if not self._host.owns(instance_id):
-            partition = partition_for(instance_id, self._host.partitions)
-            raise ConnectionFailed(
-                f"instance {instance_id} is on partition {partition}, which this worker does "
-                "not own now; its owner is announced on the members topic (a kafka:// "
-                "client finds it)"
-            )
-
-    def resolve(self, workflow: str, version: str | None = None) -> WorkflowDefinition:
-        return self._host.resolve(workflow, version)
-
-    def settled(self, command_id: str) -> asyncio.Future[str | None]:
-        return self._host.settled(command_id)
-
-    def forget(self, command_id: str) -> None:
-        self._host.forget(command_id)
-
-    def finished(self, instance_id: str) -> bool:
-        self._check(instance_id)
-        return self._host.finished(instance_id)
-
-    def read_state(self, instance_id: str, *, entries: bool = True) -> InstanceState:
-        self._check(instance_id)
-        return self._host.read_state(instance_id, entries=entries)
-
-    def read_history(self, instance_id: str) -> list[HistoryRecord]:
-        self._check(instance_id)
-        return self._host.read_history(instance_id)
-
-    def list_instances(self) -> list[InstanceState]:
-        return self._host.list_instances()
-
-    def list_page(self, query: ListQuery, budget: int) -> InstancePage:
-        return self._host.list_page(query, budget)
-
-    def overview_slice(
-        self, progress: OverviewProgress | None, budget: int
-    ) -> tuple[Overview, OverviewProgress | None]:
-        return self._host.overview_slice(progress, budget)
-
-    async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
-        self._check(instance_id)
-        return await self._host.wait_finished(instance_id, timeout)
-
-    async def wait_reply(self, instance_id: str, message_id: str, timeout: float | None) -> Payload:
-        self._check(instance_id)
-        return await self._host.wait_reply(instance_id, message_id, timeout)
-
-    def finished_status(self, instance_id: str) -> str | None:
-        self._check(instance_id)
-        if not self._host.finished(instance_id):
-            return None
-        return self._host.read_state(instance_id, entries=False).status.value
-
-    async def wait_settled(
-        self, command_id: str, instance_id: str | None, timeout: float | None
-    ) -> str | None:
-        settled = self._host.settled(command_id)
-        try:
-            if instance_id is not None and not settled.done():
-                self._check(instance_id)
-                # Settled before this worker took the partition over? The instance
-                # keeps the ids of the commands applied to it, and their history.
-                applied, reason = self._host.settled_before(instance_id, command_id)
-                if applied:
-                    return reason
-            return await asyncio.wait_for(asyncio.shield(settled), timeout)
-        except TimeoutError:
-            raise ResultTimeout(
-                f"command {command_id} was not settled within {timeout} s"
-            ) from None
-        finally:
-            self._host.forget(command_id)
 
 
 class KafkaWorker:
@@ -213,6 +136,7 @@ class KafkaWorker:
         self._topics = TopicNames(config.settings.prefix)
         self._state_dir: StateDir | None = None
         self._producer: LogProducer | None = None
+        self._outbox: KafkaOutbox | None = None
         self._host: PartitionHost | None = None
         self._runner: KafkaRunner | None = None
         self._sources: SourceConsumer | None = None
@@ -241,6 +165,11 @@ class KafkaWorker:
             self._producer = await asyncio.to_thread(
                 LogProducer, settings, client_id=f"stepstream-worker-{worker_id[:8]}"
             )
+            outbox_bootstrap = self.config.outbox_bootstrap or settings.bootstrap
+            self._outbox = KafkaOutbox(
+                replace(settings, bootstrap=outbox_bootstrap),
+                client_id=f"stepstream-outbox-{worker_id[:8]}",
+            )
             self._host = PartitionHost(
                 self.registry,
                 partitions=partitions,
@@ -249,9 +178,11 @@ class KafkaWorker:
                 clock=self._clock,
                 max_payload_bytes=self.config.max_payload_bytes,
                 config=self.config.processor,
+                outbox=self._outbox,
             )
             if self.config.tracer_provider is not None:
                 tracing.install(self._host, self.config.tracer_provider)
+            await self._register(worker_id)
             await self._serve(self._host)
             self._runner = KafkaRunner(
                 settings,
@@ -323,6 +254,9 @@ class KafkaWorker:
         await self._ui.close()
         if self._host is not None:
             await self._host.close()
+        if self._outbox is not None:
+            await asyncio.to_thread(self._outbox.close)
+            self._outbox = None
         if self._producer is not None:
             await asyncio.to_thread(self._producer.close)
             self._producer = None
@@ -377,13 +311,15 @@ class KafkaWorker:
     def worker_id(self) -> str:
         return self._state_dir.worker_id if self._state_dir is not None else ""
 
-    def _workflows(self) -> dict[str, list[str]]:
-        """Each workflow's versions, the one new instances get last."""
-        out: dict[str, list[str]] = {}
-        for name, versions in self.registry.names().items():
-            latest = self.registry.resolve(name).version
-            out[name] = [v for v in versions if v != latest] + [latest]
-        return out
+    async def _register(self, worker_id: str) -> None:
+        assert self._producer is not None
+        topic = self._topics.name(DEFINITIONS)
+        records = [
+            OutRecord(topic, 0, r.key, r.encode())
+            for r in registrations(self.registry, worker_id, self._clock.now_ms())
+        ]
+        await self._producer.send(records)
+        log.info("registered workflows=%s on %s", sorted(self.registry.names()), topic)
 
     async def _announce(self, owned: dict[int, int]) -> None:
         assert self._producer is not None and self._state_dir is not None
@@ -392,13 +328,12 @@ class KafkaWorker:
             url=self.url,
             partitions=tuple(sorted(owned)),
             epoch=max(owned.values(), default=0),
-            workflows={name: tuple(v) for name, v in self._workflows().items()},
             partition_count=self.host.partitions,
             max_payload_bytes=self.config.max_payload_bytes,
             time_ms=self._clock.now_ms(),
         )
         await self._producer.send(
-            [OutRecord(self._topics.name(MEMBERS), 0, member.worker_id.encode(), member.to_json())]
+            [OutRecord(self._topics.name(MEMBERS), 0, member.worker_id.encode(), member.encode())]
         )
         log.info("announced partitions=%s url=%s", list(member.partitions), self.url)
         self._announced += 1
@@ -446,7 +381,7 @@ class KafkaWorker:
         )
 
     async def _serve(self, host: PartitionHost) -> None:
-        reader = _OwnedReader(host)
+        reader = OwnedReader(host)
         transport = LogTransport(
             self._publish,
             reader,

@@ -45,13 +45,14 @@ _LIST_SLICE = 2000
 
 
 class WorkflowRef(Protocol):
-    """A workflow name and the version a new instance of it gets."""
+    """A workflow name and the version a new instance of it gets (None: the latest one
+    the worker that applies the start has)."""
 
     @property
     def name(self) -> str: ...
 
     @property
-    def version(self) -> str: ...
+    def version(self) -> str | None: ...
 
 
 class Publishing(Protocol):

@@ -34,6 +34,7 @@ from engine.errors import (
 )
 from engine.hook_events import StatusChangeEvent, StepErrorEvent
 from engine.loops import Break, Continue
+from engine.outbox import Published
 from engine.records import Payload
 from engine.retry import RetryPolicy
 from engine.sources import Source
@@ -65,6 +66,7 @@ __all__ = [
     "Payload",
     "PayloadCodec",
     "PayloadTooLarge",
+    "Published",
     "RaceError",
     "ResultTimeout",
     "RetryPolicy",

@@ -35,6 +35,7 @@ from consumers.embedded.partition import EmbeddedPartition
 from consumers.instance_store import load_state
 from engine.codec import PayloadCodec
 from engine.errors import ConnectionFailed, StepstreamError, UnknownWorkflow
+from engine.outbox import MemoryOutbox, OutboxRecord
 from engine.seams import Clock, SystemClock
 from engine.state import EntryState
 from engine.topics import COMMANDS, TIMERS
@@ -145,6 +146,8 @@ class WorkflowEnvironment:
     "system" (wall time), or any object with ``now_ms()`` and ``async sleep(seconds)``.
     Finished instances are kept for good (no retention), so moving the clock months on
     forgets nothing. ``data_dir``: keep the data there instead of a temporary directory.
+    ``ctx.publish`` records are kept in ``env.published`` (no Kafka needed), across
+    crashes.
     """
 
     def __init__(
@@ -182,6 +185,7 @@ class WorkflowEnvironment:
         self._writes_before = 0  # durable writes of engines before the running one
         self.crashes = 0
         self.data_dir = self._given_dir or ""
+        self._outbox = MemoryOutbox()
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -222,7 +226,15 @@ class WorkflowEnvironment:
             retention_s=0,
             drain_timeout_s=1.0,
         )
-        return await open_embedded(self._registry, config, codec=self._codec, clock=self._clock)
+        return await open_embedded(
+            self._registry, config, codec=self._codec, clock=self._clock, outbox=self._outbox
+        )
+
+    @property
+    def published(self) -> list[OutboxRecord]:
+        """What ``ctx.publish`` produced, in order (``topic``, ``key``, ``value`` as bytes,
+        ``headers``, ``id``); a publish repeated after a crash shows twice, with one id."""
+        return list(self._outbox.records)
 
     @property
     def client(self) -> Client:

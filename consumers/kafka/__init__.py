@@ -11,11 +11,12 @@ from consumers.kafka.admin import (
     topic_partitions,
 )
 from consumers.kafka.db import PartitionDB
-from consumers.kafka.group import GroupConsumer, KafkaSource
+from consumers.kafka.group import GroupConsumer
 from consumers.kafka.partition import KafkaPartition
 from consumers.kafka.producer import LogProducer, OutRecord, ProduceFailed
 from consumers.kafka.restore import HistoryReader, Restored, restore_partition
 from consumers.kafka.runner import KafkaRunner
+from consumers.kafka.source import KafkaSource
 from consumers.kafka.state_dir import StateDir, StateDirInUse
 
 __all__ = [

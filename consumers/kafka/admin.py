@@ -3,7 +3,8 @@
 ``<prefix>.commands``, ``.history``, ``.timers`` and ``.dead-letters`` have the same
 partition count (they are co-partitioned: an instance lives on partition
 ``murmur2(id) % n`` of each); ``.members`` is a small compacted topic where workers
-announce what they own. History is the journal, so it is kept forever. Partition counts
+announce what they own, ``.definitions`` one where they register the workflows they run.
+History is the journal, so it is kept forever. Partition counts
 cannot change later (the partition of an instance is a function of the count).
 """
 
@@ -20,7 +21,7 @@ from confluent_kafka.cimpl import NewTopic
 from consumers.kafka.clients import make_client
 from engine.errors import StepstreamError
 from engine.kafka_settings import KafkaSettings
-from engine.topics import MEMBERS, TOPIC_KINDS, TopicNames
+from engine.topics import DEFINITIONS, MEMBERS, TOPIC_KINDS, TopicNames
 
 ADMIN_REQUIRED: dict[str, object] = {"allow.auto.create.topics": False}
 _TOPIC_CONFIGS: dict[str, dict[str, str]] = {
@@ -32,7 +33,10 @@ _TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     # no more than the history they summarise.
     "snapshots": {"retention.ms": "-1", "max.message.bytes": str(8 << 20)},
     MEMBERS: {"cleanup.policy": "compact"},
+    DEFINITIONS: {"cleanup.policy": "compact"},
 }
+# One-partition compacted topics beside the co-partitioned ones.
+_CLUSTER_TOPICS = (MEMBERS, DEFINITIONS)
 
 
 class TopicsMismatch(StepstreamError):
@@ -58,7 +62,7 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
 def existing_partitions(settings: KafkaSettings, timeout: float = 10.0) -> dict[str, int]:
     """Partition counts of the prefix's topics that exist. Never creates a topic."""
     names = TopicNames(settings.prefix)
-    wanted = {names.name(kind) for kind in (*TOPIC_KINDS, MEMBERS)}
+    wanted = {names.name(kind) for kind in (*TOPIC_KINDS, *_CLUSTER_TOPICS)}
     client = admin_client(settings)
     try:
         metadata = client.list_topics(timeout=timeout)
@@ -83,7 +87,7 @@ def create_topics(
         raise StepstreamError(f"--partitions must be at least 1, got {partitions}")
     names = TopicNames(settings.prefix)
     wanted = {names.name(kind): partitions for kind in TOPIC_KINDS}
-    wanted[names.name(MEMBERS)] = 1
+    wanted.update({names.name(kind): 1 for kind in _CLUSTER_TOPICS})
     existing = existing_partitions(settings)
     _check_counts(settings, existing, wanted)
     missing = [name for name in wanted if name not in existing]
@@ -125,7 +129,9 @@ def topic_partitions(settings: KafkaSettings) -> int:
     names = TopicNames(settings.prefix)
     existing = existing_partitions(settings)
     missing = [
-        names.name(kind) for kind in (*TOPIC_KINDS, MEMBERS) if names.name(kind) not in existing
+        names.name(kind)
+        for kind in (*TOPIC_KINDS, *_CLUSTER_TOPICS)
+        if names.name(kind) not in existing
     ]
     if missing:
         raise TopicsMissing(

@@ -1,13 +1,22 @@
-"""The worker's consumer group: one confluent-kafka consumer, subscribed to the commands
-and timers topics, run by a dedicated poll thread.
+"""The worker's consumer group: one confluent-kafka consumer, run by a dedicated poll
+thread, subscribed to the commands topic with the cooperative (incremental) protocol.
 
-The topics are co-partitioned and the range assignor gives a member the same partition
-numbers of both, so a worker owns partition *p* of commands and of timers together.
+The group assigns commands partitions only; a worker that owns commands partition *p*
+also fetches timers partition *p* (the topics are co-partitioned), added to and removed
+from the consumer's assignment together with it. Subscribing to both would let the
+sticky assignor split a partition number between two members.
+
+Rebalances are incremental: a callback names only the partitions that change hands, and
+the others keep being fetched and processed. A partition assigned is handed to the event
+loop to be restored (``on_assign``) without waiting, and fetched once the loop says from
+which offsets (``fetch``), so a long restore holds up no other partition. A partition
+revoked is drained and given up before the callback returns (the group must not hand it
+over while this worker still writes to it), which holds up fetching for the others for
+as long as that drain lasts.
+
 Records are handed to the event loop in batches (one ``call_soon_threadsafe`` per poll)
 and land in one ``KafkaSource`` per topic kind and partition: the ``Source`` the partition
-processor and timer service read. Rebalance callbacks run on the poll thread; they hand
-the work (restore, assign, revoke) to the event loop and wait for it, so a partition's
-fetching starts only at the offsets its restored state covers.
+processor and timer service read.
 
 Offsets are committed to the group asynchronously, after the state that covers them is
 written (the local state keeps its own offsets; the group's are for a worker that comes
@@ -17,16 +26,20 @@ without local state).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from consumers.kafka import keys
 from consumers.kafka.clients import make_client
+from consumers.kafka.source import KafkaSource
 from engine.kafka_settings import KafkaSettings
 from engine.seams import LogEntry
 from engine.topics import COMMANDS, TIMERS, TopicNames
@@ -41,7 +54,10 @@ CONSUMER_DEFAULTS: dict[str, object] = {
     "fetch.min.bytes": 1,
 }
 CONSUMER_REQUIRED: dict[str, object] = {
-    "partition.assignment.strategy": "range",
+    # Incremental rebalancing (docs/kafka-notes.md: the classic protocol; the test broker
+    # does not serve KIP-848's). Members of an eager assignor cannot share the group.
+    "group.protocol": "classic",
+    "partition.assignment.strategy": "cooperative-sticky",
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
     "enable.partition.eof": False,
@@ -50,70 +66,13 @@ CONSUMER_REQUIRED: dict[str, object] = {
 }
 KINDS = (COMMANDS, TIMERS)
 T = TypeVar("T")
-_COMMIT_INTERVAL_S = 0.2
-_PAUSE_ABOVE = 50_000  # buffered records of one source before its fetching pauses
-_RESUME_BELOW = 5_000
+# The group's offsets are committed when librdkafka's statistics (this often) show the
+# group steady, never during a rebalance: see ``_on_stats``.
+_STATS_INTERVAL_MS = 250
 
 Position = tuple[str, int]  # (topic kind, partition)
-AssignHandler = Callable[
-    [list[int], dict[Position, int | None]], Coroutine[Any, Any, dict[Position, int]]
-]
+AssignHandler = Callable[[list[int], dict[Position, int | None]], Coroutine[Any, Any, None]]
 RevokeHandler = Callable[[list[int]], Coroutine[Any, Any, None]]
-
-
-class KafkaSource:
-    """Records of one topic partition, in offset order, from ``position`` on. Filled by
-    the poll thread (through the loop), read by the partition's processor or timers."""
-
-    def __init__(self, kind: str, partition: int, position: int) -> None:
-        self.kind = kind
-        self.partition = partition
-        self.position = position
-        self._next = position
-        self._buffer: deque[LogEntry] = deque()
-        self._arrived = asyncio.Event()
-        # Told when the buffer grows too long (True) or drains again (False).
-        self.on_level: Callable[[KafkaSource, bool], None] | None = None
-        # Told to re-read the topic partition from an offset (a commit failed).
-        self.on_rewind: Callable[[KafkaSource, int], None] | None = None
-        self.paused = False
-
-    def rewind(self, offset: int) -> None:
-        """Deliver again from ``offset``: drop what is buffered and seek the consumer."""
-        self._buffer.clear()
-        self.position = self._next = offset
-        if self.on_rewind is not None:
-            self.on_rewind(self, offset)
-
-    def push(self, entries: list[LogEntry]) -> None:
-        """Loop side: append records (any before the next expected offset are old)."""
-        fresh = [e for e in entries if e.offset >= self._next]
-        if not fresh:
-            return
-        self._buffer.extend(fresh)
-        self._next = fresh[-1].offset + 1
-        self._arrived.set()
-        if not self.paused and len(self._buffer) > _PAUSE_ABOVE and self.on_level:
-            self.on_level(self, True)
-
-    async def fetch(self, max_records: int, timeout: float) -> list[LogEntry]:
-        """The next records (at most ``max_records``), waiting up to ``timeout`` seconds
-        for the first; an empty list when none came."""
-        if not self._buffer:
-            self._arrived.clear()
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._arrived.wait()
-            except TimeoutError:
-                return []
-        buffer = self._buffer
-        count = min(max_records, len(buffer))
-        entries = [buffer.popleft() for _ in range(count)]
-        if entries:
-            self.position = entries[-1].offset + 1
-        if self.paused and len(buffer) < _RESUME_BELOW and self.on_level:
-            self.on_level(self, False)
-        return entries
 
 
 class GroupConsumer:
@@ -139,6 +98,8 @@ class GroupConsumer:
                 **CONSUMER_REQUIRED,
                 "group.id": keys.group_id(settings.prefix),
                 "error_cb": self._on_error,
+                "statistics.interval.ms": _STATS_INTERVAL_MS,
+                "stats_cb": self._on_stats,
             },
         )
         self._on_assign = on_assign
@@ -155,7 +116,17 @@ class GroupConsumer:
         self._to_commit: dict[Position, int] = {}
         self._flow: deque[tuple[Position, bool]] = deque()
         self._seeks: deque[tuple[Position, int]] = deque()
+        # Partitions restored on the loop, waiting for the poll thread to fetch them from
+        # these offsets (under the lock), and those it fetches (poll thread only).
+        self._to_fetch: deque[tuple[int, dict[str, int]]] = deque()
+        self._fetching: set[int] = set()
         self._failed = False
+        self._mixed_protocols = False
+        self._rebalanced = False  # a rebalance callback ran in the last poll
+        self._steady = False  # the last statistics showed the group steady
+        # (topic kind, partition) -> the log end offset the last statistics showed; read
+        # for consumer lag.
+        self._high_watermarks: dict[tuple[str, int], int] = {}
 
     # ---- loop side --------------------------------------------------------------------
 
@@ -177,6 +148,12 @@ class GroupConsumer:
         source.on_level = self._flow_control
         source.on_rewind = self._rewind
         self._sources[(source.kind, source.partition)] = source
+
+    def fetch(self, partition: int, starts: dict[str, int]) -> None:
+        """The partition is restored: fetch its commands and timers from ``starts`` (topic
+        kind -> offset). Sources must be attached first."""
+        with self._lock:
+            self._to_fetch.append((partition, dict(starts)))
 
     def detach(self, partition: int) -> None:
         for kind in KINDS:
@@ -211,12 +188,11 @@ class GroupConsumer:
             return
         try:
             consumer.subscribe(
-                list(self._kind_of),
+                [self._topics.name(COMMANDS)],
                 on_assign=self._assigned,
                 on_revoke=self._revoked,
                 on_lost=self._lost,
             )
-            last_commit = 0.0
             loop = self._loop
             assert loop is not None
             while not self._stopping.is_set():
@@ -227,9 +203,11 @@ class GroupConsumer:
                     routed = self._route(batch)
                     if routed:
                         loop.call_soon_threadsafe(self._deliver, routed)
-                now = loop.time()
-                if now - last_commit >= _COMMIT_INTERVAL_S:
-                    last_commit = now
+                if self._rebalanced:
+                    self._rebalanced = False
+                    self._wake_fetchers(consumer)
+                if self._steady:
+                    self._steady = False
                     self._commit(consumer, asynchronous=True)
             self._commit(consumer, asynchronous=False)
         except BaseException as exc:
@@ -246,7 +224,9 @@ class GroupConsumer:
         for msg in batch:
             err = msg.error()
             if err is not None:
-                if err.code() != KafkaError._PARTITION_EOF:
+                if err.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+                    self._refused_join(err)
+                elif err.code() != KafkaError._PARTITION_EOF:
                     log.warning("group consumer: %s", err.str())
                 continue
             topic = msg.topic()
@@ -260,7 +240,46 @@ class GroupConsumer:
             routed.setdefault((kind, partition), []).append(entry)
         return routed
 
+    def _wake_fetchers(self, consumer: Consumer) -> None:
+        """librdkafka pauses every assigned partition while a rebalance callback is
+        pending and resumes them when it is answered, but a fetcher that went idle in the
+        meantime sleeps on for up to a second (measured: the first record 0.5-0.9 s after
+        a 0.1 s pause, 2 ms with a seek; docs/kafka-notes.md). Seeking each partition to
+        its own position wakes it: the partitions that stayed do not wait."""
+        fetched = [
+            TopicPartition(self._topics.name(k), p) for p in sorted(self._fetching) for k in KINDS
+        ]
+        if not fetched:
+            return
+        try:
+            for tp in consumer.position(fetched):
+                if tp.offset >= 0:  # else nothing was handed out yet: it starts anyway
+                    consumer.seek(tp)
+        except Exception as exc:
+            log.warning("could not wake the fetchers after a rebalance: %s", exc)
+
+    def _refused_join(self, err: KafkaError) -> None:
+        # Workers of a stepstream that used the eager assignor: the group takes one
+        # protocol, so this worker waits outside it (and keeps retrying) until they leave.
+        if not self._mixed_protocols:
+            self._mixed_protocols = True
+            log.error(
+                "the group %s refused this worker (%s): workers of an older stepstream "
+                "version (eager rebalancing) are in it. Stop all of them, then start "
+                "this version; the two cannot share a group, so upgrade with a full stop "
+                "rather than a rolling restart. Retrying until they are gone",
+                self._config["group.id"],
+                err.str(),
+            )
+
     def _apply_flow(self, consumer: Consumer) -> None:
+        with self._lock:
+            to_fetch, self._to_fetch = self._to_fetch, deque()
+        for partition, starts in to_fetch:
+            consumer.incremental_assign(
+                [TopicPartition(self._topics.name(k), partition, starts[k]) for k in KINDS]
+            )
+            self._fetching.add(partition)
         while self._seeks:
             (kind, partition), offset = self._seeks.popleft()
             try:
@@ -301,54 +320,53 @@ class GroupConsumer:
             log.warning("committing offsets to the group failed: %s", exc)
 
     def _assigned(self, consumer: Consumer, assigned: list[TopicPartition]) -> None:
-        if self._failed:
+        # Acknowledged with nothing to fetch yet: each partition is fetched once restored
+        # (``fetch``), from the offsets its state covers.
+        consumer.incremental_assign([])
+        # Wake the fetchers once this poll returns. Not after a revoke: an assign (of
+        # none, maybe) always follows it, with the partitions paused again until then,
+        # and a seek while paused does not wake them.
+        self._rebalanced = True
+        partitions = sorted(tp.partition for tp in assigned if tp.topic in self._kind_of)
+        if self._failed or not partitions:
             return
-        by_partition: dict[int, set[str]] = {}
-        for tp in assigned:
-            kind = self._kind_of.get(tp.topic)
-            if kind is not None:
-                by_partition.setdefault(tp.partition, set()).add(kind)
-        partitions = sorted(p for p, kinds in by_partition.items() if kinds == set(KINDS))
-        lopsided = sorted(set(by_partition) - set(partitions))
-        if lopsided:
-            log.error(
-                "partitions %s were assigned for one of commands/timers only: are all "
-                "workers subscribed to both with partition.assignment.strategy=range, and "
-                "do both topics have the same partition count? Not processing them",
-                lopsided,
-            )
         log.info("group assigned partitions=%s", partitions)
         try:
             wanted = [
                 TopicPartition(self._topics.name(kind), p) for p in partitions for kind in KINDS
             ]
             committed: dict[Position, int | None] = {}
-            if wanted:
-                for tp in consumer.committed(wanted, timeout=30):
-                    kind = self._kind_of[tp.topic]
-                    committed[(kind, tp.partition)] = tp.offset if tp.offset >= 0 else None
-            starts = self._call(self._on_assign(partitions, committed))
-            consumer.assign(
-                [
-                    TopicPartition(self._topics.name(kind), p, starts[(kind, p)])
-                    for p in partitions
-                    for kind in KINDS
-                ]
-            )
+            for tp in consumer.committed(wanted, timeout=30):
+                kind = self._kind_of[tp.topic]
+                committed[(kind, tp.partition)] = tp.offset if tp.offset >= 0 else None
         except BaseException as exc:
-            log.exception("taking over partitions %s failed", partitions)
+            log.exception("reading the group's offsets of partitions %s failed", partitions)
             self._fail(exc)
-            consumer.assign([])
+            return
+        assert self._loop is not None
+        taking = asyncio.run_coroutine_threadsafe(
+            self._on_assign(partitions, committed), self._loop
+        )
+        taking.add_done_callback(self._taken)
+
+    def _taken(self, taking: Future[None]) -> None:
+        if not taking.cancelled() and (exc := taking.exception()) is not None:
+            log.error("taking over partitions failed: %s", exc)
+            self._fail(exc)
 
     def _revoked(self, consumer: Consumer, revoked: list[TopicPartition]) -> None:
         partitions = sorted({tp.partition for tp in revoked})
         log.info("group revoked partitions=%s", partitions)
+        began = time.monotonic()
         try:
             self._call(self._on_revoke(partitions))
         except BaseException as exc:
             log.exception("giving up partitions %s failed", partitions)
             self._fail(exc)
         self._commit(consumer, asynchronous=False, only=set(partitions))
+        self._stop_fetching(consumer, partitions)
+        # Fetching for every other partition stood still meanwhile.
+        log.info("gave up partitions=%s in %.3f s", partitions, time.monotonic() - began)
 
     def _lost(self, consumer: Consumer, lost: list[TopicPartition]) -> None:
         partitions = sorted({tp.partition for tp in lost})
@@ -359,6 +377,23 @@ class GroupConsumer:
         try:
             self._call(self._on_lost(partitions))
         except BaseException as exc:
+            self._fail(exc)
+        self._stop_fetching(consumer, partitions)
+
+    def _stop_fetching(self, consumer: Consumer, partitions: list[int]) -> None:
+        """Take the partitions' commands and timers out of the consumer's assignment (the
+        call also acknowledges the revoke: an empty one when none was fetched yet)."""
+        gone = set(partitions)
+        with self._lock:
+            self._to_fetch = deque(e for e in self._to_fetch if e[0] not in gone)
+        fetched = sorted(gone & self._fetching)
+        self._fetching -= gone
+        try:
+            consumer.incremental_unassign(
+                [TopicPartition(self._topics.name(k), p) for p in fetched for k in KINDS]
+            )
+        except Exception as exc:
+            log.error("partitions %s: cannot stop fetching: %s", fetched, exc)
             self._fail(exc)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -373,6 +408,32 @@ class GroupConsumer:
         self._stopping.set()
         if self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self._on_fatal, exc)
+
+    def _on_stats(self, stats: str) -> None:
+        """Offsets are committed only right after the statistics show the group steady.
+        A commit sent during a rebalance waits on the coordinator behind the SyncGroup;
+        when that fails (another member rejoined), its ILLEGAL_GENERATION answer reaches a
+        member back in ``init`` state, and librdkafka (2.16) declares the whole
+        assignment lost (librdkafka issue 4059): every partition is given up without a
+        drain and taken over again. Seen in 1 of ~8 joins with commits every 0.2 s."""
+        try:
+            parsed = json.loads(stats)
+        except ValueError:
+            return
+        group = parsed.get("cgrp", {})
+        self._steady = group.get("state") == "up" and group.get("join_state") == "steady"
+        for name, topic in parsed.get("topics", {}).items():
+            kind = self._kind_of.get(name)
+            if kind is None:
+                continue
+            for partition, figures in topic.get("partitions", {}).items():
+                high = figures.get("hi_offset", -1)
+                if partition != "-1" and isinstance(high, int) and high >= 0:
+                    self._high_watermarks[(kind, int(partition))] = high
+
+    def high_watermark(self, kind: str, partition: int) -> int | None:
+        """The end of the topic partition as the consumer last heard it (None: not yet)."""
+        return self._high_watermarks.get((kind, partition))
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():

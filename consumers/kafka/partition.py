@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable
 
 from consumers.kafka import keys
 from consumers.kafka.db import PartitionDB
-from consumers.kafka.group import KafkaSource
 from consumers.kafka.producer import LogProducer, OutRecord
 from consumers.kafka.snapshots import Snapshotter
+from consumers.kafka.source import KafkaSource
 from engine.seams import CommitBatch, PartitionLost
 from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TopicNames, partition_for
 
@@ -53,6 +53,7 @@ class KafkaPartition:
         on_failure: Callable[[BaseException], None],
         snapshots: Snapshotter | None = None,
         fences_between: FencesBetween | None = None,
+        high_watermark: Callable[[str, int], int | None] | None = None,
     ) -> None:
         self.partition = partition
         self.partitions = partitions
@@ -66,6 +67,7 @@ class KafkaPartition:
         self._revoked = False
         self.snapshots = snapshots
         self._fences_between = fences_between
+        self._high_watermark = high_watermark
 
     @property
     def store(self) -> PartitionDB:
@@ -85,8 +87,11 @@ class KafkaPartition:
         return self.db.offset(kind) or 0
 
     def end_offset(self, kind: str) -> int:
-        """The next offset the local state covers (Kafka keeps its own retention)."""
-        return self.committed_offset(kind)
+        """The end of the topic partition as the consumer last heard it from the broker
+        (the next offset the local state covers until it has)."""
+        committed = self.committed_offset(kind)
+        high = self._high_watermark(kind, self.partition) if self._high_watermark else None
+        return committed if high is None else max(committed, high)
 
     def revoke(self) -> None:
         """No commit may change anything from now on (the partition has a new owner)."""

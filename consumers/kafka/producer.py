@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -43,7 +43,12 @@ PRODUCER_REQUIRED: dict[str, object] = {
 
 
 class ProduceFailed(StepstreamError):
-    """A record could not be written to Kafka; what was produced before it may be there."""
+    """A record could not be written to Kafka; what was produced before it may be there.
+    ``code``: librdkafka's error code, when Kafka said why."""
+
+    def __init__(self, message: str, *, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,20 +63,25 @@ class OutRecord:
 class _Delivery:
     """The delivery reports of one ``send``; counted on the producer's poll thread."""
 
-    __slots__ = ("error", "future", "loop", "offsets", "remaining")
+    __slots__ = ("code", "error", "future", "loop", "offsets", "partitions", "remaining")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, count: int) -> None:
         self.loop = loop
         self.future: asyncio.Future[list[int]] = loop.create_future()
         self.offsets = [-1] * count
+        self.partitions = [-1] * count
         self.remaining = count
         self.error: str | None = None
+        self.code: int | None = None
 
     def delivered(self, index: int, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
-            self.error = self.error or f"{msg.topic()}[{msg.partition()}]: {err.str()}"
+            if self.error is None:
+                self.error = f"{msg.topic()}[{msg.partition()}]: {err.str()}"
+                self.code = err.code()
         else:
             self.offsets[index] = msg.offset() or 0
+            self.partitions[index] = msg.partition() or 0
         self.remaining -= 1
         if self.remaining == 0:
             self.loop.call_soon_threadsafe(self._finish)
@@ -80,7 +90,9 @@ class _Delivery:
         if self.future.done():
             return  # the sender was cancelled; the records are in Kafka regardless
         if self.error is not None:
-            self.future.set_exception(ProduceFailed(f"Kafka refused a record: {self.error}"))
+            self.future.set_exception(
+                ProduceFailed(f"Kafka refused a record: {self.error}", code=self.code)
+            )
         else:
             self.future.set_result(self.offsets)
 
@@ -102,12 +114,21 @@ class _Errors:
 
 
 class LogProducer:
-    def __init__(self, settings: KafkaSettings, *, client_id: str = "stepstream-worker") -> None:
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        *,
+        client_id: str = "stepstream-worker",
+        defaults: Mapping[str, object] = PRODUCER_DEFAULTS,
+        required: Mapping[str, object] = PRODUCER_REQUIRED,
+    ) -> None:
+        """``defaults`` and ``required``: see ``KafkaSettings.client_config`` (the log's
+        own settings unless given: the outbox's differ)."""
         self._errors = _Errors()
         config = settings.client_config(
             "producer",
-            {**PRODUCER_DEFAULTS, "client.id": client_id},
-            {**PRODUCER_REQUIRED, "error_cb": self._errors},
+            {**defaults, "client.id": client_id},
+            {**required, "error_cb": self._errors},
         )
         self._producer = make_client(Producer, config, "producer")
         self._closed = False
@@ -122,6 +143,27 @@ class LogProducer:
         once all are acknowledged. Raises ``ProduceFailed`` if any was refused."""
         if not records:
             return []
+        return (await self._send(records)).offsets
+
+    async def send_one(self, record: OutRecord) -> tuple[int, int]:
+        """Produce one record (a partition of -1: the partitioner picks it) and return
+        its (partition, offset) once it is acknowledged."""
+        delivery = await self._send([record])
+        return delivery.partitions[0], delivery.offsets[0]
+
+    def topic_missing(self, topic: str, timeout: float = 5.0) -> bool:
+        """Whether the cluster says ``topic`` does not exist (asking does not create it:
+        topics are not auto-created). Blocking."""
+        try:
+            metadata = self._producer.list_topics(topic, timeout=timeout)
+        except KafkaException:
+            return False  # cannot tell (the cluster is unreachable)
+        found = metadata.topics.get(topic)
+        return found is None or (
+            found.error is not None and found.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        )
+
+    async def _send(self, records: Sequence[OutRecord]) -> _Delivery:
         if self._closed:
             raise ProduceFailed("the worker's Kafka producer is closed")
         if self._errors.fatal is not None:
@@ -145,9 +187,11 @@ class LogProducer:
                     await asyncio.sleep(0.005)
                 except KafkaException as exc:
                     raise ProduceFailed(
-                        f"cannot produce to {record.topic}[{record.partition}]: {exc}"
+                        f"cannot produce to {record.topic}[{record.partition}]: {exc}",
+                        code=exc.args[0].code() if exc.args else None,
                     ) from None
-        return await delivery.future
+        await delivery.future
+        return delivery
 
     @property
     def failed(self) -> str | None:

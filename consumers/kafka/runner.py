@@ -25,11 +25,12 @@ from consumers.kafka.db import (
     needs_quarantine,
     quarantine,
 )
-from consumers.kafka.group import KINDS, GroupConsumer, KafkaSource, Position
+from consumers.kafka.group import KINDS, GroupConsumer, Position
 from consumers.kafka.partition import KafkaPartition
 from consumers.kafka.producer import LogProducer
 from consumers.kafka.restore import Headers, HistoryReader, restore_partition
 from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY, SnapshotReader, Snapshotter
+from consumers.kafka.source import KafkaSource
 from consumers.kafka.state_dir import StateDir
 from engine.errors import UndecodableRecord
 from engine.kafka_settings import KafkaSettings
@@ -86,6 +87,11 @@ class KafkaRunner:
         self._gap_reader: HistoryReader | None = None
         self._gap_lock = asyncio.Lock()
         self._snapshot_every = snapshot_every
+        # Partitions being taken over (restored), one at a time, in the order assigned,
+        # and the one whose take has begun.
+        self._taking: dict[int, asyncio.Task[None]] = {}
+        self._take_lock = asyncio.Lock()
+        self._taking_now: int | None = None
         self._group = GroupConsumer(
             settings,
             on_assign=self._assign,
@@ -114,8 +120,8 @@ class KafkaRunner:
     async def stop(self) -> None:
         """Leave the group: what is still owned is revoked first."""
         await self._group.stop()
-        if self._owned:  # the poll thread died before it could revoke
-            await self._revoke(sorted(self._owned))
+        if self._owned or self._taking:  # the poll thread died before it could revoke
+            await self._revoke(sorted({*self._owned, *self._taking}))
         if self._reader is not None:
             await asyncio.to_thread(self._reader.close)
             self._reader = None
@@ -127,22 +133,46 @@ class KafkaRunner:
                 await asyncio.to_thread(self._gap_reader.close)
                 self._gap_reader = None
 
-    async def _assign(
-        self, partitions: list[int], committed: dict[Position, int | None]
-    ) -> dict[Position, int]:
+    async def _assign(self, partitions: list[int], committed: dict[Position, int | None]) -> None:
+        """Take the partitions over one by one; each is fetched and announced as soon as
+        it is restored, while the partitions this worker already owns run on."""
         self.rebalances += 1
-        self._restoring.update(partitions)
-        starts: dict[Position, int] = {}
-        try:
-            for partition in partitions:
-                backend = await self._take(partition, committed)
-                starts.update({(kind, partition): backend.source(kind).position for kind in KINDS})
-                self._restoring.discard(partition)
-        finally:
-            self._restoring.difference_update(partitions)
         self._joined, self._lost = True, False
-        await self._on_owned(self.owned)
-        return starts
+        self._restoring.update(partitions)
+        tasks = []
+        for partition in partitions:
+            task = asyncio.get_running_loop().create_task(self._take_one(partition, committed))
+            self._taking[partition] = task
+            tasks.append(task)
+        for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+            # A take cancelled before it began was revoked meanwhile; any other failure
+            # is the worker's.
+            if isinstance(outcome, BaseException) and not isinstance(
+                outcome, asyncio.CancelledError
+            ):
+                raise outcome
+
+    async def _take_one(self, partition: int, committed: dict[Position, int | None]) -> None:
+        try:
+            async with self._take_lock:
+                self._taking_now = partition
+                began = time.monotonic()
+                backend = await self._take(partition, committed)
+                starts = {kind: backend.source(kind).position for kind in KINDS}
+                self._group.fetch(partition, starts)
+                log.info(
+                    "took partition=%d epoch=%d in %.3f s",
+                    partition,
+                    backend.epoch,
+                    time.monotonic() - began,
+                )
+                await self._on_owned(self.owned)
+        finally:
+            self._restoring.discard(partition)
+            if self._taking_now == partition:
+                self._taking_now = None
+            if self._taking.get(partition) is asyncio.current_task():
+                del self._taking[partition]
 
     @property
     def ready(self) -> bool:
@@ -215,6 +245,7 @@ class KafkaRunner:
                 epoch=restored.epoch,
             ),
             fences_between=self._fences_between,
+            high_watermark=self._group.high_watermark,
         )
         await self._host.assign(backend)
         self._host.telemetry.restore_seconds[partition] = time.perf_counter() - began
@@ -265,6 +296,14 @@ class KafkaRunner:
         await self._revoke(partitions, drain=False)
 
     async def _revoke(self, partitions: list[int], *, drain: bool = True) -> None:
+        # A take not begun yet is dropped: fencing a partition that is no longer ours
+        # would depose its new owner. One under way is finished first (its fence is on
+        # the topic, its state half written) and given up like any other.
+        taking = [t for p in partitions if (t := self._taking.get(p)) is not None]
+        for partition in partitions:
+            if partition in self._taking and partition != self._taking_now:
+                self._taking[partition].cancel()
+        await asyncio.gather(*taking, return_exceptions=True)
         if drain:
             # Still the owner until this returns (the group waits for it): running step
             # attempts finish and are recorded here rather than lost to the next owner,

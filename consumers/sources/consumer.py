@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 
 from consumers.kafka import keys
 from consumers.kafka.clients import make_client
+from consumers.kafka.group import CONSUMER_DEFAULTS as GROUP_CONSUMER_DEFAULTS
 from consumers.kafka.producer import LogProducer, OutRecord
 from consumers.sources.lag import SourceLag
 from consumers.sources.translate import RecordTranslator, SourceRecord, Unreadable, dead_letter
@@ -37,13 +38,8 @@ from engine.topics import COMMANDS, DEAD_LETTERS, TopicNames, partition_for
 
 log = logging.getLogger("stepstream.sources")
 
-CONSUMER_DEFAULTS: dict[str, object] = {
-    "session.timeout.ms": 6000,
-    "heartbeat.interval.ms": 1000,
-    # Tansu answers a parked fetch only when it expires, so this bounds latency.
-    "fetch.wait.max.ms": 5,
-    "fetch.min.bytes": 1,
-}
+# The same defaults as the workers' own group.
+CONSUMER_DEFAULTS = GROUP_CONSUMER_DEFAULTS
 CONSUMER_REQUIRED: dict[str, object] = {
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,

@@ -64,14 +64,17 @@ from engine.errors import (
 )
 from engine.kafka_settings import KafkaSettings
 from engine.records import (
+    CommandIgnored,
     EventBuffered,
     HistoryRecord,
     PartitionFenced,
     Payload,
     Record,
+    SendEvent,
     SleepElapsed,
     SleepStarted,
     SnapshotTaken,
+    StartWorkflow,
     StepAttemptStarted,
     StepFailed,
     StepSucceeded,
@@ -85,7 +88,7 @@ from engine.serde import default_serde
 from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, MEMBERS, SNAPSHOTS, TopicNames
 from producers.client import Client
 from producers.kafka import aiokafka_options
-from producers.kafka_members import MembersView
+from producers.kafka.members import MembersView
 from tests.conftest import KAFKA_TEST_OPTIONS, kafka_settings, kafka_url
 from tests.crash_check import Logged, Run, Sent, check_run, fold, render_instance
 from tests.crash_workflows import LEDGER_ENV, read_ledger
@@ -990,6 +993,50 @@ def test_the_checker_passes_a_clean_story_and_a_fenced_out_writer() -> None:
     )
     assert len(run.folded.stale) == 1
     assert _problems(run) == ""
+
+
+def test_on_kafka_an_acknowledged_event_may_arrive_after_the_end_as_ignored() -> None:
+    """kafka:// acknowledges a command once it is durable: when its owner did not confirm
+    it in time it may have arrived after the instance finished (recorded as ignored), but
+    it may never be lost."""
+    run = _clean_run()
+    story = run.folded.stories["i-1"]
+    late = CommandIgnored(
+        instance_id="i-1",
+        epoch=7,
+        seq=11,
+        time_ms=2_000_000,
+        command_id="c-late",
+        command_type="SendEvent",
+        reason="instance is completed",
+    )
+    run = _refold(run, lambda h: _append(h, late))
+    ids = {"c-start": None, "c-ev": "i-1/e1", "c-late": "i-1/e2"}
+    commands = [
+        Logged(
+            0,
+            n,
+            StartWorkflow(
+                instance_id="i-1", command_id=c, workflow="crash-plan", input=story[0].input
+            )
+            if eid is None
+            else SendEvent(instance_id="i-1", command_id=c, name="a", payload=_json({"eid": eid})),
+        )
+        for n, (c, eid) in enumerate(ids.items())
+    ]
+    late_sent = Sent("event", "i-1", "i-1/e2", "a", acked=True)
+    run = dataclasses.replace(
+        run,
+        commands=commands,
+        sent=[*run.sent, late_sent],
+        served={"i-1": [(r.seq, r.type, r.command_id) for r in run.folded.stories["i-1"]]},
+    )
+    assert _problems(run) == ""
+    # Not on the log at all: lost, whatever the backend.
+    lost = dataclasses.replace(run, commands=commands[:2])
+    assert "the story names a client command c-late not on the log" in _problems(lost)
+    embedded = dataclasses.replace(run, commands=None)
+    assert "acknowledged event i-1/e2 (a) never arrived" in _problems(embedded)
 
 
 FAULTS: dict[str, tuple[Callable[[Run], Run], str]] = {

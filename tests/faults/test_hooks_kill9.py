@@ -26,7 +26,7 @@ import producers.http  # noqa: F401  (registers http:// with Client.connect)
 from consumers.kafka import create_topics
 from engine.kafka_settings import KafkaSettings
 from producers.client import Client
-from stepstream import UnknownWorkflow
+from stepstream import ConnectionFailed, UnknownWorkflow
 from tests.conftest import KAFKA_TEST_OPTIONS, KAFKA_TEST_PARTITIONS, kafka_settings, kafka_url
 from tests.dev_server import DevServer, clean_env, start_dev
 from tests.hook_workflows import read_notes
@@ -229,7 +229,16 @@ async def test_kafka_a_hook_killed_mid_call_runs_again_on_the_same_state_dir(
                 notes, lambda n: _count(n, "kslow-1", "slow-end") == 1, "the call again", log, 60
             )
             assert _count(got, "kslow-1", "slow-begin") == 2, got
-            assert (await client.status(instance)).status == "completed"
+            # Until the restarted worker announces its new address, a read names the
+            # killed one at once; ask again.
+            async with asyncio.timeout(60):
+                while True:
+                    try:
+                        status = await client.status(instance)
+                        break
+                    except ConnectionFailed:
+                        await asyncio.sleep(0.1)
+            assert status.status == "completed"
     finally:
         worker.stop()
         worker.kill()

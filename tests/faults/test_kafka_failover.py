@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import select
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,9 +27,10 @@ from engine.kafka_settings import KafkaSettings
 from engine.topics import MEMBERS, TopicNames, partition_for
 from producers.client import Client
 from producers.kafka import aiokafka_options
-from producers.kafka_members import MembersView
+from producers.kafka.members import MembersView
 from tests.conftest import KAFKA_TEST_OPTIONS, kafka_settings, kafka_url
 from tests.kafka_broker import Broker
+from tests.processes import launch, repo_env, worker_command
 from tests.workflows import ledger_count
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -63,49 +61,15 @@ class WorkerProcess:
         self.url = ""
 
     def start(self) -> None:
-        args = [
-            sys.executable,
-            "-m",
-            "ops.cli",
-            "worker",
-            "--workflows",
+        command = worker_command(
             self.workflows,
-            "--bootstrap",
             self.settings.bootstrap,
-            "--prefix",
             self.settings.prefix,
-            "--state-dir",
-            str(self.state_dir),
-            "--port",
-            "0",
-        ]
-        for option in KAFKA_TEST_OPTIONS:
-            args += ["--kafka-opt", option]
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
-            ),
-            "STEPSTREAM_TEST_LEDGER": str(self.ledger),
-            **self.env,
-        }
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                args,
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-            )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-        line = self.proc.stdout.readline().decode() if ready else ""
-        found = re.search(r"listening on (http://\S+)", line)
-        if found is None:
-            self.kill()
-            pytest.fail(f"worker did not start: {line!r}\n{self.log.read_text()[-3000:]}")
-        self.url = found.group(1)
+            self.state_dir,
+            KAFKA_TEST_OPTIONS,
+        )
+        env = repo_env(STEPSTREAM_TEST_LEDGER=str(self.ledger), **self.env)
+        self.proc, self.url = launch(command, env=env, log=self.log)
 
     def kill(self) -> None:
         """kill -9."""

@@ -16,16 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-import select
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -37,8 +35,9 @@ from engine.views import HistoryEntry, InstanceStatus
 from ops.broker import Broker, _free_port, _resolve_bin
 from producers.client import Client
 from producers.kafka import aiokafka_options
-from producers.kafka_members import MembersView
+from producers.kafka.members import MembersView
 from tests.conftest import KAFKA_TEST_OPTIONS, kafka_url
+from tests.processes import launch, repo_env, worker_command
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -93,8 +92,9 @@ def start_broker_behind(proxy: TcpProxy, timeout: float = 30.0) -> Broker:
         time.sleep(0.1)
 
 
-@pytest.fixture
-def proxy() -> Iterator[TcpProxy]:
+@contextmanager
+def broker_behind_proxy() -> Iterator[TcpProxy]:
+    """A broker of its own that clients reach only through a TCP proxy."""
     proxy = TcpProxy()
     proxy.start()
     broker = start_broker_behind(proxy)
@@ -103,6 +103,12 @@ def proxy() -> Iterator[TcpProxy]:
     finally:
         proxy.stop()
         broker.stop()
+
+
+@pytest.fixture
+def proxy() -> Iterator[TcpProxy]:
+    with broker_behind_proxy() as proxy:
+        yield proxy
 
 
 class Worker:
@@ -116,47 +122,14 @@ class Worker:
         self.url = ""
 
     def start(self) -> None:
-        args = [
-            sys.executable,
-            "-m",
-            "ops.cli",
-            "worker",
-            "--workflows",
+        command = worker_command(
             "tests.fault_workflows",
-            "--bootstrap",
             self.settings.bootstrap,
-            "--prefix",
             self.settings.prefix,
-            "--state-dir",
-            str(self.state_dir),
-            "--port",
-            "0",
-        ]
-        for option in KAFKA_TEST_OPTIONS:
-            args += ["--kafka-opt", option]
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
-            ),
-        }
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                args,
-                cwd=REPO,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                stdin=subprocess.DEVNULL,
-            )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-        line = self.proc.stdout.readline().decode() if ready else ""
-        found = re.search(r"listening on (http://\S+)", line)
-        if found is None:
-            self.kill()
-            pytest.fail(f"worker did not start: {line!r}\n{self.log.read_text()[-3000:]}")
-        self.url = found.group(1)
+            self.state_dir,
+            KAFKA_TEST_OPTIONS,
+        )
+        self.proc, self.url = launch(command, env=repo_env(), log=self.log)
 
     @property
     def alive(self) -> bool:

@@ -455,3 +455,13 @@ def test_helm_lint_finds_nothing() -> None:
     assert not findings["errors"], findings
     # Severity 1 is Helm's INFO (a chart icon is recommended); 2 and 3 are warnings and errors.
     assert [m for m in findings["messages"] if m["severity"] > 1] == [], findings
+
+
+def test_workers_log_json_and_trace_to_the_otlp_endpoint_given() -> None:
+    plain = _worker(render())
+    assert _arg(plain["args"], "--log-format") == "json"
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" not in env_of(plain)
+    traced = _worker(render({"workers": {"otlpEndpoint": "http://collector:4318"}}))
+    env = env_of(traced)
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == "http://collector:4318"
+    assert env["OTEL_SERVICE_NAME"]["value"]

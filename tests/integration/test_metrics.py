@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from producers.client import Client
 from tests.conftest import ThreadedWorker, kafka_url
 from tests.dev_server import start_dev
+from tests.helm.metric_names import METRICS
 
 WORKFLOWS = textwrap.dedent(
     """
@@ -68,6 +69,16 @@ def _scrape(
     return samples
 
 
+def _families(url: str) -> dict[str, str]:
+    """Every metric family served: its name as a query selects it, and its type."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        f"{family.name}_total" if family.type == "counter" else family.name: family.type
+        for family in text_string_to_metric_families(text)
+    }
+
+
 def _value(
     samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
 ) -> float:
@@ -97,6 +108,8 @@ async def test_dev_metrics_count_what_ran(tmp_path: Path) -> None:
         # Counters are taken after the commit that made them true; the result above is
         # answered after that same commit.
         samples = _scrape(server.url)
+        # The names the chart's alerts, the dashboard and docs/operations.md use.
+        assert _families(server.url) == METRICS
     finally:
         server.stop()
 
@@ -172,6 +185,23 @@ async def test_kafka_worker_metrics_and_readiness(kafka_worker: ThreadedWorker) 
     assert _value(samples, "stepstream_restore_duration_seconds", partition="0") > 0
     assert _value(samples, "stepstream_ready") == 1
     assert _get(f"{worker.url}/readyz")[0] == 200
+    # Consumer lag: the log end the consumer heard of, less what was applied; all of it.
+    group = worker._runner._group
+
+    def heard() -> int:  # commands the consumer knows the partitions hold
+        return sum(group.high_watermark("commands", p) or 0 for p in (0, 1))
+
+    for _ in range(100):
+        if heard() >= 4:  # three starts and the undecodable record
+            break
+        await asyncio.sleep(0.05)
+    assert heard() >= 4
+    for partition in (0, 1):
+        assert group.high_watermark("commands", partition) is not None
+        lag = _value(
+            _scrape(worker.url), "stepstream_consumer_lag_records", partition=str(partition)
+        )
+        assert lag == 0
 
     # The group takes the partitions away without a hand-over (the session expired):
     # the worker is not ready until it is assigned partitions again.

@@ -35,7 +35,7 @@ from engine.serde import default_serde
 from engine.topics import DEAD_LETTERS
 from engine.workflow import Registry
 from examples import orders_source
-from stepstream import Client, Source, UnknownInstance
+from stepstream import Client, ConnectionFailed, Source, UnknownInstance
 from tests.conftest import ThreadedWorker, kafka_settings, kafka_url
 from tests.integration.test_kafka_backend import decode, read_topic
 from tests.kafka_broker import Broker
@@ -108,13 +108,14 @@ def json_value(value: Any) -> bytes:
 
 
 async def started(client: Client, instance: str) -> None:
-    """Once a source record has started the instance."""
+    """Once a source record has started the instance (a worker that is still joining
+    its group owns no partition yet: the read says so at once, and is asked again)."""
     async with asyncio.timeout(60):
         while True:
             try:
                 await client.status(instance)
                 return
-            except UnknownInstance:
+            except (UnknownInstance, ConnectionFailed):
                 await asyncio.sleep(0.05)
 
 
@@ -124,7 +125,7 @@ async def result(client: Client, instance: str) -> Any:
         while True:
             try:
                 return await client.result(instance, timeout=60)
-            except UnknownInstance:
+            except (UnknownInstance, ConnectionFailed):
                 await asyncio.sleep(0.05)
 
 

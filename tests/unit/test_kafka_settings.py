@@ -180,9 +180,9 @@ async def test_the_kafka_client_maps_settings_to_aiokafka(
         async def start(self) -> None:
             raise RuntimeError("recorded")
 
-    monkeypatch.setattr(kafka_client, "create_ssl_context", fake_context)
-    monkeypatch.setattr(kafka_client, "AIOKafkaProducer", FakeProducer)
-    monkeypatch.setattr("producers.kafka_members.AIOKafkaConsumer", FakeConsumer)
+    monkeypatch.setattr("producers.kafka.settings.create_ssl_context", fake_context)
+    monkeypatch.setattr("producers.kafka.connect.AIOKafkaProducer", FakeProducer)
+    monkeypatch.setattr("producers.kafka.follower.AIOKafkaConsumer", FakeConsumer)
     with pytest.raises(RuntimeError, match="recorded"):
         await kafka_client.open_kafka_transport(secure)
 

@@ -1,0 +1,70 @@
+"""``KafkaSource``: the records of one topic partition that the group consumer fetches
+for an owned partition, buffered on the event loop for the partition's processor or timer
+service (the engine's ``Source`` seam), with the flow control and rewinds that go back to
+the consumer's poll thread."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+from engine.seams import LogEntry
+
+_PAUSE_ABOVE = 50_000  # buffered records of one source before its fetching pauses
+_RESUME_BELOW = 5_000
+
+
+class KafkaSource:
+    """Records of one topic partition, in offset order, from ``position`` on. Filled by
+    the poll thread (through the loop), read by the partition's processor or timers."""
+
+    def __init__(self, kind: str, partition: int, position: int) -> None:
+        self.kind = kind
+        self.partition = partition
+        self.position = position
+        self._next = position
+        self._buffer: deque[LogEntry] = deque()
+        self._arrived = asyncio.Event()
+        # Told when the buffer grows too long (True) or drains again (False).
+        self.on_level: Callable[[KafkaSource, bool], None] | None = None
+        # Told to re-read the topic partition from an offset (a commit failed).
+        self.on_rewind: Callable[[KafkaSource, int], None] | None = None
+        self.paused = False
+
+    def rewind(self, offset: int) -> None:
+        """Deliver again from ``offset``: drop what is buffered and seek the consumer."""
+        self._buffer.clear()
+        self.position = self._next = offset
+        if self.on_rewind is not None:
+            self.on_rewind(self, offset)
+
+    def push(self, entries: list[LogEntry]) -> None:
+        """Loop side: append records (any before the next expected offset are old)."""
+        fresh = [e for e in entries if e.offset >= self._next]
+        if not fresh:
+            return
+        self._buffer.extend(fresh)
+        self._next = fresh[-1].offset + 1
+        self._arrived.set()
+        if not self.paused and len(self._buffer) > _PAUSE_ABOVE and self.on_level:
+            self.on_level(self, True)
+
+    async def fetch(self, max_records: int, timeout: float) -> list[LogEntry]:
+        """The next records (at most ``max_records``), waiting up to ``timeout`` seconds
+        for the first; an empty list when none came."""
+        if not self._buffer:
+            self._arrived.clear()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._arrived.wait()
+            except TimeoutError:
+                return []
+        buffer = self._buffer
+        count = min(max_records, len(buffer))
+        entries = [buffer.popleft() for _ in range(count)]
+        if entries:
+            self.position = entries[-1].offset + 1
+        if self.paused and len(buffer) < _RESUME_BELOW and self.on_level:
+            self.on_level(self, False)
+        return entries

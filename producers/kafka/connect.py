@@ -1,0 +1,152 @@
+"""Connecting a ``kafka://`` client: the URL and its options, the producer, a check that
+the prefix's topics exist, the members and definitions views, and registering the
+``kafka`` scheme with ``Client.connect``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from typing import Any
+
+import aiohttp
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from engine.environ import env_int
+from engine.errors import ConnectionFailed, StepstreamError
+from engine.kafka_settings import KafkaSettings
+from engine.serde import default_serde
+from engine.topics import DEFINITIONS, MEMBERS, TopicNames
+from producers.client import Transport, register_transport
+from producers.http import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+    client_headers,
+    client_security,
+    client_ssl,
+)
+from producers.kafka.definitions import DefinitionsView
+from producers.kafka.members import MembersView
+from producers.kafka.settings import aiokafka_options, settings_from_url
+from producers.kafka.transport import DEFAULT_COMMAND_TIMEOUT_S, KafkaTransport
+
+_CONNECT_TIMEOUT_S = 15.0
+
+
+async def _connect(url: str, options: dict[str, Any]) -> Transport:
+    settings = settings_from_url(url, options)
+    request_timeout = float(options.pop("timeout", DEFAULT_REQUEST_TIMEOUT_S))
+    command_timeout = float(options.pop("command_timeout", DEFAULT_COMMAND_TIMEOUT_S))
+    limit = int(
+        options.pop("max_payload_bytes", None)
+        or env_int(os.environ, "STEPSTREAM_MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES)
+    )
+    codec: PayloadCodec = options.pop("codec", None) or JsonCodec()
+    token, tls_ca = client_security(options)
+    if options:
+        raise StepstreamError(
+            f"unknown options for {url}: {', '.join(sorted(options))} (known: prefix, kafka, "
+            "kafka_config, timeout, command_timeout, max_payload_bytes, codec, token, tls_ca)"
+        )
+    return await open_kafka_transport(
+        settings,
+        codec=codec,
+        max_payload_bytes=limit,
+        request_timeout=request_timeout,
+        command_timeout=command_timeout,
+        token=token,
+        tls_ca=tls_ca,
+    )
+
+
+async def open_kafka_transport(
+    settings: KafkaSettings,
+    *,
+    codec: PayloadCodec | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+    command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
+    token: str | None = None,
+    tls_ca: str | None = None,
+) -> KafkaTransport:
+    """``token`` and ``tls_ca``: for the workers' HTTP APIs (see ``producers.http``)."""
+    topics = TopicNames(settings.prefix)
+    headers = client_headers(token)
+    worker_tls = client_ssl(tls_ca)
+    producer_options = aiokafka_options(settings, "producer")
+    producer_options.setdefault("max_request_size", max(2 * max_payload_bytes, 1 << 21))
+    producer = AIOKafkaProducer(**producer_options, acks="all", enable_idempotence=False)
+    try:
+        async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+            await producer.start()
+            # A metadata request naming a topic creates it on brokers that auto-create:
+            # ask for all topics, and name ours only once they are known to exist.
+            cluster = await producer.client.fetch_all_metadata()
+    except (KafkaError, TimeoutError, OSError) as exc:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        raise ConnectionFailed(
+            f"cannot reach Kafka at {settings.bootstrap}: {exc or type(exc).__name__}; check "
+            "the address and the security settings"
+        ) from None
+    members: MembersView | None = None
+    definitions: DefinitionsView | None = None
+    try:
+        found = cluster.partitions_for_topic(topics.commands)
+        missing = [
+            name
+            for name in (topics.commands, topics.name(MEMBERS), topics.name(DEFINITIONS))
+            if cluster.partitions_for_topic(name) is None
+        ]
+        if missing or not found:
+            raise StepstreamError(
+                f"topics {', '.join(missing)} do not exist on {settings.bootstrap}; create "
+                f"them with `stepstream topics create --bootstrap {settings.bootstrap} "
+                f"--prefix {settings.prefix} --partitions N` and start a worker"
+            )
+        definitions = await DefinitionsView.open(
+            topics.name(DEFINITIONS),
+            prefix=settings.prefix,
+            timeout=request_timeout,
+            **aiokafka_options(settings, "consumer"),
+        )
+        members = await MembersView.open(
+            topics.name(MEMBERS),
+            timeout=request_timeout,
+            **aiokafka_options(settings, "consumer"),
+        )
+        announced = members.partition_count
+        if announced and announced != len(found):
+            raise StepstreamError(
+                f"{topics.commands} has {len(found)} partitions but the workers run with "
+                f"{announced}; the topics were recreated: restart the workers"
+            )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        if members is not None:
+            await members.close()
+        if definitions is not None:
+            await definitions.close()
+        raise
+    # Waits are calls on one websocket per worker; requests (lists) are few.
+    session = aiohttp.ClientSession(
+        headers=headers, connector=aiohttp.TCPConnector(limit=0, ssl=worker_tls)
+    )
+    return KafkaTransport(
+        producer=producer,
+        members=members,
+        definitions=definitions,
+        session=session,
+        topics=topics,
+        partitions=len(found),
+        codec=codec or JsonCodec(),
+        serde=default_serde(),
+        max_payload_bytes=max_payload_bytes,
+        request_timeout=request_timeout,
+        command_timeout=command_timeout,
+    )
+
+
+register_transport("kafka", _connect)

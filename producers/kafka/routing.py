@@ -1,0 +1,258 @@
+"""Routing a ``kafka://`` client's reads to the worker that owns the instance's partition.
+
+The owner comes from the members view. A call is made of the current owner; when the
+owner moves (rebalance, crash) while it is in flight, it is abandoned and made again of
+the new owner; an owner that cannot be reached is asked again once the view has moved on.
+Nothing polls in a loop: between attempts the router waits for the view to change.
+
+A read of a partition that nobody owns does not wait for a worker: with no worker running
+it fails at once saying which partition and since when; while other workers run (the
+partition is changing hands) it waits for the hand-over at most ``HANDOVER_GRACE_S``. An
+owner that cannot be reached while no other worker runs (killed, its announcement left
+behind; or restarting, soon to announce its new address) fails the read at once, naming
+that worker; with other workers running, one of them takes the partition over and the
+read is asked again of it, until the request timeout. Waits for an outcome (``result``)
+do wait for an owner, until their timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import aiohttp
+
+from engine.errors import ConnectionFailed, StepstreamError
+from engine.listing import InstancePage, ListQuery, Overview, merge_overviews, merge_pages
+from engine.topics import TopicNames
+from engine.views import InstanceStatus
+from producers.kafka.members import Member, MembersView
+from producers.kafka.session import WorkerSession
+
+T = TypeVar("T")
+RETRY_S = 1.0  # longest wait for the members view to move on before asking again
+# A rebalance leaves a partition without an announced owner for a moment: join time
+# (about half of session.timeout.ms) plus restore; a read waits that long at most.
+HANDOVER_GRACE_S = 5.0
+
+
+class Router:
+    """Calls on the owners of partitions; ``close()`` ends every worker's session."""
+
+    def __init__(
+        self,
+        members: MembersView,
+        session: aiohttp.ClientSession,
+        topics: TopicNames,
+        partitions: int,
+        request_timeout: float,
+    ) -> None:
+        self._members = members
+        self._session = session
+        self._topics = topics
+        self._partitions = partitions
+        self._request_timeout = request_timeout
+        self._apis: dict[str, WorkerSession] = {}
+        self._watched: dict[asyncio.Future[Any], tuple[int, str, str]] = {}
+        members.on_change(self._owners_changed)
+
+    def api(self, url: str) -> WorkerSession:
+        api = self._apis.get(url)
+        if api is None:
+            api = self._apis[url] = WorkerSession(
+                url, self._session, request_timeout=self._request_timeout
+            )
+        return api
+
+    async def routed(
+        self,
+        partition: int,
+        call: Callable[[WorkerSession, float | None], Awaitable[T]],
+        timeout: float | None,
+        what: str,
+        expired: Callable[[], StepstreamError] | None = None,
+        *,
+        wait_for_owner: bool = False,
+    ) -> T:
+        """``call`` the owner of ``partition``; ask again, of the new owner, when the owner
+        moves or cannot be reached, until ``timeout`` seconds have passed (then raise
+        ``expired()``, or ``ConnectionFailed``). Without ``wait_for_owner``, a partition
+        with no owner raises ``ConnectionFailed`` at once (see the module's docstring)."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        handover_deadline = loop.time() + HANDOVER_GRACE_S
+        synced = False
+        problem = "no worker owns it"
+        unreachable: tuple[Member, ConnectionFailed] | None = None
+        while True:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                if expired is not None:
+                    raise expired()
+                if unreachable is not None and {m.worker_id for m in self._members.live()} == {
+                    unreachable[0].worker_id
+                }:
+                    raise self.unreachable(what, partition, *unreachable) from None
+                raise ConnectionFailed(
+                    f"{what}: the owner of partition {partition} did not answer within "
+                    f"{timeout} s ({problem}); is a worker of prefix {self._topics.prefix!r} "
+                    "running?"
+                )
+            owner = self._members.owner(partition)
+            if owner is None:
+                if not wait_for_owner and not synced:
+                    # The view may lag a worker that just started: catch up once.
+                    synced = True
+                    await self._members.synced(self._request_timeout)
+                    continue
+                if not wait_for_owner and (
+                    not self._members.live() or loop.time() >= handover_deadline
+                ):
+                    raise self.unowned(what, [partition])
+                await self._members.changed(
+                    RETRY_S if remaining is None else min(remaining, RETRY_S)
+                )
+                continue
+            request = asyncio.ensure_future(call(self.api(owner.url), remaining))
+            # Cancelled by _owners_changed if the partition gets another owner meanwhile.
+            self._watched[request] = (partition, owner.worker_id, owner.url)
+            try:
+                await asyncio.wait((request,), timeout=remaining)
+            finally:
+                self._watched.pop(request, None)
+                if not request.done():
+                    request.cancel()
+                    with contextlib.suppress(BaseException):
+                        await request
+            if request.cancelled():
+                continue  # the owner moved (or the deadline passed): the loop decides
+            try:
+                return request.result()
+            except ConnectionFailed as exc:
+                # Gone, or no longer the owner: let the view catch up, then ask again (a
+                # survivor takes the partition over; a worker restarting under the same id
+                # announces its new address soon).
+                problem = str(exc)
+                unreachable = (owner, exc) if problem.startswith("cannot reach") else None
+                if (
+                    unreachable is not None
+                    and not wait_for_owner
+                    and {m.worker_id for m in self._members.live()} == {owner.worker_id}
+                ):
+                    # Its announcement outlived it (killed) and no other worker runs to
+                    # take the partition over: say so now rather than at the deadline.
+                    raise self.unreachable(what, partition, *unreachable) from None
+                wait = RETRY_S if remaining is None else min(remaining, RETRY_S)
+                await self._members.changed(wait)
+
+    async def list(self, status: str | None) -> list[InstanceStatus]:
+        """Every owner's instances (each worker lists the partitions it owns)."""
+
+        async def ask(api: WorkerSession) -> list[InstanceStatus]:
+            return await api.list(status)
+
+        answers = await self.every_worker(ask, "list instances")
+        merged = {view.instance_id: view for answer in answers for view in answer}
+        return sorted(merged.values(), key=lambda v: (v.created_at, v.instance_id))
+
+    async def list_page(self, query: ListQuery) -> InstancePage:
+        """One page merged from every worker's page of the partitions it owns."""
+
+        async def ask(api: WorkerSession) -> InstancePage:
+            return await api.list_page(query)
+
+        return merge_pages(await self.every_worker(ask, "list instances"), query.limit)
+
+    async def overview(self) -> Overview:
+        async def ask(api: WorkerSession) -> Overview:
+            return await api.overview()
+
+        return merge_overviews(await self.every_worker(ask, "read the overview"))
+
+    async def every_worker(
+        self, call: Callable[[WorkerSession], Awaitable[T]], what: str
+    ) -> Sequence[T]:
+        """``call`` every live worker once every partition has one; again while some
+        cannot be reached, until the request timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._request_timeout
+        handover_deadline = loop.time() + min(HANDOVER_GRACE_S, self._request_timeout)
+        synced = False
+        problem = ""
+        while loop.time() < deadline:
+            orphans = [p for p in range(self._partitions) if self._members.owner(p) is None]
+            members = self._members.live()
+            if orphans and not synced:
+                synced = True  # the view may lag a worker that just started
+                await self._members.synced(self._request_timeout)
+                continue
+            if orphans and (not members or loop.time() >= handover_deadline):
+                raise self.unowned(f"cannot {what}", orphans)
+            if orphans:
+                problem = f"partitions {orphans} have no worker"
+            else:
+                answers = await asyncio.gather(
+                    *(call(self.api(m.url)) for m in members), return_exceptions=True
+                )
+                failed = [a for a in answers if isinstance(a, BaseException)]
+                if not failed:
+                    return [a for a in answers if not isinstance(a, BaseException)]
+                if not all(isinstance(a, ConnectionFailed) for a in failed):
+                    raise failed[0]
+                problem = str(failed[0])
+            await self._members.changed(min(RETRY_S, max(deadline - loop.time(), 0)))
+        raise ConnectionFailed(
+            f"cannot {what}: {problem}; is every worker of prefix {self._topics.prefix!r} running?"
+        )
+
+    def unowned(self, what: str, partitions: Sequence[int]) -> ConnectionFailed:
+        """The error for a read of ``partitions`` that no live worker owns."""
+        details = []
+        for partition in partitions:
+            vacancy = self._members.vacancy(partition)
+            if vacancy is None:
+                details.append(f"partition {partition}: no worker has announced owning it")
+            else:
+                since = datetime.fromtimestamp(vacancy.since_ms / 1000, UTC)
+                details.append(
+                    f"partition {partition}: no live owner since "
+                    f"{since.isoformat(timespec='seconds')} (last owner: worker "
+                    f"{vacancy.worker_id})"
+                )
+        state = (
+            "no worker of prefix {p!r} is running"
+            if not self._members.live()
+            else "the partition has not been handed over to a running worker of prefix {p!r}"
+        ).format(p=self._topics.prefix)
+        return ConnectionFailed(
+            f"{what}: {'; '.join(details)}; {state}. Commands sent meanwhile are kept on "
+            f"{self._topics.commands} and run when a worker owns the partition: start "
+            "`stepstream worker`, then ask again"
+        )
+
+    def unreachable(
+        self, what: str, partition: int, owner: Member, exc: ConnectionFailed
+    ) -> ConnectionFailed:
+        """The error for a read whose owner did not answer, with no other worker."""
+        announced = datetime.fromtimestamp(owner.time_ms / 1000, UTC)
+        return ConnectionFailed(
+            f"{what}: partition {partition}: its owner, worker {owner.worker_id} at {owner.url} "
+            f"(announced {announced.isoformat(timespec='seconds')}), did not answer ({exc}) "
+            f"and no other worker of prefix {self._topics.prefix!r} is running (was it killed?). "
+            f"Commands sent meanwhile are kept on {self._topics.commands} and run when a "
+            "worker owns the partition: start `stepstream worker`, then ask again"
+        )
+
+    async def close(self) -> None:
+        for api in self._apis.values():
+            await api.close()
+        await self._session.close()
+
+    def _owners_changed(self) -> None:
+        for request, (partition, worker_id, url) in list(self._watched.items()):
+            owner = self._members.owner(partition)
+            if owner is None or (owner.worker_id, owner.url) != (worker_id, url):
+                request.cancel()

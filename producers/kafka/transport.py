@@ -1,0 +1,270 @@
+"""``kafka://HOST:PORT[,HOST:PORT...]?prefix=P``: a client that needs nothing but the
+bootstrap servers.
+
+Commands are checked here (``CommandPublisher``: encodable and small enough payloads, a
+workflow some worker registered on ``<prefix>.definitions``), then published to
+``<prefix>.commands`` with aiokafka (acks=all; not idempotent: its InitProducerId fails
+against some brokers), on the instance's partition. Once the broker has acknowledged a
+command it is durable, and no live worker is needed: if the partition's owner is live the
+client waits a little (``command_timeout``) to hear whether it applied the command, so it
+can report one it refused (an unknown or finished instance); with no owner, or past that
+time, the call returns and the command runs when a worker owns the partition.
+
+Reads go to the worker that owns the instance's partition (``producers.kafka.routing``),
+found on ``<prefix>.members``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import aiohttp
+from aiokafka.errors import KafkaError
+
+from engine.codec import PayloadCodec
+from engine.errors import ConnectionFailed, ResultTimeout
+from engine.listing import InstancePage, ListQuery, Overview
+from engine.records import Command, StartWorkflow
+from engine.serde import RecordSerde
+from engine.settle import error_for
+from engine.topics import TopicNames, partition_for
+from engine.views import HistoryEntry, InstanceStatus
+from producers.http import (
+    DEFAULT_REQUEST_TIMEOUT_S,
+)
+from producers.kafka.definitions import DefinitionsView, RemoteWorkflow
+from producers.kafka.members import MembersView
+from producers.kafka.routing import Router
+from producers.kafka.session import WorkerSession
+from producers.publisher import CommandPublisher
+
+log = logging.getLogger("stepstream.kafka.client")
+
+# How long a command waits for a live owner to say whether it applied it.
+DEFAULT_COMMAND_TIMEOUT_S = 5.0
+_UNCONFIRMED_KEPT = 10_000  # the newest starts a result may have to wait for
+
+
+class _Settlements:
+    """``Publishing`` for ``CommandPublisher``: workflows from the definitions topic, and
+    the futures that the publish step resolves once the command is published (and settled,
+    if its owner was live to say so)."""
+
+    def __init__(self, definitions: DefinitionsView) -> None:
+        self._definitions = definitions
+        self._waiting: dict[str, asyncio.Future[str | None]] = {}
+
+    def resolve(self, workflow: str, version: str | None = None) -> RemoteWorkflow:
+        return self._definitions.resolve(workflow, version)
+
+    def settled(self, command_id: str) -> asyncio.Future[str | None]:
+        fut = self._waiting.get(command_id)
+        if fut is None:
+            fut = self._waiting[command_id] = asyncio.get_running_loop().create_future()
+        return fut
+
+    def forget(self, command_id: str) -> None:
+        self._waiting.pop(command_id, None)
+
+    def settle(self, command_id: str, reason: str | None) -> None:
+        fut = self._waiting.get(command_id)
+        if fut is not None and not fut.done():
+            fut.set_result(reason)
+
+
+class KafkaTransport(CommandPublisher):
+    def __init__(
+        self,
+        *,
+        producer: Any,
+        members: MembersView,
+        definitions: DefinitionsView,
+        session: aiohttp.ClientSession,
+        topics: TopicNames,
+        partitions: int,
+        codec: PayloadCodec,
+        serde: RecordSerde,
+        max_payload_bytes: int,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+        command_timeout: float = DEFAULT_COMMAND_TIMEOUT_S,
+    ) -> None:
+        self._settlements = _Settlements(definitions)
+        super().__init__(
+            self._produce, self._settlements, codec=codec, max_payload_bytes=max_payload_bytes
+        )
+        self._producer = producer
+        self._members = members
+        self._definitions = definitions
+        self._topics = topics
+        self._partitions = partitions
+        self._serde = serde
+        self._request_timeout = request_timeout
+        self._command_timeout = command_timeout
+        self._router = Router(members, session, topics, partitions, request_timeout)
+        # Starts published here that no owner has confirmed yet, by instance: a result
+        # asked for meanwhile first waits for the start (the owner may still be catching
+        # up on its backlog and not know the instance yet).
+        self._unconfirmed: dict[str, str] = {}
+
+    # ---- commands -----------------------------------------------------------------------
+
+    async def start(
+        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+    ) -> str:
+        definitions = self._definitions
+        if not definitions.knows(workflow, version):
+            await definitions.synced(self._request_timeout)  # registered a moment ago?
+            # A fresh prefix: the first worker is starting (a script runs `stepstream
+            # worker &` and then `stepstream start`), give it the time to register.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._request_timeout
+            while definitions.empty and loop.time() < deadline:
+                await definitions.changed(deadline - loop.time())
+        return await super().start(workflow, input, instance_id, version)
+
+    async def _produce(self, command: Command) -> None:
+        partition = self._partition(command.instance_id)
+        try:
+            await self._producer.send_and_wait(
+                self._topics.commands,
+                self._serde.encode(command),
+                key=command.instance_id.encode(),
+                partition=partition,
+            )
+        except KafkaError as exc:
+            raise ConnectionFailed(
+                f"cannot publish {command.type} for instance {command.instance_id} to "
+                f"{self._topics.commands}: {exc}; check the brokers, then retry"
+            ) from None
+
+        # Durable now. A live owner says soon whether it applied or refused the command;
+        # without one, or if it takes longer, the command runs when a worker gets to it.
+        reason = None
+        confirmed = False
+        if self._members.owner(partition) is not None:
+
+            async def ask(api: WorkerSession, remaining: float | None) -> str | None:
+                assert remaining is not None
+                return await api.settled(command.command_id, command.instance_id, remaining)
+
+            try:
+                reason = await self._router.routed(
+                    partition,
+                    ask,
+                    self._command_timeout,
+                    f"{command.type} for {command.instance_id}",
+                )
+                confirmed = True
+            except (ConnectionFailed, ResultTimeout) as exc:
+                log.info(
+                    "%s for instance %s is published; its owner did not confirm it within "
+                    "%s s (%s): it runs when a worker gets to it",
+                    command.type,
+                    command.instance_id,
+                    self._command_timeout,
+                    exc,
+                )
+        if isinstance(command, StartWorkflow):
+            if confirmed:
+                self._unconfirmed.pop(command.instance_id, None)
+            else:
+                self._unconfirmed[command.instance_id] = command.command_id
+                if len(self._unconfirmed) > _UNCONFIRMED_KEPT:
+                    del self._unconfirmed[next(iter(self._unconfirmed))]
+        self._settlements.settle(command.command_id, reason)
+
+    async def _check_exists(self, instance_id: str) -> None:
+        """No round trip before publishing (the owner may be down): a live owner settles a
+        command for an unknown instance as a dead letter (UnknownInstance) and one for a
+        finished instance as recorded and ignored (InstanceFinished), and ``_submit``
+        raises either; with no live owner the command is dead-lettered or ignored later."""
+
+    # ---- reads ----------------------------------------------------------------------------
+
+    async def status(self, instance_id: str) -> InstanceStatus:
+        async def ask(api: WorkerSession, remaining: float | None) -> InstanceStatus:
+            await self._started(api, instance_id, remaining)
+            return await api.status(instance_id)
+
+        return await self._router.routed(
+            self._partition(instance_id), ask, self._request_timeout, f"status of {instance_id}"
+        )
+
+    async def result(self, instance_id: str, timeout: float | None) -> Any:
+        async def ask(api: WorkerSession, remaining: float | None) -> Any:
+            await self._started(api, instance_id, remaining)
+            return await api.result(instance_id, remaining)
+
+        def expired() -> ResultTimeout:
+            return ResultTimeout(
+                f"instance {instance_id} did not finish within {timeout} s; it is still "
+                "running: check `stepstream status` and wait again"
+            )
+
+        return await self._router.routed(
+            self._partition(instance_id),
+            ask,
+            timeout,
+            f"result of {instance_id}",
+            expired,
+            wait_for_owner=True,
+        )
+
+    async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
+        async def ask(api: WorkerSession, remaining: float | None) -> Any:
+            return await api.reply(instance_id, message_id, remaining)
+
+        def expired() -> ResultTimeout:
+            return ResultTimeout(
+                f"instance {instance_id} did not answer message {message_id} within {timeout} "
+                "s; the message is queued there: wait again, or check `stepstream status`"
+            )
+
+        return await self._router.routed(
+            self._partition(instance_id),
+            ask,
+            timeout,
+            f"reply of {instance_id}",
+            expired,
+            wait_for_owner=True,
+        )
+
+    async def history(self, instance_id: str) -> list[HistoryEntry]:
+        async def ask(api: WorkerSession, remaining: float | None) -> list[HistoryEntry]:
+            await self._started(api, instance_id, remaining)
+            return await api.history(instance_id)
+
+        return await self._router.routed(
+            self._partition(instance_id), ask, self._request_timeout, f"history of {instance_id}"
+        )
+
+    async def _started(self, api: WorkerSession, instance_id: str, timeout: float | None) -> None:
+        """Wait until the owner has applied a start this client published unconfirmed."""
+        start = self._unconfirmed.get(instance_id)
+        if start is not None:
+            reason = await api.settled(start, instance_id, timeout)
+            if reason is not None:
+                raise error_for(reason, instance_id, "start")
+            self._unconfirmed.pop(instance_id, None)
+
+    async def list(self, status: str | None) -> list[InstanceStatus]:
+        return await self._router.list(status)
+
+    async def list_page(self, query: ListQuery) -> InstancePage:
+        return await self._router.list_page(query)
+
+    async def overview(self) -> Overview:
+        return await self._router.overview()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._producer.stop()
+        await self._members.close()
+        await self._definitions.close()
+        await self._router.close()
+
+    def _partition(self, instance_id: str) -> int:
+        return partition_for(instance_id, self._partitions)

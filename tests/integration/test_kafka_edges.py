@@ -1,0 +1,154 @@
+"""Kafka at the edges: a ``kafka://`` client needs no live worker.
+
+Workflow names are checked against ``<prefix>.definitions`` (written by every worker on
+start); commands are durable once the broker has them and run when a worker returns;
+reads of a partition nobody owns say so at once; the cluster topics hold Avro records and
+an old JSON announcement is skipped. The README's Kafka quick start runs as typed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from consumers.kafka import create_topics
+from producers.client import Client
+from producers.kafka.members import Member
+from stepstream import ConnectionFailed, UnknownWorkflow
+from tests.conftest import (
+    KAFKA_TEST_PARTITIONS,
+    ThreadedWorker,
+    kafka_settings,
+    kafka_url,
+)
+from tests.conftest import (
+    test_registry as workflows_registry,
+)
+from tests.integration.test_kafka_backend import (
+    decode,
+    instance_on,
+    produce_raw,
+    read_topic,
+)
+from tests.kafka_broker import Broker
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_commands_are_accepted_while_every_worker_is_down_and_run_when_one_starts(
+    kafka_broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = kafka_settings(kafka_broker)
+    await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)
+    # An announcement in the JSON of older versions, left on the compacted topic.
+    old = b'{"url": "http://10.0.0.9:8233", "partitions": [0, 1], "epoch": 1}'
+    await asyncio.to_thread(produce_raw, settings, "members", [(0, b"old-worker", old)])
+
+    # A worker that ran once registered its workflows; then every worker stopped.
+    first = ThreadedWorker(settings, tmp_path / "first", workflows_registry())
+    try:
+        await asyncio.to_thread(first.start)
+    finally:
+        await asyncio.to_thread(first.stop)
+
+    definitions = [
+        decode(r.value) for r in await asyncio.to_thread(read_topic, settings, "definitions")
+    ]
+    assert {(name, body["name"], body["version"]) for name, body in definitions} >= {
+        ("WorkflowRegistered", "gated", "1"),
+        ("WorkflowRegistered", "arith", "1"),
+    }
+    members = await asyncio.to_thread(read_topic, settings, "members")
+    announced = [decode(r.value) for r in members if r.value and r.key != b"old-worker"]
+    assert announced and {name for name, _ in announced} == {"MemberAnnounced"}
+
+    caplog.set_level(logging.WARNING, "stepstream.kafka.members")
+    async with Client.connect(kafka_url(settings)) as client:
+        assert any("old-worker" in r.getMessage() for r in caplog.records), caplog.text
+
+        with pytest.raises(UnknownWorkflow) as unknown:
+            await client.start("nope", {})
+        assert re.search(r"'nope'.*known workflows: .*arith.*gated", str(unknown.value))
+        assert "a worker must have started once with the module" in str(unknown.value).lower()
+        with pytest.raises(UnknownWorkflow, match=r"version '9'.*versions: 1"):
+            await client.start("gated", "x", version="9")
+
+        # Accepted with no worker running: each returns once the broker has the command.
+        instance = instance_on(0, "gated")
+        assert await client.start("gated", "g", instance_id=instance) == instance
+        for _ in range(2):  # a send retried with its event id applies once
+            await client.send_event(instance, "go", "green", event_id="go-1")
+        paused = await client.start("gated", "p", instance_id=instance_on(1, "paused"))
+        await client.pause(paused)
+        await client.resume(paused)
+        await client.cancel(paused, reason="no longer needed")
+
+        # Reads of a partition nobody owns answer at once, saying which and since when.
+        since = r"no live owner since \d{4}-\d\d-\d\dT[\d:]+\+00:00 \(last owner: worker \w+\)"
+        with pytest.raises(ConnectionFailed, match=rf"partition 0: {since}.*no worker of"):
+            await client.status(instance)
+        with pytest.raises(ConnectionFailed, match=rf"partition 0: {since}"):
+            await client.history(instance)
+        with pytest.raises(ConnectionFailed, match=rf"list.*partition 0: {since}; partition 1"):
+            await client.list()
+        # A worker killed without withdrawing its announcement: its address does not answer.
+        ghost = Member("ghost", "http://127.0.0.1:9", (0, 1), 1, KAFKA_TEST_PARTITIONS)
+        await asyncio.to_thread(produce_raw, settings, "members", [(0, b"ghost", ghost.encode())])
+        async with Client.connect(kafka_url(settings), timeout=1) as impatient:
+            with pytest.raises(ConnectionFailed, match=r"partition 0: its owner, worker ghost"):
+                await impatient.status(instance)
+
+        second = ThreadedWorker(settings, tmp_path / "second", workflows_registry())
+        try:
+            await asyncio.to_thread(second.start)
+            assert await client.result(instance, timeout=30) == ["g-before", "green", "g-after"]
+            events = [h for h in await client.history(instance) if h.type == "EventBuffered"]
+            assert [h.command_id for h in events] == ["go-1"], events
+            assert (await client.status(paused)).status == "cancelled"
+        finally:
+            await asyncio.to_thread(second.stop)
+
+
+def _quick_start() -> str:
+    """The first shell block of the README's Kafka section."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## Kafka\n", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_kafka_quick_start_works_typed_line_after_line(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    prefix = f"qs{uuid.uuid4().hex[:8]}"
+    script = (
+        _quick_start()
+        .replace("kafka:9092", kafka_broker.bootstrap)
+        .replace("prefix shop", f"prefix {prefix}")
+        .replace("prefix=shop", f"prefix={prefix}")
+        .replace("--port 8233", "--port 0")  # tests run side by side
+    )
+    assert "stepstream worker" in script and "&\n" in script, script
+    bin_dir = Path(sys.executable).parent
+    done = subprocess.run(
+        ["bash", "-c", f"set -e\ntrap 'kill $(jobs -p) 2>/dev/null; wait' EXIT\n{script}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env={
+            **os.environ,
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(REPO),
+        },
+    )
+    assert done.returncode == 0, (script, done.stdout, done.stderr[-3000:])
+    assert re.search(r"status:\s+completed", done.stdout), done.stdout
+    assert "receipt for o-1" in done.stdout, done.stdout
