@@ -190,8 +190,8 @@ async def _until_spread(
     """Until the members topic shows ``workers`` workers owning all the partitions (the
     group has settled, so no rebalance lands inside the measurement)."""
     from engine.topics import MEMBERS, TopicNames
-    from producers.kafka import aiokafka_options
-    from producers.kafka_members import MembersView
+    from producers.kafka.members import MembersView
+    from producers.kafka.settings import aiokafka_options
 
     view = await MembersView.open(
         TopicNames(settings.prefix).name(MEMBERS),
