@@ -17,8 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from engine.records import (
     HistoryRecord,
@@ -84,8 +83,7 @@ class Histogram:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class StepSpan:
+class StepSpan(NamedTuple):
     """One step attempt that ended, as a span: from its durable start to its outcome."""
 
     workflow: str
@@ -104,8 +102,7 @@ class StepSpan:
     run_start_ms: int  # the run's start: names the run span the attempt belongs to
 
 
-@dataclass(frozen=True, slots=True)
-class RunSpan:
+class RunSpan(NamedTuple):
     """A workflow run that finished, as a span: from its start to its end."""
 
     workflow: str

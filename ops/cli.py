@@ -198,7 +198,7 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
     config = EmbeddedConfig.from_env(data_dir=args.data, partitions=args.partitions)
     sock = _listen(args.host, args.port)
     engine = await open_embedded(registry, config)
-    tracer_provider = tracing.setup(engine.host, service="stepstream-dev")
+    traced = tracing.setup(engine.host, service="stepstream-dev")
     sources = None
     try:
         sources = await start_embedded_sources(registry, engine)
@@ -258,8 +258,8 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
         if sources is not None:
             await sources.stop()
         await engine.close()
-        if tracer_provider is not None:
-            tracer_provider.shutdown()  # exports the spans still batched
+        if traced is not None:
+            traced.close()  # exports the spans still batched
     return EXIT_OK
 
 
@@ -506,6 +506,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
     from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
 
     settings = _kafka_settings(args)
+    traced = tracing.from_env(service="stepstream-worker")
     config = KafkaWorkerConfig.from_env(
         settings,
         state_dir=args.state_dir,
@@ -513,7 +514,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
         port=args.port,
         advertise=args.advertise,
         api=_api_security(args),
-        tracer_provider=tracing.provider_from_env(os.environ, service="stepstream-worker"),
+        span_sink=traced.exporter if traced is not None else None,
     )
     worker = KafkaWorker(registry, config)
     await worker.start()
@@ -539,8 +540,8 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
             log.info("shutting down url=%s", worker.url)
         finally:
             await worker.stop()
-            if config.tracer_provider is not None:
-                config.tracer_provider.shutdown()  # exports the spans still batched
+            if traced is not None:
+                traced.close()  # exports the spans still batched
     return EXIT_OK
 
 

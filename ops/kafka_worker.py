@@ -35,6 +35,7 @@ from consumers.kafka.outbox import KafkaOutbox
 from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_RETENTION_S, ProcessorConfig
 from consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
+from consumers.telemetry import SpanSink
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
 from engine.errors import ConnectionFailed, StepstreamError
@@ -80,6 +81,8 @@ class KafkaWorkerConfig:
     # Where spans of runs and step attempts go (None: no tracing; the CLI builds one
     # from the OTEL_* variables).
     tracer_provider: TracerProvider | None = None
+    # Or a sink for them (the CLI's: a process that makes and exports the spans).
+    span_sink: SpanSink | None = None
     # How the user topics declared as Source are read (STEPSTREAM_SOURCES_*).
     sources: SourcesConfig = field(default_factory=SourcesConfig)
     # The cluster ctx.publish produces to (STEPSTREAM_OUTBOX_BOOTSTRAP, with the same
@@ -180,7 +183,9 @@ class KafkaWorker:
                 config=self.config.processor,
                 outbox=self._outbox,
             )
-            if self.config.tracer_provider is not None:
+            if self.config.span_sink is not None:
+                self._host.telemetry.spans = self.config.span_sink
+            elif self.config.tracer_provider is not None:
                 tracing.install(self._host, self.config.tracer_provider)
             await self._register(worker_id)
             await self._serve(self._host)

@@ -22,6 +22,7 @@ import logging
 import os
 from collections.abc import Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -42,6 +43,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from consumers.host import PartitionHost
 from consumers.telemetry import RunSpan, StepSpan
+from ops.span_export import SpanExportProcess
 
 log = logging.getLogger("stepstream.tracing")
 
@@ -80,10 +82,13 @@ def tracing_enabled(env: Mapping[str, str]) -> bool:
     )
 
 
-def provider_from_env(env: Mapping[str, str], *, service: str) -> TracerProvider | None:
+def provider_from_env(
+    env: Mapping[str, str], *, service: str, install_global: bool = True
+) -> TracerProvider | None:
     """A tracer provider exporting where the ``OTEL_*`` variables say; None when tracing
-    is off. Also installed as the process's global provider, so the producer spans of
-    commands this process publishes (API requests) are recorded too."""
+    is off. Also installed as the process's global provider (unless ``install_global``
+    is False), so the producer spans of commands this process publishes (API requests)
+    are recorded too."""
     if not tracing_enabled(env):
         return None
     resource = Resource.create({SERVICE_NAME: env.get("OTEL_SERVICE_NAME") or service})
@@ -99,7 +104,8 @@ def provider_from_env(env: Mapping[str, str], *, service: str) -> TracerProvider
 
         exporter = OTLPSpanExporter()
     provider.add_span_processor(BatchSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
+    if install_global:
+        trace.set_tracer_provider(provider)
     return provider
 
 
@@ -204,10 +210,31 @@ class OtelSpans:
         otel.end(end_time=_ns(span.end_ms))
 
 
-def setup(host: PartitionHost, *, service: str) -> TracerProvider | None:
+@dataclass
+class ServingTracing:
+    """Tracing of a serving process: the global provider (producer spans of the commands
+    its API publishes) and the process that makes and exports the engine's spans."""
+
+    provider: TracerProvider
+    exporter: SpanExportProcess
+
+    def close(self) -> None:
+        self.exporter.close()
+        self.provider.shutdown()  # exports the spans still batched
+
+
+def from_env(*, service: str) -> ServingTracing | None:
     """Tracing for a serving process, from its environment; None when off."""
     provider = provider_from_env(os.environ, service=service)
-    if provider is not None:
-        install(host, provider)
-        log.info("tracing on: spans for workflow runs and step attempts (service %s)", service)
-    return provider
+    if provider is None:
+        return None
+    log.info("tracing on: spans for workflow runs and step attempts (service %s)", service)
+    return ServingTracing(provider, SpanExportProcess(service))
+
+
+def setup(host: PartitionHost, *, service: str) -> ServingTracing | None:
+    """``from_env``, its spans made of ``host``'s runs and step attempts."""
+    tracing = from_env(service=service)
+    if tracing is not None:
+        host.telemetry.spans = tracing.exporter
+    return tracing

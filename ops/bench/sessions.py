@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from engine.errors import StepstreamError
 from engine.workflow import Registry
+from ops import tracing
 from ops.bench.workloads import bench_event, bench_sleep, bench_steps, bench_timer
 from ops.embedded import EmbeddedConfig, open_embedded
 from producers.client import Client
@@ -84,7 +85,11 @@ class _CollectorPauses:
 @contextlib.asynccontextmanager
 async def inprocess(path: str) -> AsyncIterator[Session]:
     engine = await open_embedded(registry(), EmbeddedConfig(data_dir=path))
+    # Spans, as `stepstream dev` exports them, when the OTEL_* variables ask for them
+    # (the http and kafka clients' server processes read the same variables).
+    traced = tracing.setup(engine.host, service="stepstream-bench")
     session = Session(Client(engine.make_transport()), [os.getpid()])
+    session.extra["tracing"] = traced is not None
     pauses = _CollectorPauses()
     gc.callbacks.append(pauses)
     try:
@@ -94,6 +99,8 @@ async def inprocess(path: str) -> AsyncIterator[Session]:
         gc.callbacks.remove(pauses)
         session.extra["gc_pauses"] = pauses.figures()
         await engine.close()
+        if traced is not None:
+            traced.close()
     # Restore: reopening the data directory the workload left (state is local: the
     # engine resumes the unfinished instances; the log is not replayed).
     began = time.perf_counter()

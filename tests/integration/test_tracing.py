@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -141,3 +142,67 @@ async def test_kafka_worker_spans_join_the_callers_trace(
     spans = _trace(exporter, checkout.get_span_context().trace_id)
     (caller,) = spans["checkout"]
     _check_one_trace(spans, caller, instance_id)
+
+
+class _Collector:
+    """An OTLP/HTTP trace receiver: keeps the spans of every export request."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        spans = self.spans = []  # type: list[Any]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                for resource in request.resource_spans:
+                    for scope in resource.scope_spans:
+                        spans.extend(scope.spans)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+async def test_dev_exports_run_and_step_spans_over_otlp_in_the_callers_trace(
+    tmp_path: Path, provider: TracerProvider
+) -> None:
+    """The production path: `stepstream dev` configured by OTEL_* variables, its spans
+    made by the exporter process and sent over OTLP/HTTP to a collector."""
+    from tests.dev_server import clean_env, start_dev
+
+    collector = _Collector()
+    env = clean_env(
+        tmp_path,
+        OTEL_EXPORTER_OTLP_ENDPOINT=collector.url,
+        OTEL_SERVICE_NAME="shop",
+        OTEL_BSP_SCHEDULE_DELAY="100",
+    )
+    source = "from tests.workflows import arith  # noqa: F401\n"
+    server = start_dev(tmp_path, "traced", source, env=env)
+    try:
+        async with Client.connect(server.url) as client:
+            with provider.get_tracer("shop").start_as_current_span("checkout") as checkout:
+                instance_id = await client.start("arith", 1)
+            assert await client.result(instance_id, timeout=30) == {"total": 2, "doubled": 4}
+    finally:
+        server.stop()  # the exporter process flushes on the way out
+    trace_id = checkout.get_span_context().trace_id.to_bytes(16, "big")
+    names = sorted(span.name for span in collector.spans if span.trace_id == trace_id)
+    assert names == ["process arith", "send stepstream.commands", "step add", "step double"]
+    run = next(span for span in collector.spans if span.name == "process arith")
+    for step in (span for span in collector.spans if span.name.startswith("step ")):
+        assert step.parent_span_id == run.span_id
