@@ -5,9 +5,10 @@ Measured on W1: the OpenTelemetry SDK takes about 25 µs to make a span and its 
 encoder about 38 µs to encode one, all of it Python holding the GIL: in the engine's
 process that halved the steps per second. Here the engine's loop only appends each
 finished run and step attempt (named tuples) to a batch; a ``multiprocessing`` queue
-carries the batches to a child process, which makes the spans with the same
-``OtelSpans`` code an in-process provider uses and exports them with the SDK's batch
-processor and OTLP exporter, configured by the ``OTEL_*`` variables it inherits. The
+carries the batches to a child process, which makes them into finished spans
+(``ops/span_direct.py``: the ids, names and attributes of ``ops.tracing.OtelSpans``)
+and exports them with the SDK's batch processor and OTLP exporter, configured by the
+``OTEL_*`` variables it inherits. The
 child runs on the other core; it exits when told to (flushing what it holds) or when
 its parent is gone.
 """
@@ -81,12 +82,11 @@ class SpanExportProcess:
 
 def _export(spans: Any, service: str, parent: int) -> None:
     """The exporter process: spans in, OTLP out, until told to stop or orphaned."""
-    from ops.tracing import OtelSpans, provider_from_env
+    from ops.span_direct import direct_from_env
 
-    provider = provider_from_env(os.environ, service=service, install_global=False)
-    if provider is None:
+    sink = direct_from_env(os.environ, service=service)
+    if sink is None:
         return
-    sink = OtelSpans(provider)
     try:
         while True:
             try:
@@ -103,4 +103,4 @@ def _export(spans: Any, service: str, parent: int) -> None:
                 else:
                     sink.run(span)
     finally:
-        provider.shutdown()  # exports what the batch processor still holds
+        sink.shutdown()

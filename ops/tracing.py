@@ -82,6 +82,18 @@ def tracing_enabled(env: Mapping[str, str]) -> bool:
     )
 
 
+def exporter_from_env(env: Mapping[str, str]) -> SpanExporter:
+    """The span exporter the ``OTEL_*`` variables name (OTLP over HTTP by default)."""
+    kind = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
+    if kind == "console":
+        return ConsoleSpanExporter()
+    if kind != "otlp":
+        log.warning("OTEL_TRACES_EXPORTER=%s is not supported here; using otlp", kind)
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
+
+
 def provider_from_env(
     env: Mapping[str, str], *, service: str, install_global: bool = True
 ) -> TracerProvider | None:
@@ -93,17 +105,7 @@ def provider_from_env(
         return None
     resource = Resource.create({SERVICE_NAME: env.get("OTEL_SERVICE_NAME") or service})
     provider = TracerProvider(resource=resource, id_generator=StableIds())
-    exporter: SpanExporter
-    kind = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
-    if kind == "console":
-        exporter = ConsoleSpanExporter()
-    else:
-        if kind != "otlp":
-            log.warning("OTEL_TRACES_EXPORTER=%s is not supported here; using otlp", kind)
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        exporter = OTLPSpanExporter()
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider.add_span_processor(BatchSpanProcessor(exporter_from_env(env)))
     if install_global:
         trace.set_tracer_provider(provider)
     return provider
@@ -120,6 +122,47 @@ def run_span_id(instance_id: str, start_ms: int) -> int:
     """The run span's id: the same wherever it is computed, never 0."""
     digest = hashlib.blake2b(f"{instance_id}\0{start_ms}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") or 1
+
+
+def client_context(traceparent: str | None, tracestate: str | None) -> SpanContext | None:
+    """The client's span a run belongs under, if its start carried one."""
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    parent = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
+    return parent if parent.is_valid else None
+
+
+def step_attributes(span: StepSpan) -> dict[str, str | int]:
+    return {
+        "stepstream.workflow": span.workflow,
+        "stepstream.step": span.step,
+        "stepstream.step.key": span.key,
+        "stepstream.attempt": span.attempt,
+        "stepstream.instance_id": span.instance_id,
+        "stepstream.outcome": span.outcome,
+        "messaging.destination.partition.id": str(span.partition),
+    }
+
+
+def run_attributes(span: RunSpan) -> dict[str, str | int]:
+    return {
+        "messaging.system": "kafka",
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.partition.id": str(span.partition),
+        "stepstream.workflow": span.workflow,
+        "stepstream.version": span.version,
+        "stepstream.instance_id": span.instance_id,
+        "stepstream.outcome": span.outcome,
+    }
+
+
+def trace_id_of_run(instance_id: str, start_ms: int) -> int:
+    """The trace of a run whose start carried no trace context."""
+    return _trace_id(instance_id, start_ms)
 
 
 def _trace_id(instance_id: str, start_ms: int) -> int:
@@ -140,14 +183,7 @@ class OtelSpans:
 
     @staticmethod
     def _client(traceparent: str | None, tracestate: str | None) -> SpanContext | None:
-        """The client's span the run belongs under, if its start carried one."""
-        if not traceparent:
-            return None
-        carrier = {"traceparent": traceparent}
-        if tracestate:
-            carrier["tracestate"] = tracestate
-        parent = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
-        return parent if parent.is_valid else None
+        return client_context(traceparent, tracestate)
 
     def step(self, span: StepSpan) -> None:
         # Under the run span (made when the run ends, with the id computed here).
@@ -165,15 +201,7 @@ class OtelSpans:
             context=trace.set_span_in_context(NonRecordingSpan(run)),
             kind=SpanKind.INTERNAL,
             start_time=_ns(span.start_ms),
-            attributes={
-                "stepstream.workflow": span.workflow,
-                "stepstream.step": span.step,
-                "stepstream.step.key": span.key,
-                "stepstream.attempt": span.attempt,
-                "stepstream.instance_id": span.instance_id,
-                "stepstream.outcome": span.outcome,
-                "messaging.destination.partition.id": str(span.partition),
-            },
+            attributes=step_attributes(span),
         )
         if span.error_type:
             otel.set_status(Status(StatusCode.ERROR, f"{span.error_type}: {span.error_message}"))
@@ -191,16 +219,7 @@ class OtelSpans:
                 ),
                 kind=SpanKind.CONSUMER,
                 start_time=_ns(span.start_ms),
-                attributes={
-                    "messaging.system": "kafka",
-                    "messaging.operation.type": "process",
-                    "messaging.operation.name": "process",
-                    "messaging.destination.partition.id": str(span.partition),
-                    "stepstream.workflow": span.workflow,
-                    "stepstream.version": span.version,
-                    "stepstream.instance_id": span.instance_id,
-                    "stepstream.outcome": span.outcome,
-                },
+                attributes=run_attributes(span),
             )
         finally:
             _next_span_id.reset(token)
