@@ -512,13 +512,20 @@ class Kafka(Backend):
                 break
             await asyncio.sleep(0.01)
         assert self.view is not None
-        owned = {p: m for p in range(self.partitions) if (m := self.view.owner(p)) is not None}
-        # Only a worker that owns partitions in this view can be frozen out of them (the
-        # view may have moved since both owned some).
-        owners = {m.url for m in owned.values()}
-        frozen = rng.choice(
-            [w for w in busy if w.url in owners] or [w for w in self.workers if w.url in owners]
-        )
+        # Only a worker that owns partitions in the view taken here can be frozen out of
+        # them. The view may have moved since both owned some: a partition changing hands
+        # is claimed by neither worker for a moment (cooperative rebalancing), so wait
+        # for a view in which someone owns something.
+        while True:
+            owned = {p: m for p in range(self.partitions) if (m := self.view.owner(p)) is not None}
+            owners = {m.url for m in owned.values()}
+            candidates = [w for w in busy if w.url in owners] or [
+                w for w in self.workers if w.url in owners
+            ]
+            if candidates:
+                break
+            await self.view.changed(1.0)
+        frozen = rng.choice(candidates)
         other = next(w for w in self.workers if w is not frozen)
         frozen.signal(signal.SIGSTOP)
         started = time.monotonic()
