@@ -53,6 +53,7 @@ from ops.api_security import ApiSecurity
 from ops.metrics import Health, observability_for
 from ops.ui.cluster import ClusterView
 from ops.worker_reads import OwnedReader
+from producers import trace_context
 from producers.kafka.definitions import registrations
 from producers.kafka.members import Member
 from producers.publisher import LogTransport
@@ -381,6 +382,7 @@ class KafkaWorker:
                     partition_for(command.instance_id, host.partitions),
                     command.instance_id.encode(),
                     self._serde.encode(command),
+                    trace_context.record_headers(command.traceparent, command.tracestate),
                 )
             ]
         )

@@ -57,6 +57,19 @@ def current() -> tuple[str | None, str | None]:
     return carrier.get("traceparent"), carrier.get("tracestate")
 
 
+def record_headers(
+    traceparent: str | None, tracestate: str | None
+) -> list[tuple[str, str | bytes | None]] | None:
+    """A command's trace context as Kafka record headers (the envelope carries it too),
+    for tracing-aware Kafka tools; None without one."""
+    if not traceparent:
+        return None
+    found: list[tuple[str, str | bytes | None]] = [("traceparent", traceparent.encode())]
+    if tracestate:
+        found.append(("tracestate", tracestate.encode()))
+    return found
+
+
 def headers() -> dict[str, str]:
     """The active trace context as HTTP headers (empty without one)."""
     carrier: dict[str, str] = {}

@@ -32,6 +32,7 @@ from engine.serde import RecordSerde
 from engine.settle import error_for
 from engine.topics import TopicNames, partition_for
 from engine.views import HistoryEntry, InstanceStatus
+from producers import trace_context
 from producers.http import (
     DEFAULT_REQUEST_TIMEOUT_S,
 )
@@ -133,6 +134,7 @@ class KafkaTransport(CommandPublisher):
                 self._serde.encode(command),
                 key=command.instance_id.encode(),
                 partition=partition,
+                headers=trace_context.record_headers(command.traceparent, command.tracestate),
             )
         except KafkaError as exc:
             raise ConnectionFailed(

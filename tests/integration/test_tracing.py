@@ -142,6 +142,38 @@ async def test_kafka_worker_spans_join_the_callers_trace(
     spans = _trace(exporter, checkout.get_span_context().trace_id)
     (caller,) = spans["checkout"]
     _check_one_trace(spans, caller, instance_id)
+    # The start on the commands topic carries the trace in its headers, as any
+    # tracing-aware Kafka tool expects, and in its Avro envelope.
+    headers, envelope = _start_record(settings, instance_id)
+    trace_hex = format(checkout.get_span_context().trace_id, "032x")
+    assert headers["traceparent"].decode() == envelope
+    assert envelope.split("-")[1] == trace_hex
+
+
+def _start_record(settings: Any, instance_id: str) -> tuple[dict[str, bytes], str]:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from engine.records import StartWorkflow
+    from engine.serde import default_serde
+    from engine.topics import partition_for
+
+    topic = f"{settings.prefix}.commands"
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "t-read"})
+    try:
+        partition = partition_for(instance_id, KAFKA_TEST_PARTITIONS)
+        consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        for _ in range(100):
+            msg = consumer.poll(5)
+            assert msg is not None, f"no StartWorkflow for {instance_id} on {topic}"
+            if msg.error() is not None or msg.key() != instance_id.encode():
+                continue
+            record = default_serde().decode(msg.value() or b"")
+            if isinstance(record, StartWorkflow):
+                assert record.traceparent is not None
+                return dict(msg.headers() or []), record.traceparent
+        raise AssertionError(f"no StartWorkflow for {instance_id} on {topic}")
+    finally:
+        consumer.close()
 
 
 class _Collector:
