@@ -29,7 +29,7 @@ from consumers.telemetry import Histogram
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-SourceLag = Callable[[], Mapping[tuple[str, int], int]]
+SourceLagReader = Callable[[], Mapping[tuple[str, int], int]]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class EngineCollector(Collector):
         *,
         health: Health,
         rebalances: Callable[[], int] = lambda: 0,
-        source_lag: SourceLag | None = None,
+        source_lag: SourceLagReader | None = None,
     ) -> None:
         self._host = host
         self._health = health
@@ -252,7 +252,7 @@ def observability_for(
     health: Health,
     *,
     rebalances: Callable[[], int] = lambda: 0,
-    source_lag: SourceLag | None = None,
+    source_lag: SourceLagReader | None = None,
 ) -> Observability:
     collector = EngineCollector(host, health=health, rebalances=rebalances, source_lag=source_lag)
     return Observability(metrics_registry(collector), health)

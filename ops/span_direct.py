@@ -25,6 +25,7 @@ from ops.tracing import (
     client_context,
     exporter_from_env,
     run_attributes,
+    run_parent,
     run_span_id,
     step_attributes,
     trace_id_of_run,
@@ -81,20 +82,11 @@ class DirectSpans:
         )
 
     def step(self, span: StepSpan) -> None:
-        client = client_context(span.traceparent, span.tracestate)
-        run_start = span.run_start_ms
-        trace_id = client.trace_id if client else trace_id_of_run(span.instance_id, run_start)
-        run = SpanContext(
-            trace_id,
-            run_span_id(span.instance_id, run_start),
-            True,
-            client.trace_flags if client else _SAMPLED,
-            client.trace_state if client else TraceState(),
-        )
+        run = run_parent(span)
         self._end(
             f"step {span.step}",
             SpanKind.INTERNAL,
-            trace_id,
+            run.trace_id,
             self._ids.generate_span_id(),
             run,
             step_attributes(span),

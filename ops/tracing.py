@@ -161,14 +161,23 @@ def run_attributes(span: RunSpan) -> dict[str, str | int]:
 
 
 def trace_id_of_run(instance_id: str, start_ms: int) -> int:
-    """The trace of a run whose start carried no trace context."""
-    return _trace_id(instance_id, start_ms)
-
-
-def _trace_id(instance_id: str, start_ms: int) -> int:
     """For a run started without trace context: one trace per instance all the same."""
     digest = hashlib.blake2b(f"trace\0{instance_id}\0{start_ms}".encode(), digest_size=16)
     return int.from_bytes(digest.digest(), "big") or 1
+
+
+def run_parent(span: StepSpan) -> SpanContext:
+    """The run span a step attempt's span belongs under: made when the run ends, its
+    ids computed here the same way."""
+    client = client_context(span.traceparent, span.tracestate)
+    run_start = span.run_start_ms
+    return SpanContext(
+        trace_id=client.trace_id if client else trace_id_of_run(span.instance_id, run_start),
+        span_id=run_span_id(span.instance_id, run_start),
+        is_remote=True,
+        trace_flags=client.trace_flags if client else TraceFlags(TraceFlags.SAMPLED),
+        trace_state=client.trace_state if client else TraceState(),
+    )
 
 
 def _ns(ms: int) -> int:
@@ -181,24 +190,10 @@ class OtelSpans:
     def __init__(self, provider: TracerProvider) -> None:
         self._tracer = provider.get_tracer(_TRACER_NAME)
 
-    @staticmethod
-    def _client(traceparent: str | None, tracestate: str | None) -> SpanContext | None:
-        return client_context(traceparent, tracestate)
-
     def step(self, span: StepSpan) -> None:
-        # Under the run span (made when the run ends, with the id computed here).
-        run_start = span.run_start_ms
-        client = self._client(span.traceparent, span.tracestate)
-        run = SpanContext(
-            trace_id=client.trace_id if client else _trace_id(span.instance_id, run_start),
-            span_id=run_span_id(span.instance_id, run_start),
-            is_remote=True,
-            trace_flags=client.trace_flags if client else TraceFlags(TraceFlags.SAMPLED),
-            trace_state=client.trace_state if client else TraceState(),
-        )
         otel = self._tracer.start_span(
             f"step {span.step}",
-            context=trace.set_span_in_context(NonRecordingSpan(run)),
+            context=trace.set_span_in_context(NonRecordingSpan(run_parent(span))),
             kind=SpanKind.INTERNAL,
             start_time=_ns(span.start_ms),
             attributes=step_attributes(span),
@@ -208,9 +203,11 @@ class OtelSpans:
         otel.end(end_time=_ns(span.end_ms))
 
     def run(self, span: RunSpan) -> None:
-        client = self._client(span.traceparent, span.tracestate)
+        client = client_context(span.traceparent, span.tracestate)
         token = _next_span_id.set(run_span_id(span.instance_id, span.start_ms))
-        root = _next_trace_id.set(None if client else _trace_id(span.instance_id, span.start_ms))
+        root = _next_trace_id.set(
+            None if client else trace_id_of_run(span.instance_id, span.start_ms)
+        )
         try:
             otel = self._tracer.start_span(
                 f"process {span.workflow}",
