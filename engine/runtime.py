@@ -198,6 +198,10 @@ class InstanceRuntime:
         self._ephemeral: dict[str, int] = {}
         self._deferred: list[tuple[str, str]] = []
         self._replaying = False
+        # Set while a drive may start retries whose backoff is over: on a resume (their
+        # timers fired while paused) and on a retry's own timer. Otherwise a replay leaves
+        # overdue timers to fire through the command log, after what is already there.
+        self._retries_due = False
         # How long the last replay of the code took (seconds), until telemetry takes it.
         self.replayed_s: float | None = None
         self._closing = False  # set while close() unwinds the coroutine
@@ -242,9 +246,11 @@ class InstanceRuntime:
 
     def recover(self, out: Output) -> None:
         """Resume an instance loaded after a restart: replays its code, re-runs attempts
-        that were in flight when the previous owner stopped, catches up overdue retries,
-        and publishes again the starts of children it still waits for (a start is
-        idempotent; a finished child answers it with its outcome again)."""
+        that were in flight when the previous owner stopped, and publishes again the
+        starts of children it still waits for (a start is idempotent; a finished child
+        answers it with its outcome again). Sleeps, timeouts and retries that fell due
+        meanwhile are not decided here: their durable timers fire through the command
+        log, so commands already on it (a cancel sent while no worker ran) apply first."""
         self._out = out
         self._command_id = f"recover:{self.epoch}"
         self._traceparent = self.state.traceparent
@@ -558,7 +564,7 @@ class InstanceRuntime:
             self._ignore(msg, f"instance is {self.state.status.value}, not paused")
             return
         self._emit(WorkflowResumed)
-        self._drive()
+        self._drive_with_retries_due()
 
     def _on_timer(self, msg: TimerFired) -> None:
         if self.state.status.finished:
@@ -579,9 +585,10 @@ class InstanceRuntime:
                 return  # resume replays and starts overdue retries
             intent = self._intents.get(entry.key)
             if self.draining:
-                return  # the next owner finds the retry overdue and starts it
+                self._schedule(entry, "retry")  # armed again: it fires for the next owner
+                return
             if intent is None or self._task is None:
-                self._drive()  # replay re-creates the intent and starts the retry
+                self._drive_with_retries_due()  # replay re-creates the intent and starts it
                 return
             self._start_attempt(entry.key, intent, entry.attempt + 1)
         self._drive()
@@ -681,6 +688,13 @@ class InstanceRuntime:
         coro = self.definition.fn(Context(self), arg)
         self._task = self._loop.create_task(coro)  # type: ignore[arg-type]
 
+    def _drive_with_retries_due(self) -> None:
+        self._retries_due = True
+        try:
+            self._drive()
+        finally:
+            self._retries_due = False
+
     def _drive(self) -> None:
         if not self._runnable():
             return
@@ -742,8 +756,11 @@ class InstanceRuntime:
         entry = self.state.entries.get(key)
         if what == "step":
             intent = self._intents[key]
-            if self.draining and (entry is None or entry.state is EntryState.BACKOFF):
+            if self.draining and entry is None:
                 return  # held: the next owner's replay starts it
+            if self.draining and entry is not None and entry.state is EntryState.BACKOFF:
+                self._schedule(entry, "retry")  # held: armed again, it fires for the next owner
+                return
             if entry is None:
                 self._start_attempt(key, intent, 1)
             elif entry.state is EntryState.RUNNING:  # attempt lost with the previous owner
@@ -936,7 +953,7 @@ class InstanceRuntime:
             entry is not None
             and entry.state in (EntryState.RUNNING, EntryState.BACKOFF)
             and (key, entry.attempt) not in self.inflight
-            and (entry.state is EntryState.RUNNING or self._overdue(entry))
+            and (entry.state is EntryState.RUNNING or (self._retries_due and self._overdue(entry)))
         ):
             self._deferred.append(("step", key))
         return fut
@@ -952,8 +969,8 @@ class InstanceRuntime:
             wake = wake_at_ms if wake_at_ms is not None else self.clock.now_ms() + (delay_ms or 0)
             self._emit(SleepStarted, key=key, wake_at_ms=wake)
             self._deferred.append(("sleep", key))
-        elif entry.state is EntryState.SLEEPING and self._overdue(entry):
-            self._deferred.append(("sleep", key))
+        # An overdue sleep found on replay is left to its timer, whose fire comes through
+        # the command log: commands already there (a cancel) apply first.
         return self._future(entry, key)
 
     def wait_future(self, key: str, event_name: str, timeout_ms: int | None) -> asyncio.Future[Any]:
@@ -962,10 +979,8 @@ class InstanceRuntime:
             timeout_at = None if timeout_ms is None else self.clock.now_ms() + timeout_ms
             self._emit(WaitStarted, key=key, event_name=event_name, timeout_at_ms=timeout_at)
             self._deferred.append(("wait", key))
-        elif entry.state is EntryState.WAITING:
-            if entry.timer_id is not None and self._overdue(entry):
-                self._emit(WaitTimedOut, key=key)
-            elif any(b.name == event_name for b in self.state.buffered):
+        elif entry.state is EntryState.WAITING:  # an overdue timeout is left to its timer
+            if any(b.name == event_name for b in self.state.buffered):
                 self._deferred.append(("wait", key))
         return self._future(self.state.entries.get(key), key)
 
@@ -1052,10 +1067,8 @@ class InstanceRuntime:
                 timeout_at_ms=timeout_at,
             )
             self._deferred.append(("messages", key))
-        elif entry.state is EntryState.WAITING:
-            if entry.timer_id is not None and self._overdue(entry):
-                self._emit(WaitTimedOut, key=key)
-            elif any(b.name in names for b in self.state.buffered):
+        elif entry.state is EntryState.WAITING:  # an overdue timeout is left to its timer
+            if any(b.name in names for b in self.state.buffered):
                 self._deferred.append(("messages", key))
         return self._future(self.state.entries.get(key), key)
 

@@ -225,10 +225,13 @@ def check_run(run: Run) -> Verdict:
     if run.dead_letters:
         verdict.add("(log)", f"{run.dead_letters} dead letters")
     commands: dict[str, dict[str, Command]] = defaultdict(dict)  # instance -> id -> command
+    log_order: dict[str, dict[str, int]] = defaultdict(dict)  # instance -> id -> position
     for logged in run.commands or []:
         rec = logged.record
-        if isinstance(rec, Command) and is_client_command(rec.command_id):
-            commands[rec.instance_id].setdefault(rec.command_id, rec)
+        if isinstance(rec, Command):
+            log_order[rec.instance_id].setdefault(rec.command_id, len(log_order[rec.instance_id]))
+            if is_client_command(rec.command_id):
+                commands[rec.instance_id].setdefault(rec.command_id, rec)
     sent: dict[str, list[Sent]] = defaultdict(list)
     for s in run.sent:
         sent[s.instance].append(s)
@@ -243,6 +246,7 @@ def check_run(run: Run) -> Verdict:
             run.plans[instance],
             story,
             None if run.commands is None else commands.get(instance, {}),
+            log_order.get(instance, {}),
             sent.get(instance, []),
             run.ledger.get(instance, []),
             verdict,
@@ -272,6 +276,7 @@ class _InstanceCheck:
         plan: dict[str, Any],
         story: list[HistoryRecord],
         commands_log: dict[str, Command] | None,
+        log_order: dict[str, int],
         sent: list[Sent],
         ledger: list[tuple[str, int, int, str, float]],
         verdict: Verdict,
@@ -280,6 +285,7 @@ class _InstanceCheck:
         self.plan = plan
         self.story = story
         self.commands_log = commands_log
+        self.log_order = log_order  # every command of the instance (timer fires too)
         self.commands_applied: dict[str, tuple[str, list[HistoryRecord]]] = {}
         self.sent = sent
         self.ledger = ledger
@@ -621,7 +627,7 @@ class _InstanceCheck:
     def outcome(self) -> None:
         end = next((r for r in self.story if isinstance(r, TERMINAL)), None)
         acked_cancel = any(s.kind == "cancel" and s.acked for s in self.sent)
-        if acked_cancel and not isinstance(end, WorkflowCancelled):
+        if acked_cancel and not isinstance(end, WorkflowCancelled) and not self._ended_first(end):
             self.bad(f"a cancel was acknowledged, but it ended with {end and end.type}")
         if isinstance(end, WorkflowCancelled) or acked_cancel:
             return
@@ -635,6 +641,28 @@ class _InstanceCheck:
             self.bad(f"should have completed, ended with {end and end.type}")
             return
         self._result(plain(end.result))
+
+    def _ended_first(self, end: HistoryRecord | None) -> bool:
+        """kafka:// acknowledges a cancel once the broker has it: one that reached the log
+        after the instance finished is recorded as ignored, fairly, if what ended the
+        instance came first: a command earlier on the log, or a step outcome (applied as
+        it arrives). An end the new owner's recovery decided on its own while the cancel
+        waited on the log is not fair: commands on the log apply first."""
+        if end is None or self.commands_log is None:
+            return False
+        order = self.log_order
+        cancels = [
+            command.command_id
+            for command in self.commands_log.values()
+            if isinstance(command, CancelWorkflow)
+            and any(s.kind == "cancel" and s.acked and s.ident == command.reason for s in self.sent)
+        ]
+        if not cancels or not self._ignored(cancels):
+            return False
+        if end.command_id.startswith("step:"):
+            return True
+        first = min(order[c] for c in cancels)
+        return end.command_id in order and order[end.command_id] < first
 
     def _result(self, result: Any) -> None:
         by_key = defaultdict(list)

@@ -64,6 +64,7 @@ from engine.errors import (
 )
 from engine.kafka_settings import KafkaSettings
 from engine.records import (
+    CancelWorkflow,
     CommandIgnored,
     EventBuffered,
     HistoryRecord,
@@ -78,6 +79,7 @@ from engine.records import (
     StepAttemptStarted,
     StepFailed,
     StepSucceeded,
+    TimerFired,
     WaitSatisfied,
     WaitStarted,
     WorkflowCompleted,
@@ -1128,3 +1130,53 @@ FAULTS: dict[str, tuple[Callable[[Run], Run], str]] = {
 def test_the_checker_finds(fault: str) -> None:
     inject, expected = FAULTS[fault]
     assert expected in _problems(inject(_clean_run()))
+
+
+def _cancel_after_the_end(end_by: str, cancel_at: int) -> Run:
+    """The clean run on kafka://, plus a cancel the broker acknowledged that the instance
+    recorded as ignored (it had finished); the end caused by ``end_by``, the cancel at
+    position ``cancel_at`` of the instance's commands on the log."""
+    i, t, reason = "i-1", 1_000_000, "cancel i-1/late"
+    run = _clean_run()
+    plan = run.plans[i]
+    log: list[Record] = [
+        StartWorkflow(
+            instance_id=i, command_id="c-start", workflow="crash-plan", input=_json(plan)
+        ),
+        TimerFired(instance_id=i, command_id="fire:s0", timer_id="s0", fire_at_ms=t + 55),
+        SendEvent(instance_id=i, command_id="c-ev", name="a", payload=_json({"eid": "i-1/e1"})),
+        TimerFired(instance_id=i, command_id="fire:z2", timer_id="z2", fire_at_ms=t + 1090),
+    ]
+    log.insert(cancel_at, CancelWorkflow(instance_id=i, command_id="c-x", reason=reason))
+    run.commands = [Logged(0, n, r) for n, r in enumerate(log)]
+    ignored = CommandIgnored(
+        instance_id=i,
+        epoch=7,
+        seq=11,
+        time_ms=t + 1100,
+        command_id="c-x",
+        command_type="CancelWorkflow",
+        reason="instance is completed",
+    )
+    run = _refold(
+        run,
+        lambda h: _append(
+            _replace(_replace(h, 9, command_id=end_by), 10, command_id=end_by), ignored
+        ),
+    )
+    run.sent = [*run.sent, Sent("cancel", i, reason, acked=True)]
+    run.served = {}
+    return run
+
+
+def test_the_checker_lets_a_cancel_that_reached_the_log_after_the_end_be_ignored() -> None:
+    # kafka:// acknowledges a cancel with no owner to say the instance had finished.
+    assert _problems(_cancel_after_the_end("fire:z2", cancel_at=4)) == ""
+
+
+def test_the_checker_catches_an_end_decided_ahead_of_a_cancel_on_the_log() -> None:
+    # The sleep's fire came after the cancel on the log: the cancel should have won.
+    assert "a cancel was acknowledged" in _problems(_cancel_after_the_end("fire:z2", cancel_at=3))
+    # A new owner's recovery ended it while the cancel waited on the log (a CI run's
+    # failure before overdue timers were left to fire through the log).
+    assert "a cancel was acknowledged" in _problems(_cancel_after_the_end("recover:9", cancel_at=4))

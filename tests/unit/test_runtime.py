@@ -390,7 +390,13 @@ def test_now_uuid_random_are_the_recorded_values_on_replay() -> None:
     crashed.records = reference.records[: cut + 1]  # started, 3 values, step "first", nap
     crashed.clock.advance(3600)  # replayed an hour later: ctx.now() must not move
     out = crashed.crash()
-    assert [r.type for r in out.history] == ["SleepElapsed", "StepAttemptStarted"]  # overdue
+    # The overdue sleep is not decided by the recovery but by its durable timer's fire,
+    # which comes through the command log after whatever is already there.
+    assert out.history == []
+    nap = crashed.state.entries[reference.records[cut].key]
+    assert nap.timer_id is not None and nap.fire_at_ms is not None
+    crashed.timers[nap.timer_id] = nap.fire_at_ms
+    assert [r.type for r in crashed.fire().history] == ["SleepElapsed", "StepAttemptStarted"]
     crashed.run_all()
     got = crashed.result()
     assert len(crashed.of_type(ValueRecorded)) == 4
@@ -556,17 +562,15 @@ def test_crash_during_backoff_keeps_the_attempt_count() -> None:
     assert h.result() == "long"
 
 
-def test_overdue_retry_starts_on_recover() -> None:
+def test_an_overdue_retry_starts_on_its_timer_after_recover() -> None:
     h = Harness(_long(3))
     h.start(None)
     h.fail("long")
     h.clock.advance(5)  # the retry timer is overdue when the new owner comes up
-    out = h.crash()
-    assert [(r.type, getattr(r, "attempt", None)) for r in out.history] == [
+    assert h.crash().history == []  # left to the timer: commands on the log apply first
+    assert [(r.type, getattr(r, "attempt", None)) for r in h.fire().history] == [
         ("StepAttemptStarted", 2)
     ]
-    # The old retry timer still fires later: harmless.
-    assert h.fire().history == []
     h.run_all()
     assert h.result() == "long"
 
@@ -1058,10 +1062,12 @@ def test_a_draining_instance_leaves_a_retry_to_the_next_owner() -> None:
     h.start(None)
     h.fail("long")
     h.runtime.draining = True
-    assert h.fire().history == []  # the retry is due but not started here
-    out = h.crash()
-    assert [(r.type, getattr(r, "attempt", None)) for r in out.history] == [
-        ("StepAttemptStarted", 2)
+    out = h.fire()
+    assert out.history == [] and out.launches == []  # due, but not started here...
+    assert [t.purpose for t in out.timers if isinstance(t, TimerScheduled)] == ["retry"]
+    assert h.crash().history == []
+    assert [(r.type, getattr(r, "attempt", None)) for r in h.fire().history] == [
+        ("StepAttemptStarted", 2)  # ...its timer, armed again, fires for the next owner
     ]
     h.run_all()
     assert h.result() == "long"
@@ -1081,9 +1087,26 @@ def test_a_lost_attempt_found_while_draining_is_retried_by_the_next_owner() -> N
     assert [(r.type, getattr(r, "attempt", None)) for r in out.history] == [("StepFailed", 1)]
     assert out.launches == []  # nothing starts while draining...
     assert [t.purpose for t in out.timers if isinstance(t, TimerScheduled)] == ["retry"]
-    out = h.crash()  # ...the next owner finds the retry due and starts it
+    assert h.crash().history == []
+    out = h.fire()  # ...the retry timer fires for the next owner, which starts it
     assert [(r.type, getattr(r, "attempt", None)) for r in out.history] == [
         ("StepAttemptStarted", 2)
     ]
     h.run_all()
     assert h.result() == "long"
+
+
+def test_a_cancel_on_the_log_wins_over_a_sleep_that_fell_due_while_no_worker_ran() -> None:
+    h = Harness(define("nap", _nap))
+    h.start(None)
+    h.clock.advance(60)  # every worker was down past the wake time; a cancel came in
+    assert h.crash().history == []  # the recovery leaves the overdue sleep to its timer
+    ((timer_id, fire_at),) = h.timers.items()
+    cancelled = h.feed(_command(CancelWorkflow, "c-1"))
+    assert [r.type for r in cancelled.history][-1] == "WorkflowCancelled"
+    assert h.timers == {}  # the cancel withdrew the sleep's timer; a fire already on the
+    late = TimerFired(  # log behind the cancel changes nothing
+        instance_id=h.instance_id, command_id="fire:late", timer_id=timer_id, fire_at_ms=fire_at
+    )
+    assert h.feed(late).history == []
+    assert h.state.status.value == "cancelled"
