@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
 
 from engine.records import (
     HistoryRecord,
@@ -124,9 +124,23 @@ class SpanSink(Protocol):
     def run(self, span: RunSpan) -> None: ...
 
 
+_RUN_ENDS = frozenset((WorkflowCompleted, WorkflowFailed, WorkflowCancelled))
+_LABELS: dict[str, str] = {}  # step key -> label, for the keys seen most recently
+_LABELS_KEPT = 10_000
+
+
 def step_label(key: str) -> str:
     """The step's own name for a label: ``join/a/charge#2`` -> ``charge``; a saga's
     compensation ``charge#2/undo`` -> ``charge/undo``."""
+    label = _LABELS.get(key)
+    if label is None:
+        if len(_LABELS) >= _LABELS_KEPT:
+            _LABELS.clear()
+        label = _LABELS[key] = _step_label(key)
+    return label
+
+
+def _step_label(key: str) -> str:
     parts = key.split("/")
     if len(parts) > 1 and parts[-1] == "undo":
         return parts[-2].split("#", 1)[0] + "/undo"
@@ -209,21 +223,25 @@ class Telemetry:
         started = self._started.get(partition)
         if started is None:
             started = self._started[partition] = {}
-        for record in history:
-            if isinstance(record, StepAttemptStarted):
+        for record in history:  # by exact type: every record of every commit passes here
+            kind = type(record)
+            if kind is StepAttemptStarted:
+                attempt = cast(StepAttemptStarted, record)
                 attempts = started.get(record.instance_id)
                 if attempts is None:
                     attempts = started[record.instance_id] = {}
-                attempts[record.key] = (record.attempt, record.time_ms)
-            elif isinstance(record, StepSucceeded | StepFailed):
+                attempts[attempt.key] = (attempt.attempt, record.time_ms)
+            elif kind is StepSucceeded or kind is StepFailed:
+                ended = cast("StepSucceeded | StepFailed", record)
                 attempts = started.get(record.instance_id)
-                began = attempts.pop(record.key, None) if attempts is not None else None
-                self._step_ended(partition, record, touched.get(record.instance_id), began)
-            elif isinstance(record, WorkflowStarted):
-                self.workflows[(record.workflow, "started")] += 1
-            elif isinstance(record, WorkflowCompleted | WorkflowFailed | WorkflowCancelled):
+                began = attempts.pop(ended.key, None) if attempts is not None else None
+                self._step_ended(partition, ended, touched.get(record.instance_id), began)
+            elif kind is WorkflowStarted:
+                self.workflows[(cast(WorkflowStarted, record).workflow, "started")] += 1
+            elif kind in _RUN_ENDS:
+                end = cast("WorkflowCompleted | WorkflowFailed | WorkflowCancelled", record)
                 started.pop(record.instance_id, None)
-                self._run_ended(partition, record, touched.get(record.instance_id))
+                self._run_ended(partition, end, touched.get(record.instance_id))
 
     def _step_ended(
         self,
@@ -246,21 +264,21 @@ class Telemetry:
         if self.spans is not None and runtime is not None:
             state = runtime.state
             self.spans.step(
-                StepSpan(
-                    workflow=workflow,
-                    instance_id=record.instance_id,
-                    partition=partition,
-                    key=record.key,
-                    step=step,
-                    attempt=record.attempt,
-                    start_ms=started[1],
-                    end_ms=record.time_ms,
-                    outcome=outcome,
-                    error_type=getattr(record, "error_type", ""),
-                    error_message=getattr(record, "error_message", ""),
-                    traceparent=state.traceparent,
-                    tracestate=state.tracestate,
-                    run_start_ms=state.created_ms,
+                StepSpan(  # positional: the hot path (workflow ... run_start_ms)
+                    workflow,
+                    record.instance_id,
+                    partition,
+                    record.key,
+                    step,
+                    record.attempt,
+                    started[1],
+                    record.time_ms,
+                    outcome,
+                    record.error_type if isinstance(record, StepFailed) else "",
+                    record.error_message if isinstance(record, StepFailed) else "",
+                    state.traceparent,
+                    state.tracestate,
+                    state.created_ms,
                 )
             )
 

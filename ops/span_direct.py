@@ -1,5 +1,6 @@
 """Spans made as finished ``ReadableSpan``s and handed to the batch processor: how the
-exporter process (``ops/span_export.py``) makes them.
+exporter process (``ops/span_export.py``) makes them for exporters other than OTLP over
+HTTP (which ``ops/otlp_wire.py`` serves without SDK spans).
 
 Everything about a run's or an attempt's span is known when it is made (its ids, times,
 parent, status), so the SDK's tracer would only spend time (about 25 µs a span against
@@ -9,7 +10,7 @@ under 2 here) starting and ending a span for it. The same ids, names and attribu
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -31,6 +32,7 @@ from ops.tracing import (
     trace_id_of_run,
     tracing_enabled,
 )
+from producers.trace_context import ProducerSpan
 
 EXPORT_QUEUE = 65_536
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -45,6 +47,7 @@ class DirectSpans:
         self._resource = resource
         self._sampler = sampler
         self._scope = InstrumentationScope("stepstream.worker")
+        self._client_scope = InstrumentationScope("stepstream.client")
         self._ids = RandomIdGenerator()
 
     def _end(
@@ -107,6 +110,50 @@ class DirectSpans:
             (span.start_ms, span.end_ms),
             f"{span.error_type}: {span.error_message}" if span.outcome == "failed" else None,
         )
+
+    def producer(self, span: ProducerSpan) -> None:
+        """A command's producer span (``producers.trace_context``), sampled already."""
+        parent = None
+        if span.parent_span_id:
+            parent = SpanContext(
+                span.trace_id,
+                span.parent_span_id,
+                span.remote_parent,
+                _SAMPLED,
+                TraceState.from_header([span.tracestate]) if span.tracestate else TraceState(),
+            )
+        state = parent.trace_state if parent is not None else TraceState()
+        self._processor.on_end(
+            ReadableSpan(
+                name=f"send {span.destination}",
+                context=SpanContext(span.trace_id, span.span_id, False, _SAMPLED, state),
+                parent=parent,
+                resource=self._resource,
+                attributes={
+                    "messaging.system": "kafka",
+                    "messaging.operation.type": "send",
+                    "messaging.operation.name": "send",
+                    "messaging.destination.name": span.destination,
+                    "messaging.kafka.message.key": span.instance_id,
+                    "stepstream.command": span.operation,
+                    "stepstream.instance_id": span.instance_id,
+                },
+                kind=SpanKind.PRODUCER,
+                status=_OK if span.error is None else Status(StatusCode.ERROR, span.error),
+                start_time=span.start_ns,
+                end_time=span.end_ns,
+                instrumentation_scope=self._client_scope,
+            )
+        )
+
+    def batch(self, spans: Iterable[StepSpan | RunSpan | ProducerSpan]) -> None:
+        for span in spans:
+            if isinstance(span, StepSpan):
+                self.step(span)
+            elif isinstance(span, RunSpan):
+                self.run(span)
+            else:
+                self.producer(span)
 
     def shutdown(self) -> None:
         self._processor.shutdown()  # exports what it still holds

@@ -1,32 +1,42 @@
 """Spans built and exported by a process of their own, so tracing costs the engine's
 event loop almost nothing.
 
-Measured on W1: the OpenTelemetry SDK takes about 25 µs to make a span and its OTLP
-encoder about 38 µs to encode one, all of it Python holding the GIL: in the engine's
-process that halved the steps per second. Here the engine's loop only appends each
-finished run and step attempt (named tuples) to a batch; a ``multiprocessing`` queue
-carries the batches to a child process, which makes them into finished spans
-(``ops/span_direct.py``: the ids, names and attributes of ``ops.tracing.OtelSpans``)
-and exports them with the SDK's batch processor and OTLP exporter, configured by the
-``OTEL_*`` variables it inherits. The
-child runs on the other core; it exits when told to (flushing what it holds) or when
-its parent is gone.
+The engine's loop only appends each finished run and step attempt (named tuples) to a
+batch; a ``multiprocessing`` queue carries the batches to a child process, which
+exports them as configured by the ``OTEL_*`` variables it inherits. To OTLP over HTTP
+(the usual case) it writes each batch's request bytes itself (``ops/otlp_wire.py``,
+about 5 µs a span against the SDK's 60: the child shares the second core with the
+WAL's fsyncs and the clients); to anything else it makes finished SDK spans
+(``ops/span_direct.py``) for the SDK's exporter. It exits when told to (flushing what it
+holds) or when its parent is gone. If it falls behind (an OTLP endpoint that does not
+answer), the engine drops whole batches beyond ``MAX_BACKLOG`` rather than hold them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import marshal
 import multiprocessing
 import os
 import queue
+import time
 from typing import Any
 
 from consumers.telemetry import RunSpan, StepSpan
+from producers.trace_context import ProducerSpan
 
 log = logging.getLogger("stepstream.tracing")
 
 BATCH = 512  # spans per message to the exporter process
+MAX_BACKLOG = 128  # batches handed over and not yet exported: beyond, dropped
+WARN_EVERY_S = 10.0
+_STEP, _RUN, _PRODUCER = 0, 1, 2
+_SPAN_TYPES: tuple[type[StepSpan], type[RunSpan], type[ProducerSpan]] = (
+    StepSpan,
+    RunSpan,
+    ProducerSpan,
+)
 FLUSH_AFTER_S = 0.2  # the longest a span waits in a batch
 STOP_TIMEOUT_S = 10.0
 
@@ -37,23 +47,32 @@ class SpanExportProcess:
     def __init__(self, service: str) -> None:
         context = multiprocessing.get_context("spawn")
         self._queue: Any = context.Queue()
+        self._done: Any = context.Value("q", 0, lock=False)  # batches the child took
+        self._sent = 0
+        self.dropped = 0  # spans dropped because the exporter fell behind
+        self._warned = -WARN_EVERY_S
         self._process = context.Process(
             target=_export,
-            args=(self._queue, service, os.getpid()),
+            args=(self._queue, self._done, service, os.getpid()),
             name="stepstream-span-export",
             daemon=True,
         )
         self._process.start()
-        self._batch: list[StepSpan | RunSpan] = []
+        self._batch: list[bytes] = []
         self._timer: asyncio.TimerHandle | None = None
 
+    # Each span is kept as marshal bytes at once: a batch of bytes is nothing the garbage
+    # collector walks, where a batch of tuples, alive for up to FLUSH_AFTER_S, was.
     def step(self, span: StepSpan) -> None:
-        self._add(span)
+        self._add(marshal.dumps((_STEP, *span)))
 
     def run(self, span: RunSpan) -> None:
-        self._add(span)
+        self._add(marshal.dumps((_RUN, *span)))
 
-    def _add(self, span: StepSpan | RunSpan) -> None:
+    def producer(self, span: ProducerSpan) -> None:
+        self._add(marshal.dumps((_PRODUCER, *span)))
+
+    def _add(self, span: bytes) -> None:
         batch = self._batch
         batch.append(span)
         if len(batch) >= BATCH:
@@ -67,6 +86,19 @@ class SpanExportProcess:
             self._timer = None
         if self._batch:
             batch, self._batch = self._batch, []
+            if self._sent - self._done.value >= MAX_BACKLOG:
+                self.dropped += len(batch)
+                now = time.monotonic()
+                if now - self._warned >= WARN_EVERY_S:
+                    self._warned = now
+                    log.warning(
+                        "the span exporter is %d batches behind (is the OTLP endpoint up?); "
+                        "%d spans dropped so far",
+                        self._sent - self._done.value,
+                        self.dropped,
+                    )
+                return
+            self._sent += 1
             self._queue.put(batch)  # pickled by the queue's feeder thread
 
     def close(self) -> None:
@@ -77,14 +109,21 @@ class SpanExportProcess:
         if self._process.is_alive():
             log.warning("span exporter did not stop within %.0f s; stopping it", STOP_TIMEOUT_S)
             self._process.terminate()
+        if self._process.exitcode != 0:
+            # Nobody reads the pipe any more: the process must not wait at exit for the
+            # queue's thread to write what is left.
+            self._queue.cancel_join_thread()
         self._queue.close()
 
 
-def _export(spans: Any, service: str, parent: int) -> None:
+def _export(spans: Any, done: Any, service: str, parent: int) -> None:
     """The exporter process: spans in, OTLP out, until told to stop or orphaned."""
+    from ops.otlp_wire import wire_from_env
     from ops.span_direct import direct_from_env
 
-    sink = direct_from_env(os.environ, service=service)
+    sink = wire_from_env(os.environ, service=service) or direct_from_env(
+        os.environ, service=service
+    )
     if sink is None:
         return
     try:
@@ -97,10 +136,15 @@ def _export(spans: Any, service: str, parent: int) -> None:
                 continue
             if batch is None:
                 return
-            for span in batch:
-                if isinstance(span, StepSpan):
-                    sink.step(span)
-                else:
-                    sink.run(span)
+            try:
+                sink.batch([_span(blob) for blob in batch])
+            except Exception:
+                log.exception("exporting %d spans failed; they are dropped", len(batch))
+            done.value += 1
     finally:
         sink.shutdown()
+
+
+def _span(blob: bytes) -> StepSpan | RunSpan | ProducerSpan:
+    fields = marshal.loads(blob)
+    return _SPAN_TYPES[fields[0]]._make(fields[1:])

@@ -44,6 +44,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from consumers.host import PartitionHost
 from consumers.telemetry import RunSpan, StepSpan
 from ops.span_export import SpanExportProcess
+from producers import trace_context
 
 log = logging.getLogger("stepstream.tracing")
 
@@ -235,6 +236,7 @@ class ServingTracing:
     exporter: SpanExportProcess
 
     def close(self) -> None:
+        trace_context.produce_spans_with(None)
         self.exporter.close()
         self.provider.shutdown()  # exports the spans still batched
 
@@ -245,7 +247,13 @@ def from_env(*, service: str) -> ServingTracing | None:
     if provider is None:
         return None
     log.info("tracing on: spans for workflow runs and step attempts (service %s)", service)
-    return ServingTracing(provider, SpanExportProcess(service))
+    exporter = SpanExportProcess(service)
+    sampler = os.environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
+    if sampler in ("", "parentbased_always_on"):
+        # The commands this process publishes (its API's) get producer spans made as
+        # tuples and exported by the same process; another sampler decides by the SDK.
+        trace_context.produce_spans_with(exporter)
+    return ServingTracing(provider, exporter)
 
 
 def setup(host: PartitionHost, *, service: str) -> ServingTracing | None:

@@ -1,0 +1,214 @@
+"""The hand-encoded OTLP requests (``ops/otlp_wire.py``) say what the SDK's encoder says
+for the same runs and attempts: decoded with the OTLP protobuf classes, they match."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, TraceIdRatioBased
+
+from consumers.telemetry import RunSpan, StepSpan
+from ops.otlp_wire import SpanEncoder, parse_traceparent
+from ops.span_direct import DirectSpans
+from producers import trace_context
+from producers.trace_context import ProducerSpan
+
+CLIENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+UNSAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+
+
+def _step(**changes: Any) -> StepSpan:
+    span = StepSpan(
+        workflow="orders",
+        instance_id="o-1",
+        partition=3,
+        key="charge#2",
+        step="charge",
+        attempt=2,
+        start_ms=1_700_000_000_123,
+        end_ms=1_700_000_000_456,
+        outcome="succeeded",
+        error_type="",
+        error_message="",
+        traceparent=CLIENT,
+        tracestate="vendor=1,other=x",
+        run_start_ms=1_700_000_000_000,
+    )
+    return span._replace(**changes)
+
+
+def _run(**changes: Any) -> RunSpan:
+    span = RunSpan(
+        workflow="orders",
+        version="2",
+        instance_id="o-1",
+        partition=3,
+        start_ms=1_700_000_000_000,
+        end_ms=1_700_000_001_000,
+        outcome="completed",
+        error_type="",
+        error_message="",
+        traceparent=CLIENT,
+        tracestate="vendor=1,other=x",
+    )
+    return span._replace(**changes)
+
+
+def _producer(**changes: Any) -> ProducerSpan:
+    span = ProducerSpan(
+        destination="stepstream.commands",
+        instance_id="o-1",
+        operation="StartWorkflow",
+        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
+        span_id=0x00F067AA0BA902B7,
+        parent_span_id=0xB7AD6B7169203331,
+        remote_parent=True,
+        tracestate="vendor=1",
+        start_ns=1_700_000_000_000_000_123,
+        end_ns=1_700_000_000_002_000_456,
+        error=None,
+    )
+    return span._replace(**changes)
+
+
+SPANS = [
+    _step(),
+    _step(outcome="failed", error_type="ValueError", error_message="bad card ✗", attempt=1),
+    _step(traceparent=None, tracestate=None),
+    _run(),
+    _run(traceparent=None, tracestate=None, outcome="failed", error_type="E", error_message="m"),
+    _run(workflow="négoce", instance_id="ü/1"),
+    _producer(),
+    _producer(parent_span_id=0, remote_parent=False, tracestate=None, error="Boom: no"),
+    _producer(remote_parent=False, operation="SendEvent"),
+]
+
+
+class _Keep(SpanProcessor):
+    def __init__(self) -> None:
+        self.spans: list[ReadableSpan] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.spans.append(span)
+
+
+def _decoded(data: bytes) -> dict[str, Any]:
+    request = ExportTraceServiceRequest()
+    request.ParseFromString(data)
+    decoded = MessageToDict(request)
+    for resource_spans in decoded["resourceSpans"]:
+        for scope_spans in resource_spans["scopeSpans"]:
+            for span in scope_spans["spans"]:
+                if span["kind"] == "SPAN_KIND_INTERNAL":
+                    span["spanId"] = "random"  # a step attempt's span id is random
+    return decoded
+
+
+def test_the_hand_encoded_request_decodes_as_the_sdk_encodes_the_same_spans() -> None:
+    resource = Resource.create({"service.name": "stepstream-test", "deployment": "x"})
+    keep = _Keep()
+    sdk = DirectSpans(keep, resource, TracerProvider().sampler)
+    sdk.batch(SPANS)
+    expected = _decoded(encode_spans(keep.spans).SerializeToString())
+
+    data, count = SpanEncoder(resource.attributes).request(SPANS)
+    assert count == len(SPANS)
+    assert _decoded(data) == expected
+
+
+def test_spans_under_an_unsampled_client_span_are_dropped_by_the_default_sampler() -> None:
+    encoder = SpanEncoder({"service.name": "s"})
+    spans = [_step(traceparent=UNSAMPLED), _run(traceparent=UNSAMPLED), _run()]
+    assert encoder.request(spans)[1] == 1
+    # An SDK sampler from OTEL_TRACES_SAMPLER decides when one is set.
+    assert SpanEncoder({}, ALWAYS_OFF).request(spans)[1] == 0
+    ratio = SpanEncoder({}, TraceIdRatioBased(1.0)).request(spans)[1]
+    assert ratio == 3  # a ratio sampler ignores the parent's flag
+
+
+def test_a_malformed_traceparent_is_no_parent() -> None:
+    assert parse_traceparent(CLIENT, None) is not None
+    for bad in ("", "00-xyz", "00-" + "0" * 32 + "-b7ad6b7169203331-01", "ff-" + CLIENT[3:]):
+        assert parse_traceparent(bad, None) is None
+    # A run whose start carried garbage is a root span of its own trace, not lost.
+    data, count = SpanEncoder({}).request([_run(traceparent="garbage")])
+    assert count == 1 and "parentSpanId" not in str(_decoded(data))
+
+
+def test_the_exporter_process_takes_the_hand_encoded_path_for_otlp_over_http() -> None:
+    """The fast path leans on the OTLP exporter's HTTP client: with the version the
+    project installs, it is taken; anything but OTLP over HTTP goes the SDK's way."""
+    from ops.otlp_wire import WireExport, wire_from_env
+
+    endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+    assert isinstance(wire_from_env(endpoint, service="s"), WireExport)
+    assert wire_from_env({**endpoint, "OTEL_TRACES_EXPORTER": "console"}, service="s") is None
+    grpc = {**endpoint, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    assert wire_from_env(grpc, service="s") is None
+    assert wire_from_env({}, service="s") is None  # tracing off
+
+
+def test_an_exporter_that_falls_behind_drops_whole_batches_and_says_so(
+    caplog: Any,
+) -> None:
+    from ops import span_export
+
+    exporter = span_export.SpanExportProcess("s")  # tracing off here: the child just ends
+    try:
+        exporter._sent = span_export.MAX_BACKLOG  # as if the child took none of them
+        exporter._batch = [_step(), _run()]
+        exporter.flush()
+        assert exporter.dropped == 2
+        assert "spans dropped" in caplog.text
+    finally:
+        exporter.close()
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.spans: list[ProducerSpan] = []
+
+    def producer(self, span: ProducerSpan) -> None:
+        self.spans.append(span)
+
+
+def test_a_serving_process_makes_its_producer_spans_as_tuples_in_the_callers_trace() -> None:
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+    sink = _Sink()
+    trace_context.produce_spans_with(sink)
+    try:
+        with trace_context.sending("stepstream.commands", "o-1", "StartWorkflow") as (tp, ts):
+            pass
+        (root,) = sink.spans
+        assert tp == f"00-{root.trace_id:032x}-{root.span_id:016x}-01" and ts is None
+        assert root.parent_span_id == 0 and root.end_ns >= root.start_ns
+
+        caller = SpanContext(0xABC, 0xDEF, True, TraceFlags(TraceFlags.SAMPLED))
+        with trace.use_span(NonRecordingSpan(caller)):
+            with trace_context.sending("stepstream.commands", "o-2", "SendEvent") as (tp, _):
+                pass
+        child = sink.spans[-1]
+        assert (child.trace_id, child.parent_span_id, child.remote_parent) == (0xABC, 0xDEF, True)
+        assert tp == f"00-{0xABC:032x}-{child.span_id:016x}-01"
+
+        unsampled = SpanContext(0xABC, 0xDEF, True, TraceFlags(0))
+        with trace.use_span(NonRecordingSpan(unsampled)):
+            with trace_context.sending("stepstream.commands", "o-3", "SendEvent") as (tp, _):
+                pass
+        assert len(sink.spans) == 2 and tp is not None and tp.endswith("-00")
+
+        try:
+            with trace_context.sending("stepstream.commands", "o-4", "StartWorkflow"):
+                raise ValueError("refused")
+        except ValueError:
+            pass
+        assert sink.spans[-1].error == "ValueError: refused"
+    finally:
+        trace_context.produce_spans_with(None)
