@@ -3,8 +3,9 @@ batched both ways (see ``producers.http.ApiSession`` for the client side).
 
 A text frame is a JSON array of calls ``{"id": n, "op": ..., <arguments>}``; replies come
 back as arrays of ``{"id": n, "ok": <value>}`` or ``{"id": n, "error": {...}}``, in any
-order. Reads and waits (status, history, result, reply, finished, settled) are calls;
-``{"id": n, "op": "cancel"}`` withdraws call n.
+order. Reads and waits (status, history, result, reply, finished, settled) and commands
+(start, send_event, cancel_workflow, pause, resume) are calls; ``{"id": n, "op":
+"cancel"}`` withdraws call n.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import functools
 import json
 import logging
 import math
+import uuid
 from typing import Any, Protocol
 
 from aiohttp import WSCloseCode, web
 
 from engine.codec import parse_json_text
 from engine.errors import InvalidPayload, StepstreamError
+from producers import trace_context
 from producers.client import Transport
 from producers.http import (
     SESSION_FRAME_BYTES,
@@ -30,6 +33,10 @@ from producers.http import (
 )
 
 log = logging.getLogger("stepstream.api")
+
+# Session calls that are commands (``cancel`` withdraws a call of the session itself).
+_COMMANDS = ("start", "send_event", "cancel_workflow", "pause", "resume")
+_TRACE_FIELDS = ("traceparent", "tracestate")
 
 
 class CommandWaiter(Protocol):
@@ -101,6 +108,11 @@ class Session:
 
     async def _call(self, call: dict[str, Any]) -> Any:
         op = call.get("op")
+        if op in _COMMANDS:
+            # A command joins the caller's trace as the HTTP routes do with headers.
+            carrier = {k: v for k in _TRACE_FIELDS if isinstance(v := call.get(k), str)}
+            with trace_context.joined(carrier):
+                return await self._command(str(op), call)
         instance_id = call.get("instance_id")
         if not isinstance(instance_id, str) or not instance_id:
             raise InvalidPayload(f"session call {op!r} needs a non-empty instance_id")
@@ -124,8 +136,39 @@ class Session:
                 raise InvalidPayload("session call 'settled' needs a command_id")
             return await self._commands.wait_settled(command_id, instance_id, timeout)
         raise InvalidPayload(
-            f"unknown session call {op!r}; known: status, history, result, reply, finished, settled"
+            f"unknown session call {op!r}; known: status, history, result, reply, finished, "
+            f"settled, {', '.join(_COMMANDS)}"
         )
+
+    async def _command(self, op: str, call: dict[str, Any]) -> dict[str, Any]:
+        """The commands, checked as their HTTP routes check them; answered once the
+        transport took the command (as ``POST /v1/instances`` and the others are)."""
+        transport = self._transport
+        if op == "start":
+            workflow = string_field(call, "workflow")
+            given = call.get("instance_id")
+            instance_id = string_field(call, "instance_id") if given is not None else ""
+            version = string_field(call, "version") if call.get("version") is not None else None
+            started = await transport.start(
+                workflow, call.get("input"), instance_id or str(uuid.uuid4()), version
+            )
+            return {"instance_id": started}
+        instance_id = string_field(call, "instance_id")
+        if op == "send_event":
+            event_id = string_field(call, "event_id") if call.get("event_id") is not None else None
+            name = string_field(call, "name")
+            await transport.send_event(instance_id, name, call.get("payload"), event_id)
+        elif op == "cancel_workflow":
+            reason = call.get("reason")
+            await transport.cancel(
+                instance_id,
+                "" if reason is None else string_field(call, "reason", allow_empty=True),
+            )
+        elif op == "pause":
+            await transport.pause(instance_id)
+        else:
+            await transport.resume(instance_id)
+        return {}
 
 
 class _Connection:
