@@ -89,6 +89,8 @@ SESSION_MAX_CALLS = 10_000
 SESSION_FRAME_CALLS = 1_000
 SESSION_FRAME_BYTES = 1024 * 1024
 _HEARTBEAT_S = 20.0
+# A command whose JSON is bigger goes as a request of its own, not on the session.
+SESSION_COMMAND_BYTES = 64 * 1024
 
 TOKEN_ENV = "STEPSTREAM_API_TOKEN"
 TLS_CA_ENV = "STEPSTREAM_TLS_CA"
@@ -131,24 +133,30 @@ class ApiSession:
         self._connecting = asyncio.Lock()
         self._slots = asyncio.Semaphore(SESSION_MAX_CALLS)
         self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._outbox: list[dict[str, Any]] = []
+        self._outbox: list[str] = []  # calls as JSON text, to write
         self._ready = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._ids = itertools.count(1)
 
     async def call(self, op: str, **args: Any) -> Any:
+        return await self.call_json(op, json.dumps(args, separators=(",", ":")))
+
+    async def call_json(self, op: str, args: str) -> Any:
+        """A call whose arguments are ``args``, the text of a JSON object (checked by the
+        caller: a value JSON cannot carry fails there, never in a frame shared with other
+        calls)."""
         async with self._slots:
             ws = await self._connect()
             call_id = next(self._ids)
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             self._pending[call_id] = future
-            self._outbox.append({"id": call_id, "op": op, **args})
+            self._outbox.append(_call_text(call_id, op, args))
             self._ready.set()
             try:
                 return await future
             except asyncio.CancelledError:
                 if self._pending.pop(call_id, None) is not None and not ws.closed:
-                    self._outbox.append({"id": call_id, "op": "cancel"})
+                    self._outbox.append(_call_text(call_id, "cancel", "{}"))
                     self._ready.set()
                 raise
 
@@ -181,11 +189,22 @@ class ApiSession:
         while not ws.closed:
             await self._ready.wait()
             self._ready.clear()
-            while self._outbox:
-                batch = self._outbox[:SESSION_FRAME_CALLS]
-                del self._outbox[:SESSION_FRAME_CALLS]
+            outbox = self._outbox
+            while outbox:
+                # Up to SESSION_FRAME_CALLS calls and SESSION_FRAME_BYTES (a character
+                # takes up to 4 bytes in UTF-8) a frame.
+                count, size = 1, len(outbox[0])
+                while (
+                    count < len(outbox)
+                    and count < SESSION_FRAME_CALLS
+                    and size + len(outbox[count]) < SESSION_FRAME_BYTES // 4
+                ):
+                    size += len(outbox[count]) + 1
+                    count += 1
+                frame = "[" + ",".join(outbox[:count]) + "]"
+                del outbox[:count]
                 try:
-                    await ws.send_str(json.dumps(batch, separators=(",", ":")))
+                    await ws.send_str(frame)
                 except (aiohttp.ClientError, ConnectionError, RuntimeError):
                     return
 
@@ -243,6 +262,8 @@ class HttpTransport:
         # while the other 100 went on); asyncio's semaphore is first come, first served.
         self._slots = asyncio.Semaphore(_CONNECTIONS)
 
+    # Commands go as calls on the session (many share a frame: the server parses one
+    # frame, not one request, for each of them); a big one goes as its own request.
     async def start(
         self, workflow: str, input: Any, instance_id: str, version: str | None = None
     ) -> str:
@@ -250,7 +271,7 @@ class HttpTransport:
         if version is not None:
             body["version"] = version
         data = _encode(body, f"input of workflow {workflow!r}")
-        answer = await self._call("POST", "/v1/instances", data=data)
+        answer = await self._command("start", data, "/v1/instances")
         return str(answer["instance_id"])
 
     async def send_event(
@@ -260,17 +281,42 @@ class HttpTransport:
         if event_id is not None:
             body["event_id"] = event_id
         data = _encode(body, f"payload of event {name!r} for instance {instance_id}")
-        await self._call("POST", f"{_path(instance_id)}/events", data=data)
+        await self._command("send_event", data, f"{_path(instance_id)}/events", instance_id)
 
     async def cancel(self, instance_id: str, reason: str) -> None:
         data = _encode({"reason": reason}, "cancel reason")
-        await self._call("POST", f"{_path(instance_id)}/cancel", data=data)
+        await self._command("cancel_workflow", data, f"{_path(instance_id)}/cancel", instance_id)
 
     async def pause(self, instance_id: str) -> None:
-        await self._call("POST", f"{_path(instance_id)}/pause", data=b"{}")
+        await self._command("pause", b"{}", f"{_path(instance_id)}/pause", instance_id)
 
     async def resume(self, instance_id: str) -> None:
-        await self._call("POST", f"{_path(instance_id)}/resume", data=b"{}")
+        await self._command("resume", b"{}", f"{_path(instance_id)}/resume", instance_id)
+
+    async def _command(
+        self, op: str, body: bytes, path: str, instance_id: str | None = None
+    ) -> Any:
+        """``body`` (a JSON object, checked) as a session call, or POSTed to ``path``
+        when it is big."""
+        if len(body) > SESSION_COMMAND_BYTES:
+            return await self._call("POST", path, data=body)
+        extra = dict(trace_context.headers())  # the caller's trace, as headers would carry
+        if instance_id is not None:
+            extra["instance_id"] = instance_id
+        args = body.decode()
+        if extra:
+            more = json.dumps(extra, separators=(",", ":"))[1:-1]
+            args = "{" + more + "}" if args == "{}" else args[:-1] + "," + more + "}"
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                return await self._calls.call_json(op, args)
+        except TimeoutError as exc:
+            if isinstance(exc, StepstreamError):
+                raise
+            raise ConnectionFailed(
+                f"stepstream at {self._base} did not answer {op} within "
+                f"{self._request_timeout} s; check the server log, then retry"
+            ) from None
 
     async def status(self, instance_id: str) -> InstanceStatus:
         return InstanceStatus.from_json(await self._call("GET", _path(instance_id)))
@@ -411,8 +457,8 @@ def refused(url: str, status: int) -> AccessDenied:
     """What a 401 or 403 on the websocket upgrade means (its body is not readable there)."""
     if status == 401:
         return AccessDenied(
-            f"{url} needs the API's bearer token, or refused the one sent (HTTP 401); pass "
-            f"token= to Client.connect, --token or {TOKEN_ENV}"
+            f"{url} needs a bearer token (the API's), or refused the one sent (HTTP 401); "
+            f"pass token= to Client.connect, --token or {TOKEN_ENV}"
         )
     return AccessDenied(
         f"{url} refused the request (HTTP 403): the Host or Origin header is not one it "
@@ -492,3 +538,9 @@ async def _connect(url: str, options: dict[str, Any]) -> Transport:
 
 register_transport("http", _connect)
 register_transport("https", _connect)
+
+
+def _call_text(call_id: int, op: str, args: str) -> str:
+    """A session call's JSON text: ``args`` (a JSON object's text) with its id and op."""
+    head = f'{{"id":{call_id},"op":{json.dumps(op)}'
+    return head + "}" if args == "{}" else head + "," + args[1:]

@@ -105,8 +105,8 @@ async def test_no_token_or_a_wrong_one_is_401_with_a_clear_message(
 
     async with Client.connect(dev.url) as client:
         with pytest.raises(AccessDenied, match="needs a bearer token"):
-            await client.start("echo", 1, instance_id="no-token-2")
-        with pytest.raises(AccessDenied, match="needs the API's bearer token"):
+            await client.start("echo", 1, instance_id="no-token-2")  # a call on the session
+        with pytest.raises(AccessDenied, match="needs a bearer token"):
             await client.result("no-token-2", timeout=1)  # over the websocket session
     async with Client.connect(dev.url, token="wrong") as client:
         with pytest.raises(AccessDenied, match="not this server's"):

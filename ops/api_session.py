@@ -1,0 +1,333 @@
+"""The API's ``/v1/session`` websocket: many calls of one client over one connection,
+batched both ways (see ``producers.http.ApiSession`` for the client side).
+
+A text frame is a JSON array of calls ``{"id": n, "op": ..., <arguments>}``; replies come
+back as arrays of ``{"id": n, "ok": <value>}`` or ``{"id": n, "error": {...}}``, in any
+order. Reads and waits (status, history, result, reply, finished, settled) and commands
+(start, send_event, cancel_workflow, pause, resume) are calls; ``{"id": n, "op":
+"cancel"}`` withdraws call n.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import math
+import uuid
+from typing import Any, Protocol
+
+from aiohttp import WSCloseCode, web
+
+from engine.codec import parse_json_text
+from engine.errors import InvalidPayload, StepstreamError
+from producers import trace_context
+from producers.client import Transport
+from producers.http import (
+    SESSION_FRAME_BYTES,
+    SESSION_FRAME_CALLS,
+    SESSION_MAX_CALLS,
+    error_to_wire,
+)
+
+log = logging.getLogger("stepstream.api")
+
+# Session calls that are commands (``cancel`` withdraws a call of the session itself).
+_COMMANDS = ("start", "send_event", "cancel_workflow", "pause", "resume")
+_TRACE_FIELDS = ("traceparent", "tracestate")
+
+
+class CommandWaiter(Protocol):
+    """For clients that publish commands themselves (Kafka): may this instance take a
+    command, and is the one published settled (``GET /v1/commands/{id}``)?"""
+
+    def finished_status(self, instance_id: str) -> str | None:
+        """The status of a finished instance, None if it is not finished; raises
+        ``UnknownInstance`` if there is none."""
+        ...
+
+    async def wait_settled(
+        self, command_id: str, instance_id: str | None, timeout: float | None
+    ) -> str | None:
+        """None once applied, the reason once dead-lettered; ``ResultTimeout`` if not
+        settled within ``timeout`` seconds."""
+        ...
+
+
+class Session:
+    """``GET /v1/session``: the reads and waits of the API over one websocket, for clients
+    that make many at once (the kafka:// and http:// clients). A text frame is a JSON array
+    of calls ``{"id": n, "op": "status"|"history"|"result"|"finished"|"settled"|"cancel",
+    ...}``; replies ``{"id": n, "ok": ...}`` or ``{"id": n, "error": {"type": ...,
+    "message": ...}}`` come back batched, in whatever order the calls finish. Much cheaper
+    per call than a request.
+
+    What one client can hold: ``SESSION_MAX_CALLS`` calls running (a call over that, or
+    with the id of a call still running, is answered with an error at once), frames of at
+    most ``SESSION_FRAME_CALLS`` calls and the server's body limit in bytes (more closes
+    the session), and no new frame is read while ``SESSION_FRAME_CALLS`` replies wait to
+    be written (a client that does not read stops being served). So a session holds at
+    most ``SESSION_MAX_CALLS`` running calls and about twice that many replies. Closing
+    the session cancels its calls.
+    """
+
+    def __init__(
+        self, transport: Transport, commands: CommandWaiter | None, max_body_bytes: int
+    ) -> None:
+        self._transport = transport
+        self._commands = commands
+        self._max = max_body_bytes
+        self._open: set[_Connection] = set()
+
+    @property
+    def calls_in_flight(self) -> int:
+        """Calls running now, over every open session."""
+        return sum(len(c.calls) for c in self._open)
+
+    @property
+    def sessions(self) -> int:
+        return len(self._open)
+
+    async def close_all(self, app: web.Application) -> None:
+        """On shutdown: a session would otherwise keep the server waiting for it."""
+        for connection in list(self._open):
+            await connection.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+
+    async def serve(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=self._max)
+        await ws.prepare(request)
+        connection = _Connection(self, ws)
+        self._open.add(connection)
+        try:
+            await connection.serve()
+        finally:
+            self._open.discard(connection)
+        return ws
+
+    async def _call(self, call: dict[str, Any]) -> Any:
+        op = call.get("op")
+        if op in _COMMANDS:
+            # A command joins the caller's trace as the HTTP routes do with headers.
+            carrier = {k: v for k in _TRACE_FIELDS if isinstance(v := call.get(k), str)}
+            with trace_context.joined(carrier):
+                return await self._command(str(op), call)
+        instance_id = call.get("instance_id")
+        if not isinstance(instance_id, str) or not instance_id:
+            raise InvalidPayload(f"session call {op!r} needs a non-empty instance_id")
+        timeout = _session_timeout(call.get("timeout"))
+        if op == "status":
+            return (await self._transport.status(instance_id)).to_json()
+        if op == "history":
+            return [e.to_json() for e in await self._transport.history(instance_id)]
+        if op == "result":
+            return await self._transport.result(instance_id, timeout)
+        if op == "reply":
+            message_id = call.get("message_id")
+            if not isinstance(message_id, str) or not message_id:
+                raise InvalidPayload("session call 'reply' needs a message_id")
+            return await self._transport.reply(instance_id, message_id, timeout)
+        if op == "finished" and self._commands is not None:
+            return self._commands.finished_status(instance_id)
+        if op == "settled" and self._commands is not None:
+            command_id = call.get("command_id")
+            if not isinstance(command_id, str) or not command_id:
+                raise InvalidPayload("session call 'settled' needs a command_id")
+            return await self._commands.wait_settled(command_id, instance_id, timeout)
+        raise InvalidPayload(
+            f"unknown session call {op!r}; known: status, history, result, reply, finished, "
+            f"settled, {', '.join(_COMMANDS)}"
+        )
+
+    async def _command(self, op: str, call: dict[str, Any]) -> dict[str, Any]:
+        """The commands, checked as their HTTP routes check them; answered once the
+        transport took the command (as ``POST /v1/instances`` and the others are)."""
+        transport = self._transport
+        if op == "start":
+            workflow = string_field(call, "workflow")
+            given = call.get("instance_id")
+            instance_id = string_field(call, "instance_id") if given is not None else ""
+            version = string_field(call, "version") if call.get("version") is not None else None
+            started = await transport.start(
+                workflow, call.get("input"), instance_id or str(uuid.uuid4()), version
+            )
+            return {"instance_id": started}
+        instance_id = string_field(call, "instance_id")
+        if op == "send_event":
+            event_id = string_field(call, "event_id") if call.get("event_id") is not None else None
+            name = string_field(call, "name")
+            await transport.send_event(instance_id, name, call.get("payload"), event_id)
+        elif op == "cancel_workflow":
+            reason = call.get("reason")
+            await transport.cancel(
+                instance_id,
+                "" if reason is None else string_field(call, "reason", allow_empty=True),
+            )
+        elif op == "pause":
+            await transport.pause(instance_id)
+        else:
+            await transport.resume(instance_id)
+        return {}
+
+
+class _Connection:
+    """One client's session: its running calls and the replies waiting to be written."""
+
+    def __init__(self, session: Session, ws: web.WebSocketResponse) -> None:
+        self.session = session
+        self.ws = ws
+        self.calls: dict[int, asyncio.Task[None]] = {}
+        self._replies: list[str] = []
+        self._ready = asyncio.Event()  # replies to write
+        self._written = asyncio.Event()  # the replies were written
+
+    async def serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        sender = loop.create_task(self._send())
+        try:
+            async for message in self.ws:
+                if message.type != web.WSMsgType.TEXT:
+                    continue
+                # Backpressure: a client that does not read its replies is not served more.
+                while len(self._replies) >= SESSION_FRAME_CALLS and not sender.done():
+                    self._written.clear()
+                    await self._written.wait()
+                if sender.done() or not await self._take(message.data):
+                    break
+        finally:
+            tasks = [*self.calls.values(), sender]
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(BaseException):
+                    await task
+            self.calls.clear()
+
+    async def _take(self, text: str) -> bool:
+        """Start the calls of one frame; False if the frame ended the session."""
+        try:
+            batch = parse_json_text(text, what="session frame")
+        except InvalidPayload as exc:
+            await self.ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=_close_reason(exc))
+            return False
+        if not isinstance(batch, list):
+            await self.ws.close(
+                code=WSCloseCode.UNSUPPORTED_DATA, message=b"frames must be JSON arrays of calls"
+            )
+            return False
+        if len(batch) > SESSION_FRAME_CALLS:
+            await self.ws.close(
+                code=WSCloseCode.MESSAGE_TOO_BIG,
+                message=f"at most {SESSION_FRAME_CALLS} calls per frame".encode(),
+            )
+            return False
+        loop = asyncio.get_running_loop()
+        for call in batch:
+            call_id = call.get("id") if isinstance(call, dict) else None
+            if isinstance(call_id, bool) or not isinstance(call_id, int):
+                self._refuse(None, "every session call needs an integer id")
+                continue
+            assert isinstance(call, dict)
+            if call.get("op") == "cancel":
+                task = self.calls.pop(call_id, None)
+                if task is not None:
+                    task.cancel()
+                continue
+            if call_id in self.calls:
+                self._refuse(
+                    call_id,
+                    f"call id {call_id} is still in flight in this session; use a new id "
+                    "for each call",
+                )
+                continue
+            if len(self.calls) >= SESSION_MAX_CALLS:
+                self._refuse(
+                    call_id,
+                    f"this session has {SESSION_MAX_CALLS} calls in flight, the most it "
+                    "takes; wait for some to finish, or cancel them",
+                )
+                continue
+            task = loop.create_task(self._run(call_id, call))
+            self.calls[call_id] = task
+            task.add_done_callback(functools.partial(self._done, call_id))
+        return True
+
+    async def _run(self, call_id: int, call: dict[str, Any]) -> None:
+        try:
+            reply: dict[str, Any] = {"id": call_id, "ok": await self.session._call(call)}
+        except StepstreamError as exc:
+            reply = {"id": call_id, **error_to_wire(exc)}
+        except Exception:
+            log.exception("session call failed op=%s", call.get("op"))
+            reply = {"id": call_id, **_internal_error()}
+        self._done(call_id, asyncio.current_task())
+        self._queue(reply)
+
+    def _done(self, call_id: int, task: object) -> None:
+        # Also on cancellation, which may come before the call ever ran.
+        if self.calls.get(call_id) is task:
+            del self.calls[call_id]
+
+    def _refuse(self, call_id: int | None, message: str) -> None:
+        self._queue({"id": call_id, "error": {"type": "InvalidPayload", "message": message}})
+
+    def _queue(self, reply: dict[str, Any]) -> None:
+        try:
+            text = json.dumps(reply, separators=(",", ":"))
+        except (TypeError, ValueError):
+            log.exception("session reply not encodable id=%s", reply.get("id"))
+            text = json.dumps({"id": reply.get("id"), **_internal_error()})
+        self._replies.append(text)
+        self._ready.set()
+
+    async def _send(self) -> None:
+        # One sender: replies that finish while a frame is being written share the next,
+        # up to about SESSION_FRAME_BYTES each.
+        ws, replies = self.ws, self._replies
+        try:
+            while not ws.closed:
+                await self._ready.wait()
+                self._ready.clear()
+                while replies:
+                    size, count = 0, 0
+                    while count < len(replies) and (count == 0 or size < SESSION_FRAME_BYTES):
+                        size += len(replies[count]) + 1
+                        count += 1
+                    frame = "[" + ",".join(replies[:count]) + "]"
+                    del replies[:count]
+                    await ws.send_str(frame)
+                self._written.set()
+        finally:
+            self._written.set()  # the reader must not wait for a sender that is gone
+
+
+def _session_timeout(raw: object) -> float | None:
+    if raw is None:
+        return None
+    if (
+        isinstance(raw, bool)
+        or not isinstance(raw, int | float)
+        or not math.isfinite(raw)
+        or raw < 0
+    ):
+        raise InvalidPayload(f"timeout={raw!r} is not a number of seconds >= 0")
+    return float(raw)
+
+
+def _internal_error() -> dict[str, Any]:
+    message = "internal error; the traceback is in the server log"
+    return {"error": {"type": "InternalError", "message": message}}
+
+
+def _close_reason(exc: Exception) -> bytes:
+    # A close frame's reason is at most 123 bytes.
+    return str(exc).encode()[:120]
+
+
+def string_field(body: dict[str, Any], name: str, *, allow_empty: bool = False) -> str:
+    value = body.get(name)
+    if not isinstance(value, str) or (not value and not allow_empty):
+        kind = "a string" if allow_empty else "a non-empty string"
+        raise InvalidPayload(f"field {name!r} must be {kind}, got {value!r}")
+    return value
