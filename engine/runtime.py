@@ -103,6 +103,14 @@ PATCH_PREFIX = "~patch/"  # the replay keys of ctx.patched markers
 CANCELLED_ATTEMPT = "AttemptCancelled"  # the step executor's error type for a cancel
 
 
+# The purpose of an entry's timer, by the state that waits for it.
+_TIMER_PURPOSES = {
+    EntryState.BACKOFF: "retry",
+    EntryState.SLEEPING: "sleep",
+    EntryState.WAITING: "wait",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
     """How one step attempt ended; produced by the step executor, never by a client."""
@@ -262,6 +270,13 @@ class InstanceRuntime:
         for entry in self.state.entries.values():
             if entry.kind is EntryKind.SENT:
                 self._out.commands.append((self.state.instance_id, self._message(entry)))
+        # Timers that fell due while no one ran the instance are armed again: a fire that
+        # was dropped (a parked instance's retry, a retry an older version's drain held
+        # back) would leave it waiting for ever; a second fire changes nothing.
+        for entry in self.state.pending_timers():
+            purpose = _TIMER_PURPOSES.get(entry.state)
+            if purpose is not None and self._overdue(entry):
+                self._schedule(entry, purpose)
         self._drive()
 
     def _waited_children(self) -> list[Entry]:

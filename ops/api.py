@@ -35,7 +35,7 @@ from engine.errors import (
 from engine.listing import ListQuery
 from engine.state import Status
 from ops.api_security import ApiSecurity
-from ops.api_session import CommandWaiter, Session, string_field
+from ops.api_session import CommandWaiter, Session, check_fields, string_field
 from ops.ui.routes import TransportSource, add_ui_routes
 from producers import trace_context
 from producers.client import Transport
@@ -304,11 +304,5 @@ async def _body(
         body = parse_json_text(text, what="request body")
     if not isinstance(body, dict):
         raise InvalidPayload(f"request body must be a JSON object, not {type(body).__name__}")
-    missing = [name for name in required if name not in body]
-    unknown = sorted(body.keys() - {*required, *optional})
-    if missing or unknown:
-        known = ", ".join((*required, *optional)) or "none"
-        problems = [f"missing {', '.join(missing)}"] if missing else []
-        problems += [f"unknown {', '.join(unknown)}"] if unknown else []
-        raise InvalidPayload(f"request body fields: {'; '.join(problems)} (fields: {known})")
+    check_fields(body.keys(), required, optional, what="request body")
     return body

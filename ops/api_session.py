@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import uuid
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from aiohttp import WSCloseCode, web
@@ -34,9 +35,17 @@ from producers.http import (
 
 log = logging.getLogger("stepstream.api")
 
-# Session calls that are commands (``cancel`` withdraws a call of the session itself).
-_COMMANDS = ("start", "send_event", "cancel_workflow", "pause", "resume")
+# Session calls that are commands (``cancel`` withdraws a call of the session itself),
+# with their required and optional fields (those of their HTTP routes, and the instance).
+_COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "start": (("workflow",), ("input", "instance_id", "version")),
+    "send_event": (("instance_id", "name"), ("payload", "event_id")),
+    "cancel_workflow": (("instance_id",), ("reason",)),
+    "pause": (("instance_id",), ()),
+    "resume": (("instance_id",), ()),
+}
 _TRACE_FIELDS = ("traceparent", "tracestate")
+_CALL_FIELDS = frozenset({"id", "op", *_TRACE_FIELDS})
 
 
 class CommandWaiter(Protocol):
@@ -142,7 +151,14 @@ class Session:
 
     async def _command(self, op: str, call: dict[str, Any]) -> dict[str, Any]:
         """The commands, checked as their HTTP routes check them; answered once the
-        transport took the command (as ``POST /v1/instances`` and the others are)."""
+        transport took the command (as ``POST /v1/instances`` and the others are). A
+        command runs to its end even if the session goes away meanwhile, as a request's
+        handler does: it is not left half published."""
+        required, optional = _COMMANDS[op]
+        check_fields(call.keys() - _CALL_FIELDS, required, optional, what=f"session call {op!r}")
+        return await asyncio.shield(self._apply(op, call))
+
+    async def _apply(self, op: str, call: dict[str, Any]) -> dict[str, Any]:
         transport = self._transport
         if op == "start":
             workflow = string_field(call, "workflow")
@@ -159,11 +175,8 @@ class Session:
             name = string_field(call, "name")
             await transport.send_event(instance_id, name, call.get("payload"), event_id)
         elif op == "cancel_workflow":
-            reason = call.get("reason")
-            await transport.cancel(
-                instance_id,
-                "" if reason is None else string_field(call, "reason", allow_empty=True),
-            )
+            reason = string_field(call, "reason", allow_empty=True) if "reason" in call else ""
+            await transport.cancel(instance_id, reason)
         elif op == "pause":
             await transport.pause(instance_id)
         else:
@@ -331,3 +344,18 @@ def string_field(body: dict[str, Any], name: str, *, allow_empty: bool = False) 
         kind = "a string" if allow_empty else "a non-empty string"
         raise InvalidPayload(f"field {name!r} must be {kind}, got {value!r}")
     return value
+
+
+def check_fields(
+    given: Iterable[str], required: tuple[str, ...], optional: tuple[str, ...], *, what: str
+) -> None:
+    """Exactly the fields a route or call knows about: a missing or unknown one (a typo
+    that would silently drop an ``event_id``) is refused, naming the known ones."""
+    names = set(given)
+    missing = [name for name in required if name not in names]
+    unknown = sorted(names - {*required, *optional})
+    if missing or unknown:
+        known = ", ".join((*required, *optional)) or "none"
+        problems = [f"missing {', '.join(missing)}"] if missing else []
+        problems += [f"unknown {', '.join(unknown)}"] if unknown else []
+        raise InvalidPayload(f"{what} fields: {'; '.join(problems)} (fields: {known})")

@@ -29,6 +29,7 @@ from opentelemetry.proto.common.v1.common_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from consumers.telemetry import RunSpan, StepSpan
+from engine.uvarint import uvarint
 from ops.tracing import run_span_id, trace_id_of_run, tracing_enabled
 from producers.trace_context import ProducerSpan
 
@@ -49,23 +50,12 @@ _Q = struct.Struct("<Q").pack
 _I = struct.Struct("<I").pack
 
 
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return bytes((n,))
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
 def _field(tag: int, payload: bytes) -> bytes:
     """A length-delimited field (``tag`` is its first byte: field number << 3 | 2)."""
     n = len(payload)
     if n < 0x80:
         return bytes((tag, n)) + payload
-    return bytes((tag,)) + _varint(n) + payload
+    return bytes((tag,)) + uvarint(n) + payload
 
 
 def _str_attr(key: bytes, value: str) -> bytes:
@@ -97,7 +87,7 @@ class _Repeated:
 
 def _int_attr(key: bytes, value: int) -> bytes:
     """KeyValue with AnyValue{int_value (3)}, an int64 varint."""
-    return _field(0x4A, key + _field(0x12, b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)))
+    return _field(0x4A, key + _field(0x12, b"\x18" + uvarint(value & 0xFFFFFFFFFFFFFFFF)))
 
 
 def _key(name: str) -> bytes:

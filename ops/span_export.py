@@ -78,7 +78,11 @@ class SpanExportProcess:
         if len(batch) >= BATCH:
             self.flush()
         elif self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(FLUSH_AFTER_S, self.flush)
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # not on an event loop (a thread): the next flush takes it
+            self._timer = loop.call_later(FLUSH_AFTER_S, self.flush)
 
     def flush(self) -> None:
         if self._timer is not None:
@@ -109,10 +113,9 @@ class SpanExportProcess:
         if self._process.is_alive():
             log.warning("span exporter did not stop within %.0f s; stopping it", STOP_TIMEOUT_S)
             self._process.terminate()
-        if self._process.exitcode != 0:
-            # Nobody reads the pipe any more: the process must not wait at exit for the
-            # queue's thread to write what is left.
-            self._queue.cancel_join_thread()
+        # Nobody reads the pipe any more: the process must not wait at exit for the
+        # queue's thread to write what is left (a child that ended early left it full).
+        self._queue.cancel_join_thread()
         self._queue.close()
 
 

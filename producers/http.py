@@ -119,6 +119,28 @@ def error_from_wire(raw: dict[str, Any]) -> StepstreamError:
     return cls(message, **fields)
 
 
+class SessionUnavailable(ConnectionFailed):
+    """The server did not open the session websocket (not a refused token): an older
+    server, or a proxy between that does not pass websockets. Nothing was sent."""
+
+
+class _Link:
+    """One websocket of a session and what belongs to it alone: the calls sent on it and
+    awaiting their replies, and the calls waiting to be written to it. A call never
+    moves to a later connection: if this one is lost, it fails."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.pending: dict[int, asyncio.Future[Any]] = {}
+        self.outbox: list[str] = []  # calls as JSON text, to write
+        self.ready = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
+
+    def send(self, text: str) -> None:
+        self.outbox.append(text)
+        self.ready.set()
+
+
 class ApiSession:
     """One websocket to an API's ``/v1/session``: many calls in flight at once (at most
     ``SESSION_MAX_CALLS``; more wait here for a free slot), batched both ways. Connected
@@ -129,13 +151,9 @@ class ApiSession:
     def __init__(self, http: aiohttp.ClientSession, base_url: str) -> None:
         self._http = http
         self._url = base_url.rstrip("/") + "/v1/session"
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._link: _Link | None = None
         self._connecting = asyncio.Lock()
         self._slots = asyncio.Semaphore(SESSION_MAX_CALLS)
-        self._pending: dict[int, asyncio.Future[Any]] = {}
-        self._outbox: list[str] = []  # calls as JSON text, to write
-        self._ready = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
         self._ids = itertools.count(1)
 
     async def call(self, op: str, **args: Any) -> Any:
@@ -146,32 +164,32 @@ class ApiSession:
         caller: a value JSON cannot carry fails there, never in a frame shared with other
         calls)."""
         async with self._slots:
-            ws = await self._connect()
+            link = await self._connect()
             call_id = next(self._ids)
             future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            self._pending[call_id] = future
-            self._outbox.append(_call_text(call_id, op, args))
-            self._ready.set()
+            link.pending[call_id] = future
+            link.send(_call_text(call_id, op, args))
             try:
                 return await future
             except asyncio.CancelledError:
-                if self._pending.pop(call_id, None) is not None and not ws.closed:
-                    self._outbox.append(_call_text(call_id, "cancel", "{}"))
-                    self._ready.set()
+                if link.pending.pop(call_id, None) is not None and not link.ws.closed:
+                    link.send(_call_text(call_id, "cancel", "{}"))
                 raise
 
-    async def _connect(self) -> aiohttp.ClientWebSocketResponse:
-        if self._ws is not None and not self._ws.closed:
-            return self._ws
+    async def _connect(self) -> _Link:
+        link = self._link
+        if link is not None and not link.ws.closed:
+            return link
         async with self._connecting:
-            if self._ws is not None and not self._ws.closed:
-                return self._ws
+            link = self._link
+            if link is not None and not link.ws.closed:
+                return link
             try:
                 ws = await self._http.ws_connect(self._url, heartbeat=_HEARTBEAT_S, max_msg_size=0)
             except aiohttp.WSServerHandshakeError as exc:
                 if exc.status in (401, 403):
                     raise refused(self._url, exc.status) from None
-                raise ConnectionFailed(f"cannot open {self._url}: HTTP {exc.status}") from None
+                raise SessionUnavailable(f"cannot open {self._url}: HTTP {exc.status}") from None
             except aiohttp.ClientConnectorCertificateError as exc:
                 raise untrusted(self._url, exc) from None
             except (aiohttp.ClientError, OSError) as exc:
@@ -179,17 +197,17 @@ class ApiSession:
                     f"cannot reach stepstream at {self._url}: {exc}; is it running, and is the "
                     "address right?"
                 ) from None
-            self._ws = ws
+            link = self._link = _Link(ws)
             loop = asyncio.get_running_loop()
-            self._tasks = [loop.create_task(self._read(ws)), loop.create_task(self._write(ws))]
-            return ws
+            link.tasks = [loop.create_task(self._read(link)), loop.create_task(self._write(link))]
+            return link
 
-    async def _write(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+    async def _write(self, link: _Link) -> None:
         # One writer: calls made while a frame is being written share the next one.
+        ws, outbox = link.ws, link.outbox
         while not ws.closed:
-            await self._ready.wait()
-            self._ready.clear()
-            outbox = self._outbox
+            await link.ready.wait()
+            link.ready.clear()
             while outbox:
                 # Up to SESSION_FRAME_CALLS calls and SESSION_FRAME_BYTES (a character
                 # takes up to 4 bytes in UTF-8) a frame.
@@ -208,13 +226,14 @@ class ApiSession:
                 except (aiohttp.ClientError, ConnectionError, RuntimeError):
                     return
 
-    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+    async def _read(self, link: _Link) -> None:
+        ws, pending = link.ws, link.pending
         try:
             async for message in ws:
                 if message.type != aiohttp.WSMsgType.TEXT:
                     continue
                 for reply in json.loads(message.data):
-                    future = self._pending.pop(reply.get("id"), None)
+                    future = pending.pop(reply.get("id"), None)
                     if future is None or future.done():
                         continue
                     if "error" in reply:
@@ -224,17 +243,19 @@ class ApiSession:
         finally:
             why = f" ({ws.close_code}: {ws.exception() or 'closed'})" if ws.close_code else ""
             lost = ConnectionFailed(f"lost the session with {self._url}{why}")
-            for future in self._pending.values():
+            for future in pending.values():
                 if not future.done():
                     future.set_exception(lost)
-            self._pending.clear()
-            self._outbox.clear()
-            self._ready.set()  # lets the writer see the closed socket and end
+            pending.clear()
+            link.outbox.clear()
+            link.ready.set()  # lets the writer see the closed socket and end
 
     async def close(self) -> None:
-        if self._ws is not None:
-            await self._ws.close()
-        for task in self._tasks:
+        link = self._link
+        if link is None:
+            return
+        await link.ws.close()
+        for task in link.tasks:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
@@ -255,6 +276,8 @@ class HttpTransport:
         self._session = session
         self._request_timeout = request_timeout
         self._calls = ApiSession(session, self._base)
+        # Commands go on the session unless the server turned out not to take them there.
+        self._session_commands = True
         # Requests take the pool's connections in the order they were made. aiohttp
         # hands a freed connection to whichever request asks next, so under a steady
         # load of more than _CONNECTIONS requests the ones already waiting could starve
@@ -298,7 +321,7 @@ class HttpTransport:
     ) -> Any:
         """``body`` (a JSON object, checked) as a session call, or POSTed to ``path``
         when it is big."""
-        if len(body) > SESSION_COMMAND_BYTES:
+        if len(body) > SESSION_COMMAND_BYTES or not self._session_commands:
             return await self._call("POST", path, data=body)
         extra = dict(trace_context.headers())  # the caller's trace, as headers would carry
         if instance_id is not None:
@@ -310,6 +333,14 @@ class HttpTransport:
         try:
             async with asyncio.timeout(self._request_timeout):
                 return await self._calls.call_json(op, args)
+        except SessionUnavailable:
+            self._session_commands = False  # nothing was sent: as a request, from now on
+            return await self._call("POST", path, data=body)
+        except InvalidPayload as exc:
+            if not str(exc).startswith("unknown session call"):
+                raise
+            self._session_commands = False  # an older server: it applied nothing
+            return await self._call("POST", path, data=body)
         except TimeoutError as exc:
             if isinstance(exc, StepstreamError):
                 raise

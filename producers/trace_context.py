@@ -18,6 +18,7 @@ exported from the serving process (about 100 µs with the OTLP encoding).
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Iterator, Mapping
@@ -30,6 +31,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACER_NAME = "stepstream.client"
+log = logging.getLogger("stepstream.tracing")
 _SAMPLED = 0x01
 
 
@@ -104,7 +106,7 @@ def _sending_to(
     parent = trace.get_current_span().get_span_context()
     span_id = random.getrandbits(64) or 1
     if parent.is_valid:
-        trace_id, flags = parent.trace_id, int(parent.trace_flags)
+        trace_id, flags = parent.trace_id, int(parent.trace_flags) & _SAMPLED
         header = parent.trace_state.to_header() or None
     else:
         trace_id, flags, header = random.getrandbits(128) or 1, _SAMPLED, None
@@ -117,7 +119,8 @@ def _sending_to(
         raise
     finally:
         if flags & _SAMPLED:
-            sink.producer(
+            _hand_over(
+                sink,
                 ProducerSpan(
                     destination,
                     instance_id,
@@ -130,8 +133,16 @@ def _sending_to(
                     start,
                     time.time_ns(),
                     error,
-                )
+                ),
             )
+
+
+def _hand_over(sink: ProducerSink, span: ProducerSpan) -> None:
+    """A span never changes how the publish it describes ended."""
+    try:
+        sink.producer(span)
+    except Exception:
+        log.warning("a producer span could not be handed to the span exporter", exc_info=True)
 
 
 def current() -> tuple[str | None, str | None]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 
 from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS
+from engine.uvarint import uvarint
 
 LOG_CF = "log"
 STATE_CF = "state"
@@ -61,7 +62,7 @@ def log_partition_prefix(kind: str, partition: int) -> bytes:
 
 
 def encode_record(key: bytes, value: bytes) -> bytes:
-    return _varint(len(key)) + key + value
+    return uvarint(len(key)) + key + value
 
 
 def decode_record(data: bytes) -> tuple[bytes, bytes]:
@@ -85,15 +86,6 @@ def encode_u64(value: int) -> bytes:
 
 def decode_u64(data: bytes) -> int:
     return int(_OFFSET.unpack(data)[0])
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _read_varint(data: bytes) -> tuple[int, int]:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -26,9 +28,10 @@ from producers.http import SESSION_COMMAND_BYTES
 from tests import conftest
 
 
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[tuple[str, list[str]]]:
-    """The API's URL, and the paths of the POST requests it served."""
+@asynccontextmanager
+async def serving(tmp_path: Path, *, websockets: bool) -> AsyncIterator[tuple[str, list[str]]]:
+    """The API's URL, and the paths of the POST requests it served; without websockets
+    its session upgrade is refused as by a proxy that does not pass them."""
     engine = await open_embedded(
         conftest.test_registry(), EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=2)
     )
@@ -38,6 +41,8 @@ async def api(tmp_path: Path) -> AsyncIterator[tuple[str, list[str]]]:
     async def count(request: web.Request, handler: web.RequestHandler) -> web.StreamResponse:
         if request.method == "POST":
             posts.append(request.path)
+        if not websockets and request.path == "/v1/session":
+            raise web.HTTPBadGateway()
         return await handler(request)
 
     app = make_app(engine.transport)
@@ -51,6 +56,12 @@ async def api(tmp_path: Path) -> AsyncIterator[tuple[str, list[str]]]:
     finally:
         await runner.cleanup()
         await engine.close()
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[tuple[str, list[str]]]:
+    async with serving(tmp_path, websockets=True) as served:
+        yield served
 
 
 async def test_commands_go_on_the_session_with_the_routes_answers(
@@ -102,3 +113,40 @@ async def test_a_big_command_goes_as_a_request_of_its_own(api: tuple[str, list[s
         await client.send_event(waiting, "approval", big)
         assert await client.result(waiting, timeout=30) == big
     assert posts == ["/v1/instances/w-big/events"]
+
+
+async def test_session_commands_are_checked_as_the_routes_check_them(
+    api: tuple[str, list[str]],
+) -> None:
+    url, _ = api
+    calls = [
+        {"id": 1, "op": "start", "workflow": "waiter", "instance_id": "v-1"},
+        {"id": 2, "op": "send_event", "instance_id": "v-1", "name": "approval", "evnt_id": "x"},
+        {"id": 3, "op": "cancel_workflow", "instance_id": "v-1", "reason": None},
+        {"id": 4, "op": "pause"},
+        {"id": 5, "op": "start", "workflow": 7},
+    ]
+    async with aiohttp.ClientSession() as http, http.ws_connect(url + "/v1/session") as ws:
+        await ws.send_json(calls)
+        replies: dict[int, dict[str, object]] = {}
+        while len(replies) < len(calls):
+            for reply in await ws.receive_json(timeout=10):
+                replies[reply["id"]] = reply
+    assert replies[1]["ok"] == {"instance_id": "v-1"}
+    problems = {n: str(replies[n].get("error")) for n in (2, 3, 4, 5)}
+    assert "unknown evnt_id" in problems[2] and "event_id" in problems[2]  # a typo is caught
+    assert "'reason' must be a string" in problems[3]
+    assert "missing instance_id" in problems[4]
+    assert "'workflow' must be a non-empty string" in problems[5]
+
+
+async def test_without_websockets_commands_go_as_requests(tmp_path: Path) -> None:
+    """A proxy that does not pass websockets (or an older server) costs the commands
+    nothing but their batching."""
+    async with serving(tmp_path, websockets=False) as (url, posts):
+        async with Client.connect(url) as client:
+            await client.start("waiter", None, instance_id="p-1")
+            await client.send_event("p-1", "approval", 1)
+            await client.start("waiter", None, instance_id="p-2")
+            assert (await client.status("p-1")).status == "completed"
+    assert posts == ["/v1/instances", "/v1/instances/p-1/events", "/v1/instances"]

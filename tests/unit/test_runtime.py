@@ -1110,3 +1110,24 @@ def test_a_cancel_on_the_log_wins_over_a_sleep_that_fell_due_while_no_worker_ran
     )
     assert h.feed(late).history == []
     assert h.state.status.value == "cancelled"
+
+
+def test_a_retry_whose_fire_was_dropped_is_armed_again_by_the_next_owner() -> None:
+    """A fire can be consumed without starting the retry (the instance was parked, or an
+    older version's drain held it back): the next owner arms the overdue timer again."""
+    h = Harness(_long(3))
+    h.start(None)
+    h.fail("long")
+    ((timer_id, fire_at),) = h.timers.items()
+    h.timers.clear()  # fired and dropped
+    h.clock.advance(60)
+    out = h.crash()
+    assert out.history == []  # nothing decided on the clock...
+    assert [(t.timer_id, t.fire_at_ms, t.purpose) for t in out.timers] == [
+        (timer_id, fire_at, "retry")  # ...but the timer is armed again
+    ]
+    assert [(r.type, getattr(r, "attempt", None)) for r in h.fire().history] == [
+        ("StepAttemptStarted", 2)
+    ]
+    h.run_all()
+    assert h.result() == "long"
