@@ -26,6 +26,8 @@ from prometheus_client.registry import Collector
 
 from consumers.host import PartitionHost
 from consumers.telemetry import Histogram
+from ops import gc_pauses
+from ops.gc_pauses import GcPauses
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -50,7 +52,9 @@ class EngineCollector(Collector):
         health: Health,
         rebalances: Callable[[], int] = lambda: 0,
         source_lag: SourceLagReader | None = None,
+        gc_pauses: GcPauses | None = None,
     ) -> None:
+        self._gc_pauses = gc_pauses
         self._host = host
         self._health = health
         self._rebalances = rebalances
@@ -190,6 +194,22 @@ class EngineCollector(Collector):
             [],
             {(): 1 if self._health.ready() else 0},
         )
+        pauses = self._gc_pauses
+        if pauses is not None:
+            yield _histograms(
+                "stepstream_gc_pause_seconds",
+                "How long the garbage collector stopped this process (and its event "
+                "loop), by generation (2 is a full collection).",
+                ["generation"],
+                {(str(g),): h for g, h in enumerate(pauses.seconds)},
+            )
+            yield _gauge(
+                "stepstream_gc_pause_max_seconds",
+                "The longest pause of the garbage collector since the process started, "
+                "by generation.",
+                ["generation"],
+                {(str(g),): s for g, s in enumerate(pauses.longest)},
+            )
 
 
 def _counter(name: str, doc: str, labels: list[str], values: Mapping[Any, int]) -> Metric:
@@ -254,5 +274,11 @@ def observability_for(
     rebalances: Callable[[], int] = lambda: 0,
     source_lag: SourceLagReader | None = None,
 ) -> Observability:
-    collector = EngineCollector(host, health=health, rebalances=rebalances, source_lag=source_lag)
+    collector = EngineCollector(
+        host,
+        health=health,
+        rebalances=rebalances,
+        source_lag=source_lag,
+        gc_pauses=gc_pauses.recording(),
+    )
     return Observability(metrics_registry(collector), health)

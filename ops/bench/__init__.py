@@ -33,6 +33,7 @@ from ops.bench.sessions import (
     inprocess,
     kafka,
     process_roles,
+    server_gc_pauses,
 )
 from ops.bench.timers import fixed_rate_timers
 from ops.bench.workloads import (
@@ -149,6 +150,8 @@ async def run_bench(
                     figures["cpu_s"] = {
                         role: round(cpu_seconds(pid) - cpu[role], 2) for role, pid in roles.items()
                     }
+                    if s.servers:  # the subprocesses' collector pauses, from their /metrics
+                        figures["gc_pauses"] = await server_gc_pauses(s.servers)
                 result[name] = {**figures, **s.extra}
                 if client == "kafka" and name != "timers":
                     from ops.bench.restore import kafka_restore

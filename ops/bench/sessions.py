@@ -32,6 +32,7 @@ from engine.workflow import Registry
 from ops import tracing
 from ops.bench.workloads import bench_event, bench_sleep, bench_steps, bench_timer
 from ops.embedded import EmbeddedConfig, open_embedded
+from ops.gc_pauses import GcPauses
 from producers.client import Client
 
 CLIENTS = ("inprocess", "http", "kafka")
@@ -45,41 +46,39 @@ class Session:
     client: Client
     engine_pids: list[int]
     extra: dict[str, Any] = field(default_factory=dict)
+    # The base URLs of engine processes that serve /metrics (the subprocesses).
+    servers: list[str] = field(default_factory=list)
+
+
+async def server_gc_pauses(servers: list[str]) -> dict[str, Any]:
+    """Each engine subprocess's collector pauses since it started (``/metrics``), as the
+    in-process bench reports its own: per generation, collections, total and longest ms."""
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found: dict[str, Any] = {}
+    async with aiohttp.ClientSession() as http:
+        for index, url in enumerate(servers):
+            async with http.get(url.rstrip("/") + "/metrics") as response:
+                text = await response.text()
+            figures: dict[str, dict[str, float]] = {f"gen{g}": {} for g in range(3)}
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    gen = figures.get(f"gen{sample.labels.get('generation')}")
+                    if gen is None:
+                        continue
+                    if sample.name == "stepstream_gc_pause_seconds_count":
+                        gen["collections"] = int(sample.value)
+                    elif sample.name == "stepstream_gc_pause_seconds_sum":
+                        gen["total_ms"] = round(sample.value * 1000, 1)
+                    elif sample.name == "stepstream_gc_pause_max_seconds":
+                        gen["longest_ms"] = round(sample.value * 1000, 1)
+            found["engine" if len(servers) == 1 else f"worker{index}"] = figures
+    return found
 
 
 def registry() -> Registry:
     return Registry([bench_steps, bench_sleep, bench_event, bench_timer])
-
-
-class _CollectorPauses:
-    """How long the garbage collector stopped this process, per generation (ms): it
-    stops the engine's loop, so a long full collection shows up as lateness."""
-
-    def __init__(self) -> None:
-        self.count = [0, 0, 0]
-        self.longest = [0.0, 0.0, 0.0]
-        self.total = [0.0, 0.0, 0.0]
-        self._began = 0.0
-
-    def __call__(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._began = time.perf_counter()
-            return
-        generation = info["generation"]
-        took = (time.perf_counter() - self._began) * 1000
-        self.count[generation] += 1
-        self.total[generation] += took
-        self.longest[generation] = max(self.longest[generation], took)
-
-    def figures(self) -> dict[str, Any]:
-        return {
-            f"gen{g}": {
-                "collections": self.count[g],
-                "total_ms": round(self.total[g], 1),
-                "longest_ms": round(self.longest[g], 1),
-            }
-            for g in range(3)
-        }
 
 
 @contextlib.asynccontextmanager
@@ -90,7 +89,7 @@ async def inprocess(path: str) -> AsyncIterator[Session]:
     traced = tracing.setup(engine.host, service="stepstream-bench")
     session = Session(Client(engine.make_transport()), [os.getpid()])
     session.extra["tracing"] = traced is not None
-    pauses = _CollectorPauses()
+    pauses = GcPauses()
     gc.callbacks.append(pauses)
     try:
         yield session
@@ -155,7 +154,7 @@ async def http(path: str) -> AsyncIterator[Session]:
     try:
         url = await _listening(proc, "stepstream dev", log_path)
         async with Client.connect(url) as client:
-            yield Session(client, [proc.pid], {"server": "stepstream dev (embedded)"})
+            yield Session(client, [proc.pid], {"server": "stepstream dev (embedded)"}, [url])
     finally:
         await asyncio.to_thread(_stop, proc)
 
@@ -173,6 +172,7 @@ async def kafka(
     settings = KafkaSettings(bootstrap=bootstrap, prefix=prefix)
     await asyncio.to_thread(create_topics, settings, partitions)
     procs: list[subprocess.Popen[bytes]] = []
+    urls: list[str] = []
     try:
         for index in range(workers):
             log_path = f"{state_dir}.worker{index}.log"
@@ -180,12 +180,12 @@ async def kafka(
             args += ["--prefix", prefix, "--state-dir", f"{state_dir}/worker{index}"]
             args += ["--port", "0"]
             procs.append(_spawn(args, log_path))
-            await _listening(procs[-1], f"stepstream worker {index}", log_path)
+            urls.append(await _listening(procs[-1], f"stepstream worker {index}", log_path))
         await _until_spread(settings, partitions, workers, procs)
         async with Client.connect(f"kafka://{bootstrap}?prefix={prefix}") as client:
             await _until_ready(client, procs)
             extra = {"partitions": partitions, "workers": workers, "prefix": prefix}
-            yield Session(client, [p.pid for p in procs], extra)
+            yield Session(client, [p.pid for p in procs], extra, urls)
     finally:
         for proc in procs:
             await asyncio.to_thread(_stop, proc)

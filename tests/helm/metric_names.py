@@ -28,6 +28,8 @@ METRICS: dict[str, str] = {
     "stepstream_rebalances_total": "counter",
     "stepstream_partitions_owned": "gauge",
     "stepstream_ready": "gauge",
+    "stepstream_gc_pause_seconds": "histogram",
+    "stepstream_gc_pause_max_seconds": "gauge",
 }
 
 # Prometheus adds this series for every scrape target itself.

@@ -10,14 +10,17 @@ from typing import Any
 
 import pytest
 
-from tests.dev_server import run_cli
+from tests.dev_server import clean_env, run_cli
 from tests.kafka_broker import Broker
 
 N = 20
 
 
 def _bench(tmp_path: Path, *args: str) -> dict[str, Any]:
-    done = run_cli(tmp_path, "bench", "--n", str(N), "--json", *args, timeout=180)
+    # A low young-generation threshold, so that even these few workflows make the
+    # collector run and its pauses show in the figures.
+    env = clean_env(tmp_path, STEPSTREAM_GC="200,10,10")
+    done = run_cli(tmp_path, "bench", "--n", str(N), "--json", *args, env=env, timeout=180)
     assert done.returncode == 0, f"bench failed:\n{done.stderr[-3000:]}"
     result: dict[str, Any] = json.loads(done.stdout)
     return result
@@ -40,6 +43,11 @@ def test_bench_through_the_embedded_clients(tmp_path: Path, client: str) -> None
     result = _bench(tmp_path, "--client", client)
     assert (result["client"], result["backend"]) == (client, "embedded")
     _check_workloads(result)
+    # The collector's pauses: the bench's own process, or the server's from its /metrics.
+    pauses = result["W1"]["gc_pauses"]
+    per_process = pauses if client == "inprocess" else pauses["engine"]
+    assert set(per_process) == {"gen0", "gen1", "gen2"}, pauses
+    assert per_process["gen0"]["collections"] > 0, pauses
 
 
 @pytest.mark.kafka
@@ -53,6 +61,7 @@ def test_bench_through_the_kafka_client_on_two_workers(
     assert (result["client"], result["backend"]) == ("kafka", "kafka")
     _check_workloads(result)
     assert result["W1"]["workers"] == 2
+    assert set(result["W1"]["gc_pauses"]) == {"worker0", "worker1"}, result["W1"]
 
 
 def test_fixed_rate_timers_fire_every_timer_never_early(tmp_path: Path) -> None:
