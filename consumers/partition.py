@@ -39,6 +39,7 @@ from engine.records import (
     PartitionFenced,
     Payload,
     SendEvent,
+    SleepStarted,
     StartWorkflow,
     TimerFired,
     TimerScheduled,
@@ -54,7 +55,14 @@ from engine.seams import (
 )
 from engine.serde import RecordSerde
 from engine.settle import UNKNOWN_INSTANCE, ignored_reason
-from engine.state import InstanceState, child_event, is_client_command, parse_child_command
+from engine.state import (
+    EntryState,
+    InstanceState,
+    Status,
+    child_event,
+    is_client_command,
+    parse_child_command,
+)
 from engine.topics import COMMANDS, HISTORY, TIMERS, partition_for
 from engine.workflow import Registry
 
@@ -74,6 +82,11 @@ REFIRE_AFTER_INTERNAL_ERROR_S = 1.0
 class ProcessorConfig:
     max_batch: int = 1000
     cache_size: int = 10_000
+    # An instance whose only business is a sleep due later than this (seconds) leaves
+    # the cache once its records are durable: a million sleepers do not sit in memory
+    # (where every full garbage collection walks them) to be replayed in a few ms when
+    # they wake.
+    evict_sleepers_after_s: float = 60.0
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
     # On a graceful hand-over (revoke, shutdown): how long step attempts that are
     # running may take to finish and be recorded before the partition is let go.
@@ -720,10 +733,30 @@ class PartitionProcessor:
                 parked.discard(instance_id)
             if state.status.finished and not runtime.busy:
                 self._cache.drop(instance_id)
+        for instance_id in self._long_sleepers(out, touched):
+            self._cache.drop(instance_id)
         self._cache.evict()
         self._hooks.launch()  # hooks: the records are durable now
         self._on_commit(Committed([rt.state for rt in touched.values()], settled, out.replies))
         self._committed.set()
+
+    def _long_sleepers(self, out: Output, touched: dict[str, InstanceRuntime]) -> list[str]:
+        """Instances that just started a long sleep and now wait for nothing else."""
+        horizon = self._clock.now_ms() + self._config.evict_sleepers_after_s * 1000
+        found = []
+        for record in out.history:
+            if type(record) is not SleepStarted or record.wake_at_ms <= horizon:
+                continue
+            runtime = touched.get(record.instance_id)
+            if runtime is None or runtime.busy or runtime.state.status is not Status.RUNNING:
+                continue
+            state = runtime.state
+            if all(
+                e.state.final or (e.state is EntryState.SLEEPING and (e.fire_at_ms or 0) > horizon)
+                for e in state.entries.values()
+            ):
+                found.append(record.instance_id)
+        return found
 
     def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
         self._telemetry.dead_lettered(reason)

@@ -268,3 +268,19 @@ async def test_a_virtual_clock_given_as_an_object_is_the_engines() -> None:
         clock.advance(DAY)  # moved by hand: the engine sees it, the timer is not due yet
         await env.advance(DAY)
         assert await env.client.result("t", timeout=5) == ["2024-01-03T00:00:00+00:00"]
+
+
+async def test_long_sleepers_leave_memory_and_wake_where_they_slept() -> None:
+    """An instance whose only business is a long sleep is not held in memory (every full
+    garbage collection would walk it); its timer brings it back, replayed, on time."""
+    async with WorkflowEnvironment([ticks], start=START) as env:
+        for n in range(50):
+            await env.client.start("ticks", [2, 1], instance_id=f"sleeper-{n}")
+        await env.settle()
+        assert sum(g.cached_instances for g in env.engine.host.gauges()) == 0
+        await env.advance(3 * DAY)
+        for n in range(50):
+            assert await env.client.result(f"sleeper-{n}", timeout=5) == [
+                "2024-01-03T00:00:00+00:00",
+                "2024-01-04T00:00:00+00:00",
+            ]
