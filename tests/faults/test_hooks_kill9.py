@@ -141,7 +141,15 @@ async def test_an_attempt_lost_with_its_process_is_reported_to_on_error(tmp_path
             for n in got
             if n["instance_id"] == "lost-1" and n["hook"] == "status"
         ]
-        assert statuses == [(None, "pending"), ("pending", "running"), ("running", "completed")]
+        # At least once: the kill may land after the start's status hook was called and
+        # before its call was recorded as made (the step's body starts at the same
+        # commit), and the restart calls it again. Each change comes, in order.
+        assert list(dict.fromkeys(statuses)) == [
+            (None, "pending"),
+            ("pending", "running"),
+            ("running", "completed"),
+        ], statuses
+        assert all(statuses.count(s) <= 2 for s in statuses), statuses
     finally:
         dev.stop()
 
