@@ -162,9 +162,9 @@ def parse_traceparent(traceparent: str | None, tracestate: str | None) -> Parent
     return Parent(trace_id, span_id, flags, tracestate or "")
 
 
-def _error(error_type: str, message: str) -> bytes:
+def _error(message: str) -> bytes:
     """Span.status (15): Status{message (2), code (3) ERROR}."""
-    return _field(0x7A, _field(0x12, f"{error_type}: {message}".encode()) + b"\x18\x02")
+    return _field(0x7A, _field(0x12, message.encode()) + b"\x18\x02")
 
 
 def _span(
@@ -271,9 +271,7 @@ class SpanEncoder:
             span.start_ns,
             span.end_ns,
             attributes,
-            _field(0x7A, _field(0x12, span.error.encode()) + b"\x18\x02")
-            if span.error
-            else EMPTY_STATUS,
+            _error(span.error) if span.error else EMPTY_STATUS,
             span.remote_parent,
         )
 
@@ -305,7 +303,9 @@ class SpanEncoder:
                 attr(K_PARTITION, str(span.partition)),
             )
         )
-        status = _error(span.error_type, span.error_message) if span.error_type else EMPTY_STATUS
+        status = (
+            _error(f"{span.error_type}: {span.error_message}") if span.error_type else EMPTY_STATUS
+        )
         span_id = _id8(self._random.getrandbits(64) or 1)
         return _span(
             parent.trace_id,
@@ -342,7 +342,7 @@ class SpanEncoder:
             )
         )
         failed = span.outcome == "failed"
-        status = _error(span.error_type, span.error_message) if failed else EMPTY_STATUS
+        status = _error(f"{span.error_type}: {span.error_message}") if failed else EMPTY_STATUS
         return _span(
             trace_id,
             _id8(run_span_id(span.instance_id, span.start_ms)),

@@ -32,7 +32,7 @@ from ops.tracing import (
     trace_id_of_run,
     tracing_enabled,
 )
-from producers.trace_context import ProducerSpan
+from producers.trace_context import ProducerSpan, producer_attributes
 
 EXPORT_QUEUE = 65_536
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -129,15 +129,7 @@ class DirectSpans:
                 context=SpanContext(span.trace_id, span.span_id, False, _SAMPLED, state),
                 parent=parent,
                 resource=self._resource,
-                attributes={
-                    "messaging.system": "kafka",
-                    "messaging.operation.type": "send",
-                    "messaging.operation.name": "send",
-                    "messaging.destination.name": span.destination,
-                    "messaging.kafka.message.key": span.instance_id,
-                    "stepstream.command": span.operation,
-                    "stepstream.instance_id": span.instance_id,
-                },
+                attributes=producer_attributes(span.destination, span.instance_id, span.operation),
                 kind=SpanKind.PRODUCER,
                 status=_OK if span.error is None else Status(StatusCode.ERROR, span.error),
                 start_time=span.start_ns,

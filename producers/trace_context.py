@@ -81,20 +81,25 @@ def sending(
     with tracer.start_as_current_span(
         f"send {destination}",
         kind=SpanKind.PRODUCER,
-        attributes={
-            "messaging.system": "kafka",
-            "messaging.operation.type": "send",
-            "messaging.operation.name": "send",
-            "messaging.destination.name": destination,
-            "messaging.kafka.message.key": instance_id,
-            "stepstream.command": operation,
-            "stepstream.instance_id": instance_id,
-        },
+        attributes=producer_attributes(destination, instance_id, operation),
     ) as span:
         if not span.get_span_context().is_valid:
             yield None, None
             return
         yield current()
+
+
+def producer_attributes(destination: str, instance_id: str, operation: str) -> dict[str, str]:
+    """A command's producer span's attributes (OpenTelemetry's messaging conventions)."""
+    return {
+        "messaging.system": "kafka",
+        "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
+        "messaging.destination.name": destination,
+        "messaging.kafka.message.key": instance_id,
+        "stepstream.command": operation,
+        "stepstream.instance_id": instance_id,
+    }
 
 
 @contextmanager
