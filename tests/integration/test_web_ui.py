@@ -196,6 +196,7 @@ def test_controls_and_their_errors(server: DevServer, page: Page) -> None:
 
     start(server, "gate", "c-2")
     page.goto(f"{server.url}/ui#/i/c-2")
+    expect(badge).to_have_text("running")  # c-2's page is drawn: the form is its own now
     page.get_by_label("Reason").fill("no longer needed")
     page.get_by_role("button", name="Cancel instance").click()
     expect(badge).to_have_text("cancelled")
