@@ -118,6 +118,7 @@ RUN_CONSTANTS = (
     + _str_attr(_key("messaging.operation.name"), "process")
 )
 EMPTY_STATUS = b"\x7a\x00"  # Span.status (15): code UNSET
+RUNS_KEPT = 4096  # runs whose parent is remembered for their next attempts
 
 
 class Parent:
@@ -226,6 +227,7 @@ class SpanEncoder:
         self._sampler = sampler
         self._random = random.Random()
         self._attr = _Repeated()
+        self._runs: dict[tuple[str, int, str | None, str | None], Parent] = {}
 
     def request(self, spans: Iterable[AnySpan]) -> tuple[bytes, int]:
         """An ``ExportTraceServiceRequest`` and the number of spans in it."""
@@ -280,14 +282,26 @@ class SpanEncoder:
             return parent is None or parent.sampled
         return _sdk_decision(self._sampler, parent, trace_id, name, kind)
 
+    def _run_parent(self, span: StepSpan) -> Parent:
+        """The run span an attempt belongs to, as its parent: worked out once per run
+        (a run's attempts arrive together) rather than once per attempt."""
+        key = (span.instance_id, span.run_start_ms, span.traceparent, span.tracestate)
+        parent = self._runs.get(key)
+        if parent is None:
+            client = parse_traceparent(span.traceparent, span.tracestate)
+            run_id = _id8(run_span_id(span.instance_id, span.run_start_ms))
+            if client is not None:
+                parent = Parent(client.trace_id, run_id, client.flags, client.state)
+            else:
+                trace = trace_id_of_run(span.instance_id, span.run_start_ms).to_bytes(16, "big")
+                parent = Parent(trace, run_id, SAMPLED, "")
+            if len(self._runs) >= RUNS_KEPT:
+                self._runs.clear()
+            self._runs[key] = parent
+        return parent
+
     def step(self, span: StepSpan) -> bytes | None:
-        client = parse_traceparent(span.traceparent, span.tracestate)
-        run_id = _id8(run_span_id(span.instance_id, span.run_start_ms))
-        if client is not None:
-            parent = Parent(client.trace_id, run_id, client.flags, client.state)
-        else:
-            trace = trace_id_of_run(span.instance_id, span.run_start_ms).to_bytes(16, "big")
-            parent = Parent(trace, run_id, SAMPLED, "")
+        parent = self._run_parent(span)
         name = f"step {span.step}"
         if not self._sampled(parent, parent.trace_id, name, INTERNAL):
             return None

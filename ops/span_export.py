@@ -28,7 +28,7 @@ from producers.trace_context import ProducerSpan
 
 log = logging.getLogger("stepstream.tracing")
 
-BATCH = 512  # spans per message to the exporter process
+BATCH = 2048  # spans per message to the exporter process (and per OTLP request)
 MAX_BACKLOG = 128  # batches handed over and not yet exported: beyond, dropped
 WARN_EVERY_S = 10.0
 _STEP, _RUN, _PRODUCER = 0, 1, 2
@@ -58,21 +58,22 @@ class SpanExportProcess:
             daemon=True,
         )
         self._process.start()
-        self._batch: list[bytes] = []
+        self._batch: list[tuple[Any, ...]] = []
         self._timer: asyncio.TimerHandle | None = None
 
-    # Each span is kept as marshal bytes at once: a batch of bytes is nothing the garbage
-    # collector walks, where a batch of tuples, alive for up to FLUSH_AFTER_S, was.
+    # Each span waits in the batch as a plain tuple of strings and numbers: the garbage
+    # collector stops tracking such a tuple the first time it sees it (a named tuple it
+    # would walk until the batch leaves), and the batch is marshalled in one call.
     def step(self, span: StepSpan) -> None:
-        self._add(marshal.dumps((_STEP, *span)))
+        self._add((_STEP, *span))
 
     def run(self, span: RunSpan) -> None:
-        self._add(marshal.dumps((_RUN, *span)))
+        self._add((_RUN, *span))
 
     def producer(self, span: ProducerSpan) -> None:
-        self._add(marshal.dumps((_PRODUCER, *span)))
+        self._add((_PRODUCER, *span))
 
-    def _add(self, span: bytes) -> None:
+    def _add(self, span: tuple[Any, ...]) -> None:
         batch = self._batch
         batch.append(span)
         if len(batch) >= BATCH:
@@ -103,7 +104,7 @@ class SpanExportProcess:
                     )
                 return
             self._sent += 1
-            self._queue.put(batch)  # pickled by the queue's feeder thread
+            self._queue.put(marshal.dumps(batch))  # bytes: the feeder thread only copies
 
     def close(self) -> None:
         """Export what is left and stop the exporter process."""
@@ -140,7 +141,7 @@ def _export(spans: Any, done: Any, service: str, parent: int) -> None:
             if batch is None:
                 return
             try:
-                sink.batch([_span(blob) for blob in batch])
+                sink.batch([_span(fields) for fields in marshal.loads(batch)])
             except Exception:
                 log.exception("exporting %d spans failed; they are dropped", len(batch))
             done.value += 1
@@ -148,6 +149,5 @@ def _export(spans: Any, done: Any, service: str, parent: int) -> None:
         sink.shutdown()
 
 
-def _span(blob: bytes) -> StepSpan | RunSpan | ProducerSpan:
-    fields = marshal.loads(blob)
+def _span(fields: tuple[Any, ...]) -> StepSpan | RunSpan | ProducerSpan:
     return _SPAN_TYPES[fields[0]]._make(fields[1:])
