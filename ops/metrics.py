@@ -28,6 +28,7 @@ from consumers.host import PartitionHost
 from consumers.telemetry import Histogram
 from ops import gc_pauses
 from ops.gc_pauses import GcPauses
+from ops.span_export import SpanExportProcess
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -193,6 +194,21 @@ class EngineCollector(Collector):
             "1 when every owned partition is restored and the process serves them.",
             [],
             {(): 1 if self._health.ready() else 0},
+        )
+        spans = self._host.telemetry.spans
+        yield _counter(
+            "stepstream_spans_dropped",
+            "Spans not exported, by reason: the exporter fell behind (backlog) or the "
+            "OTLP endpoint failed or refused them (export_failed). 0 with tracing off.",
+            ["reason"],
+            {
+                (reason,): n
+                for reason, n in (
+                    spans.spans_dropped()
+                    if isinstance(spans, SpanExportProcess)
+                    else {"backlog": 0, "export_failed": 0}
+                ).items()
+            },
         )
         pauses = self._gc_pauses
         if pauses is not None:

@@ -48,12 +48,13 @@ class SpanExportProcess:
         context = multiprocessing.get_context("spawn")
         self._queue: Any = context.Queue()
         self._done: Any = context.Value("q", 0, lock=False)  # batches the child took
+        self._failed: Any = context.Value("q", 0, lock=False)  # spans it failed to export
         self._sent = 0
         self.dropped = 0  # spans dropped because the exporter fell behind
         self._warned = -WARN_EVERY_S
         self._process = context.Process(
             target=_export,
-            args=(self._queue, self._done, service, os.getpid()),
+            args=(self._queue, self._done, self._failed, service, os.getpid()),
             name="stepstream-span-export",
             daemon=True,
         )
@@ -84,6 +85,11 @@ class SpanExportProcess:
             except RuntimeError:
                 return  # not on an event loop (a thread): the next flush takes it
             self._timer = loop.call_later(FLUSH_AFTER_S, self.flush)
+
+    def spans_dropped(self) -> dict[str, int]:
+        """Spans lost so far, by why: the exporter fell behind (``backlog``), or the
+        endpoint failed or refused them (``export_failed``)."""
+        return {"backlog": self.dropped, "export_failed": int(self._failed.value)}
 
     def flush(self) -> None:
         if self._timer is not None:
@@ -120,8 +126,9 @@ class SpanExportProcess:
         self._queue.close()
 
 
-def _export(spans: Any, done: Any, service: str, parent: int) -> None:
-    """The exporter process: spans in, OTLP out, until told to stop or orphaned."""
+def _export(spans: Any, done: Any, failed: Any, service: str, parent: int) -> None:
+    """The exporter process: spans in, OTLP out, until told to stop or orphaned.
+    ``failed`` counts the spans it could not export (the endpoint refused or failed)."""
     from ops.otlp_wire import wire_from_env
     from ops.span_direct import direct_from_env
 
@@ -130,6 +137,7 @@ def _export(spans: Any, done: Any, service: str, parent: int) -> None:
     )
     if sink is None:
         return
+    raised = 0
     try:
         while True:
             try:
@@ -140,10 +148,13 @@ def _export(spans: Any, done: Any, service: str, parent: int) -> None:
                 continue
             if batch is None:
                 return
+            spans_in = [_span(fields) for fields in marshal.loads(batch)]
             try:
-                sink.batch([_span(fields) for fields in marshal.loads(batch)])
+                sink.batch(spans_in)
             except Exception:
-                log.exception("exporting %d spans failed; they are dropped", len(batch))
+                log.exception("exporting %d spans failed; they are dropped", len(spans_in))
+                raised += len(spans_in)
+            failed.value = raised + getattr(sink, "dropped", 0)
             done.value += 1
     finally:
         sink.shutdown()

@@ -30,6 +30,7 @@ METRICS: dict[str, str] = {
     "stepstream_ready": "gauge",
     "stepstream_gc_pause_seconds": "histogram",
     "stepstream_gc_pause_max_seconds": "gauge",
+    "stepstream_spans_dropped_total": "counter",
 }
 
 # Prometheus adds this series for every scrape target itself.

@@ -4,6 +4,7 @@ and across a restart of the engine in the middle of a run."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -179,7 +180,7 @@ def _start_record(settings: Any, instance_id: str) -> tuple[dict[str, bytes], st
 class _Collector:
     """An OTLP/HTTP trace receiver: keeps the spans of every export request."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 200) -> None:
         import http.server
         import threading
 
@@ -197,7 +198,7 @@ class _Collector:
                 for resource in request.resource_spans:
                     for scope in resource.scope_spans:
                         spans.extend(scope.spans)
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -238,3 +239,38 @@ async def test_dev_exports_run_and_step_spans_over_otlp_in_the_callers_trace(
     run = next(span for span in collector.spans if span.name == "process arith")
     for step in (span for span in collector.spans if span.name.startswith("step ")):
         assert step.parent_span_id == run.span_id
+
+
+async def test_spans_an_endpoint_refuses_are_counted_on_metrics(tmp_path: Path) -> None:
+    """An OTLP endpoint that refuses every export (HTTP 400, which the exporter does
+    not retry): the runs still complete, and ``/metrics`` counts the spans lost."""
+    import aiohttp
+
+    from tests.dev_server import clean_env, start_dev
+
+    collector = _Collector(status=400)
+    env = clean_env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=collector.url)
+    source = "from tests.workflows import arith  # noqa: F401\n"
+    server = start_dev(tmp_path, "refused", source, env=env)
+    try:
+        async with Client.connect(server.url) as client:
+            instance_id = await client.start("arith", 1)
+            assert await client.result(instance_id, timeout=30) == {"total": 2, "doubled": 4}
+        dropped: dict[str, float] = {}
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):  # the exporter sends within FLUSH_AFTER_S (0.2 s)
+                async with http.get(f"{server.url}/metrics") as response:
+                    text = await response.text()
+                dropped = {
+                    line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("stepstream_spans_dropped_total{")
+                }
+                if dropped.get("export_failed", 0) >= 3:
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        server.stop()
+    # The run and its two steps at least (the start's producer span may share a batch).
+    assert dropped["export_failed"] >= 3, dropped
+    assert dropped["backlog"] == 0
