@@ -1131,3 +1131,50 @@ def test_a_retry_whose_fire_was_dropped_is_armed_again_by_the_next_owner() -> No
     ]
     h.run_all()
     assert h.result() == "long"
+
+
+# ---- memory: a discarded runtime is freed at once ------------------------------------
+
+
+async def _sleeps_in_a_branch(ctx: Context, _: Any) -> str:
+    async def branch() -> None:
+        await ctx.sleep("nap", 3600)
+
+    try:
+        await asyncio.gather(branch(), ctx.sleep("other", 7200))
+    finally:
+        pass
+    return "woke"
+
+
+SLEEPS_IN_A_BRANCH = define("sleeps-in-a-branch", _sleeps_in_a_branch)
+
+
+@pytest.mark.parametrize("finish", [False, True], ids=["evicted-asleep", "finished"])
+def test_a_discarded_runtime_is_freed_without_the_garbage_collector(finish: bool) -> None:
+    """Evicting a sleeper cancels its tasks; the cancelled tasks, their errors'
+    tracebacks and the loop must not hold each other in a cycle, or every eviction
+    leaves a heap for the collector, whose pauses stop the engine's loop."""
+    import gc
+    import weakref
+
+    h = Harness(SLEEPS_IN_A_BRANCH)
+    h.start(None)
+    assert h.runtime._loop is not None
+    loop = weakref.ref(h.runtime._loop)
+    if finish:
+        h.run_all()
+        assert h.result() == "woke"
+    else:
+        assert h.state.status is Status.RUNNING and len(h.timers) == 2
+    runtime = h.runtime
+    alive = weakref.ref(runtime)
+    _OPEN.remove(h)
+    gc.disable()
+    try:
+        runtime.close()
+        del runtime, h
+        assert alive() is None
+        assert loop() is None
+    finally:
+        gc.enable()
