@@ -79,7 +79,10 @@ class Progress:
         self._label, self._total, self._done, self._last = label, total, 0, 0.0
 
     def tick(self) -> None:
-        self._done += 1
+        self.advance_to(self._done + 1)
+
+    def advance_to(self, done: int) -> None:
+        self._done = done
         now = time.monotonic()
         if now - self._last > 1.0 or self._done == self._total:
             self._last = now
