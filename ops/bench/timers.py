@@ -11,6 +11,7 @@ per instance, when the sleep was recorded as elapsed minus when it was due.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -91,9 +92,13 @@ async def fixed_rate_timers(session: Session, pending: int, rate: float) -> dict
         # the firing, 500 at a time, they took about a tenth of the engine loop's
         # samples). The results are awaited once the last timer is due.
         last_due_ms = due[-1]
+        wait_s = (first_due_ms - time.time() * 1000) / 1000
+        if wait_s > 0:
+            print(f"timers: all pending, the first due in {wait_s:.0f} s", file=sys.stderr)
+            await asyncio.sleep(wait_s)
         due_progress = Progress("timers due", pending)
         while (now_ms := time.time() * 1000) < last_due_ms:
-            came_due = max(0, min(pending, int((now_ms - first_due_ms) * rate / 1000) + 1))
+            came_due = min(pending, int((now_ms - first_due_ms) * rate / 1000) + 1)
             due_progress.advance_to(came_due)
             await asyncio.sleep(min(1.0, (last_due_ms - now_ms) / 1000))
         due_progress.advance_to(pending)

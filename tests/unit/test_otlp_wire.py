@@ -153,6 +153,32 @@ def test_the_exporter_process_takes_the_hand_encoded_path_for_otlp_over_http() -
     assert wire_from_env({}, service="s") is None  # tracing off
 
 
+def test_spans_cross_to_the_exporter_process_whole_and_in_order() -> None:
+    """What the engine's process hands over (one flat, marshalled batch) is what the
+    exporter process gets back: every span, its kind, every field, in order."""
+    import marshal
+
+    from ops import span_export
+
+    exporter = span_export.SpanExportProcess("s")  # tracing off here: the child just ends
+    try:
+        spans = [_step(), _run(), _producer(), _step(attempt=2, error_type="Boom"), _run()]
+        for span in spans:
+            if isinstance(span, StepSpan):
+                exporter.step(span)
+            elif isinstance(span, RunSpan):
+                exporter.run(span)
+            else:
+                exporter.producer(span)
+        handed_over = marshal.dumps(exporter._batch)
+        assert span_export._spans(marshal.loads(handed_over)) == spans
+        assert [type(s) for s in span_export._spans(marshal.loads(handed_over))] == [
+            type(s) for s in spans
+        ]
+    finally:
+        exporter.close()
+
+
 def test_an_exporter_that_falls_behind_drops_whole_batches_and_says_so(
     caplog: Any,
 ) -> None:
@@ -161,9 +187,11 @@ def test_an_exporter_that_falls_behind_drops_whole_batches_and_says_so(
     exporter = span_export.SpanExportProcess("s")  # tracing off here: the child just ends
     try:
         exporter._sent = span_export.MAX_BACKLOG  # as if the child took none of them
-        exporter._batch = [_step(), _run()]
+        exporter.step(_step())
+        exporter.run(_run())
         exporter.flush()
         assert exporter.dropped == 2
+        assert exporter.spans_dropped() == {"backlog": 2, "export_failed": 0}
         assert "spans dropped" in caplog.text
     finally:
         exporter.close()
