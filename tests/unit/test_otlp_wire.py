@@ -171,6 +171,7 @@ def test_spans_cross_to_the_exporter_process_whole_and_in_order() -> None:
             else:
                 exporter.producer(span)
         handed_over = marshal.dumps(exporter._batch)
+        assert exporter.wait_ready(30.0)  # the child started (and, tracing off, ended)
         assert span_export._spans(marshal.loads(handed_over)) == spans
         assert [type(s) for s in span_export._spans(marshal.loads(handed_over))] == [
             type(s) for s in spans
