@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import traceback
 from collections import deque
 from collections.abc import Callable, Coroutine
 from contextvars import Context as _CtxVars
@@ -164,15 +163,30 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
 
 
 def _release(task: asyncio.Task[Any]) -> None:
-    """Clear the frames a finished task's exception holds. A cancelled task hands its
-    CancelledError over when asked for its result; the name bound here goes at the end
-    of the ``except`` block, so nothing keeps this frame and the error in a cycle."""
+    """Drop the tracebacks a finished task's exception holds (and those of the errors
+    it was raised from): a traceback keeps the finished frames and their locals alive,
+    and they point back at the task. A cancelled task hands its CancelledError over when
+    asked for its result; the name bound here goes at the end of the ``except`` block."""
     if task.cancelled():
         try:
             task.result()
         except asyncio.CancelledError as cancelled:
-            traceback.clear_frames(cancelled.__traceback__)  # this frame, running, stays
+            _drop_tracebacks(cancelled)
         return
     error = task.exception()
     if error is not None:
-        traceback.clear_frames(error.__traceback__)
+        _drop_tracebacks(error)
+
+
+def _drop_tracebacks(error: BaseException) -> None:
+    # Not frame.clear(): on a suspended generator's frame that would close it, running
+    # its ``finally`` outside the workflow's loop.
+    pending: list[BaseException | None] = [error]
+    seen: set[int] = set()
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        current.__traceback__ = None
+        pending += (current.__context__, current.__cause__)

@@ -199,7 +199,8 @@ class EngineCollector(Collector):
         yield _counter(
             "stepstream_spans_dropped",
             "Spans not exported, by reason: the exporter fell behind (backlog) or the "
-            "OTLP endpoint failed or refused them (export_failed). 0 with tracing off.",
+            "OTLP/HTTP endpoint failed or refused them (export_failed; other exporters "
+            "report their own failures in the log). 0 with tracing off.",
             ["reason"],
             {
                 (reason,): n

@@ -124,8 +124,9 @@ class SpanExportProcess:
                         self.dropped,
                     )
                 return
+            data = marshal.dumps(batch)  # bytes: the queue's feeder thread only copies
             self._sent += 1
-            self._queue.put(marshal.dumps(batch))  # bytes: the feeder thread only copies
+            self._queue.put(data)
 
     def close(self) -> None:
         """Export what is left and stop the exporter process."""
@@ -154,10 +155,12 @@ def _export(spans: Any, done: Any, failed: Any, ready: Any, service: str, parent
     from ops.otlp_wire import wire_from_env
     from ops.span_direct import direct_from_env
 
-    sink = wire_from_env(os.environ, service=service) or direct_from_env(
-        os.environ, service=service
-    )
-    ready.set()
+    try:
+        sink = wire_from_env(os.environ, service=service) or direct_from_env(
+            os.environ, service=service
+        )
+    finally:
+        ready.set()  # configured, or failed and said why on stderr: nobody waits longer
     if sink is None:
         return
     raised = 0

@@ -87,8 +87,9 @@ async def inprocess(path: str) -> AsyncIterator[Session]:
     # Spans, as `stepstream dev` exports them, when the OTEL_* variables ask for them
     # (the http and kafka clients' server processes read the same variables).
     traced = tracing.setup(engine.host, service="stepstream-bench")
-    if traced is not None:  # its start-up (imports, about 0.3 s of CPU) is not the workload's
-        await asyncio.to_thread(traced.exporter.wait_ready, 30.0)
+    # The exporter process's start-up (imports, about 0.3 s of CPU) is not the workload's.
+    if traced is not None and not await asyncio.to_thread(traced.exporter.wait_ready, 30.0):
+        print("bench: the span exporter process did not start in 30 s", file=sys.stderr)
     session = Session(Client(engine.make_transport()), [os.getpid()])
     session.extra["tracing"] = traced is not None
     pauses = GcPauses()

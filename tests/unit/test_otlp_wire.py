@@ -153,15 +153,18 @@ def test_the_exporter_process_takes_the_hand_encoded_path_for_otlp_over_http() -
     assert wire_from_env({}, service="s") is None  # tracing off
 
 
-def test_spans_cross_to_the_exporter_process_whole_and_in_order() -> None:
-    """What the engine's process hands over (one flat, marshalled batch) is what the
-    exporter process gets back: every span, its kind, every field, in order."""
+def test_a_flushed_batch_reads_back_whole_and_in_order() -> None:
+    """What a flush puts on the queue to the exporter process (one flat, marshalled
+    batch) is what that process reads back: every span, its kind, every field, in order."""
     import marshal
 
     from ops import span_export
 
     exporter = span_export.SpanExportProcess("s")  # tracing off here: the child just ends
+    put: list[bytes] = []
+    real_queue = exporter._queue
     try:
+        exporter._queue = type("Q", (), {"put": staticmethod(put.append)})()
         spans = [_step(), _run(), _producer(), _step(attempt=2, error_type="Boom"), _run()]
         for span in spans:
             if isinstance(span, StepSpan):
@@ -170,12 +173,23 @@ def test_spans_cross_to_the_exporter_process_whole_and_in_order() -> None:
                 exporter.run(span)
             else:
                 exporter.producer(span)
-        handed_over = marshal.dumps(exporter._batch)
-        assert exporter.wait_ready(30.0)  # the child started (and, tracing off, ended)
-        assert span_export._spans(marshal.loads(handed_over)) == spans
-        assert [type(s) for s in span_export._spans(marshal.loads(handed_over))] == [
-            type(s) for s in spans
-        ]
+        exporter.flush()
+        (data,) = put
+        read_back = span_export._spans(marshal.loads(data))
+        assert read_back == spans
+        assert [type(s) for s in read_back] == [type(s) for s in spans]
+        assert exporter._batch == [] and exporter._count == 0
+    finally:
+        exporter._queue = real_queue
+        exporter.close()
+
+
+def test_the_exporter_process_says_it_is_ready_even_with_tracing_off() -> None:
+    from ops import span_export
+
+    exporter = span_export.SpanExportProcess("s")
+    try:
+        assert exporter.wait_ready(30.0)
     finally:
         exporter.close()
 

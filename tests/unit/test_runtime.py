@@ -1158,20 +1158,20 @@ def test_a_discarded_runtime_is_freed_without_the_garbage_collector(finish: bool
     import gc
     import weakref
 
-    h = Harness(SLEEPS_IN_A_BRANCH)
-    h.start(None)
-    assert h.runtime._loop is not None
-    loop = weakref.ref(h.runtime._loop)
-    if finish:
-        h.run_all()
-        assert h.result() == "woke"
-    else:
-        assert h.state.status is Status.RUNNING and len(h.timers) == 2
-    runtime = h.runtime
-    alive = weakref.ref(runtime)
-    _OPEN.remove(h)
-    gc.disable()
+    gc.disable()  # from the start: a collection must not free a cycle behind our back
     try:
+        h = Harness(SLEEPS_IN_A_BRANCH)
+        h.start(None)
+        assert h.runtime._loop is not None
+        loop = weakref.ref(h.runtime._loop)
+        if finish:
+            h.run_all()
+            assert h.result() == "woke"
+        else:
+            assert h.state.status is Status.RUNNING and len(h.timers) == 2
+        runtime = h.runtime
+        alive = weakref.ref(runtime)
+        _OPEN.remove(h)
         runtime.close()
         del runtime, h
         assert alive() is None
