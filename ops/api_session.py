@@ -118,9 +118,15 @@ class Session:
     async def _call(self, call: dict[str, Any]) -> Any:
         op = call.get("op")
         if op in _COMMANDS:
-            # A command joins the caller's trace as the HTTP routes do with headers.
+            # A command joins the caller's trace as the HTTP routes do with headers; one
+            # without trace fields is in no trace (not the websocket upgrade's, which may
+            # have carried the trace of whatever opened the session).
             carrier = {k: v for k in _TRACE_FIELDS if isinstance(v := call.get(k), str)}
-            with trace_context.joined(carrier):
+            with (
+                trace_context.joined(carrier)
+                if "traceparent" in carrier
+                else trace_context.in_no_trace()
+            ):
                 return await self._command(str(op), call)
         instance_id = call.get("instance_id")
         if not isinstance(instance_id, str) or not instance_id:

@@ -178,6 +178,17 @@ def headers() -> dict[str, str]:
 
 
 @contextmanager
+def in_no_trace() -> Iterator[None]:
+    """Run the block outside any trace (an empty context): what it publishes starts a
+    trace of its own, whatever context the surrounding code runs in."""
+    token = context.attach(context.Context())
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+@contextmanager
 def joined(carrier: Mapping[str, str]) -> Iterator[None]:
     """Run the block inside the trace context ``carrier`` names (HTTP headers of a
     request); a carrier without ``traceparent`` changes nothing."""

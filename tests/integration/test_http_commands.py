@@ -22,7 +22,7 @@ from engine.errors import (
     WorkflowCancelled,
 )
 from ops.api import make_app
-from ops.embedded import EmbeddedConfig, open_embedded
+from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from producers.client import Client
 from producers.http import SESSION_COMMAND_BYTES
 from tests import conftest
@@ -32,6 +32,15 @@ from tests import conftest
 async def serving(tmp_path: Path, *, websockets: bool) -> AsyncIterator[tuple[str, list[str]]]:
     """The API's URL, and the paths of the POST requests it served; without websockets
     its session upgrade is refused as by a proxy that does not pass them."""
+    async with serving_engine(tmp_path, websockets=websockets) as (url, posts, _):
+        yield url, posts
+
+
+@asynccontextmanager
+async def serving_engine(
+    tmp_path: Path, *, websockets: bool
+) -> AsyncIterator[tuple[str, list[str], EmbeddedEngine]]:
+    """``serving``, and the engine behind the API."""
     engine = await open_embedded(
         conftest.test_registry(), EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=2)
     )
@@ -52,7 +61,7 @@ async def serving(tmp_path: Path, *, websockets: bool) -> AsyncIterator[tuple[st
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     host, port = runner.addresses[0][:2]
     try:
-        yield f"http://{host}:{port}", posts
+        yield f"http://{host}:{port}", posts, engine
     finally:
         await runner.cleanup()
         await engine.close()
@@ -150,3 +159,34 @@ async def test_without_websockets_commands_go_as_requests(tmp_path: Path) -> Non
             await client.start("waiter", None, instance_id="p-2")
             assert (await client.status("p-1")).status == "completed"
     assert posts == ["/v1/instances", "/v1/instances/p-1/events", "/v1/instances"]
+
+
+async def test_a_session_command_without_trace_fields_does_not_join_the_upgrades_trace(
+    tmp_path: Path,
+) -> None:
+    """A websocket opened inside some trace (an instrumented HTTP client puts
+    ``traceparent`` on the upgrade request) must not make that trace the parent of every
+    command sent on it later: a command with no trace fields is in no trace, as a POST
+    without the header is; one with its own fields joins its own."""
+    stale = "00-11111111111111111111111111111111-2222222222222222-01"
+    own = "00-33333333333333333333333333333333-4444444444444444-01"
+    calls = [
+        {"id": 1, "op": "start", "workflow": "waiter", "instance_id": "t-none"},
+        {"id": 2, "op": "start", "workflow": "waiter", "instance_id": "t-own", "traceparent": own},
+    ]
+    async with (
+        serving_engine(tmp_path, websockets=True) as (url, _, engine),
+        aiohttp.ClientSession() as http,
+    ):
+        async with http.ws_connect(url + "/v1/session", headers={"traceparent": stale}) as ws:
+            await ws.send_json(calls)
+            replies: dict[int, dict[str, object]] = {}
+            while len(replies) < len(calls):
+                for reply in await ws.receive_json(timeout=10):
+                    replies[reply["id"]] = reply
+        assert all("ok" in reply for reply in replies.values()), replies
+        # The journal: each started record carries its command's trace context.
+        none, own_run = (engine.host.read_history(i)[0] for i in ("t-none", "t-own"))
+    assert none.type == own_run.type == "WorkflowStarted"
+    assert none.traceparent is None or "1111111111" not in none.traceparent
+    assert own_run.traceparent is not None and "3333333333" in own_run.traceparent
