@@ -28,7 +28,7 @@ from consumers.host import PartitionHost
 from consumers.telemetry import Histogram
 from ops import gc_pauses
 from ops.gc_pauses import GcPauses
-from ops.span_export import SpanExportProcess
+from ops.span_export import DROP_REASONS, SpanExportProcess
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -196,20 +196,18 @@ class EngineCollector(Collector):
             {(): 1 if self._health.ready() else 0},
         )
         spans = self._host.telemetry.spans
+        dropped = (
+            spans.spans_dropped()
+            if isinstance(spans, SpanExportProcess)
+            else dict.fromkeys(DROP_REASONS, 0)
+        )
         yield _counter(
             "stepstream_spans_dropped",
             "Spans not exported, by reason: the exporter fell behind (backlog) or the "
             "OTLP/HTTP endpoint failed or refused them (export_failed; other exporters "
             "report their own failures in the log). 0 with tracing off.",
             ["reason"],
-            {
-                (reason,): n
-                for reason, n in (
-                    spans.spans_dropped()
-                    if isinstance(spans, SpanExportProcess)
-                    else {"backlog": 0, "export_failed": 0}
-                ).items()
-            },
+            {(reason,): n for reason, n in dropped.items()},
         )
         pauses = self._gc_pauses
         if pauses is not None:

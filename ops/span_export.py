@@ -40,6 +40,7 @@ _SPAN_TYPES: tuple[type[StepSpan], type[RunSpan], type[ProducerSpan]] = (
 )
 FLUSH_AFTER_S = 0.2  # the longest a span waits in a batch
 STOP_TIMEOUT_S = 10.0
+DROP_REASONS = ("backlog", "export_failed")  # why spans were not exported
 NICENESS = 10  # added to the exporter process's nice value
 
 
@@ -70,21 +71,17 @@ class SpanExportProcess:
     # made per span (nothing for the garbage collector to track), and the batch is
     # marshalled in one call when it leaves.
     def step(self, span: StepSpan) -> None:
-        self._batch.append(_STEP)
-        self._batch.extend(span)
-        self._added()
+        self._add(_STEP, span)
 
     def run(self, span: RunSpan) -> None:
-        self._batch.append(_RUN)
-        self._batch.extend(span)
-        self._added()
+        self._add(_RUN, span)
 
     def producer(self, span: ProducerSpan) -> None:
-        self._batch.append(_PRODUCER)
-        self._batch.extend(span)
-        self._added()
+        self._add(_PRODUCER, span)
 
-    def _added(self) -> None:
+    def _add(self, kind: int, span: StepSpan | RunSpan | ProducerSpan) -> None:
+        self._batch.append(kind)
+        self._batch.extend(span)
         self._count += 1
         if self._count >= BATCH:
             self.flush()
@@ -102,9 +99,9 @@ class SpanExportProcess:
         return bool(self._ready.wait(timeout))
 
     def spans_dropped(self) -> dict[str, int]:
-        """Spans lost so far, by why: the exporter fell behind (``backlog``), or the
-        endpoint failed or refused them (``export_failed``)."""
-        return {"backlog": self.dropped, "export_failed": int(self._failed.value)}
+        """Spans lost so far, by why (``DROP_REASONS``): the exporter fell behind
+        (``backlog``), or the endpoint failed or refused them (``export_failed``)."""
+        return dict(zip(DROP_REASONS, (self.dropped, int(self._failed.value)), strict=True))
 
     def flush(self) -> None:
         if self._timer is not None:

@@ -166,13 +166,13 @@ def test_a_flushed_batch_reads_back_whole_and_in_order() -> None:
     try:
         exporter._queue = type("Q", (), {"put": staticmethod(put.append)})()
         spans = [_step(), _run(), _producer(), _step(attempt=2, error_type="Boom"), _run()]
+        hand_over: dict[type, Any] = {
+            StepSpan: exporter.step,
+            RunSpan: exporter.run,
+            ProducerSpan: exporter.producer,
+        }
         for span in spans:
-            if isinstance(span, StepSpan):
-                exporter.step(span)
-            elif isinstance(span, RunSpan):
-                exporter.run(span)
-            else:
-                exporter.producer(span)
+            hand_over[type(span)](span)
         exporter.flush()
         (data,) = put
         read_back = span_export._spans(marshal.loads(data))
