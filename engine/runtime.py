@@ -225,7 +225,7 @@ class InstanceRuntime:
         self._out = out
         self.ignored = False
         self._command_id = msg.command_id
-        # Records carry the trace of the command that caused them, else the start's.
+        # What this causes carries the trace of the command, else the run's (``_emit``).
         self._traceparent = self.state.traceparent
         self._tracestate = self.state.tracestate
         if isinstance(msg, Command):
@@ -443,14 +443,26 @@ class InstanceRuntime:
     # ---- record emission ------------------------------------------------------------
 
     def _emit(self, cls: type[HistoryRecord], **attrs: Any) -> HistoryRecord:
+        state = self.state
+        traceparent, tracestate = self._traceparent, self._tracestate
+        if (
+            traceparent is not None
+            and traceparent == state.traceparent
+            and tracestate == state.tracestate
+            and cls is not WorkflowStarted
+        ):
+            # The run's own trace is stated once, on WorkflowStarted: a record carries
+            # trace context only when what caused it came from another trace (an event
+            # sent from elsewhere). Half the bytes of a traced run's records.
+            traceparent = tracestate = None
         record = cls(
-            instance_id=self.state.instance_id,
-            seq=self.state.seq + 1,
+            instance_id=state.instance_id,
+            seq=state.seq + 1,
             time_ms=self.clock.now_ms(),
             command_id=self._command_id,
             epoch=self.epoch,
-            traceparent=self._traceparent,
-            tracestate=self._tracestate,
+            traceparent=traceparent,
+            tracestate=tracestate,
             **attrs,
         )
         self.state.apply(record)

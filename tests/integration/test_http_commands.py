@@ -190,3 +190,33 @@ async def test_a_session_command_without_trace_fields_does_not_join_the_upgrades
     assert none.type == own_run.type == "WorkflowStarted"
     assert none.traceparent is None or "1111111111" not in none.traceparent
     assert own_run.traceparent is not None and "3333333333" in own_run.traceparent
+
+
+async def test_records_state_the_runs_trace_once_and_another_trace_where_it_caused_them(
+    tmp_path: Path,
+) -> None:
+    """The journal names a run's trace on WorkflowStarted only; the records an event sent
+    from another trace caused carry that trace, so a Kafka tool can follow either."""
+    run = "00-55555555555555555555555555555555-6666666666666666-01"
+    other = "00-77777777777777777777777777777777-8888888888888888-01"
+    start = {"id": 1, "op": "start", "workflow": "waiter", "instance_id": "tr-1"}
+    send = {"id": 2, "op": "send_event", "instance_id": "tr-1", "name": "approval"}
+    async with (
+        serving_engine(tmp_path, websockets=True) as (url, _, engine),
+        aiohttp.ClientSession() as http,
+        http.ws_connect(url + "/v1/session") as ws,
+    ):
+        for call in ({**start, "traceparent": run}, {**send, "traceparent": other}):
+            await ws.send_json([call])
+            (reply,) = await ws.receive_json(timeout=10)
+            assert "ok" in reply, reply
+        async with Client.connect(url) as client:
+            assert await client.result("tr-1", timeout=10) is None
+        history = engine.host.read_history("tr-1")
+        recorded_run = engine.host.read_state("tr-1").traceparent
+    traces = [(r.type, r.traceparent) for r in history]
+    assert traces[0] == ("WorkflowStarted", run)
+    assert ("WaitStarted", None) in traces  # caused by the start: the run's own trace
+    after_event = traces[[t for t, _ in traces].index("WaitStarted") + 1 :]
+    assert after_event and all(tp == other for _, tp in after_event), traces
+    assert recorded_run == run  # the run's spans still join it
