@@ -9,7 +9,8 @@
   ``Host`` that is not a loopback name, an IP address, the bound or advertised host, this
   machine's name or an allowed host (``--allowed-host``, ``STEPSTREAM_ALLOWED_HOSTS``; ``*``
   allows any) (403: DNS rebinding), and a POST whose body is not ``application/json``
-  (415), which a browser cannot send cross-site without asking first.
+  (or ``RECORDS_TYPE``, the engine processes' forwarded records) (415): a browser cannot
+  send either cross-site without asking first.
 - Optional TLS (``--tls-cert``, ``--tls-key``).
 """
 
@@ -28,6 +29,10 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from engine.errors import StepstreamError
+
+# Forwarded log records, between the engine processes of ``stepstream dev --processes``.
+RECORDS_TYPE = "application/vnd.stepstream.records"
+_POST_TYPES = frozenset(("application/json", RECORDS_TYPE))
 from ops.ui.routes import STATIC_PREFIX, UI_FILES, UI_PATHS
 
 TOKEN_ENV = "STEPSTREAM_API_TOKEN"
@@ -175,7 +180,7 @@ class _Guard:
             refusal = self._check_token(request.headers.get("Authorization"))
             if refusal is not None:
                 return _refuse(401, "AccessDenied", refusal, {"WWW-Authenticate": "Bearer"})
-        if request.method == "POST" and request.content_type != "application/json":
+        if request.method == "POST" and request.content_type not in _POST_TYPES:
             sent = request.headers.get("Content-Type")
             return _refuse(
                 415,

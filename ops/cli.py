@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import json
 import logging
 import os
-import signal
-import socket
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -38,6 +35,8 @@ from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity, InsecureBind
 from ops.gc_tuning import tune_for_serving
 from ops.metrics import Health, observability_for
+from ops.serving import listen as _listen
+from ops.serving import stop_on_signals as _stop_on_signals
 from ops.timeline import render_timeline
 from producers.client import DEFAULT_CONNECT, Client
 
@@ -190,12 +189,20 @@ def _dev(args: argparse.Namespace) -> int:
 
 
 async def _serve(registry: Registry, args: argparse.Namespace) -> int:
+    from ops import processes
     from ops.embedded import EmbeddedConfig, open_embedded
     from ops.embedded_sources import start_embedded_sources
 
+    config = EmbeddedConfig.from_env(data_dir=args.data, partitions=args.partitions)
+    spec = os.environ.get(processes.SPEC_ENV)
+    if spec:  # one of the engine processes of a `stepstream dev --processes N`
+        return await processes.serve_child(registry, config, processes.Spec.from_env(spec))
+    if args.processes < 1:
+        raise _UsageError(f"--processes must be 1 or more, got {args.processes}")
     security = _api_security(args)
     tls = security.ssl_context()
-    config = EmbeddedConfig.from_env(data_dir=args.data, partitions=args.partitions)
+    if args.processes > 1:
+        return await _serve_processes(registry, args, config, security)
     sock = _listen(args.host, args.port)
     engine = await open_embedded(registry, config)
     traced = tracing.setup(engine.host, service="stepstream-dev")
@@ -229,12 +236,10 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                 await web.SockSite(runner, sock, ssl_context=tls).start()
                 host, port = sock.getsockname()[:2]
                 url = f"{security.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
-                workflows = ", ".join(
-                    f"{name} v{'/'.join(versions)}" for name, versions in registry.names().items()
-                )
                 print(
                     f"stepstream dev listening on {url} (data {config.data_dir}, "
-                    f"{engine.host.partitions} partitions, workflows: {workflows})",
+                    f"{engine.host.partitions} partitions, workflows: "
+                    f"{_workflow_names(registry)})",
                     flush=True,
                 )
                 log.info("web UI at %s/ui", url)
@@ -263,6 +268,43 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+async def _serve_processes(
+    registry: Registry, args: argparse.Namespace, config: Any, security: ApiSecurity
+) -> int:
+    from ops import processes
+
+    def public_app(transport: Any, engine: Any, observability: Any) -> web.Application:
+        return make_app(
+            transport,
+            registry_names=engine.host.registry.names,
+            max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * config.max_payload_bytes),
+            security=security,
+            served_hosts=(args.host,),
+            observability=observability,
+        )
+
+    def announce(address: str, layout: processes.ProcessLayout) -> None:
+        print(
+            f"stepstream dev listening on {security.scheme}://{address} (data "
+            f"{config.data_dir}, {layout.partitions} partitions in {layout.processes} "
+            f"processes, workflows: {_workflow_names(registry)})",
+            flush=True,
+        )
+        log.info("web UI at %s://%s/ui", security.scheme, address)
+
+    sock = _listen(args.host, args.port)
+    try:
+        return await processes.serve_parent(
+            registry, config, args.processes, sock, public_app, security.ssl_context(), announce
+        )
+    finally:
+        sock.close()
+
+
+def _workflow_names(registry: Registry) -> str:
+    return ", ".join(f"{name} v{'/'.join(versions)}" for name, versions in registry.names().items())
+
+
 def _api_security(args: argparse.Namespace) -> ApiSecurity:
     """The API's access settings from the server flags and STEPSTREAM_* variables;
     refused (exit 2) when they would open the API to anyone."""
@@ -278,44 +320,6 @@ def _api_security(args: argparse.Namespace) -> ApiSecurity:
     except InsecureBind as exc:
         raise _UsageError(str(exc)) from None
     return security
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        sock = socket.socket(family, kind, proto)
-    except OSError as exc:
-        raise StepstreamError(f"cannot listen on {host}:{port}: {exc}; check --host") from None
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(128)
-        sock.setblocking(False)
-    except OSError as exc:
-        sock.close()
-        raise StepstreamError(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}; pass another --port "
-            "or stop what is using it"
-        ) from None
-    return sock
-
-
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[asyncio.Event]:
-    """An event set by SIGTERM or SIGINT, handled from the moment this is entered (so a
-    signal right after "listening on" is printed stops the server cleanly)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    signals = (signal.SIGTERM, signal.SIGINT)
-    for sig in signals:
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        yield stop
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
 
 
 # ---- commands on a running engine ------------------------------------------------------
@@ -816,7 +820,17 @@ def _parser() -> argparse.ArgumentParser:
         "--partitions",
         type=int,
         metavar="N",
-        help="partitions of a new data directory (default: 4)",
+        help="partitions of a new data directory (default: 4, or twice --processes)",
+    )
+    dev.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="engine processes sharing the partitions, to use N cores (default: 1). Each "
+        "keeps its partitions in DATA/process-K; this process serves the API for all of "
+        "them and starts the others again if they die. A data directory keeps the count "
+        "it was made with",
     )
 
     start = command(
@@ -1024,7 +1038,8 @@ def _parser() -> argparse.ArgumentParser:
         "--workers",
         type=int,
         metavar="K",
-        help="worker processes sharing the partitions, with --client kafka (1)",
+        help="engine processes sharing the partitions: workers with --client kafka, "
+        "`stepstream dev --processes K` with --client http (1)",
     )
     bench.add_argument(
         "--pending", type=int, metavar="N", help="timers pending at once, --workload timers"

@@ -8,7 +8,9 @@ step executor) and an in-process client transport, and registers ``embedded:PATH
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,7 @@ from consumers.partition import (
 )
 from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from engine.environ import env_int, env_seconds
+from engine.errors import StepstreamError
 from engine.kafka_settings import KafkaSettings
 from engine.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
 from engine.outbox import Outbox
@@ -38,6 +41,8 @@ if TYPE_CHECKING:
     from consumers.kafka.outbox import KafkaOutbox
 
 DEFAULT_DATA_DIR = "./.stepstream"
+# Written in a data directory whose partitions several processes share (ops/processes.py).
+PROCESSES_FILE = "processes.json"
 
 
 @dataclass(frozen=True)
@@ -131,6 +136,21 @@ class EmbeddedEngine:
         await self.db.close()
 
 
+def _refuse_split(data_dir: str) -> None:
+    """A directory of several engine processes' shares is not one engine's."""
+    try:
+        with open(os.path.join(data_dir, PROCESSES_FILE)) as f:
+            count = json.load(f).get("processes", "N")
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, AttributeError):
+        count = "N"
+    raise StepstreamError(
+        f"data directory {data_dir} holds partitions spread over {count} engine processes: "
+        f"serve it with `stepstream dev --processes {count}`"
+    )
+
+
 def _outbox(bootstrap: str | None) -> KafkaOutbox | None:
     if not bootstrap:
         return None
@@ -147,10 +167,14 @@ async def open_embedded(
     codec: PayloadCodec | None = None,
     clock: Clock | None = None,
     outbox: Outbox | None = None,
+    owned: Callable[[int], bool] | None = None,
 ) -> EmbeddedEngine:
     """``outbox``: what ``ctx.publish`` produces with, instead of the Kafka cluster of
-    ``config.outbox_bootstrap``."""
+    ``config.outbox_bootstrap``. ``owned``: which partitions this process runs (all by
+    default; one of several engine processes runs its share, ``ops/processes.py``)."""
     config = config or EmbeddedConfig()
+    if owned is None:
+        _refuse_split(config.data_dir)
     codec = codec or JsonCodec()
     serde = default_serde()
     db = await EmbeddedDB.open(config.data_dir, config.partitions)
@@ -172,7 +196,8 @@ async def open_embedded(
     )
     try:
         for partition in range(db.partitions):
-            await host.assign(EmbeddedPartition(db, partition))
+            if owned is None or owned(partition):
+                await host.assign(EmbeddedPartition(db, partition))
     except BaseException:
         await host.close()
         await db.close()

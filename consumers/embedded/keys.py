@@ -7,7 +7,9 @@ Column families:
   the record key + record key + record value.
 - ``state``: per-partition state. Key = partition (>I) + namespace (1 byte) + rest, so a
   partition never sees another's keys and user keys never collide with reserved ones:
-  ``u`` + user key for the engine's state, ``o`` + kind code for committed offsets.
+  ``u`` + user key for the engine's state, ``o`` + kind code for committed offsets,
+  ``f`` + source process (>I) for the next offset expected from another engine process
+  forwarding commands to this partition (``consumers/embedded/forwarding.py``).
 - ``meta``: facts about the data directory itself (partition count, fencing epoch).
 """
 
@@ -34,6 +36,7 @@ KIND_CODES: dict[str, int] = {COMMANDS: 1, HISTORY: 2, TIMERS: 3, DEAD_LETTERS: 
 
 _STATE_USER = b"u"
 _STATE_OFFSET = b"o"
+_STATE_FORWARD = b"f"
 
 _PARTITION = struct.Struct(">I")
 _OFFSET = struct.Struct(">Q")
@@ -77,6 +80,10 @@ def state_user_prefix(partition: int) -> bytes:
 
 def state_offset_key(partition: int, kind: str) -> bytes:
     return _PARTITION.pack(partition) + _STATE_OFFSET + bytes((kind_code(kind),))
+
+
+def state_forward_key(partition: int, source: int) -> bytes:
+    return _PARTITION.pack(partition) + _STATE_FORWARD + _PARTITION.pack(source)
 
 
 def encode_u64(value: int) -> bytes:

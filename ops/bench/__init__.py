@@ -83,7 +83,7 @@ async def _session(
         async with inprocess(path) as session:
             yield session
     elif client == "http":
-        async with http(path) as session:
+        async with http(path, workers) as session:
             yield session
     else:
         async with kafka(bootstrap, path, partitions, workers) as session:
@@ -107,8 +107,11 @@ async def run_bench(
 ) -> dict[str, Any]:
     client, backend = resolve_client(client, backend)
     _check_positive(n=n, pending=pending, rate=rate, workers=workers, partitions=partitions)
-    if workers != 1 and client != "kafka":
-        raise SystemExit("bench: --workers is for --client kafka (worker processes)")
+    if workers != 1 and client == "inprocess":
+        raise SystemExit(
+            "bench: --workers is for --client http (engine processes of `stepstream dev "
+            "--processes K`) and --client kafka (worker processes)"
+        )
     if workers > partitions:
         raise SystemExit(
             f"bench: --workers {workers} needs at least as many partitions; "

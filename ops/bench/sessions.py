@@ -149,15 +149,22 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.asynccontextmanager
-async def http(path: str) -> AsyncIterator[Session]:
-    """``stepstream dev`` on a free loopback port, and an ``http://`` client to it."""
+async def http(path: str, processes: int = 1) -> AsyncIterator[Session]:
+    """``stepstream dev`` (with ``processes`` engine processes) on a free loopback port,
+    and an ``http://`` client to it."""
     log_path = f"{path}.dev.log"
     args = ["dev", "--workflows", WORKFLOWS_MODULE, "--data", path, "--port", "0"]
+    if processes > 1:
+        args += ["--processes", str(processes)]
     proc = _spawn(args, log_path)
     try:
         url = await _listening(proc, "stepstream dev", log_path)
+        pids = [proc.pid, *engine_children(proc.pid)]
+        server = "stepstream dev (embedded)"
+        if processes > 1:
+            server = f"stepstream dev --processes {processes} (embedded)"
         async with Client.connect(url) as client:
-            yield Session(client, [proc.pid], {"server": "stepstream dev (embedded)"}, [url])
+            yield Session(client, pids, {"server": server}, [url])
     finally:
         await asyncio.to_thread(_stop, proc)
 
@@ -253,6 +260,22 @@ def rss_mb(pids: list[int]) -> float:
                 if line.startswith("VmRSS:"):
                     total_kb += int(line.split()[1])
     return round(total_kb / 1024, 1)
+
+
+def engine_children(pid: int) -> list[int]:
+    """The engine processes ``stepstream dev --processes`` started (not its helpers,
+    such as the span exporter)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        return []
+    found = []
+    for child in children:
+        with contextlib.suppress(OSError), open(f"/proc/{child}/cmdline", "rb") as f:
+            if b"ops.cli\0dev\0" in f.read():
+                found.append(child)
+    return found
 
 
 def cpu_seconds(pid: int) -> float:

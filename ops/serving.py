@@ -1,0 +1,50 @@
+"""What every serving command shares: a listening socket that says what to do when it
+cannot be had, and a clean stop on SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import socket
+from collections.abc import Iterator
+
+from engine.errors import StepstreamError
+
+
+def listen(host: str, port: int) -> socket.socket:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise StepstreamError(f"cannot listen on {host}:{port}: {exc}; check --host") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise StepstreamError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}; pass another --port "
+            "or stop what is using it"
+        ) from None
+    return sock
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[asyncio.Event]:
+    """An event set by SIGTERM or SIGINT, handled from the moment this is entered (so a
+    signal right after "listening on" is printed stops the server cleanly)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield stop
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)

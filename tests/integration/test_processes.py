@@ -1,0 +1,226 @@
+"""`stepstream dev --processes 2`: the embedded engine's partitions in two processes, used
+the way a user would: the CLI starts it, an http:// client drives it, the processes are
+killed with -9."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ops.bench.sessions import engine_children
+from ops.processes import ProcessLayout
+from producers.client import Client
+from tests.dev_server import DevServer, run_cli, start_dev
+
+pytestmark = pytest.mark.slow
+
+WORKFLOWS = """
+from stepstream import workflow
+
+
+async def double(n):
+    return 2 * n
+
+
+@workflow("kid")
+async def kid(ctx, n):
+    await ctx.wait_for_event("go")
+    return await ctx.step("double", double, n)
+
+
+@workflow("parent")
+async def parent(ctx, args):
+    first = await ctx.child("kid", args["n"], instance_id=args["kid"])
+    await ctx.messages.send(args["peer"], "tally", first)
+    return first
+
+
+@workflow("collector")
+async def collector(ctx, count):
+    got = []
+    while len(got) < count:
+        got.append((await ctx.messages.next(["tally"])).payload)
+    return sorted(got)
+"""
+
+LAYOUT = ProcessLayout(processes=2, partitions=4)
+
+
+def ids_in(process: int, prefix: str, count: int) -> list[str]:
+    """Instance ids whose partitions process ``process`` owns."""
+    found = []
+    i = 0
+    while len(found) < count:
+        candidate = f"{prefix}-{i}"
+        if LAYOUT.process_of(candidate) == process:
+            found.append(candidate)
+        i += 1
+    return found
+
+
+def engine_child(dev: DevServer) -> int:
+    (child,) = engine_children(dev.proc.pid)
+    return child
+
+
+def get_json(url: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def until(check: object, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting: {what}")
+        time.sleep(0.1)
+
+
+async def parents_across_processes(
+    url: str, parents: list[str], kids: list[str], *, first: int = 0, collect: int = 0
+) -> None:
+    """Each parent starts a kid (each in the process the test chose) and messages the
+    collector, which ``collect`` (if not 0) starts first."""
+    async with Client.connect(url) as client:
+        if collect:
+            await client.start("collector", collect, instance_id="collector")
+        for n, (p, k) in enumerate(zip(parents, kids, strict=True), start=first):
+            await client.start("parent", {"n": n, "kid": k, "peer": "collector"}, instance_id=p)
+
+
+async def release_kids(url: str, kids: list[str]) -> None:
+    async with Client.connect(url) as client:
+        for kid in kids:
+            await client.send_event(kid, "go", None)
+
+
+async def results(url: str, ids: list[str]) -> list[object]:
+    async with Client.connect(url) as client:
+        return [await client.result(i, timeout=30) for i in ids]
+
+
+def test_children_messages_reads_and_metrics_span_both_processes(tmp_path: Path) -> None:
+    dev = start_dev(tmp_path, "flows", WORKFLOWS, "--processes", "2")
+    try:
+        parents = ids_in(0, "p", 3) + ids_in(1, "p", 3)
+        kids = ids_in(1, "k", 3) + ids_in(0, "k", 3)  # each kid in the other process
+        asyncio.run(parents_across_processes(dev.url, parents, kids, collect=6))
+        asyncio.run(release_kids(dev.url, kids))
+        assert asyncio.run(results(dev.url, parents)) == [0, 2, 4, 6, 8, 10]
+        assert asyncio.run(results(dev.url, ["collector"])) == [[0, 2, 4, 6, 8, 10]]
+        # Reads and listings cover both processes, through the public API and the CLI.
+        listed = dev.cli("list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert {i["instance_id"] for i in json.loads(listed.stdout)} == {
+            *parents,
+            *kids,
+            "collector",
+        }
+        history = dev.cli("history", kids[0], "--json")
+        assert "WorkflowCompleted" in history.stdout
+        # Each process's series, labelled with it; together they count what ran.
+        with urllib.request.urlopen(dev.url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        started = {
+            process: sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("stepstream_workflows_total{")
+                and 'outcome="started"' in line
+                and f'process="{process}"' in line
+            )
+            for process in ("0", "1")
+        }
+        assert started["0"] > 0 and started["1"] > 0
+        assert started["0"] + started["1"] == len(parents) + len(kids) + 1
+        assert get_json(dev.url + "/readyz") == (200, {"ready": True})
+    finally:
+        dev.stop()
+    assert engine_children(dev.proc.pid) == []
+
+
+def test_a_killed_engine_process_is_started_again_and_loses_nothing(tmp_path: Path) -> None:
+    dev = start_dev(tmp_path, "flows", WORKFLOWS, "--processes", "2")
+    try:
+        parents = ids_in(0, "p", 4)
+        kids = ids_in(1, "k", 4)  # waiting in process 1 when it is killed
+        asyncio.run(parents_across_processes(dev.url, parents[:2], kids[:2], collect=4))
+        until(lambda: get_json(f"{dev.url}/v1/instances/{kids[1]}")[0] == 200, "kids started")
+        victim = engine_child(dev)
+        os.kill(victim, signal.SIGKILL)
+        # While it is down: starts of kids in its partitions wait in process 0's log.
+        asyncio.run(parents_across_processes(dev.url, parents[2:], kids[2:], first=2))
+        until(
+            lambda: engine_children(dev.proc.pid) not in ([], [victim]),
+            "the engine process started again",
+        )
+        until(lambda: get_json(dev.url + "/readyz")[0] == 200, "ready again")
+        asyncio.run(release_kids(dev.url, kids))
+        assert asyncio.run(results(dev.url, parents)) == [0, 2, 4, 6]
+        assert asyncio.run(results(dev.url, ["collector"])) == [[0, 2, 4, 6]]
+        assert "engine process 1" in dev.log.read_text()  # the restart is logged
+    finally:
+        dev.stop()
+
+
+def test_after_kill_9_of_the_server_the_others_stop_and_a_restart_resumes(
+    tmp_path: Path,
+) -> None:
+    dev = start_dev(tmp_path, "flows", WORKFLOWS, "--processes", "2")
+    parents = ids_in(0, "p", 2) + ids_in(1, "p", 2)
+    kids = ids_in(1, "k", 2) + ids_in(0, "k", 2)
+    try:
+        asyncio.run(parents_across_processes(dev.url, parents, kids, collect=4))
+        until(
+            lambda: all(get_json(f"{dev.url}/v1/instances/{k}")[0] == 200 for k in kids),
+            "kids started",
+        )
+        child = engine_child(dev)
+    finally:
+        dev.proc.kill()
+        dev.proc.wait()
+    until(lambda: not os.path.exists(f"/proc/{child}"), "the orphaned engine process stops", 15)
+    again = start_dev(tmp_path, "flows", WORKFLOWS, "--processes", "2")
+    try:
+        asyncio.run(release_kids(again.url, kids))
+        assert asyncio.run(results(again.url, parents)) == [0, 2, 4, 6]
+        assert asyncio.run(results(again.url, ["collector"])) == [[0, 2, 4, 6]]
+    finally:
+        again.stop()
+
+
+def test_a_data_directory_keeps_its_process_count(tmp_path: Path) -> None:
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+    single = start_dev(tmp_path / "one", "flows", WORKFLOWS)
+    single.stop()
+    refused = run_cli(
+        tmp_path / "one",
+        *("dev", "--workflows", "flows", "--data", str(tmp_path / "one" / "data")),
+        *("--port", "0", "--processes", "2"),
+    )
+    assert refused.returncode == 1
+    assert "written by one engine process" in refused.stderr
+    split = start_dev(tmp_path / "two", "flows", WORKFLOWS, "--processes", "2")
+    split.stop()
+    data = str(tmp_path / "two" / "data")
+    for extra, says in (
+        ((), "serve it with `stepstream dev --processes 2`"),
+        (("--processes", "3"), "pass --processes 2"),
+        (("--processes", "2", "--partitions", "8"), "pass --partitions 4"),
+    ):
+        run = run_cli(
+            tmp_path / "two", "dev", "--workflows", "flows", "--data", data, "--port", "0", *extra
+        )
+        assert run.returncode == 1, run.stderr
+        assert says in run.stderr, run.stderr
