@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,7 +20,7 @@ import pytest
 from ops.bench.sessions import engine_children
 from ops.processes import ProcessLayout
 from producers.client import Client
-from tests.dev_server import DevServer, run_cli, start_dev
+from tests.dev_server import REPO, DevServer, clean_env, run_cli, start_dev
 
 pytestmark = pytest.mark.slow
 
@@ -224,3 +227,36 @@ def test_a_data_directory_keeps_its_process_count(tmp_path: Path) -> None:
         )
         assert run.returncode == 1, run.stderr
         assert says in run.stderr, run.stderr
+
+
+def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
+    readme = (Path(REPO) / "README.md").read_text()
+    block = readme.split("### Using more cores", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    serve, start = (shlex.split(line) for line in block.strip().splitlines())
+    assert serve[:2] == ["stepstream", "dev"] and "--processes" in serve
+    log = tmp_path / "dev.log"
+    where = ["--data", str(tmp_path / "d"), "--port", "0"]
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", *serve[1:], *where],
+            cwd=tmp_path,
+            env=clean_env(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    dev = DevServer(line.split("listening on ", 1)[1].split()[0], tmp_path, log, proc)
+    try:
+        assert "in 2 processes" in line, line
+        done = dev.cli(*start[1:])
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "status:      completed" in done.stdout, done.stdout
+        result = done.stdout.split("result:", 1)[1].strip()
+        assert json.loads(result)["resized"] == [f"{p}-small.jpg" for p in "abcde"]
+        kids = json.loads(dev.cli("list", "--json").stdout)
+        assert len(kids) > 3  # the batch was split into children
+        owners = {LAYOUT.process_of(k["instance_id"]) for k in kids}
+        assert owners == {0, 1}, "the instances ran in both processes"
+    finally:
+        dev.stop()
