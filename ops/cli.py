@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    logs.configure(level, log_format)
+    logs.configure(level, log_format, process=_process_index(args))
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
@@ -82,6 +82,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+
+
+def _process_index(args: argparse.Namespace) -> int | None:
+    """Which engine process of `stepstream dev --processes N` this is, if it is one."""
+    if args.command != "dev" or getattr(args, "processes", 1) <= 1:
+        return None
+    from ops.processes import SPEC_ENV, Spec
+
+    spec = os.environ.get(SPEC_ENV)
+    return Spec.from_env(spec).process if spec else 0
 
 
 # ---- run ------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ The engine's log lines name what they concern as ``key=value`` pairs in the mess
 (``instance=... step=... attempt=... partition=...``). The JSON format lifts those into
 fields of their own (``instance_id``, ``workflow``, ``step``, ``attempt``, ``partition``,
 ``trace_id``), so an operator can filter on them; fields passed with ``extra=`` are
-kept as they are.
+kept as they are. The engine processes of ``stepstream dev --processes N`` add
+``process`` (0 for the one that was started) to every line.
 """
 
 from __future__ import annotations
@@ -38,10 +39,14 @@ def _when(record: logging.LogRecord) -> str:
 
 
 class KeyValueFormatter(logging.Formatter):
+    def __init__(self, process: int | None = None) -> None:
+        super().__init__()
+        self._process = "" if process is None else f" process={process}"
+
     def format(self, record: logging.LogRecord) -> str:
         line = (
-            f"ts={_when(record)} level={record.levelname} logger={record.name} "
-            f"msg={json.dumps(record.getMessage(), ensure_ascii=False)}"
+            f"ts={_when(record)} level={record.levelname} logger={record.name}"
+            f"{self._process} msg={json.dumps(record.getMessage(), ensure_ascii=False)}"
         )
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
@@ -49,6 +54,10 @@ class KeyValueFormatter(logging.Formatter):
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, process: int | None = None) -> None:
+        super().__init__()
+        self._process = process
+
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
         out: dict[str, Any] = {
@@ -57,6 +66,8 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": message,
         }
+        if self._process is not None:
+            out["process"] = self._process
         for key, value in _PAIR.findall(message):
             field = _FIELDS[key]
             if field not in out and value != "-":
@@ -78,9 +89,12 @@ def _typed(field: str, value: str) -> Any:
     return value
 
 
-def configure(level: str, log_format: str = "text") -> None:
+def configure(level: str, log_format: str = "text", *, process: int | None = None) -> None:
+    """``process``: which engine process of ``stepstream dev --processes N`` logs (a
+    ``process`` field on every line), or None for the only one."""
     if log_format not in FORMATS:
         raise ValueError(f"log format {log_format!r}: use one of {', '.join(FORMATS)}")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if log_format == "json" else KeyValueFormatter())
+    formatter = JsonFormatter if log_format == "json" else KeyValueFormatter
+    handler.setFormatter(formatter(process))
     logging.basicConfig(level=level, handlers=[handler], force=True)

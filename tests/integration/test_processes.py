@@ -150,6 +150,10 @@ def test_children_messages_reads_and_metrics_span_both_processes(tmp_path: Path)
     finally:
         dev.stop()
     assert engine_children(dev.proc.pid) == []
+    # Every log line says which process wrote it.
+    lines = dev.log.read_text().splitlines()
+    assert any("process=1 " in line and "serving partitions [1, 3]" in line for line in lines)
+    assert any("process=0 " in line and "shutting down" in line for line in lines)
 
 
 def test_a_killed_engine_process_is_started_again_and_loses_nothing(tmp_path: Path) -> None:
