@@ -9,8 +9,8 @@
   ``Host`` that is not a loopback name, an IP address, the bound or advertised host, this
   machine's name or an allowed host (``--allowed-host``, ``STEPSTREAM_ALLOWED_HOSTS``; ``*``
   allows any) (403: DNS rebinding), and a POST whose body is not ``application/json``
-  (or ``RECORDS_TYPE``, the engine processes' forwarded records) (415): a browser cannot
-  send either cross-site without asking first.
+  (or, on the internal routes only, ``RECORDS_TYPE``: the engine processes' forwarded
+  records) (415): a browser cannot send either cross-site without asking first.
 - Optional TLS (``--tls-cert``, ``--tls-key``).
 """
 
@@ -29,11 +29,12 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from engine.errors import StepstreamError
-
-# Forwarded log records, between the engine processes of ``stepstream dev --processes``.
-RECORDS_TYPE = "application/vnd.stepstream.records"
-_POST_TYPES = frozenset(("application/json", RECORDS_TYPE))
 from ops.ui.routes import STATIC_PREFIX, UI_FILES, UI_PATHS
+
+# Forwarded log records, between the engine processes of ``stepstream dev --processes``:
+# taken only on their internal routes.
+RECORDS_TYPE = "application/vnd.stepstream.records"
+INTERNAL_PREFIX = "/internal/"
 
 TOKEN_ENV = "STEPSTREAM_API_TOKEN"
 ALLOWED_HOSTS_ENV = "STEPSTREAM_ALLOWED_HOSTS"
@@ -138,6 +139,13 @@ class ApiSecurity:
         return _Guard(self, served_hosts).check
 
 
+def _accepted_body(request: web.Request) -> bool:
+    kind = request.content_type
+    if kind == "application/json":
+        return True
+    return kind == RECORDS_TYPE and request.path.startswith(INTERNAL_PREFIX)
+
+
 def is_loopback(host: str) -> bool:
     name = _host_name(host)
     if name == "localhost" or name.endswith(".localhost"):
@@ -180,7 +188,7 @@ class _Guard:
             refusal = self._check_token(request.headers.get("Authorization"))
             if refusal is not None:
                 return _refuse(401, "AccessDenied", refusal, {"WWW-Authenticate": "Bearer"})
-        if request.method == "POST" and request.content_type not in _POST_TYPES:
+        if request.method == "POST" and not _accepted_body(request):
             sent = request.headers.get("Content-Type")
             return _refuse(
                 415,

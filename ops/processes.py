@@ -51,7 +51,7 @@ from engine.errors import StepstreamError
 from engine.listing import InstancePage, ListQuery, Overview, merge_overviews, merge_pages
 from engine.topics import partition_for
 from engine.views import HistoryEntry, InstanceStatus
-from ops.api_security import RECORDS_TYPE, ApiSecurity
+from ops.api_security import INTERNAL_PREFIX, RECORDS_TYPE, ApiSecurity
 from ops.embedded import PROCESSES_FILE, EmbeddedConfig, EmbeddedEngine, open_embedded
 from ops.metrics import CONTENT_TYPE, Health, Observability, observability_for
 from producers.client import Transport
@@ -226,7 +226,7 @@ def remote_transport(url: str, token: str) -> HttpTransport:
 
 # ---- forwarding between processes ------------------------------------------------------
 
-FORWARD_PATH = "/internal/v1/forward"
+FORWARD_PATH = INTERNAL_PREFIX + "v1/forward"
 
 
 def add_forward_routes(app: web.Application, receiver: ForwardReceiver) -> None:
@@ -432,6 +432,7 @@ class Children:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.restarts = 0
+        self.exits: dict[int, int] = {}  # process -> the status it last exited with
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -457,12 +458,16 @@ class Children:
                 pass_fds=(spec.fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
+                # Out of the terminal's process group: Ctrl-C stops the server, which
+                # stops its children, rather than racing it to them (and a restart).
+                start_new_session=True,
             )
             self._procs[spec.process] = proc
             code = await proc.wait()
             if self._stopping:
                 return
             self.restarts += 1
+            self.exits[spec.process] = code
             log.error(
                 "engine process %d (pid %d) exited with status %d; starting it again (its "
                 "partitions wait until it is back, nothing is lost)",
@@ -505,9 +510,11 @@ async def wait_ready(urls: Sequence[str], token: str, children: Children) -> Non
                     break
                 await asyncio.sleep(0.1)
             else:
+                exited = children.exits.get(process)
+                said = "" if exited is None else f", and it exited with status {exited}"
                 raise StepstreamError(
                     f"engine process {process} was not ready in {READY_TIMEOUT_S:.0f} s "
-                    f"({reason}); its log lines above say why"
+                    f"({reason}{said}); its log lines above say why"
                 )
 
 

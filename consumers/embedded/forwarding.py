@@ -30,6 +30,7 @@ log = logging.getLogger("stepstream.embedded.forwarding")
 FORWARD_BATCH = 500  # records per request to the owner
 RETRY_S = 0.5  # after a failed send (the owner is restarting): the first wait, doubled to 5 s
 TRIM_EVERY = 1_000  # forwarded records kept before the log is trimmed
+WARN_AFTER_S = 5.0  # failing this long is worth a warning (an owner starting is not)
 WARN_EVERY_S = 10.0
 
 _HEADER = struct.Struct(">IIQI")  # source process, partition, first offset, records
@@ -133,6 +134,7 @@ class Forwarder:
         self._position = position
         self._tasks: list[asyncio.Task[None]] = []
         self.forwarded = 0  # records the owners took
+        self._failing: dict[int, float] = {}  # partition -> since when its sends fail
         self._warned: dict[int, float] = {}
 
     def start(self) -> None:
@@ -168,6 +170,7 @@ class Forwarder:
                 following = await self._send(partition, entries[0].offset, pairs)
                 self.forwarded += len(pairs)
                 backoff = RETRY_S
+                self._failing.pop(partition, None)
                 if following - trimmed >= TRIM_EVERY:
                     # Keep the last forwarded record: the log's end is found from it.
                     await db.write(
@@ -191,6 +194,9 @@ class Forwarder:
 
     def _warn(self, partition: int, exc: Exception) -> None:
         now = time.monotonic()
+        since = self._failing.setdefault(partition, now)
+        if now - since < WARN_AFTER_S:
+            return
         if now - self._warned.get(partition, -WARN_EVERY_S) >= WARN_EVERY_S:
             self._warned[partition] = now
             log.warning(

@@ -196,7 +196,9 @@ async def test_a_foreign_origin_is_refused_and_nothing_starts_or_is_cancelled(
 
 async def test_post_bodies_must_be_json(dev: DevServer, http: aiohttp.ClientSession) -> None:
     start = json.dumps({"workflow": "echo", "input": 1, "instance_id": "plain-1"})
-    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+    # The engine processes' forwarded records are taken on their internal routes only.
+    records = "application/vnd.stepstream.records"
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", records, None):
         headers = {**AUTH, "Content-Type": content_type} if content_type else AUTH
         async with http.post("/v1/instances", data=start.encode(), headers=headers) as r:
             status, body = await answer(r)
