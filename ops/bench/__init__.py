@@ -112,7 +112,7 @@ async def run_bench(
             "bench: --workers is for --client http (engine processes of `stepstream dev "
             "--processes K`) and --client kafka (worker processes)"
         )
-    if workers > partitions:
+    if client == "kafka" and workers > partitions:
         raise SystemExit(
             f"bench: --workers {workers} needs at least as many partitions; "
             f"pass --partitions {workers} or more"

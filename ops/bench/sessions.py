@@ -61,10 +61,17 @@ async def server_gc_pauses(servers: list[str]) -> dict[str, Any]:
         for index, url in enumerate(servers):
             async with http.get(url.rstrip("/") + "/metrics") as response:
                 text = await response.text()
-            figures: dict[str, dict[str, float]] = {f"gen{g}": {} for g in range(3)}
+            # One server; or, from `stepstream dev --processes`, its processes' series,
+            # each labelled with its process.
+            by_process: dict[str, dict[str, dict[str, float]]] = {}
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
-                    gen = figures.get(f"gen{sample.labels.get('generation')}")
+                    generation = sample.labels.get("generation")
+                    if generation is None:
+                        continue
+                    process = sample.labels.get("process", "")
+                    figures = by_process.setdefault(process, {f"gen{g}": {} for g in range(3)})
+                    gen = figures.get(f"gen{generation}")
                     if gen is None:
                         continue
                     if sample.name == "stepstream_gc_pause_seconds_count":
@@ -73,7 +80,11 @@ async def server_gc_pauses(servers: list[str]) -> dict[str, Any]:
                         gen["total_ms"] = round(sample.value * 1000, 1)
                     elif sample.name == "stepstream_gc_pause_max_seconds":
                         gen["longest_ms"] = round(sample.value * 1000, 1)
-            found["engine" if len(servers) == 1 else f"worker{index}"] = figures
+            for process, figures in by_process.items():
+                if process:
+                    found[f"process{process}"] = figures
+                else:
+                    found["engine" if len(servers) == 1 else f"worker{index}"] = figures
     return found
 
 
@@ -160,11 +171,12 @@ async def http(path: str, processes: int = 1) -> AsyncIterator[Session]:
     try:
         url = await _listening(proc, "stepstream dev", log_path)
         pids = [proc.pid, *engine_children(proc.pid)]
-        server = "stepstream dev (embedded)"
+        extra: dict[str, Any] = {"server": "stepstream dev (embedded)"}
         if processes > 1:
-            server = f"stepstream dev --processes {processes} (embedded)"
+            extra.update(server=f"stepstream dev --processes {processes} (embedded)")
+            extra.update(processes=processes)
         async with Client.connect(url) as client:
-            yield Session(client, pids, {"server": server}, [url])
+            yield Session(client, pids, extra, [url])
     finally:
         await asyncio.to_thread(_stop, proc)
 

@@ -50,6 +50,15 @@ def test_bench_through_the_embedded_clients(tmp_path: Path, client: str) -> None
     assert per_process["gen0"]["collections"] > 0, pauses
 
 
+def test_bench_through_the_http_client_on_two_engine_processes(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "--client", "http", "--workers", "2", "--workload", "W1")
+    assert (result["client"], result["backend"]) == ("http", "embedded")
+    w1 = result["W1"]
+    assert w1["completed"] == N and w1["processes"] == 2, w1
+    assert set(w1["cpu_s"]) == {"client", "worker0", "worker1"}, w1  # both processes
+    assert set(w1["gc_pauses"]) == {"process0", "process1"}, w1
+
+
 @pytest.mark.kafka
 def test_bench_through_the_kafka_client_on_two_workers(
     tmp_path: Path, kafka_broker: Broker
