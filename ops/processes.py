@@ -28,7 +28,7 @@ import secrets
 import socket
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -300,6 +300,7 @@ class ProcessesObservability(Observability):
 
     peers: Sequence[str] = ()  # the other processes' API URLs, process 1 first
     token: str = ""
+    restarts: Callable[[], Mapping[int, int]] = dict  # process -> times started again
 
     async def metrics(self, request: web.Request) -> web.Response:
         texts = [generate_latest(self.registry).decode()]
@@ -310,7 +311,18 @@ class ProcessesObservability(Observability):
                         texts.append(await response.text())
                 except aiohttp.ClientError:
                     texts.append("")  # a process starting again: its series come back with it
-        body = generate_latest(_labelled(texts))
+        restarts = Metric(
+            "stepstream_engine_process_restarts",
+            "Times an engine process of `stepstream dev --processes` died and was started "
+            "again, by process.",
+            "counter",
+        )
+        for process in range(1, len(self.peers) + 1):
+            count = self.restarts().get(process, 0)
+            restarts.add_sample(
+                "stepstream_engine_process_restarts_total", {"process": str(process)}, count
+            )
+        body = generate_latest(_labelled(texts, restarts))
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def readyz(self, request: web.Request) -> web.Response:
@@ -346,9 +358,10 @@ class _Merged:
         return self._families
 
 
-def _labelled(texts: Sequence[str]) -> CollectorRegistry:
-    """One registry of every process's families, each sample labelled with its process."""
-    merged: dict[str, Metric] = {}
+def _labelled(texts: Sequence[str], *more: Metric) -> CollectorRegistry:
+    """One registry of every process's families, each sample labelled with its process,
+    and ``more``."""
+    merged: dict[str, Metric] = {m.name: m for m in more}
     for process, text in enumerate(texts):
         for family in text_string_to_metric_families(text):
             into = merged.get(family.name)
@@ -407,7 +420,7 @@ async def open_share(
 @contextlib.asynccontextmanager
 async def forwarding(
     engine: EmbeddedEngine, layout: ProcessLayout, me: int, urls: Sequence[str], token: str
-) -> Any:
+) -> AsyncIterator[ForwardReceiver]:
     """The receiver of this process's partitions and the forwarder of the others'."""
     receiver = ForwardReceiver(engine.db, layout.partitions_of(me))
     client = ForwardClient(me, layout, urls, token)
@@ -431,20 +444,12 @@ class Children:
         self._procs: dict[int, asyncio.subprocess.Process] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
-        self.restarts = 0
+        self.restarts: dict[int, int] = {}  # process -> times started again
         self.exits: dict[int, int] = {}  # process -> the status it last exited with
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._keep(spec)) for spec in self._specs]
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self._procs.values() if p.returncode is None]
-
-    def alive(self, process: int) -> bool:
-        proc = self._procs.get(process)
-        return proc is not None and proc.returncode is None
 
     async def _keep(self, spec: Spec) -> None:
         while not self._stopping:
@@ -466,7 +471,7 @@ class Children:
             code = await proc.wait()
             if self._stopping:
                 return
-            self.restarts += 1
+            self.restarts[spec.process] = self.restarts.get(spec.process, 0) + 1
             self.exits[spec.process] = code
             log.error(
                 "engine process %d (pid %d) exited with status %d; starting it again (its "
@@ -665,7 +670,11 @@ async def serve_parent(
                 engine, source_lag=sources.lag.records if sources is not None else dict
             )
             observability = ProcessesObservability(
-                base.registry, base.health, peers=urls[1:], token=token
+                base.registry,
+                base.health,
+                peers=urls[1:],
+                token=token,
+                restarts=lambda: children.restarts,
             )
             runner = web.AppRunner(
                 make_public_app(transport, engine, observability),

@@ -33,6 +33,12 @@ METRICS: dict[str, str] = {
     "stepstream_spans_dropped_total": "counter",
 }
 
+# Served besides by `stepstream dev --processes N` (every other series gets a `process`
+# label there).
+PROCESSES_METRICS: dict[str, str] = {
+    "stepstream_engine_process_restarts_total": "counter",
+}
+
 # Prometheus adds this series for every scrape target itself.
 SCRAPE_SERIES = frozenset({"up"})
 

@@ -146,6 +146,7 @@ def test_children_messages_reads_and_metrics_span_both_processes(tmp_path: Path)
         }
         assert started["0"] > 0 and started["1"] > 0
         assert started["0"] + started["1"] == len(parents) + len(kids) + 1
+        assert 'stepstream_engine_process_restarts_total{process="1"} 0.0' in text
         assert get_json(dev.url + "/readyz") == (200, {"ready": True})
     finally:
         dev.stop()
@@ -176,6 +177,9 @@ def test_a_killed_engine_process_is_started_again_and_loses_nothing(tmp_path: Pa
         assert asyncio.run(results(dev.url, parents)) == [0, 2, 4, 6]
         assert asyncio.run(results(dev.url, ["collector"])) == [[0, 2, 4, 6]]
         assert "engine process 1" in dev.log.read_text()  # the restart is logged
+        with urllib.request.urlopen(dev.url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        assert 'stepstream_engine_process_restarts_total{process="1"} 1.0' in text
     finally:
         dev.stop()
 
