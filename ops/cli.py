@@ -204,13 +204,19 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
     from ops.embedded_sources import start_embedded_sources
 
     config = EmbeddedConfig.from_env(data_dir=args.data, partitions=args.partitions)
-    spec = os.environ.get(processes.SPEC_ENV)
-    if spec:  # one of the engine processes of a `stepstream dev --processes N`
-        return await processes.serve_child(registry, config, processes.Spec.from_env(spec))
     if args.processes < 1:
         raise _UsageError(f"--processes must be 1 or more, got {args.processes}")
     security = _api_security(args)
     tls = security.ssl_context()
+    spec = os.environ.get(processes.SPEC_ENV)
+    if spec:  # one of the engine processes of a `stepstream dev --processes N`
+        return await processes.serve_child(
+            registry,
+            config,
+            processes.Spec.from_env(spec),
+            _public_app(args, config, security),
+            tls,
+        )
     if args.processes > 1:
         return await _serve_processes(registry, args, config, security)
     sock = _listen(args.host, args.port)
@@ -278,10 +284,10 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-async def _serve_processes(
-    registry: Registry, args: argparse.Namespace, config: Any, security: ApiSecurity
-) -> int:
-    from ops import processes
+def _public_app(
+    args: argparse.Namespace, config: Any, security: ApiSecurity
+) -> Callable[[Any, Any, Any], web.Application]:
+    """How an engine process of `stepstream dev --processes N` makes the API clients use."""
 
     def public_app(transport: Any, engine: Any, observability: Any) -> web.Application:
         return make_app(
@@ -292,6 +298,16 @@ async def _serve_processes(
             served_hosts=(args.host,),
             observability=observability,
         )
+
+    return public_app
+
+
+async def _serve_processes(
+    registry: Registry, args: argparse.Namespace, config: Any, security: ApiSecurity
+) -> int:
+    from ops import processes
+
+    public_app = _public_app(args, config, security)
 
     def announce(address: str, layout: processes.ProcessLayout) -> None:
         print(

@@ -56,6 +56,7 @@ from ops.embedded import PROCESSES_FILE, EmbeddedConfig, EmbeddedEngine, open_em
 from ops.metrics import CONTENT_TYPE, Health, Observability, observability_for
 from producers.client import Transport
 from producers.http import HttpTransport, client_headers
+from producers.http_routing import PROCESSES_PATH
 
 log = logging.getLogger("stepstream.processes")
 
@@ -224,6 +225,21 @@ def remote_transport(url: str, token: str) -> HttpTransport:
     return HttpTransport(url, session)
 
 
+def add_processes_route(app: web.Application, layout: ProcessLayout, ports: Sequence[int]) -> None:
+    """``GET /v1/processes``: where each process serves its own partitions' API, so a
+    client can send each instance's calls straight to its owner
+    (``producers/http_routing.py``)."""
+    answer = {
+        "partitions": layout.partitions,
+        "processes": [{"process": g, "port": port} for g, port in enumerate(ports)],
+    }
+
+    async def processes(request: web.Request) -> web.Response:
+        return web.json_response(answer)
+
+    app.router.add_get(PROCESSES_PATH, processes)
+
+
 # ---- forwarding between processes ------------------------------------------------------
 
 FORWARD_PATH = INTERNAL_PREFIX + "v1/forward"
@@ -388,7 +404,8 @@ class Spec:
     partitions: int
     urls: list[str]  # every process's internal API URL, by process
     token: str
-    fd: int  # the listening socket the parent opened for this child
+    fd: int  # the listening socket the parent opened for this child's internal API
+    public_fd: int  # and the one for its own partitions' public API
 
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -460,7 +477,7 @@ class Children:
                 "ops.cli",
                 *sys.argv[1:],
                 env=env,
-                pass_fds=(spec.fd,),
+                pass_fds=(spec.fd, spec.public_fd),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 # Out of the terminal's process group: Ctrl-C stops the server, which
@@ -544,34 +561,46 @@ async def parent_gone(parent: int) -> None:
 # ---- serving: process 0 (the parent) and the others ------------------------------------
 
 
-async def serve_child(registry: Any, config: EmbeddedConfig, spec: Spec) -> int:
-    """A child: its partitions, their API on the socket it was handed, forwarding; until
+async def serve_child(
+    registry: Any,
+    config: EmbeddedConfig,
+    spec: Spec,
+    public_app: Callable[[Transport, EmbeddedEngine, Observability], web.Application],
+    tls: Any,
+) -> int:
+    """A child: its partitions, their API on the sockets it was handed (the processes'
+    one, behind their token; the clients' one, as the server's), forwarding; until
     SIGTERM, its parent is gone, or its data directory fails."""
     from ops import tracing
-    from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
     from ops.serving import stop_on_signals
 
     parent = os.getppid()
     layout = ProcessLayout(spec.processes, spec.partitions)
     sock = socket.socket(fileno=spec.fd)
     sock.setblocking(False)
+    public = socket.socket(fileno=spec.public_fd)
+    public.setblocking(False)
     engine = await open_share(registry, config, layout, spec.process)
     traced = tracing.setup(engine.host, service="stepstream-dev")
+    others = [g for g in range(spec.processes) if g != spec.process]
+    remotes = {g: remote_transport(spec.urls[g], spec.token) for g in others}
     try:
         async with forwarding(engine, layout, spec.process, spec.urls, spec.token) as receiver:
-            app = make_app(
-                engine.transport,
-                registry_names=engine.host.registry.names,
-                max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * config.max_payload_bytes),
-                security=ApiSecurity(token=spec.token),
-                served_hosts=("127.0.0.1",),
-                observability=_observability(engine),
+            runner = web.AppRunner(
+                internal_app(engine, config, spec.token, receiver), handler_cancellation=True
             )
-            add_forward_routes(app, receiver)
-            runner = web.AppRunner(app, handler_cancellation=True)
             await runner.setup()
+            # Its own partitions straight, any other instance through its owner.
+            everyone = ProcessesTransport(engine.transport, layout, spec.process, remotes)
+            clients = web.AppRunner(
+                public_app(everyone, engine, _observability(engine)),
+                handler_cancellation=True,
+                access_log_format='%a "%r" %s %b %Tfs',
+            )
+            await clients.setup()
             try:
                 await web.SockSite(runner, sock).start()
+                await web.SockSite(clients, public, ssl_context=tls).start()
                 log.info(
                     "engine process %d serving partitions %s",
                     spec.process,
@@ -580,13 +609,36 @@ async def serve_child(registry: Any, config: EmbeddedConfig, spec: Spec) -> int:
                 with stop_on_signals() as stop:
                     await _until_stopped(engine, stop, parent_gone(parent))
             finally:
+                await clients.cleanup()
                 await runner.cleanup()
     finally:
+        for remote in remotes.values():
+            await remote.close()
         sock.close()
+        public.close()
         await engine.close()
         if traced is not None:
             traced.close()
     return 0
+
+
+def internal_app(
+    engine: EmbeddedEngine, config: EmbeddedConfig, token: str, receiver: ForwardReceiver
+) -> web.Application:
+    """A process's API for the other processes: its own partitions, forwarding, /metrics
+    and /readyz, behind their token, on loopback."""
+    from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
+
+    app = make_app(
+        engine.transport,
+        registry_names=engine.host.registry.names,
+        max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * config.max_payload_bytes),
+        security=ApiSecurity(token=token),
+        served_hosts=("127.0.0.1",),
+        observability=_observability(engine),
+    )
+    add_forward_routes(app, receiver)
+    return app
 
 
 def _observability(engine: EmbeddedEngine, **kwargs: Any) -> Observability:
@@ -633,14 +685,18 @@ async def serve_parent(
     of them on ``public``; until SIGTERM or its data directory fails."""
     from ops import tracing
     from ops.embedded_sources import start_embedded_sources
-    from ops.serving import stop_on_signals
+    from ops.serving import listen, stop_on_signals
 
     layout = prepare_layout(config.data_dir, processes, config.partitions)
     token = secrets.token_urlsafe(32)
     sockets = loopback_sockets(processes)
     urls = [url_of(s) for s in sockets]
+    # The other processes' public APIs: the same host as this one's, ports of their own.
+    host = public.getsockname()[0]
+    publics = [public] + [listen(host, 0) for _ in range(1, processes)]
+    ports = [s.getsockname()[1] for s in publics]
     specs = [
-        Spec(g, processes, layout.partitions, urls, token, sockets[g].fileno())
+        Spec(g, processes, layout.partitions, urls, token, sockets[g].fileno(), publics[g].fileno())
         for g in range(1, processes)
     ]
     children = Children(specs)
@@ -657,11 +713,7 @@ async def serve_parent(
         if sources is not None:
             stack.push_async_callback(sources.stop)
         async with forwarding(engine, layout, 0, urls, token) as receiver:
-            internal_app = web.Application(
-                middlewares=[ApiSecurity(token=token).guard(("127.0.0.1",))]
-            )
-            add_forward_routes(internal_app, receiver)
-            internal = web.AppRunner(internal_app)
+            internal = web.AppRunner(internal_app(engine, config, token, receiver))
             await internal.setup()
             await web.SockSite(internal, sockets[0]).start()
             await wait_ready(urls, token, children)
@@ -676,10 +728,10 @@ async def serve_parent(
                 token=token,
                 restarts=lambda: children.restarts,
             )
+            app = make_public_app(transport, engine, observability)
+            add_processes_route(app, layout, ports)
             runner = web.AppRunner(
-                make_public_app(transport, engine, observability),
-                handler_cancellation=True,
-                access_log_format='%a "%r" %s %b %Tfs',
+                app, handler_cancellation=True, access_log_format='%a "%r" %s %b %Tfs'
             )
             await runner.setup()
             with stop_on_signals() as stop:
@@ -698,7 +750,7 @@ async def serve_parent(
         await children.stop()
         if internal is not None:
             await internal.cleanup()
-        for sock in sockets:
+        for sock in [*sockets, *publics[1:]]:
             sock.close()
         if engine is not None:
             await engine.close()

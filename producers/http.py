@@ -176,6 +176,9 @@ class ApiSession:
                     link.send(_call_text(call_id, "cancel", "{}"))
                 raise
 
+    async def open(self) -> None:
+        await self._connect()
+
     async def _connect(self) -> _Link:
         link = self._link
         if link is not None and not link.ws.closed:
@@ -404,6 +407,27 @@ class HttpTransport:
         await self._calls.close()
         await self._session.close()
 
+    async def close_session_only(self) -> None:
+        """Close the websocket session, not the connection pool (another owns it)."""
+        await self._calls.close()
+
+    async def probe(self) -> None:
+        """Open the websocket session now; ``ConnectionFailed`` if the server is not
+        reachable."""
+        await self._calls.open()
+
+    @property
+    def base_url(self) -> str:
+        return self._base
+
+    @property
+    def request_timeout(self) -> float:
+        return self._request_timeout
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        return self._session
+
     async def _call(
         self,
         method: str,
@@ -564,7 +588,9 @@ async def _connect(url: str, options: dict[str, Any]) -> Transport:
     headers = client_headers(token)
     connector = aiohttp.TCPConnector(limit=_CONNECTIONS, ssl=client_ssl(tls_ca))
     session = aiohttp.ClientSession(headers=headers, connector=connector)
-    return HttpTransport(url, session, request_timeout=request_timeout)
+    from producers.http_routing import RoutedHttpTransport
+
+    return RoutedHttpTransport(HttpTransport(url, session, request_timeout=request_timeout))
 
 
 register_transport("http", _connect)

@@ -268,3 +268,29 @@ def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
         assert owners == {0, 1}, "the instances ran in both processes"
     finally:
         dev.stop()
+
+
+def test_the_http_client_sends_an_instances_calls_to_its_owner(tmp_path: Path) -> None:
+    """Told where each process serves its own partitions (GET /v1/processes), the client
+    talks to the owner itself: with the server frozen, an instance of the other process
+    still takes an event, runs, and answers."""
+    dev = start_dev(tmp_path, "flows", WORKFLOWS, "--processes", "2")
+    (kid,) = ids_in(1, "k", 1)
+
+    async def while_the_server_is_frozen() -> tuple[object, str]:
+        async with Client.connect(dev.url) as client:
+            await client.start("kid", 3, instance_id=kid)
+            os.kill(dev.proc.pid, signal.SIGSTOP)
+            try:
+                await client.send_event(kid, "go", None)
+                return await client.result(kid, timeout=20), (await client.status(kid)).status
+            finally:
+                os.kill(dev.proc.pid, signal.SIGCONT)
+
+    try:
+        status, answer = get_json(dev.url + "/v1/processes")
+        assert status == 200 and answer["partitions"] == 4, answer
+        assert [p["process"] for p in answer["processes"]] == [0, 1]  # type: ignore[union-attr]
+        assert asyncio.run(while_the_server_is_frozen()) == (6, "completed")
+    finally:
+        dev.stop()
