@@ -854,9 +854,10 @@ def _parser() -> argparse.ArgumentParser:
         default=1,
         metavar="N",
         help="engine processes sharing the partitions, to use N cores (default: 1). Each "
-        "keeps its partitions in DATA/process-K; this process serves the API for all of "
-        "them and starts the others again if they die. A data directory keeps the count "
-        "it was made with",
+        "keeps its partitions in DATA/process-K and serves their API on a port of its own "
+        "(GET /v1/processes lists them; the http:// client uses them); this process serves "
+        "the API for all of them and starts the others again if they die. A data "
+        "directory keeps the count it was made with",
     )
 
     start = command(

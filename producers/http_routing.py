@@ -28,7 +28,7 @@ from engine.views import HistoryEntry, InstanceStatus
 log = logging.getLogger("stepstream.client")
 
 PROCESSES_PATH = "/v1/processes"
-_DISCOVERY_TIMEOUT_S = 10.0
+_DISCOVERY_TIMEOUT_S = 5.0  # for the list, and for the processes' ports to answer
 
 
 class RoutedHttpTransport:
@@ -60,13 +60,14 @@ class RoutedHttpTransport:
                 partitions, ports = layout
                 others = [_sibling(server, port) for port in ports[1:]]
                 try:
-                    for other in others:
-                        await other.probe()
-                except StepstreamError as exc:
+                    async with asyncio.timeout(_DISCOVERY_TIMEOUT_S):
+                        for other in others:
+                            await other.probe()
+                except (StepstreamError, TimeoutError) as exc:
                     log.info(
                         "the engine processes' own ports are not reachable (%s); calls go "
                         "through %s, which passes them on",
-                        exc,
+                        exc or "no answer in time",
                         server.base_url,
                     )
                     for other in others:

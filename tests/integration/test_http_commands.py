@@ -5,6 +5,7 @@ of its own. Through the public client against the real API over an embedded engi
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -38,9 +39,10 @@ async def serving(tmp_path: Path, *, websockets: bool) -> AsyncIterator[tuple[st
 
 @asynccontextmanager
 async def serving_engine(
-    tmp_path: Path, *, websockets: bool
+    tmp_path: Path, *, websockets: bool, processes_ports: list[int] | None = None
 ) -> AsyncIterator[tuple[str, list[str], EmbeddedEngine]]:
-    """``serving``, and the engine behind the API."""
+    """``serving``, and the engine behind the API; with ``processes_ports`` the API also
+    says, as ``stepstream dev --processes`` does, that other processes serve on them."""
     engine = await open_embedded(
         conftest.test_registry(), EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=2)
     )
@@ -56,6 +58,14 @@ async def serving_engine(
 
     app = make_app(engine.transport)
     app.middlewares.append(count)
+    if processes_ports is not None:
+        ports = processes_ports
+
+        async def processes(request: web.Request) -> web.Response:
+            listed = [{"process": g, "port": p} for g, p in enumerate([port, *ports])]
+            return web.json_response({"partitions": 2, "processes": listed})
+
+        app.router.add_get("/v1/processes", processes)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -220,3 +230,28 @@ async def test_records_state_the_runs_trace_once_and_another_trace_where_it_caus
     after_event = traces[[t for t, _ in traces].index("WaitStarted") + 1 :]
     assert after_event and all(tp == other for _, tp in after_event), traces
     assert recorded_run == run  # the run's spans still join it
+
+
+async def test_when_the_processes_ports_cannot_be_reached_calls_go_through_the_server(
+    tmp_path: Path,
+) -> None:
+    """A server of several processes whose own ports a firewall hides: the client finds
+    it cannot reach them and sends every call to the server, which passes it on."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+    try:
+        unreachable = [closed.getsockname()[1]]
+        async with (
+            serving_engine(tmp_path, websockets=True, processes_ports=unreachable) as (
+                url,
+                _,
+                _engine,
+            ),
+            Client.connect(url) as client,
+        ):
+            for i in range(4):  # on either "process"
+                await client.start("waiter", None, instance_id=f"fw-{i}")
+                await client.send_event(f"fw-{i}", "approval", i)
+            assert [await client.result(f"fw-{i}", timeout=10) for i in range(4)] == [0, 1, 2, 3]
+    finally:
+        closed.close()
