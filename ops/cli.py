@@ -35,6 +35,7 @@ from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity, InsecureBind
 from ops.gc_tuning import tune_for_serving
 from ops.metrics import Health, observability_for
+from ops.serving import address, api_runner
 from ops.serving import listen as _listen
 from ops.serving import stop_on_signals as _stop_on_signals
 from ops.timeline import render_timeline
@@ -242,16 +243,12 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                 source_lag=lambda: sources.lag.records() if sources is not None else {},
             ),
         )
-        # A result request whose client went away must stop waiting.
-        runner = web.AppRunner(
-            app, handler_cancellation=True, access_log_format='%a "%r" %s %b %Tfs'
-        )
+        runner = api_runner(app)
         await runner.setup()
         with _stop_on_signals() as stop:
             try:
                 await web.SockSite(runner, sock, ssl_context=tls).start()
-                host, port = sock.getsockname()[:2]
-                url = f"{security.scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+                url = f"{security.scheme}://{address(sock)}"
                 print(
                     f"stepstream dev listening on {url} (data {config.data_dir}, "
                     f"{engine.host.partitions} partitions, workflows: "

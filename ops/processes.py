@@ -572,7 +572,7 @@ async def serve_child(
     one, behind their token; the clients' one, as the server's), forwarding; until
     SIGTERM, its parent is gone, or its data directory fails."""
     from ops import tracing
-    from ops.serving import stop_on_signals
+    from ops.serving import api_runner, stop_on_signals
 
     parent = os.getppid()
     layout = ProcessLayout(spec.processes, spec.partitions)
@@ -592,11 +592,7 @@ async def serve_child(
             await runner.setup()
             # Its own partitions straight, any other instance through its owner.
             everyone = ProcessesTransport(engine.transport, layout, spec.process, remotes)
-            clients = web.AppRunner(
-                public_app(everyone, engine, _observability(engine)),
-                handler_cancellation=True,
-                access_log_format='%a "%r" %s %b %Tfs',
-            )
+            clients = api_runner(public_app(everyone, engine, _observability(engine)))
             await clients.setup()
             try:
                 await web.SockSite(runner, sock).start()
@@ -685,7 +681,7 @@ async def serve_parent(
     of them on ``public``; until SIGTERM or its data directory fails."""
     from ops import tracing
     from ops.embedded_sources import start_embedded_sources
-    from ops.serving import listen, stop_on_signals
+    from ops.serving import address, api_runner, listen, stop_on_signals
 
     layout = prepare_layout(config.data_dir, processes, config.partitions)
     token = secrets.token_urlsafe(32)
@@ -730,15 +726,12 @@ async def serve_parent(
             )
             app = make_public_app(transport, engine, observability)
             add_processes_route(app, layout, ports)
-            runner = web.AppRunner(
-                app, handler_cancellation=True, access_log_format='%a "%r" %s %b %Tfs'
-            )
+            runner = api_runner(app)
             await runner.setup()
             with stop_on_signals() as stop:
                 try:
                     await web.SockSite(runner, public, ssl_context=tls).start()
-                    host, port = public.getsockname()[:2]
-                    announce(f"{f'[{host}]' if ':' in host else host}:{port}", layout)
+                    announce(address(public), layout)
                     await _until_stopped(engine, stop)
                     log.info("shutting down")
                 finally:

@@ -9,6 +9,8 @@ import signal
 import socket
 from collections.abc import Iterator
 
+from aiohttp import web
+
 from engine.errors import StepstreamError
 
 
@@ -48,3 +50,15 @@ def stop_on_signals() -> Iterator[asyncio.Event]:
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
+
+
+def api_runner(app: web.Application) -> web.AppRunner:
+    """The runner of an API clients use: a request whose client went away stops waiting
+    (a result wait), and the access log says how long each request took."""
+    return web.AppRunner(app, handler_cancellation=True, access_log_format='%a "%r" %s %b %Tfs')
+
+
+def address(sock: socket.socket) -> str:
+    """``host:port`` a socket listens on, an IPv6 host in brackets."""
+    host, port = sock.getsockname()[:2]
+    return f"{f'[{host}]' if ':' in host else host}:{port}"
