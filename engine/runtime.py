@@ -94,11 +94,14 @@ from engine.state import (
     message_command,
     reply_key,
 )
+from engine.state import timer_id as make_timer_id
 from engine.workflow import WorkflowDefinition
 
 log = logging.getLogger("stepstream.engine")
 
 LOST_ATTEMPT = "AttemptLost"
+# The purpose of the timer that decides an attempt found lost when an instance recovers.
+LOST_PURPOSE = "lost"
 PATCH_PREFIX = "~patch/"  # the replay keys of ctx.patched markers
 CANCELLED_ATTEMPT = "AttemptCancelled"  # the step executor's error type for a cancel
 
@@ -210,6 +213,10 @@ class InstanceRuntime:
         # timers fired while paused) and on a retry's own timer. Otherwise a replay leaves
         # overdue timers to fire through the command log, after what is already there.
         self._retries_due = False
+        # Set while recover() drives: an attempt lost with the previous owner is then not
+        # decided at once but on a timer that fires now, through the command log, so
+        # commands already there (a cancel sent while no worker ran) apply first.
+        self._recovering = False
         # How long the last replay of the code took (seconds), until telemetry takes it.
         self.replayed_s: float | None = None
         self._closing = False  # set while close() unwinds the coroutine
@@ -277,7 +284,11 @@ class InstanceRuntime:
             purpose = _TIMER_PURPOSES.get(entry.state)
             if purpose is not None and self._overdue(entry):
                 self._schedule(entry, purpose)
-        self._drive()
+        self._recovering = True
+        try:
+            self._drive()
+        finally:
+            self._recovering = False
 
     def _waited_children(self) -> list[Entry]:
         """Children whose outcome has not arrived yet."""
@@ -598,6 +609,7 @@ class InstanceRuntime:
             return
         entry = next((e for e in self.state.pending_timers() if e.timer_id == msg.timer_id), None)
         if entry is None:
+            self._on_lost_timer(msg.timer_id)
             return  # cancelled, superseded or already fired: a duplicate fire is harmless
         if entry.fire_at_ms is not None and msg.fire_at_ms < entry.fire_at_ms:
             return  # a fire of an older schedule: the timer is not due yet
@@ -619,6 +631,41 @@ class InstanceRuntime:
                 return
             self._start_attempt(entry.key, intent, entry.attempt + 1)
         self._drive()
+
+    def _on_lost_timer(self, fired: str) -> None:
+        """The timer recover() set for an attempt lost with the previous owner: the loss
+        is recorded now, and the next attempt starts (or the step fails for good)."""
+        if not fired.startswith(f"{self.state.instance_id}/{LOST_PURPOSE}/"):
+            return
+        entry = next(
+            (
+                e
+                for e in self.state.entries.values()
+                if e.state is EntryState.RUNNING and fired == self._lost_timer_id(e)
+            ),
+            None,
+        )
+        if entry is None or (entry.key, entry.attempt) in self.inflight:
+            return  # its outcome came after all, or a duplicate fire
+        if self.state.status is Status.PAUSED:
+            return  # resume replays and decides the lost attempt
+        if self._task is None:
+            self._drive()  # the replay finds the attempt lost and decides it now
+            return
+        self._lose(entry)
+        self._drive()
+
+    def _lost_timer_id(self, entry: Entry) -> str:
+        return make_timer_id(self.state.instance_id, LOST_PURPOSE, entry.key, entry.attempt)
+
+    def _lose(self, entry: Entry) -> None:
+        self._fail_attempt(
+            entry,
+            LOST_ATTEMPT,
+            f"attempt {entry.attempt} was interrupted (worker stopped)",
+            True,
+            now=True,
+        )
 
     def _on_outcome(self, o: StepOutcome) -> None:
         entry = self.state.entries.get(o.key)
@@ -791,13 +838,15 @@ class InstanceRuntime:
             if entry is None:
                 self._start_attempt(key, intent, 1)
             elif entry.state is EntryState.RUNNING:  # attempt lost with the previous owner
-                self._fail_attempt(
-                    entry,
-                    LOST_ATTEMPT,
-                    f"attempt {entry.attempt} was interrupted (worker stopped)",
-                    True,
-                    now=True,
-                )
+                if self._recovering:
+                    self._timer(
+                        TimerScheduled,
+                        timer_id=self._lost_timer_id(entry),
+                        fire_at_ms=self.clock.now_ms(),
+                        purpose=LOST_PURPOSE,
+                    )
+                else:
+                    self._lose(entry)
             elif entry.state is EntryState.BACKOFF:
                 self._start_attempt(key, intent, entry.attempt + 1)
         elif what == "sleep":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -41,6 +42,9 @@ class FlakyPartition:
         self._after_write = after_write
         self.commits = 0
         self.failed = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)  # the rest of the partition, as it is
 
     async def commit(self, batch: CommitBatch) -> None:
         self.commits += 1

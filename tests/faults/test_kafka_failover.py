@@ -290,3 +290,57 @@ async def test_two_workers_share_the_partitions_and_hand_over_cleanly(
 async def _waiting(client: Client, instance: str) -> bool:
     status = await client.status(instance)
     return any(w.kind == "wait" for w in status.waits)
+
+
+async def test_a_cancel_sent_while_no_worker_runs_wins_over_the_last_attempt_it_lost(
+    kafka_broker: Broker,
+    tmp_path: Path,
+    members: Callable[[KafkaSettings], Awaitable[MembersView]],
+) -> None:
+    """The worker dies during a step's only attempt; the cancel the client sends while
+    no worker runs is on the log ahead of anything the successor decides, so the
+    instance ends cancelled: the lost attempt does not fail it first (which would run
+    the code on and make the acknowledged cancel come too late)."""
+    partitions = 2
+    settings = kafka_settings(kafka_broker)
+    await asyncio.to_thread(create_topics, settings, partitions)
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    log = tmp_path / "workers.log"
+    first = WorkerProcess(settings, tmp_path / "a", ledger, log)
+    second = WorkerProcess(settings, tmp_path / "a", ledger, log)
+    view = await members(settings)
+    try:
+        await asyncio.to_thread(first.start)
+        await owned_by(view, partitions, lambda o: len(o) == partitions)
+        async with Client.connect(kafka_url(settings)) as client:
+            name = "last-attempt"
+            await client.start(
+                "long-step", {"name": name, "seconds": 3, "max": 1}, instance_id=name
+            )
+
+            async def running() -> bool:
+                return ledger_count(ledger, f"{name}-started") == 1
+
+            await until(running, f"{name} running its only attempt")
+            first.kill()
+            await client.cancel(name, reason="called off while the workers were down")
+
+            await asyncio.to_thread(second.start)
+            await owned_by(
+                view, partitions, lambda o: set(o.values()) == {second.url} and len(o) == partitions
+            )
+
+            async def ended() -> bool:
+                return (await client.status(name)).status in ("cancelled", "failed", "completed")
+
+            await until(ended, f"{name} to end", timeout=30)
+            history = await client.history(name)
+            story = [(h.seq, h.type, h.attributes) for h in history]
+            assert (await client.status(name)).status == "cancelled", story
+            assert [h.type for h in history if h.type == "StepFailed"] == [], story
+            assert ledger_count(ledger, f"{name}-started") == 1  # not run again
+            assert ledger_count(ledger, f"{name}-tail") == 0
+    finally:
+        first.kill()
+        second.stop()

@@ -503,11 +503,17 @@ def _long(max_attempts: int) -> WorkflowDefinition:
     return define("long-step", long_step)
 
 
-def test_lost_attempt_is_failed_and_the_next_one_launched_on_recover() -> None:
+def test_lost_attempt_is_failed_and_the_next_one_launched_on_its_timer() -> None:
     h = Harness(_long(3))
     h.start(None)
     assert h.launch("long").attempt == 1
     out = h.crash()
+    # Nothing is decided on recovery: a timer due now decides, through the command log.
+    assert out.history == [] and out.launches == []
+    assert [(t.timer_id, t.fire_at_ms, t.purpose) for t in out.timers] == [
+        ("inst-1/lost/1/long", h.clock.ms, "lost")
+    ]
+    out = h.fire()
     assert [(r.type, getattr(r, "attempt", None)) for r in out.history] == [
         ("StepFailed", 1),
         ("StepAttemptStarted", 2),
@@ -518,6 +524,10 @@ def test_lost_attempt_is_failed_and_the_next_one_launched_on_recover() -> None:
     assert lost.next_attempt_at_ms == h.clock.ms  # no backoff for an interrupted attempt
     assert [(launch.key, launch.attempt) for launch in out.launches] == [("long", 2)]
     assert all(r.epoch == 2 for r in out.history)
+    again = TimerFired(
+        instance_id="inst-1", command_id="again", timer_id="inst-1/lost/1/long", fire_at_ms=1
+    )
+    assert h.feed(again).history == []  # a second fire finds attempt 2 running: no change
     h.run_all()
     assert h.result() == "long"
     h.check_history()
@@ -526,8 +536,10 @@ def test_lost_attempt_is_failed_and_the_next_one_launched_on_recover() -> None:
 def test_crashes_use_up_attempts_and_the_step_fails_for_good() -> None:
     h = Harness(_long(2))
     h.start(None)
-    h.crash()  # attempt 1 lost, attempt 2 launched
-    out = h.crash()  # attempt 2 lost: none left
+    h.crash()
+    h.fire()  # attempt 1 lost, attempt 2 launched
+    assert h.crash().history == []
+    out = h.fire()  # attempt 2 lost: none left
     assert [r.type for r in out.history] == ["StepFailed", "WorkflowFailed"]
     final = out.history[0]
     assert isinstance(final, StepFailedRecord)
@@ -540,13 +552,49 @@ def test_crashes_use_up_attempts_and_the_step_fails_for_good() -> None:
     assert len(h.of_type(StepAttemptStarted, "long")) == 2
 
 
-def test_single_attempt_lost_fails_at_once() -> None:
+def test_single_attempt_lost_fails_on_its_timer() -> None:
     h = Harness(_long(1))
     h.start(None)
-    out = h.crash()
+    h.crash()
+    out = h.fire()
     assert [r.type for r in out.history] == ["StepFailed", "WorkflowFailed"]
     assert out.launches == []
     assert h.of_type(StepAttemptStarted, "tail") == []
+
+
+def test_a_cancel_on_the_log_wins_over_a_last_attempt_lost_with_the_previous_owner() -> None:
+    """The previous owner stopped with the last attempt in flight and a cancel was
+    acknowledged behind it: the cancel applies, and the workflow code (which would see
+    the step fail and could finish) does not run on."""
+    h = Harness(_long(1))
+    h.start(None)
+    assert h.crash().history == []
+    ((timer_id, fire_at),) = h.timers.items()
+    cancelled = h.feed(_command(CancelWorkflow, "c-1"))
+    assert [r.type for r in cancelled.history][-1] == "WorkflowCancelled"
+    late = TimerFired(
+        instance_id=h.instance_id, command_id="fire:lost", timer_id=timer_id, fire_at_ms=fire_at
+    )
+    assert h.feed(late).history == []
+    assert h.state.status.value == "cancelled"
+    assert h.of_type(StepFailedRecord) == []
+
+
+def test_a_lost_attempt_whose_runtime_was_dropped_is_decided_on_its_timer() -> None:
+    """The runtime that set the timer is gone when it fires (evicted, or the instance
+    moved): the fresh runtime's replay finds the attempt lost and decides it then."""
+    h = Harness(_long(3))
+    h.start(None)
+    h.crash()
+    h.runtime.close()
+    h.runtime = h._runtime(fold(h.instance_id, h.records))
+    out = h.fire()
+    assert [(r.type, getattr(r, "attempt", None)) for r in out.history] == [
+        ("StepFailed", 1),
+        ("StepAttemptStarted", 2),
+    ]
+    h.run_all()
+    assert h.result() == "long"
 
 
 def test_crash_during_backoff_keeps_the_attempt_count() -> None:
@@ -663,6 +711,7 @@ def test_outcome_after_lost_attempt_is_ignored() -> None:
     h.start(None)
     old = h.launch("long")
     h.crash()
+    h.fire()  # the lost attempt is decided: attempt 2 runs
     out = h.feed(StepOutcome("inst-1", "long", old.attempt, CODEC.encode("from the dead")))
     assert out.history == []
     h.run_all()
@@ -1084,6 +1133,8 @@ def test_a_lost_attempt_found_while_draining_is_retried_by_the_next_owner() -> N
     out = Output()
     h.runtime.recover(out)
     h._commit(out)
+    assert out.history == [] and out.launches == []
+    out = h.fire()  # the lost attempt's timer fires while the partition still drains
     assert [(r.type, getattr(r, "attempt", None)) for r in out.history] == [("StepFailed", 1)]
     assert out.launches == []  # nothing starts while draining...
     assert [t.purpose for t in out.timers if isinstance(t, TimerScheduled)] == ["retry"]
