@@ -17,7 +17,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol, cast
+from typing import TYPE_CHECKING, NamedTuple, Protocol, cast, runtime_checkable
 
 from engine.records import (
     HistoryRecord,
@@ -124,6 +124,15 @@ class SpanSink(Protocol):
     def run(self, span: RunSpan) -> None: ...
 
 
+@runtime_checkable
+class FlatStepSink(Protocol):
+    """A sink that takes a step span as a plain tuple of ``StepSpan``'s fields, in order:
+    making the named tuple is most of what a span costs the engine's thread (1.3 of
+    1.5 µs)."""
+
+    def step_flat(self, fields: tuple[object, ...]) -> None: ...
+
+
 _RUN_ENDS = frozenset((WorkflowCompleted, WorkflowFailed, WorkflowCancelled))
 _LABELS: dict[str, str] = {}  # step key -> label, for the keys seen most recently
 _LABELS_KEPT = 10_000
@@ -193,10 +202,21 @@ class Telemetry:
         self.cache_hits = 0
         self.cache_misses = 0
         self.rebalances = 0
-        self.spans: SpanSink | None = None
+        self._spans: SpanSink | None = None
+        self._step_flat: FlatStepSink | None = None
         # When each running attempt was durably started:
         # partition -> instance -> key -> (attempt, ms).
         self._started: dict[int, dict[str, dict[str, tuple[int, int]]]] = {}
+
+    @property
+    def spans(self) -> SpanSink | None:
+        """Where finished runs and step attempts go as spans (None: not traced)."""
+        return self._spans
+
+    @spans.setter
+    def spans(self, sink: SpanSink | None) -> None:
+        self._spans = sink
+        self._step_flat = sink if isinstance(sink, FlatStepSink) else None
 
     def command_applied(self, kind: str) -> None:
         self.commands[kind] += 1
@@ -261,26 +281,28 @@ class Telemetry:
         if histogram is None:
             histogram = self.step_seconds[(workflow, step)] = Histogram(LATENCY_BUCKETS_S)
         histogram.observe(seconds)
-        if self.spans is not None and runtime is not None:
+        if self._spans is not None and runtime is not None:
             state = runtime.state
-            self.spans.step(
-                StepSpan(  # positional: the hot path (workflow ... run_start_ms)
-                    workflow,
-                    record.instance_id,
-                    partition,
-                    record.key,
-                    step,
-                    record.attempt,
-                    started[1],
-                    record.time_ms,
-                    outcome,
-                    record.error_type if isinstance(record, StepFailed) else "",
-                    record.error_message if isinstance(record, StepFailed) else "",
-                    state.traceparent,
-                    state.tracestate,
-                    state.created_ms,
-                )
+            fields = (  # StepSpan's fields, in order: workflow ... run_start_ms
+                workflow,
+                record.instance_id,
+                partition,
+                record.key,
+                step,
+                record.attempt,
+                started[1],
+                record.time_ms,
+                outcome,
+                record.error_type if isinstance(record, StepFailed) else "",
+                record.error_message if isinstance(record, StepFailed) else "",
+                state.traceparent,
+                state.tracestate,
+                state.created_ms,
             )
+            if self._step_flat is not None:
+                self._step_flat.step_flat(fields)
+            else:
+                self._spans.step(StepSpan._make(fields))
 
     def _run_ended(
         self,
@@ -303,8 +325,8 @@ class Telemetry:
             histogram = Histogram(LATENCY_BUCKETS_S)
             self.workflow_seconds[(state.workflow, outcome)] = histogram
         histogram.observe(seconds)
-        if self.spans is not None:
-            self.spans.run(
+        if self._spans is not None:
+            self._spans.run(
                 RunSpan(
                     workflow=state.workflow,
                     version=state.version,

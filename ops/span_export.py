@@ -73,13 +73,17 @@ class SpanExportProcess:
     def step(self, span: StepSpan) -> None:
         self._add(_STEP, span)
 
+    def step_flat(self, fields: tuple[object, ...]) -> None:
+        """A step span as ``StepSpan``'s fields (``FlatStepSink``): no named tuple made."""
+        self._add(_STEP, fields)
+
     def run(self, span: RunSpan) -> None:
         self._add(_RUN, span)
 
     def producer(self, span: ProducerSpan) -> None:
         self._add(_PRODUCER, span)
 
-    def _add(self, kind: int, span: StepSpan | RunSpan | ProducerSpan) -> None:
+    def _add(self, kind: int, span: tuple[object, ...]) -> None:
         self._batch.append(kind)
         self._batch.extend(span)
         self._count += 1
