@@ -140,6 +140,23 @@ async def no_duplicate_success(client: Client, instance: str) -> None:
     assert all(n == 1 for n in successes.values()), [(h.seq, h.type, h.attributes) for h in history]
 
 
+async def fresh_cluster(
+    broker: Broker, tmp_path: Path, partitions: int, *state_dirs: str
+) -> tuple[KafkaSettings, Path, list[WorkerProcess]]:
+    """Topics of ``partitions`` on a new prefix, a step ledger, and one worker (not yet
+    started) per state directory named (a name given twice: a successor on that one)."""
+    settings = kafka_settings(broker)
+    await asyncio.to_thread(create_topics, settings, partitions)
+    ledger = tmp_path / "ledger"
+    ledger.mkdir()
+    log = tmp_path / "workers.log"
+    return (
+        settings,
+        ledger,
+        [WorkerProcess(settings, tmp_path / d, ledger, log) for d in state_dirs],
+    )
+
+
 @pytest.mark.parametrize("successor", ["same-state-dir", "empty-state-dir"])
 async def test_kill_9_during_a_step_a_sleep_and_a_wait(
     kafka_broker: Broker,
@@ -148,14 +165,10 @@ async def test_kill_9_during_a_step_a_sleep_and_a_wait(
     members: Callable[[KafkaSettings], Awaitable[MembersView]],
 ) -> None:
     partitions = 2
-    settings = kafka_settings(kafka_broker)
-    await asyncio.to_thread(create_topics, settings, partitions)
-    ledger = tmp_path / "ledger"
-    ledger.mkdir()
-    log = tmp_path / "workers.log"
-    first = WorkerProcess(settings, tmp_path / "a", ledger, log)
-    second_dir = tmp_path / ("a" if successor == "same-state-dir" else "b")
-    second = WorkerProcess(settings, second_dir, ledger, log)
+    second_dir = "a" if successor == "same-state-dir" else "b"
+    settings, ledger, (first, second) = await fresh_cluster(
+        kafka_broker, tmp_path, partitions, "a", second_dir
+    )
     view = await members(settings)
     try:
         await asyncio.to_thread(first.start)
@@ -220,13 +233,7 @@ async def test_two_workers_share_the_partitions_and_hand_over_cleanly(
     members: Callable[[KafkaSettings], Awaitable[MembersView]],
 ) -> None:
     partitions = 4
-    settings = kafka_settings(kafka_broker)
-    await asyncio.to_thread(create_topics, settings, partitions)
-    ledger = tmp_path / "ledger"
-    ledger.mkdir()
-    log = tmp_path / "workers.log"
-    a = WorkerProcess(settings, tmp_path / "a", ledger, log)
-    b = WorkerProcess(settings, tmp_path / "b", ledger, log)
+    settings, ledger, (a, b) = await fresh_cluster(kafka_broker, tmp_path, partitions, "a", "b")
     view = await members(settings)
     try:
         await asyncio.to_thread(a.start)
@@ -302,13 +309,9 @@ async def test_a_cancel_sent_while_no_worker_runs_wins_over_the_last_attempt_it_
     instance ends cancelled: the lost attempt does not fail it first (which would run
     the code on and make the acknowledged cancel come too late)."""
     partitions = 2
-    settings = kafka_settings(kafka_broker)
-    await asyncio.to_thread(create_topics, settings, partitions)
-    ledger = tmp_path / "ledger"
-    ledger.mkdir()
-    log = tmp_path / "workers.log"
-    first = WorkerProcess(settings, tmp_path / "a", ledger, log)
-    second = WorkerProcess(settings, tmp_path / "a", ledger, log)
+    settings, ledger, (first, second) = await fresh_cluster(
+        kafka_broker, tmp_path, partitions, "a", "a"
+    )
     view = await members(settings)
     try:
         await asyncio.to_thread(first.start)
