@@ -1,15 +1,18 @@
 """The record vocabulary: every command, history record, timer record and dead letter.
 
-Records are frozen values. Each one carries the envelope of design.md (instance id,
-per-instance sequence, time, causing command id, writer epoch, W3C trace context) and
-the attributes of its type. Avro schemas in ``schemas/`` mirror these classes one to one
-(see ``engine.serde``); the class name is the Avro record name.
+Records are frozen values (``engine.values.record``: the type checker enforces it). Each
+one carries the envelope of design.md (instance id, per-instance sequence, time, causing
+command id, writer epoch, W3C trace context) and the attributes of its type. Avro schemas
+in ``schemas/`` mirror these classes one to one (see ``engine.serde``); the class name is
+the Avro record name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
+
+from engine.values import record
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,7 +23,7 @@ class Payload:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Record:
     """Envelope shared by every record on every topic."""
 
@@ -41,40 +44,40 @@ class Record:
 # ---- commands -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class Command(Record):
     topic_kind: ClassVar[str] = "commands"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StartWorkflow(Command):
     workflow: str
     version: str | None = None
     input: Payload
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SendEvent(Command):
     name: str
     payload: Payload
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CancelWorkflow(Command):
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class PauseWorkflow(Command):
     pass
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ResumeWorkflow(Command):
     pass
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class TimerFired(Command):
     timer_id: str
     fire_at_ms: int
@@ -83,19 +86,19 @@ class TimerFired(Command):
 # ---- history --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class HistoryRecord(Record):
     topic_kind: ClassVar[str] = "history"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WorkflowStarted(HistoryRecord):
     workflow: str
     version: str
     input: Payload
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StepAttemptStarted(HistoryRecord):
     key: str
     attempt: int
@@ -103,14 +106,14 @@ class StepAttemptStarted(HistoryRecord):
     deadline_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StepSucceeded(HistoryRecord):
     key: str
     attempt: int
     result: Payload
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StepFailed(HistoryRecord):
     """An attempt failed. ``next_attempt_at_ms`` is set when another attempt will run;
     None means the step failed for good and ``StepFailed`` is raised into the workflow."""
@@ -122,25 +125,25 @@ class StepFailed(HistoryRecord):
     next_attempt_at_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SleepStarted(HistoryRecord):
     key: str
     wake_at_ms: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SleepElapsed(HistoryRecord):
     key: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WaitStarted(HistoryRecord):
     key: str
     event_name: str
     timeout_at_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WaitSatisfied(HistoryRecord):
     key: str
     event_name: str
@@ -148,18 +151,18 @@ class WaitSatisfied(HistoryRecord):
     event_command_id: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WaitTimedOut(HistoryRecord):
     key: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class EventBuffered(HistoryRecord):
     event_name: str
     payload: Payload
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class RaceDecided(HistoryRecord):
     """The first branch of a race to finish won; the open entries of the others (keys
     under the ``losers`` scope prefixes) are abandoned."""
@@ -169,7 +172,7 @@ class RaceDecided(HistoryRecord):
     losers: list[str]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class LoopAdvanced(HistoryRecord):
     """An iteration of a loop ended with ``Continue``: the next iteration and its state;
     iterations older than the last ``keep`` are pruned."""
@@ -180,7 +183,7 @@ class LoopAdvanced(HistoryRecord):
     keep: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ChildStarted(HistoryRecord):
     """The workflow started a child workflow (its StartWorkflow is published with this)."""
 
@@ -190,7 +193,7 @@ class ChildStarted(HistoryRecord):
     input: Payload
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class MessageWaitStarted(HistoryRecord):
     """The workflow waits for up to ``max`` messages of any of ``names``."""
 
@@ -200,7 +203,7 @@ class MessageWaitStarted(HistoryRecord):
     timeout_at_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class MessagesReceived(HistoryRecord):
     """A message wait took these messages, in arrival order."""
 
@@ -216,7 +219,7 @@ class MessagesReceived(HistoryRecord):
         return [Payload(t, d) for t, d in zip(self.content_types, self.data, strict=True)]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class MessageSent(HistoryRecord):
     """The workflow sent a message to another instance."""
 
@@ -226,7 +229,7 @@ class MessageSent(HistoryRecord):
     payload: Payload
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class MessageCompleted(HistoryRecord):
     """The workflow answered a message; a client's request() gets ``result``."""
 
@@ -234,7 +237,7 @@ class MessageCompleted(HistoryRecord):
     result: Payload
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class ValueRecorded(HistoryRecord):
     """A non-deterministic value the workflow read (now, uuid, random), kept for replay."""
 
@@ -243,33 +246,33 @@ class ValueRecorded(HistoryRecord):
     value: Payload
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WorkflowPaused(HistoryRecord):
     pass
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WorkflowResumed(HistoryRecord):
     pass
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WorkflowCompleted(HistoryRecord):
     result: Payload
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WorkflowFailed(HistoryRecord):
     error_type: str
     error_message: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class WorkflowCancelled(HistoryRecord):
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class CommandIgnored(HistoryRecord):
     """A command that arrived for an instance that could not take it (finished, duplicate
     start, resume while running). Recorded so the audit trail shows it, then ignored."""
@@ -278,7 +281,7 @@ class CommandIgnored(HistoryRecord):
     reason: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class InstanceForgotten(HistoryRecord):
     """A finished instance was forgotten once the retention had passed; readers drop it,
     and a later ``WorkflowStarted`` (seq 1) with its id begins a new instance."""
@@ -286,7 +289,7 @@ class InstanceForgotten(HistoryRecord):
     finished_ms: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class PartitionFenced(HistoryRecord):
     """Written by a new owner of a partition before anything else; records of lower epochs
     that follow it are ignored by every reader. ``instance_id`` is empty."""
@@ -297,19 +300,19 @@ class PartitionFenced(HistoryRecord):
 # ---- timers ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class TimerRecord(Record):
     topic_kind: ClassVar[str] = "timers"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class TimerScheduled(TimerRecord):
     timer_id: str
     fire_at_ms: int
     purpose: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class TimerCancelled(TimerRecord):
     timer_id: str
 
@@ -317,12 +320,12 @@ class TimerCancelled(TimerRecord):
 # ---- snapshots ------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SnapshotRecord(Record):
     topic_kind: ClassVar[str] = "snapshots"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class StateChunk(SnapshotRecord):
     """Key/value pairs of a partition's state store, part ``index`` of a snapshot."""
 
@@ -333,7 +336,7 @@ class StateChunk(SnapshotRecord):
     values: list[bytes]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class SnapshotTaken(SnapshotRecord):
     """Closes a complete snapshot: its chunks start at ``first_offset`` and it covers the
     history before ``history_offset`` (whose last record has CRC-32 ``history_tail``)."""
@@ -352,7 +355,7 @@ class SnapshotTaken(SnapshotRecord):
 # ---- dead letters ---------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@record
 class DeadLetter(Record):
     topic_kind: ClassVar[str] = "dead-letters"
     source_topic: str

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.values import value
+
 
 class Clock(Protocol):
     def now_ms(self) -> int: ...
@@ -29,7 +31,7 @@ class SystemClock:
         await asyncio.sleep(seconds)
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class LogEntry:
     """One record as a log holds it: where it is, and its raw key and value."""
 
@@ -40,7 +42,7 @@ class LogEntry:
     value: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Append:
     """A record to append: ``kind`` is a topic kind from ``engine.topics``; the partition
     is the instance's partition unless given (fence records, dead letters)."""

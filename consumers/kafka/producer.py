@@ -17,7 +17,6 @@ import asyncio
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -25,6 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from consumers.kafka.clients import make_client
 from engine.errors import StepstreamError
 from engine.kafka_settings import KafkaSettings
+from engine.values import value
 
 log = logging.getLogger("stepstream.kafka.producer")
 
@@ -51,7 +51,7 @@ class ProduceFailed(StepstreamError):
         self.code = code
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class OutRecord:
     topic: str
     partition: int
