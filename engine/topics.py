@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import struct
 from dataclasses import dataclass
 
 COMMANDS = "commands"
@@ -48,32 +49,21 @@ def murmur2(data: bytes) -> int:
     """Kafka's murmur2 (the Java client's default partitioner), so every client and every
     backend agrees on which partition owns an instance."""
     length = len(data)
-    seed = 0x9747B28C
     m = 0x5BD1E995
-    r = 24
-    h = (seed ^ length) & 0xFFFFFFFF
-    length4 = length // 4
-    for i in range(length4):
-        i4 = i * 4
-        k = (
-            (data[i4] & 0xFF)
-            | ((data[i4 + 1] & 0xFF) << 8)
-            | ((data[i4 + 2] & 0xFF) << 16)
-            | ((data[i4 + 3] & 0xFF) << 24)
-        )
+    h = (0x9747B28C ^ length) & 0xFFFFFFFF
+    whole = length >> 2
+    for k in struct.unpack_from(f"<{whole}I", data):  # little-endian 4-byte words
         k = (k * m) & 0xFFFFFFFF
-        k ^= k >> r
-        k = (k * m) & 0xFFFFFFFF
-        h = (h * m) & 0xFFFFFFFF
-        h ^= k
-    extra = length % 4
-    index = length4 * 4
+        k ^= k >> 24
+        h = ((h * m) & 0xFFFFFFFF) ^ ((k * m) & 0xFFFFFFFF)
+    extra = length & 3
+    index = whole * 4
     if extra >= 3:
-        h ^= (data[index + 2] & 0xFF) << 16
+        h ^= data[index + 2] << 16
     if extra >= 2:
-        h ^= (data[index + 1] & 0xFF) << 8
+        h ^= data[index + 1] << 8
     if extra >= 1:
-        h ^= data[index] & 0xFF
+        h ^= data[index]
         h = (h * m) & 0xFFFFFFFF
     h ^= h >> 13
     h = (h * m) & 0xFFFFFFFF
