@@ -14,6 +14,7 @@ commits instead of leaving gaps).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -84,7 +85,8 @@ class _Delivery:
             self.partitions[index] = msg.partition() or 0
         self.remaining -= 1
         if self.remaining == 0:
-            self.loop.call_soon_threadsafe(self._finish)
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                self.loop.call_soon_threadsafe(self._finish)
 
     def _finish(self) -> None:
         if self.future.done():
@@ -206,9 +208,14 @@ class LogProducer:
         remaining = self._producer.flush(timeout)
         if remaining:
             log.warning("closing the producer with %d records not acknowledged", remaining)
+            self._producer.purge()  # dropped: closing must not wait for them for ever
         self._stopping.set()
         self._thread.join()
-        del self._producer  # destroys the handle now: its connections close with it
+        # Destroys the handle now, and its connections with it, even while something
+        # still refers to it (the frame of a send that was cancelled mid-wait): a handle
+        # left alive reconnects to its brokers for as long as the process lives.
+        self._producer.close()
+        del self._producer
 
     def _poll(self) -> None:
         poll = self._producer.poll
