@@ -9,13 +9,12 @@ the Avro record name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
-from engine.values import record
+from engine.values import record, value
 
 
-@dataclass(frozen=True, slots=True)
+@value
 class Payload:
     """User data as opaque bytes plus the content type the codec wrote."""
 

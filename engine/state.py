@@ -10,10 +10,11 @@ long the workflow is.
 from __future__ import annotations
 
 import base64
+import binascii
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import orjson
 
@@ -155,6 +156,19 @@ def timer_id(instance_id: str, purpose: str, key: str, n: int) -> str:
     return f"{instance_id}/{purpose}/{n}/{key}"
 
 
+_E = TypeVar("_E", bound=StrEnum)
+_MEMBERS: dict[type[StrEnum], dict[str, StrEnum]] = {
+    enum: {member.value: member for member in enum} for enum in (Status, EntryKind, EntryState)
+}
+
+
+def _member(enum: type[_E], value: str) -> _E:
+    """``enum(value)`` by a dict look-up (an enum's own look-up by value is about 20
+    times slower); an unknown value raises the enum's own ValueError."""
+    member = _MEMBERS[enum].get(value)
+    return cast(_E, member) if member is not None else enum(value)
+
+
 @dataclass(slots=True)
 class Entry:
     """What the history says about one replay key."""
@@ -211,28 +225,32 @@ class Entry:
 
     @classmethod
     def from_json(cls, key: str, raw: dict[str, Any]) -> Entry:
-        return cls(
-            key=key,
-            kind=EntryKind(raw["k"]),
-            state=EntryState(raw["s"]),
-            seq=raw["q"],
-            attempt=raw.get("a", 0),
-            max_attempts=raw.get("m", 0),
-            result=_payload_from(raw.get("r")),
-            error_type=raw.get("et", ""),
-            error_message=raw.get("em", ""),
-            timer_id=raw.get("t"),
-            fire_at_ms=raw.get("f"),
-            event_name=raw.get("e"),
-            winner=raw.get("w"),
-            losers=raw.get("l"),
-            marks=None if "mk" not in raw else {i: q for i, q in raw["mk"]},
-            child_id=raw.get("ch"),
-            names=raw.get("nm"),
-            messages=None
-            if "ms" not in raw
-            else [(i, n, _payload_req(p), t) for i, n, p, t in raw["ms"]],
-        )
+        # The mirror of ``to_json``, which writes fields in pairs and only when set: an
+        # instance reloaded after eviction reads every entry it has, so this is quick
+        # for the usual entry (kind, state and seq, and a field or two).
+        entry = cls(key, _member(EntryKind, raw["k"]), _member(EntryState, raw["s"]), raw["q"])
+        if "a" in raw:
+            entry.attempt = raw["a"]
+            entry.max_attempts = raw.get("m", 0)
+        if "r" in raw:
+            entry.result = _payload_from(raw["r"])
+        if "et" in raw:
+            entry.error_type = raw["et"]
+            entry.error_message = raw.get("em", "")
+        if "t" in raw:
+            entry.timer_id = raw["t"]
+            entry.fire_at_ms = raw.get("f")
+        if len(raw) > 3:  # more than kind, state and seq: the rarer fields
+            entry.event_name = raw.get("e")
+            entry.winner = raw.get("w")
+            entry.losers = raw.get("l")
+            if "mk" in raw:
+                entry.marks = {i: q for i, q in raw["mk"]}
+            entry.child_id = raw.get("ch")
+            entry.names = raw.get("nm")
+            if "ms" in raw:
+                entry.messages = [(i, n, _payload_req(p), t) for i, n, p, t in raw["ms"]]
+        return entry
 
 
 @dataclass(slots=True)
@@ -553,7 +571,7 @@ class InstanceState:
             instance_id=instance_id,
             workflow=raw["w"],
             version=raw["v"],
-            status=Status(raw["st"]),
+            status=_member(Status, raw["st"]),
             created_ms=raw["c"],
             updated_ms=raw["u"],
             seq=raw["q"],
@@ -563,7 +581,7 @@ class InstanceState:
             error_message=raw["em"],
             cancel_reason=raw["cr"],
             # State written before finish times were kept: the last update is the finish.
-            finished_ms=raw.get("fm") or (raw["u"] if Status(raw["st"]).finished else 0),
+            finished_ms=raw.get("fm") or (raw["u"] if _member(Status, raw["st"]).finished else 0),
             parked=raw.get("pk", ""),
             parent_id=(raw.get("pi") or ["", ""])[0],
             parent_key=(raw.get("pi") or ["", ""])[1],
@@ -591,11 +609,13 @@ def _payload_json(payload: Payload | None) -> list[str] | None:
 
 
 def _payload_from(raw: list[str] | None) -> Payload | None:
-    return None if raw is None else Payload(raw[0], base64.b64decode(raw[1]))
+    return None if raw is None else Payload(raw[0], binascii.a2b_base64(raw[1]))
 
 
 def _payload_req(raw: list[str]) -> Payload:
-    return Payload(raw[0], base64.b64decode(raw[1]))
+    # binascii directly: base64.b64decode checks and converts its argument first, which
+    # made it 2.4 times slower for the same answer.
+    return Payload(raw[0], binascii.a2b_base64(raw[1]))
 
 
 def payload_bytes(payload: Payload) -> bytes:

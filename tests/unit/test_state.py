@@ -483,6 +483,13 @@ _entries = st.builds(
     timer_id=st.none() | st.text(),
     fire_at_ms=st.none() | st.integers(0, 2**62),
     event_name=st.none() | st.text(),
+    winner=st.none() | st.text(),
+    losers=st.none() | st.lists(st.text(), max_size=3),
+    marks=st.none() | st.dictionaries(st.integers(0, 2**31), st.integers(1, 2**62), max_size=3),
+    child_id=st.none() | st.text(),
+    names=st.none() | st.lists(st.text(), max_size=3),
+    messages=st.none()
+    | st.lists(st.tuples(st.text(), st.text(), _payloads, st.integers(0, 2**62)), max_size=2),
 )
 
 
@@ -494,6 +501,8 @@ def test_entry_json_round_trip(entry: Entry) -> None:
         entry.error_message = ""  # the message is stored with its type
     if entry.timer_id is None:
         entry.fire_at_ms = None  # the fire time is stored with its timer
+    if entry.winner is None:
+        entry.losers = None  # a race's losers are stored with its winner
     restored = Entry.from_json(entry.key, json.loads(entry_json(entry)))
     assert restored == entry
 
