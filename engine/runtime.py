@@ -635,17 +635,17 @@ class InstanceRuntime:
     def _on_lost_timer(self, fired: str) -> None:
         """The timer recover() set for an attempt lost with the previous owner: the loss
         is recorded now, and the next attempt starts (or the step fails for good)."""
-        if not fired.startswith(f"{self.state.instance_id}/{LOST_PURPOSE}/"):
+        prefix = f"{self.state.instance_id}/{LOST_PURPOSE}/"
+        if not fired.startswith(prefix):
             return
-        entry = next(
-            (
-                e
-                for e in self.state.entries.values()
-                if e.state is EntryState.RUNNING and fired == self._lost_timer_id(e)
-            ),
-            None,
-        )
-        if entry is None or (entry.key, entry.attempt) in self.inflight:
+        key = fired[len(prefix) :].partition("/")[2]  # the id ends "<attempt>/<key>"
+        entry = self.state.entries.get(key)
+        if (
+            entry is None
+            or entry.state is not EntryState.RUNNING
+            or fired != self._lost_timer_id(entry)  # a fire for an earlier attempt
+            or (entry.key, entry.attempt) in self.inflight
+        ):
             return  # its outcome came after all, or a duplicate fire
         if self.state.status is Status.PAUSED:
             return  # resume replays and decides the lost attempt

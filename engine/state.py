@@ -567,11 +567,12 @@ class InstanceState:
         cls, instance_id: str, meta: bytes, entries: list[tuple[str, bytes]]
     ) -> InstanceState:
         raw = orjson.loads(meta)
+        status = _member(Status, raw["st"])
         state = cls(
             instance_id=instance_id,
             workflow=raw["w"],
             version=raw["v"],
-            status=_member(Status, raw["st"]),
+            status=status,
             created_ms=raw["c"],
             updated_ms=raw["u"],
             seq=raw["q"],
@@ -581,7 +582,7 @@ class InstanceState:
             error_message=raw["em"],
             cancel_reason=raw["cr"],
             # State written before finish times were kept: the last update is the finish.
-            finished_ms=raw.get("fm") or (raw["u"] if _member(Status, raw["st"]).finished else 0),
+            finished_ms=raw.get("fm") or (raw["u"] if status.finished else 0),
             parked=raw.get("pk", ""),
             parent_id=(raw.get("pi") or ["", ""])[0],
             parent_key=(raw.get("pi") or ["", ""])[1],
@@ -609,7 +610,7 @@ def _payload_json(payload: Payload | None) -> list[str] | None:
 
 
 def _payload_from(raw: list[str] | None) -> Payload | None:
-    return None if raw is None else Payload(raw[0], binascii.a2b_base64(raw[1]))
+    return None if raw is None else _payload_req(raw)
 
 
 def _payload_req(raw: list[str]) -> Payload:
