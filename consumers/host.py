@@ -102,7 +102,9 @@ class PartitionHost:
             config=self._config,
             telemetry=self.telemetry,
         )
-        timers = TimerService(backend, serde=self.serde, clock=self.clock)
+        timers = TimerService(
+            backend, serde=self.serde, clock=self.clock, own_fires=processor.own_fires
+        )
         await processor.start()
         await timers.start()
         self._owned[backend.partition] = _Owned(processor, timers)

@@ -25,6 +25,7 @@ from consumers.retention import Sweeper
 from consumers.runtime_cache import RuntimeCache
 from consumers.steps import StepExecutor
 from consumers.telemetry import Telemetry
+from consumers.timers import OwnFires
 from engine.codec import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     PayloadCodec,
@@ -175,6 +176,8 @@ class PartitionProcessor:
         # not start tells its parent).
         self._notices: list[Command] = []
         self._last_instance = ""  # the instance the last command applied to
+        # Fires this partition's timer service appended: read back without decoding.
+        self.own_fires = OwnFires()
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -478,25 +481,12 @@ class PartitionProcessor:
         """Apply one command. Returns its id, why it did not take effect (None if it
         did) and whether it is rejected (dead-lettered) rather than recorded as ignored."""
         self._last_instance = ""
-        try:
-            record = self._serde.decode(entry.value)
-        except UndecodableRecord as exc:
-            return "", f"undecodable record: {exc}", True
-        if not isinstance(record, Command):
-            return record.command_id, f"{record.type} is not a command", True
-        problem = self._check_payload(record)
-        if problem is not None:
-            return record.command_id, problem, True
-        home = partition_for(record.instance_id, self.backend.partitions)
-        if home != self.partition:
-            return (
-                record.command_id,
-                f"misrouted: instance {record.instance_id!r} lives on partition {home}, this "
-                f"record is on partition {self.partition}; produce commands keyed by "
-                "instance id with Kafka's murmur2 partitioner (librdkafka: "
-                "partitioner=murmur2_random)",
-                True,
-            )
+        record: Command | None = self.own_fires.take(entry.value)
+        if record is None:
+            read = self._read_command(entry)
+            if isinstance(read, tuple):
+                return read
+            record = read
         runtime = touched.get(record.instance_id) or self._cache.get_or_load(record.instance_id)
         if runtime is None:
             if isinstance(record, TimerFired):
@@ -545,6 +535,30 @@ class PartitionProcessor:
             # Recorded as ignored (CommandIgnored); the publisher learns why.
             return record.command_id, ignored_reason(record, runtime.state.status.value), False
         return record.command_id, None, False
+
+    def _read_command(self, entry: LogEntry) -> Command | tuple[str, str, bool]:
+        """The command ``entry`` holds, or why it is rejected (as ``_apply_command``
+        returns it): undecodable, not a command, a bad payload, or on the wrong partition."""
+        try:
+            record = self._serde.decode(entry.value)
+        except UndecodableRecord as exc:
+            return "", f"undecodable record: {exc}", True
+        if not isinstance(record, Command):
+            return record.command_id, f"{record.type} is not a command", True
+        problem = self._check_payload(record)
+        if problem is not None:
+            return record.command_id, problem, True
+        home = partition_for(record.instance_id, self.backend.partitions)
+        if home != self.partition:
+            return (
+                record.command_id,
+                f"misrouted: instance {record.instance_id!r} lives on partition {home}, this "
+                f"record is on partition {self.partition}; produce commands keyed by "
+                "instance id with Kafka's murmur2 partitioner (librdkafka: "
+                "partitioner=murmur2_random)",
+                True,
+            )
+        return record
 
     def _tell_parent_child_failed(self, start: StartWorkflow, exc: StepstreamError) -> None:
         """A child that cannot start (its workflow is not deployed here) tells its parent,

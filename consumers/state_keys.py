@@ -24,6 +24,7 @@ unique within their instance only, so the timer index is keyed by both.
 
 from __future__ import annotations
 
+import functools
 import struct
 
 META = b"m\x00"
@@ -42,6 +43,7 @@ _SEQ = struct.Struct(">Q")
 _END = b"\x00"
 
 
+@functools.lru_cache(maxsize=4096)  # one instance's keys are made several times a commit
 def escape_id(instance_id: str) -> bytes:
     raw = instance_id.encode()
     if b"\x00" in raw or b"\x01" in raw:

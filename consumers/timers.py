@@ -41,11 +41,42 @@ def _upgrade_legacy(store: StateStore, legacy: list[tuple[bytes, int, str, str]]
     return batch
 
 
+class OwnFires:
+    """The ``TimerFired`` commands this partition's timer service appended, by their
+    bytes. The partition's processor takes a record back when it reads those bytes from
+    the log, rather than decoding and checking again what this process wrote itself
+    (equal bytes decode to an equal record). Only the most recent ``limit`` are kept:
+    a processor further behind than that decodes the older ones."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self._limit = limit
+        self._records: dict[bytes, TimerFired] = {}
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def add(self, value: bytes, record: TimerFired) -> None:
+        records = self._records
+        if len(records) >= self._limit:
+            del records[next(iter(records))]
+        records[value] = record
+
+    def take(self, value: bytes) -> TimerFired | None:
+        return self._records.pop(value, None)
+
+
 class TimerService:
     def __init__(
-        self, backend: PartitionBackend, *, serde: RecordSerde, clock: Clock, max_batch: int = 1000
+        self,
+        backend: PartitionBackend,
+        *,
+        serde: RecordSerde,
+        clock: Clock,
+        max_batch: int = 1000,
+        own_fires: OwnFires | None = None,
     ) -> None:
         self.backend = backend
+        self._own_fires = own_fires
         self._serde = serde
         self._clock = clock
         self._max_batch = max_batch
@@ -172,6 +203,7 @@ class TimerService:
     async def _fire_due(self, now: int) -> None:
         batch = CommitBatch()
         heap = self._heap
+        own = self._own_fires
         fired = 0
         while heap and heap[0][0] <= now and fired < self._max_batch:
             fire_at, instance_id, timer_id = heapq.heappop(heap)
@@ -186,13 +218,11 @@ class TimerService:
                 timer_id=timer_id,
                 fire_at_ms=fire_at,
             )
+            value = self._serde.encode(command)
+            if own is not None:
+                own.add(value, command)
             batch.appends.append(
-                Append(
-                    COMMANDS,
-                    instance_id.encode(),
-                    self._serde.encode(command),
-                    self.backend.partition,
-                )
+                Append(COMMANDS, instance_id.encode(), value, self.backend.partition)
             )
             batch.delete(keys.timer(fire_at, instance_id, timer_id))
             batch.delete(keys.timer_by_id(instance_id, timer_id))

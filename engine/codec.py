@@ -62,6 +62,9 @@ def decode_safely(codec: PayloadCodec, payload: Payload) -> Any:
         ) from None
 
 
+_NULL = Payload(JSON, b"null")
+
+
 class JsonCodec:
     """JSON-compatible values only (dict, list, str, int, float, bool, None)."""
 
@@ -73,6 +76,8 @@ class JsonCodec:
         )
 
     def encode(self, value: Any) -> Payload:
+        if value is None:
+            return _NULL  # a workflow or step that returns nothing
         try:
             text = self._encoder.encode(value)
         except RecursionError:
