@@ -103,7 +103,11 @@ class PartitionHost:
             telemetry=self.telemetry,
         )
         timers = TimerService(
-            backend, serde=self.serde, clock=self.clock, own_fires=processor.own_fires
+            backend,
+            serde=self.serde,
+            clock=self.clock,
+            own_fires=processor.own_fires,
+            direct=processor,
         )
         await processor.start()
         await timers.start()

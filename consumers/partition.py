@@ -178,6 +178,10 @@ class PartitionProcessor:
         self._last_instance = ""  # the instance the last command applied to
         # Fires this partition's timer service appended: read back without decoding.
         self.own_fires = OwnFires()
+        # Timer fires handed over directly by the timer service (``fire``), and those of
+        # the batch being processed (given back if its commit fails).
+        self._fires: list[TimerFired] = []
+        self._fires_in_batch: list[TimerFired] = []
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -290,6 +294,22 @@ class PartitionProcessor:
         self._outcomes.append(outcome)
         self._wake.set()
 
+    def caught_up(self) -> bool:
+        """Whether every command below the end of the partition's commands, as the log
+        last told it, is applied and committed (and nothing fetched waits): a timer that
+        fires now may then be applied without going round the commands topic, and still
+        comes after every command acknowledged before that end was heard."""
+        if self._fetch is not None and self._fetch.done():
+            return False
+        end = self._source.end_heard()
+        return end is not None and self.backend.committed_offset(COMMANDS) >= end
+
+    def fire(self, fires: list[TimerFired]) -> None:
+        """Due timers from this partition's timer service, applied in the next batch
+        (asked only while ``caught_up``). Their index keys go with that batch's commit."""
+        self._fires.extend(fires)
+        self._wake.set()
+
     # ---- the loop -------------------------------------------------------------------
 
     async def _run(self) -> None:
@@ -332,6 +352,9 @@ class PartitionProcessor:
             self._fetch = None
         self._cache.clear()
         self._outcomes.clear()  # attempts still running are recovered as lost attempts
+        # Fires of the failed batch are not committed: they are applied anew.
+        self._fires[:0] = self._fires_in_batch
+        self._fires_in_batch = []
         self._source.rewind(self.backend.committed_offset(COMMANDS))
         await self._resume()
 
@@ -343,7 +366,11 @@ class PartitionProcessor:
                 if self._fetch is None and not self._cache.draining:
                     fetch = self._source.fetch(self._config.max_batch, 1.0)
                     self._fetch = loop.create_task(fetch)
-                if not self._outcomes and (self._fetch is None or not self._fetch.done()):
+                if (
+                    not self._outcomes
+                    and not self._fires
+                    and (self._fetch is None or not self._fetch.done())
+                ):
                     if wake_task is None or wake_task.done():
                         self._wake.clear()
                         wake_task = loop.create_task(self._wake.wait())
@@ -356,21 +383,31 @@ class PartitionProcessor:
                     entries = self._fetch.result()
                     self._fetch = None
                 outcomes, self._outcomes = self._outcomes, []
-                if entries or outcomes:
-                    await self._process(entries, outcomes)
+                limit = self._config.max_batch
+                fires, self._fires = self._fires[:limit], self._fires[limit:]
+                if entries or outcomes or fires:
+                    await self._process(entries, outcomes, fires)
                 if self._sweeper.due(loop.time()):
                     await self._sweeper.sweep()
         finally:
             if wake_task is not None:
                 wake_task.cancel()
 
-    async def _process(self, entries: list[LogEntry], outcomes: list[StepOutcome]) -> None:
+    async def _process(
+        self,
+        entries: list[LogEntry],
+        outcomes: list[StepOutcome],
+        fires: list[TimerFired] | None = None,
+    ) -> None:
+        fires = fires or []
+        self._fires_in_batch = fires
         out = Output()
         batch = CommitBatch()
         touched: dict[str, InstanceRuntime] = {}
         settled: dict[str, str | None] = {}
-        applied: dict[str, list[tuple[LogEntry, str]]] = {}
-        undone: list[tuple[LogEntry, str]] = []
+        # instance -> the inputs applied to it: a command's entry or a direct fire
+        applied: dict[str, list[tuple[LogEntry | TimerFired, str]]] = {}
+        undone: list[tuple[LogEntry | TimerFired, str]] = []
         self._poisoned.clear()
         self._redrive.clear()
         self._refires.clear()
@@ -404,6 +441,11 @@ class PartitionProcessor:
                 applied.setdefault(self._last_instance, []).append((entry, command_id))
             if command_id:
                 settled[command_id] = reason
+        for fire in fires:  # after the commands: none of them was acknowledged later
+            self._apply(fire, out, touched, direct=True)
+            undo_poisoned()
+            if self._last_instance:
+                applied.setdefault(self._last_instance, []).append((fire, fire.command_id))
         for outcome in outcomes:
             runtime = self._cache.get(outcome.instance_id)
             if runtime is None and (
@@ -416,7 +458,12 @@ class PartitionProcessor:
             if self._guarded(runtime, outcome, out, touched) is None:
                 applied_outcomes.setdefault(outcome.instance_id, []).append(outcome)
             undo_poisoned()
-        for entry, command_id in undone:
+        again: list[TimerFired] = []
+        for item, command_id in undone:
+            if isinstance(item, TimerFired):
+                again.append(item)  # applied again, in the next batch
+                continue
+            entry = item
             if is_client_command(command_id):
                 reason = (
                     "not applied: a later input of its instance in the same batch hit an "
@@ -436,9 +483,16 @@ class PartitionProcessor:
                     TIMERS, refire.instance_id.encode(), self._serde.encode(refire), self.partition
                 )
             )
+        for fire in fires:
+            if fire not in again:  # fired: out of the timer index with what it did
+                batch.delete(keys.timer(fire.fire_at_ms, fire.instance_id, fire.timer_id))
+                batch.delete(keys.timer_by_id(fire.instance_id, fire.timer_id))
         if entries:
             batch.offsets[COMMANDS] = entries[-1].offset + 1
         await self._commit(out, touched, batch, settled)
+        self._fires_in_batch = []
+        if again:
+            self.fire(again)
         redrive = poisoned_seen | self._redrive
         if redrive:
             await self._recover(sorted(redrive))
@@ -487,6 +541,18 @@ class PartitionProcessor:
             if isinstance(read, tuple):
                 return read
             record = read
+        return self._apply(record, out, touched)
+
+    def _apply(
+        self,
+        record: Command,
+        out: Output,
+        touched: dict[str, InstanceRuntime],
+        *,
+        direct: bool = False,
+    ) -> tuple[str, str | None, bool]:
+        """Apply one command read from the log, or a timer fire handed over directly."""
+        self._last_instance = ""
         runtime = touched.get(record.instance_id) or self._cache.get_or_load(record.instance_id)
         if runtime is None:
             if isinstance(record, TimerFired):
@@ -528,8 +594,8 @@ class PartitionProcessor:
         self._last_instance = record.instance_id
         self._telemetry.command_applied(record.type)
         if isinstance(record, TimerFired):
-            self._telemetry.timer_lateness.observe(
-                max(0, self._clock.now_ms() - record.fire_at_ms) / 1000
+            self._telemetry.timer_fired(
+                max(0, self._clock.now_ms() - record.fire_at_ms) / 1000, direct=direct
             )
         if runtime.ignored and not isinstance(record, StartWorkflow):
             # Recorded as ignored (CommandIgnored); the publisher learns why.

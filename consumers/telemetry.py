@@ -194,6 +194,9 @@ class Telemetry:
         self.step_seconds: dict[tuple[str, str], Histogram] = {}
         self.workflow_seconds: dict[tuple[str, str], Histogram] = {}
         self.timer_lateness = Histogram(LATENCY_BUCKETS_S)
+        # Timer fires applied, by path: "direct" (handed over by the partition's timer
+        # service) or "log" (through the commands topic).
+        self.timers_fired: Counter[str] = Counter()
         self.commit_records = Histogram(BATCH_BUCKETS)
         self.commit_seconds = Histogram(LATENCY_BUCKETS_S)
         self.replay_seconds = Histogram(LATENCY_BUCKETS_S)
@@ -220,6 +223,10 @@ class Telemetry:
 
     def command_applied(self, kind: str) -> None:
         self.commands[kind] += 1
+
+    def timer_fired(self, lateness_s: float, *, direct: bool) -> None:
+        self.timer_lateness.observe(lateness_s)
+        self.timers_fired["direct" if direct else "log"] += 1
 
     def dead_lettered(self, reason: str) -> None:
         self.dead_letters[dead_letter_reason(reason)] += 1

@@ -62,6 +62,13 @@ class Source(Protocol):
         """Deliver again from ``offset`` (after a failed commit)."""
         ...
 
+    def end_heard(self) -> int | None:
+        """The end of the topic partition (the offset its next record gets) as the log
+        last told this reader, once every record before it was delivered here; None when
+        not known (nothing heard since reading began, or records delivered past it). A
+        record acknowledged to its producer before the end was heard is below it."""
+        ...
+
 
 class StateStore(Protocol):
     """Committed state of one partition (keys are local to the partition)."""

@@ -101,6 +101,14 @@ class EngineCollector(Collector):
             [],
             {(): t.timer_lateness},
         )
+        yield _counter(
+            "stepstream_timers_fired",
+            "Timer fires applied, by path: direct (handed by the partition's timer service "
+            "to its processor, which had applied every command) or log (through the "
+            "commands topic, when the processor was behind).",
+            ["path"],
+            {(path,): n for path, n in t.timers_fired.items()},
+        )
         yield _histograms(
             "stepstream_commit_batch_records",
             "Records appended per commit (group commit batch size).",

@@ -57,6 +57,9 @@ class EmbeddedSource:
     def rewind(self, offset: int) -> None:
         self.position = offset
 
+    def end_heard(self) -> int | None:
+        return self._log.end_offset(self.kind, self.partition)  # the log is local: exact
+
 
 class EmbeddedPartition:
     """Partition ``partition`` of an open ``EmbeddedDB``. Fenced by the directory lock:

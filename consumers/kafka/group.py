@@ -60,7 +60,9 @@ CONSUMER_REQUIRED: dict[str, object] = {
     "partition.assignment.strategy": "cooperative-sticky",
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
-    "enable.partition.eof": False,
+    # The end of each partition as the consumer reaches it: a processor that has applied
+    # everything up to it takes its timers' fires without the commands topic.
+    "enable.partition.eof": True,
     "auto.offset.reset": "earliest",
     "allow.auto.create.topics": False,
 }
@@ -172,11 +174,23 @@ class GroupConsumer:
     def _rewind(self, source: KafkaSource, offset: int) -> None:
         self._seeks.append(((source.kind, source.partition), offset))
 
-    def _deliver(self, batches: dict[Position, list[LogEntry]]) -> None:
+    def _deliver(self, batches: dict[Position, list[LogEntry]], ends: dict[Position, int]) -> None:
         for position, entries in batches.items():
             source = self._sources.get(position)
             if source is not None:
                 source.push(entries)
+        for position, offset in ends.items():
+            source = self._sources.get(position)
+            if source is not None:
+                source.reached_end(offset)
+
+    def _started(self, positions: list[Position]) -> None:
+        """The consumer now fetches these from their sources' positions (an assignment
+        or a seek was applied): ends it reaches from now on are the sources' to hear."""
+        for position in positions:
+            source = self._sources.get(position)
+            if source is not None:
+                source.started()
 
     # ---- poll thread --------------------------------------------------------------------
 
@@ -200,9 +214,10 @@ class GroupConsumer:
                 msg = consumer.poll(0.05)
                 if msg is not None:
                     batch = [msg, *consumer.consume(999, 0)]
-                    routed = self._route(batch)
-                    if routed:
-                        loop.call_soon_threadsafe(self._deliver, routed)
+                    ends: dict[Position, int] = {}
+                    routed = self._route(batch, ends)
+                    if routed or ends:
+                        loop.call_soon_threadsafe(self._deliver, routed, ends)
                 if self._rebalanced:
                     self._rebalanced = False
                     self._wake_fetchers(consumer)
@@ -219,14 +234,22 @@ class GroupConsumer:
             except Exception:
                 log.exception("closing the group consumer failed")
 
-    def _route(self, batch: list[Message]) -> dict[Position, list[LogEntry]]:
+    def _route(
+        self, batch: list[Message], ends: dict[Position, int]
+    ) -> dict[Position, list[LogEntry]]:
+        """The records of ``batch`` by topic partition; the ends reached go to ``ends``."""
         routed: dict[Position, list[LogEntry]] = {}
         for msg in batch:
             err = msg.error()
             if err is not None:
-                if err.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    kind = self._kind_of.get(msg.topic() or "")
+                    partition, offset = msg.partition(), msg.offset()
+                    if kind is not None and partition is not None and offset is not None:
+                        ends[(kind, partition)] = offset
+                elif err.code() == KafkaError.INCONSISTENT_GROUP_PROTOCOL:
                     self._refused_join(err)
-                elif err.code() != KafkaError._PARTITION_EOF:
+                else:
                     log.warning("group consumer: %s", err.str())
                 continue
             topic = msg.topic()
@@ -275,17 +298,25 @@ class GroupConsumer:
     def _apply_flow(self, consumer: Consumer) -> None:
         with self._lock:
             to_fetch, self._to_fetch = self._to_fetch, deque()
+        started: list[Position] = []
         for partition, starts in to_fetch:
             consumer.incremental_assign(
                 [TopicPartition(self._topics.name(k), partition, starts[k]) for k in KINDS]
             )
             self._fetching.add(partition)
+            started.extend((k, partition) for k in KINDS)
         while self._seeks:
             (kind, partition), offset = self._seeks.popleft()
             try:
                 consumer.seek(TopicPartition(self._topics.name(kind), partition, offset))
             except Exception as exc:
                 log.error("partition=%d %s: cannot seek to %d: %s", partition, kind, offset, exc)
+                continue
+            started.append((kind, partition))
+        if started and self._loop is not None:
+            # Behind whatever this thread routed before: an end reached earlier is heard
+            # first, and ignored by a source that has not started.
+            self._loop.call_soon_threadsafe(self._started, started)
         while self._flow:
             (kind, partition), pause = self._flow.popleft()
             tp = [TopicPartition(self._topics.name(kind), partition)]

@@ -31,11 +31,17 @@ class KafkaSource:
         # Told to re-read the topic partition from an offset (a commit failed).
         self.on_rewind: Callable[[KafkaSource, int], None] | None = None
         self.paused = False
+        # The partition's end as the consumer last reached it (librdkafka's partition
+        # EOF), heard only once fetching from this source's position has (re)started:
+        # an end reached before that belongs to an earlier assignment or position.
+        self._end: int | None = None
+        self._fetching = False
 
     def rewind(self, offset: int) -> None:
         """Deliver again from ``offset``: drop what is buffered and seek the consumer."""
         self._buffer.clear()
         self.position = self._next = offset
+        self._end, self._fetching = None, False  # until the consumer seeks there
         if self.on_rewind is not None:
             self.on_rewind(self, offset)
 
@@ -49,6 +55,19 @@ class KafkaSource:
         self._arrived.set()
         if not self.paused and len(self._buffer) > _PAUSE_ABOVE and self.on_level:
             self.on_level(self, True)
+
+    def started(self) -> None:
+        """Loop side: the consumer now fetches from this source's position."""
+        self._end, self._fetching = None, True
+
+    def reached_end(self, offset: int) -> None:
+        """Loop side: the consumer reached the end of the partition, at ``offset``."""
+        if self._fetching:
+            self._end = offset
+
+    def end_heard(self) -> int | None:
+        end = self._end
+        return end if end is not None and end >= self._next else None
 
     async def fetch(self, max_records: int, timeout: float) -> list[LogEntry]:
         """The next records (at most ``max_records``), waiting up to ``timeout`` seconds

@@ -14,6 +14,7 @@ METRICS: dict[str, str] = {
     "stepstream_workflow_duration_seconds": "histogram",
     "stepstream_timers_pending": "gauge",
     "stepstream_timer_lateness_seconds": "histogram",
+    "stepstream_timers_fired_total": "counter",
     "stepstream_commit_batch_records": "histogram",
     "stepstream_commit_duration_seconds": "histogram",
     "stepstream_replay_duration_seconds": "histogram",

@@ -133,6 +133,9 @@ async def test_dev_metrics_count_what_ran(tmp_path: Path) -> None:
     assert _value(samples, applied, type="StartWorkflow") == 5
     assert _value(samples, applied, type="TimerFired") == 8
     assert _value(samples, "stepstream_timer_lateness_seconds_count") == 8
+    fired = "stepstream_timers_fired_total"  # by the processor's hand, or round the log
+    assert _value(samples, fired, path="direct") + _value(samples, fired, path="log") == 8
+    assert _value(samples, fired, path="direct") > 0
     assert _value(samples, "stepstream_commit_duration_seconds_count") > 0
     assert _value(samples, "stepstream_parked_instances") == 0
     assert _value(samples, "stepstream_partitions_owned") == 4
