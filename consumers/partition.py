@@ -299,8 +299,13 @@ class PartitionProcessor:
         last told it, is applied and committed (and nothing fetched waits): a timer that
         fires now may then be applied without going round the commands topic, and still
         comes after every command acknowledged before that end was heard."""
-        if self._fetch is not None and self._fetch.done():
-            return False
+        fetch = self._fetch
+        if (
+            fetch is not None
+            and fetch.done()
+            and (fetch.cancelled() or fetch.exception() or fetch.result())
+        ):
+            return False  # fetched, not applied yet (an empty fetch leaves nothing behind)
         end = self._source.end_heard()
         return end is not None and self.backend.committed_offset(COMMANDS) >= end
 

@@ -30,6 +30,11 @@ from engine.topics import COMMANDS, TIMERS
 
 log = logging.getLogger("stepstream.timers")
 
+# A due timer waits up to this long for its processor to catch up (apply the commands it
+# has not applied yet) before its fire goes round the commands topic instead.
+CATCH_UP_WAIT_S = 0.05
+_CATCH_UP_POLL_S = 0.002
+
 
 def index_entries(fire_at_ms: int, timer_id: str, instance_id: str) -> list[tuple[bytes, bytes]]:
     """The state keys that put one timer into the index (by fire time, and by id)."""
@@ -200,8 +205,9 @@ class TimerService:
             while heap and self._live.get((heap[0][1], heap[0][2])) != heap[0][0]:
                 heapq.heappop(heap)  # cancelled or rescheduled
             if heap and heap[0][0] <= now:
+                direct = await self._caught_up()
                 async with self._lock:
-                    await self._fire_due(now)
+                    await self._fire_due(self._clock.now_ms(), direct=direct)
                 continue
             if heap:
                 await self._sleep_or_change(heap[0][0])
@@ -224,13 +230,28 @@ class TimerService:
         # virtual clock) must not push the wake-up later.
         await self._clock.sleep((until_ms - self._clock.now_ms()) / 1000)
 
-    async def _fire_due(self, now: int) -> None:
+    async def _caught_up(self) -> bool:
+        """Whether the processor takes fires directly: it has caught up, or does within
+        ``CATCH_UP_WAIT_S`` (a command it is applying, a fetch on its way). A processor
+        further behind than that gets its fires through the commands topic."""
+        direct = self._direct
+        if direct is None:
+            return False
+        if direct.caught_up():
+            return True
+        loop = asyncio.get_running_loop()  # real time: what it waits for is work done
+        deadline = loop.time() + CATCH_UP_WAIT_S
+        while loop.time() < deadline and not self._stopping:
+            await asyncio.sleep(_CATCH_UP_POLL_S)
+            if direct.caught_up():
+                return True
+        return False
+
+    async def _fire_due(self, now: int, *, direct: bool = False) -> None:
         batch = CommitBatch()
         heap = self._heap
         own = self._own_fires
-        direct: list[TimerFired] | None = (
-            [] if self._direct is not None and self._direct.caught_up() else None
-        )
+        handed: list[TimerFired] | None = [] if direct and self._direct is not None else None
         fired = 0
         while heap and heap[0][0] <= now and fired < self._max_batch:
             fire_at, instance_id, timer_id = heapq.heappop(heap)
@@ -246,8 +267,8 @@ class TimerService:
                 fire_at_ms=fire_at,
             )
             fired += 1
-            if direct is not None:
-                direct.append(command)  # its index keys go with the processor's commit
+            if handed is not None:
+                handed.append(command)  # its index keys go with the processor's commit
                 continue
             value = self._serde.encode(command)
             if own is not None:
@@ -257,8 +278,8 @@ class TimerService:
             )
             batch.delete(keys.timer(fire_at, instance_id, timer_id))
             batch.delete(keys.timer_by_id(instance_id, timer_id))
-        if direct and self._direct is not None:
-            self._direct.fire(direct)
+        if handed and self._direct is not None:
+            self._direct.fire(handed)
             await asyncio.sleep(0)  # the processor's turn: nothing here awaited
         if batch:
             await self.backend.commit(batch)
