@@ -123,3 +123,32 @@ async def test_a_processor_behind_its_log_gets_the_fire_behind_the_commands_ther
         assert not indexed(db, timer)  # the append and the index change are one commit
     finally:
         await service.stop()
+
+
+async def test_a_sleep_fires_straight_to_the_processor_and_leaves_no_index_behind(
+    tmp_path: Path,
+) -> None:
+    from ops.embedded import EmbeddedConfig, open_embedded
+    from producers.client import Client
+    from tests.conftest import test_registry
+
+    data = tmp_path / "data"
+    engine = await open_embedded(test_registry(), EmbeddedConfig(data_dir=str(data), partitions=2))
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        naps = [await client.start("sleeper", 0.2, instance_id=f"nap-{n}") for n in range(4)]
+        for nap in naps:
+            assert (await client.result(nap, timeout=20))["slept"] >= 0.2
+            elapsed = [h for h in await client.history(nap) if h.type == "SleepElapsed"]
+            assert len(elapsed) == 1 and elapsed[0].command_id.startswith(f"fire:{nap}/")
+
+    db = await EmbeddedDB.open(data, 2)
+    try:
+        for partition in range(2):
+            store = EmbeddedPartition(db, partition).store
+            # Fired: out of the index, in the commit that recorded what the fire did.
+            assert list(store.scan(keys.TIMER)) == []
+            assert list(store.scan(keys.TIMER_BY_ID)) == []
+            commands = [SERDE.decode(e.value) for e in db.log.read(COMMANDS, partition, 0, 100)]
+            assert not any(isinstance(c, TimerFired) for c in commands)
+    finally:
+        await db.close()
