@@ -166,6 +166,22 @@ def test_try_step_returns_a_result_instead_of_raising() -> None:
     assert h.result() == expected
 
 
+def test_a_non_retryable_error_at_the_last_attempt_is_still_non_retryable() -> None:
+    # The first attempt of "fatal" failed (or was lost to a crash); the second, its last,
+    # raised NonRetryableError: that is why the step ended, not the attempts running out.
+    h = Harness(define("tries", _tries))
+    h.start(None)
+    h.run("good")
+    h.fail("fatal", "flaked")
+    h.fire()  # the retry's backoff
+    h.fail("fatal", "declined", retryable=False, error_type="NonRetryableError")
+    h.run_all()
+    fatal = [False, "non_retryable", 2, "NonRetryableError"]
+    assert h.result() == [True, 5, fatal, [False, "exhausted", 2, "RuntimeError"]]
+    h.crash()
+    assert h.result()[2] == fatal
+
+
 async def _forever(ctx: Context, _: Any) -> Any:
     return await ctx.step("until-ok", ident, "done", retry=RetryPolicy(max_attempts=None))
 

@@ -188,7 +188,14 @@ class Harness:
         self.launches.remove(launch)
         return self.feed(StepOutcome(self.instance_id, key, launch.attempt, CODEC.encode(value)))
 
-    def fail(self, key: str, message: str = "boom", *, retryable: bool = True) -> Output:
+    def fail(
+        self,
+        key: str,
+        message: str = "boom",
+        *,
+        retryable: bool = True,
+        error_type: str = "RuntimeError",
+    ) -> Output:
         launch = self.launch(key)
         self.launches.remove(launch)
         return self.feed(
@@ -196,7 +203,7 @@ class Harness:
                 self.instance_id,
                 key,
                 launch.attempt,
-                error_type="RuntimeError",
+                error_type=error_type,
                 error_message=message,
                 retryable=retryable,
             )
