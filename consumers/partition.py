@@ -25,7 +25,7 @@ from consumers.retention import Sweeper
 from consumers.runtime_cache import RuntimeCache
 from consumers.steps import StepExecutor
 from consumers.telemetry import Telemetry
-from consumers.timers import OwnFires
+from consumers.timers import OwnFires, unindex
 from engine.codec import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     PayloadCodec,
@@ -402,9 +402,8 @@ class PartitionProcessor:
         self,
         entries: list[LogEntry],
         outcomes: list[StepOutcome],
-        fires: list[TimerFired] | None = None,
+        fires: list[TimerFired],
     ) -> None:
-        fires = fires or []
         self._fires_in_batch = fires
         out = Output()
         batch = CommitBatch()
@@ -490,8 +489,7 @@ class PartitionProcessor:
             )
         for fire in fires:
             if fire not in again:  # fired: out of the timer index with what it did
-                batch.delete(keys.timer(fire.fire_at_ms, fire.instance_id, fire.timer_id))
-                batch.delete(keys.timer_by_id(fire.instance_id, fire.timer_id))
+                unindex(batch, fire.fire_at_ms, fire.instance_id, fire.timer_id)
         if entries:
             batch.offsets[COMMANDS] = entries[-1].offset + 1
         await self._commit(out, touched, batch, settled)

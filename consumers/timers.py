@@ -44,6 +44,12 @@ def index_entries(fire_at_ms: int, timer_id: str, instance_id: str) -> list[tupl
     ]
 
 
+def unindex(batch: CommitBatch, fire_at_ms: int, instance_id: str, timer_id: str) -> None:
+    """Queue taking one timer out of the index (its fire or its cancel)."""
+    batch.delete(keys.timer(fire_at_ms, instance_id, timer_id))
+    batch.delete(keys.timer_by_id(instance_id, timer_id))
+
+
 def _upgrade_legacy(store: StateStore, legacy: list[tuple[bytes, int, str, str]]) -> CommitBatch:
     """Rewrite index keys of the layout keyed by timer id alone into today's layout."""
     batch = CommitBatch()
@@ -187,8 +193,7 @@ class TimerService:
             else:
                 fire_at = self._live.pop((record.instance_id, record.timer_id), None)
                 if fire_at is not None:
-                    batch.delete(keys.timer(fire_at, record.instance_id, record.timer_id))
-                    batch.delete(keys.timer_by_id(record.instance_id, record.timer_id))
+                    unindex(batch, fire_at, record.instance_id, record.timer_id)
         batch.offsets[TIMERS] = entries[-1].offset + 1
         await self.backend.commit(batch)
 
@@ -251,7 +256,7 @@ class TimerService:
         batch = CommitBatch()
         heap = self._heap
         own = self._own_fires
-        handed: list[TimerFired] | None = [] if direct and self._direct is not None else None
+        handed: list[TimerFired] | None = [] if direct else None
         fired = 0
         while heap and heap[0][0] <= now and fired < self._max_batch:
             fire_at, instance_id, timer_id = heapq.heappop(heap)
@@ -276,8 +281,7 @@ class TimerService:
             batch.appends.append(
                 Append(COMMANDS, instance_id.encode(), value, self.backend.partition)
             )
-            batch.delete(keys.timer(fire_at, instance_id, timer_id))
-            batch.delete(keys.timer_by_id(instance_id, timer_id))
+            unindex(batch, fire_at, instance_id, timer_id)
         if handed and self._direct is not None:
             self._direct.fire(handed)
             await asyncio.sleep(0)  # the processor's turn: nothing here awaited
