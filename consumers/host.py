@@ -38,6 +38,7 @@ RECENT_SETTLED = 50_000
 class PartitionGauges:
     partition: int
     timers_pending: int
+    timers_held: int  # the soonest due, in memory; the rest are in the index only
     cached_instances: int
     parked_instances: int
     lag: int  # commands appended to the partition and not yet applied
@@ -156,6 +157,7 @@ class PartitionHost:
                 PartitionGauges(
                     partition=partition,
                     timers_pending=owned.timers.pending,
+                    timers_held=owned.timers.held,
                     cached_instances=processor.cached,
                     parked_instances=len(processor.parked),
                     lag=processor.lag,

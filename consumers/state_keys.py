@@ -155,6 +155,11 @@ def timer(fire_at_ms: int, instance_id: str, timer_id: str) -> bytes:
     return TIMER + _SEQ.pack(fire_at_ms) + escape_id(instance_id) + _END + timer_id.encode()
 
 
+def timer_prefix(fire_at_ms: int) -> bytes:
+    """Where the index's timers due at ``fire_at_ms`` or later begin."""
+    return TIMER + _SEQ.pack(fire_at_ms)
+
+
 def timer_by_id(instance_id: str, timer_id: str) -> bytes:
     return TIMER_BY_ID + escape_id(instance_id) + _END + timer_id.encode()
 

@@ -11,7 +11,12 @@ restart) the fire is appended to the commands topic behind the commands already 
 Either way a fire comes after every command acknowledged before the processor last
 heard the topic's end; only a command sent in the last moments before a fire (one fetch
 of the topic: a few milliseconds) races with it, as it would race with the timer itself.
-The round trip spared is a record produced, stored, fetched back and decoded per fire."""
+The round trip spared is a record produced, stored, fetched back and decoded per fire.
+
+Only the timers due soonest are held in memory (a window of at most ``window`` timers);
+the rest live in the index alone and are read back in due order, a chunk at a time,
+as the window drains. Memory and the collector's work stay the same whether a hundred
+or ten million timers are pending."""
 
 from __future__ import annotations
 
@@ -34,6 +39,13 @@ log = logging.getLogger("stepstream.timers")
 # has not applied yet) before its fire goes round the commands topic instead.
 CATCH_UP_WAIT_S = 0.05
 _CATCH_UP_POLL_S = 0.002
+
+# Timers held in memory at most; past that the later half is dropped to the index alone.
+WINDOW = 100_000
+# Read back from the index when fewer than this are held, up to this many at a time: a
+# read of this size costs a few milliseconds, so it barely delays a fire.
+_REFILL = 2_000
+_NEVER = 2**63 - 1
 
 
 def index_entries(fire_at_ms: int, timer_id: str, instance_id: str) -> list[tuple[bytes, bytes]]:
@@ -105,19 +117,30 @@ class TimerService:
         max_batch: int = 1000,
         own_fires: OwnFires | None = None,
         direct: DirectFires | None = None,
+        window: int = WINDOW,
     ) -> None:
         """``direct``: the partition's processor. Due timers go to it without the round
         trip through the commands topic whenever it has applied every command up to the
-        end of the topic as last heard; otherwise they are appended to the topic."""
+        end of the topic as last heard; otherwise they are appended to the topic.
+        ``window``: timers held in memory at most (the soonest due)."""
         self.backend = backend
         self._own_fires = own_fires
         self._direct = direct
         self._serde = serde
         self._clock = clock
         self._max_batch = max_batch
+        self._window = max(4, window)
+        self._refill_size = min(_REFILL, self._window // 4)
         self._heap: list[tuple[int, str, str]] = []  # (fire_at_ms, instance_id, timer_id)
-        # (instance_id, timer_id) -> fire_at_ms of the live schedule
+        # (instance_id, timer_id) -> fire_at_ms of the live schedules held in memory
         self._live: dict[tuple[str, str], int] = {}
+        # Every indexed timer due before the horizon is in memory (or on its way out: fired,
+        # its index keys not yet deleted); those due at or after it are in the index only,
+        # ``_beyond`` of them. A timer popped to fire is never read back from the index:
+        # the horizon never falls to its time again.
+        self._horizon = _NEVER
+        self._beyond = 0
+        self._fired_upto = -1
         self._changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()
@@ -128,18 +151,41 @@ class TimerService:
 
     @property
     def pending(self) -> int:
+        return len(self._live) + self._beyond
+
+    @property
+    def held(self) -> int:
+        """Timers held in memory (the soonest due); the others are in the index only."""
         return len(self._live)
 
+    def next_due_ms(self) -> int | None:
+        """When the soonest pending timer is due, or at the earliest, if none is held: the
+        horizon (the first not held is due then or later). Walks what is held."""
+        soonest = min(self._live.values(), default=None)
+        if soonest is None and self._horizon != _NEVER:
+            return self._horizon
+        return soonest
+
     async def start(self) -> None:
+        """Hold the soonest half window of the index (in due order, whole milliseconds)
+        and count the rest."""
         legacy: list[tuple[bytes, int, str, str]] = []
+        keep = self._window // 2
+        last = -1
         for key, value in self.backend.store.scan(keys.TIMER):
             old = keys.legacy_timer(key, value)
             if old is not None:
                 legacy.append((key, *old))
                 fire_at, instance_id, timer_id = old
+            elif self._horizon != _NEVER:
+                self._beyond += 1  # counted, not parsed
+                continue
             else:
                 fire_at, instance_id, timer_id = keys.split_timer(key)
-            self._push(fire_at, instance_id, timer_id)
+            if self._horizon == _NEVER and len(self._live) >= keep and fire_at != last:
+                self._horizon = fire_at
+            self._hold(fire_at, instance_id, timer_id)
+            last = fire_at
         if legacy:
             await self.backend.commit(_upgrade_legacy(self.backend.store, legacy))
         loop = asyncio.get_running_loop()
@@ -160,6 +206,51 @@ class TimerService:
         self._live[instance_id, timer_id] = fire_at
         heapq.heappush(self._heap, (fire_at, instance_id, timer_id))
 
+    def _hold(self, fire_at: int, instance_id: str, timer_id: str) -> None:
+        """A newly indexed timer: held in memory if due before the horizon."""
+        if fire_at < self._horizon:
+            self._push(fire_at, instance_id, timer_id)
+        else:
+            self._beyond += 1
+
+    def _trim(self) -> None:
+        """Past the window, keep the soonest half in memory and lower the horizon to the
+        first timer let go (never to a time already fired: those keys may still be in
+        the index until their fires are committed)."""
+        if len(self._live) <= self._window:
+            return
+        live = self._live
+        heap = sorted(e for e in self._heap if live.get((e[1], e[2])) == e[0])  # a heap too
+        keep = self._window // 2
+        horizon = max(heap[keep][0], self._fired_upto + 1)
+        while keep < len(heap) and heap[keep][0] < horizon:
+            keep += 1
+        if keep == len(heap):
+            return  # over half the window is overdue: nothing to let go yet
+        for _, instance_id, timer_id in heap[keep:]:
+            del live[instance_id, timer_id]
+        self._beyond += len(heap) - keep
+        del heap[keep:]
+        self._heap = heap
+        self._horizon = min(self._horizon, horizon)
+
+    def _refill(self) -> None:
+        """Read the next timers in due order back from the index, whole milliseconds at
+        a time, and raise the horizon past them."""
+        got = 0
+        last = -1
+        for key, _ in self.backend.store.scan(keys.TIMER, keys.timer_prefix(self._horizon)):
+            fire_at, instance_id, timer_id = keys.split_timer(key)
+            if got >= self._refill_size and fire_at != last:
+                self._horizon = fire_at
+                return
+            self._push(fire_at, instance_id, timer_id)
+            self._beyond = max(0, self._beyond - 1)
+            got += 1
+            last = fire_at
+        self._horizon = _NEVER
+        self._beyond = 0  # everything indexed is held again
+
     async def _consume(self) -> None:
         source = self.backend.source(TIMERS)
         while not self._stopping:
@@ -171,6 +262,7 @@ class TimerService:
 
     async def _index(self, entries: list[LogEntry]) -> None:
         batch = CommitBatch()
+        staged: dict[tuple[str, str], int | None] = {}
         for entry in entries:
             try:
                 record = self._serde.decode(entry.value)
@@ -178,24 +270,49 @@ class TimerService:
                 batch.appends.append(self._dead_letter(entry, f"undecodable record: {exc}"))
                 continue
             if isinstance(record, TimerScheduled):
-                old = self._live.get((record.instance_id, record.timer_id))
+                old = self._forget(record.instance_id, record.timer_id, staged)
                 if old is not None:
                     batch.delete(keys.timer(old, record.instance_id, record.timer_id))
                 for key, value in index_entries(
                     record.fire_at_ms, record.timer_id, record.instance_id
                 ):
                     batch.put(key, value)
-                self._push(record.fire_at_ms, record.instance_id, record.timer_id)
+                self._hold(record.fire_at_ms, record.instance_id, record.timer_id)
+                staged[record.instance_id, record.timer_id] = record.fire_at_ms
             elif not isinstance(record, TimerCancelled):
                 batch.appends.append(
                     self._dead_letter(entry, f"{record.type} is not a timer record")
                 )
             else:
-                fire_at = self._live.pop((record.instance_id, record.timer_id), None)
+                fire_at = self._forget(record.instance_id, record.timer_id, staged)
                 if fire_at is not None:
                     unindex(batch, fire_at, record.instance_id, record.timer_id)
+                staged[record.instance_id, record.timer_id] = None
         batch.offsets[TIMERS] = entries[-1].offset + 1
+        self._trim()
         await self.backend.commit(batch)
+
+    def _forget(
+        self, instance_id: str, timer_id: str, staged: dict[tuple[str, str], int | None]
+    ) -> int | None:
+        """Take a timer's live schedule out of the count (it is cancelled or scheduled
+        anew) and give its time, or None if it has none: fired, cancelled, or never
+        scheduled. ``staged``: what this batch has already indexed or taken out."""
+        fire_at = self._live.pop((instance_id, timer_id), None)
+        if fire_at is not None:
+            return fire_at
+        if self._horizon == _NEVER:
+            return None  # every indexed timer is held
+        if (instance_id, timer_id) in staged:
+            fire_at = staged[instance_id, timer_id]
+        else:
+            stored = self.backend.store.get(keys.timer_by_id(instance_id, timer_id))
+            fire_at = None if stored is None else int(stored)
+        # Due before the horizon yet not held: fired, its keys not yet deleted.
+        if fire_at is None or fire_at < self._horizon:
+            return None
+        self._beyond = max(0, self._beyond - 1)
+        return fire_at
 
     def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
         return dead_letter(
@@ -209,6 +326,11 @@ class TimerService:
             heap = self._heap
             while heap and self._live.get((heap[0][1], heap[0][2])) != heap[0][0]:
                 heapq.heappop(heap)  # cancelled or rescheduled
+            if self._horizon != _NEVER and len(self._live) < self._refill_size:
+                async with self._lock:
+                    self._refill()
+                heap = self._heap
+                continue
             if heap and heap[0][0] <= now:
                 direct = await self._caught_up()
                 async with self._lock:
@@ -263,6 +385,8 @@ class TimerService:
             if self._live.get((instance_id, timer_id)) != fire_at:
                 continue
             del self._live[instance_id, timer_id]
+            if fire_at > self._fired_upto:
+                self._fired_upto = fire_at
             command = TimerFired(
                 instance_id=instance_id,
                 time_ms=now,

@@ -160,6 +160,13 @@ class EngineCollector(Collector):
             {(str(g.partition),): g.timers_pending for g in gauges},
         )
         yield _gauge(
+            "stepstream_timers_held",
+            "Pending timers held in memory (the soonest due) per partition; the others "
+            "are read back from the index as these fire.",
+            ["partition"],
+            {(str(g.partition),): g.timers_held for g in gauges},
+        )
+        yield _gauge(
             "stepstream_instance_cache_size",
             "Instance runtimes held in memory.",
             [],

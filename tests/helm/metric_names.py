@@ -13,6 +13,7 @@ METRICS: dict[str, str] = {
     "stepstream_step_attempt_duration_seconds": "histogram",
     "stepstream_workflow_duration_seconds": "histogram",
     "stepstream_timers_pending": "gauge",
+    "stepstream_timers_held": "gauge",
     "stepstream_timer_lateness_seconds": "histogram",
     "stepstream_timers_fired_total": "counter",
     "stepstream_commit_batch_records": "histogram",

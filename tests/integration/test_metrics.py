@@ -141,6 +141,7 @@ async def test_dev_metrics_count_what_ran(tmp_path: Path) -> None:
     assert _value(samples, "stepstream_partitions_owned") == 4
     assert _value(samples, "stepstream_ready") == 1
     assert sum(v for (name, _), v in samples.items() if name == "stepstream_timers_pending") == 0
+    assert sum(v for (name, _), v in samples.items() if name == "stepstream_timers_held") == 0
 
 
 def test_probes_answer_without_a_token_and_metrics_need_it(tmp_path: Path) -> None:
