@@ -1,0 +1,66 @@
+"""The embedded backend's write-ahead logs: a commit fsyncs only the WAL that grew since
+its last sync, and the WALs kept on disk stay within ``max_total_wal_size`` however
+rarely a column family is written."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from consumers.embedded import EmbeddedDB, EmbeddedPartition
+from consumers.embedded import db as embedded_db
+from consumers.embedded.wal import WalSync
+from engine.seams import CommitBatch
+
+
+def test_only_a_wal_that_grew_since_its_last_sync_is_synced_again(tmp_path: Path) -> None:
+    for n in range(3):
+        (tmp_path / f"00000{n}.log").write_bytes(b"record")
+    (tmp_path / "000001.sst").write_bytes(b"table")  # not a WAL
+    wal = WalSync(str(tmp_path))
+    try:
+        wal.sync()
+        assert wal.fsyncs == 3  # every WAL is new
+        wal.sync()
+        assert wal.fsyncs == 3  # nothing written since
+        with open(tmp_path / "000002.log", "ab") as current:
+            current.write(b"another record")
+        wal.sync()
+        assert wal.fsyncs == 4  # the one that grew
+        (tmp_path / "000000.log").unlink()  # flushed and deleted by RocksDB
+        (tmp_path / "000003.log").write_bytes(b"new")
+        wal.sync()
+        assert wal.fsyncs == 5
+    finally:
+        wal.close()
+
+
+def wal_bytes(data: Path) -> int:
+    rocks = data / embedded_db.ROCKSDB_DIR
+    return sum(f.stat().st_size for f in rocks.iterdir() if f.name.endswith(".log"))
+
+
+async def test_wals_on_disk_stay_near_the_cap_while_state_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(embedded_db, "MAX_TOTAL_WAL_BYTES", 1 << 20)
+    data = tmp_path / "data"
+    db = await EmbeddedDB.open(data, 1)
+    try:
+        partition = EmbeddedPartition(db, 0)
+        for n in range(16):  # 8 MB of state; the meta column family is not written
+            batch = CommitBatch()
+            for i in range(64):
+                batch.put(f"k-{n}-{i}".encode(), os.urandom(8192))
+            await partition.commit(batch)
+        for _ in range(100):  # the forced flushes run in the background
+            if wal_bytes(data) <= 3 << 20:
+                break
+            await asyncio.sleep(0.05)
+        assert wal_bytes(data) <= 3 << 20
+        assert partition.store.get(b"k-0-0") is not None
+    finally:
+        await db.close()
