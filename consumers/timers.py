@@ -41,7 +41,7 @@ CATCH_UP_WAIT_S = 0.05
 _CATCH_UP_POLL_S = 0.002
 
 # Timers held in memory at most; past that the later half is dropped to the index alone.
-WINDOW = 100_000
+WINDOW = 20_000
 # Read back from the index when fewer than this are held, up to this many at a time: a
 # read of this size costs a few milliseconds, so it barely delays a fire.
 _REFILL = 2_000
