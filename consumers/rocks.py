@@ -11,6 +11,12 @@ import errno
 from collections.abc import Callable, Iterator
 from typing import Any
 
+# The write-ahead logs one RocksDB keeps at most. A column family written little at a
+# time (the meta one: offsets, epochs) would otherwise keep every WAL since its last
+# flush on disk, each replayed on the next open: measured embedded, 2.3 GB of WALs beside
+# 0.4 GB of data after a million starts. Past the cap RocksDB flushes that family.
+MAX_TOTAL_WAL_BYTES = 256 << 20
+
 # Turns an error RocksDB raised into the one to raise instead.
 OnError = Callable[[Exception], BaseException]
 

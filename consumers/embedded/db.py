@@ -27,6 +27,7 @@ from typing import Any
 
 from rocksdict import DBRecoveryMode, Options, Rdict, WriteBatch, WriteOptions
 
+from consumers import rocks as rocks_helpers
 from consumers.embedded import keys
 from consumers.embedded.errors import (
     DataDirCorrupted,
@@ -55,7 +56,6 @@ LOCK_FILE = "stepstream.lock"
 # state (a truncated MANIFEST is read as a torn one and silently recovered from) are
 # found out by an epoch below it.
 EPOCH_FILE = "stepstream.epoch"
-MAX_TOTAL_WAL_BYTES = 256 << 20
 ROCKSDB_DIR = "rocksdb"
 
 
@@ -523,10 +523,7 @@ def _open_rocks(data_dir: str) -> _Handles:
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     options.set_keep_log_file_num(4)
-    # The meta column family is written rarely: without a cap its small memtable would
-    # keep every WAL since its last write on disk (measured: 2.3 GB of WALs beside 0.4 GB
-    # of data after a million starts), each replayed on the next open.
-    options.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES)
+    options.set_max_total_wal_size(rocks_helpers.MAX_TOTAL_WAL_BYTES)
     # Every acknowledged write was fsynced, so only an unacknowledged one can be torn at
     # the end of the write-ahead log after a crash: that tail is dropped. Damage anywhere
     # else is an error, where RocksDB's default would replay the log up to the damage and

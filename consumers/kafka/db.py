@@ -22,6 +22,7 @@ from typing import Any
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
+from consumers import rocks as rocks_helpers
 from consumers.kafka import keys
 from consumers.rocks import is_corruption, is_disk_full, is_missing_file, prefix_scan
 from engine.errors import StepstreamError
@@ -290,5 +291,6 @@ def _open_rocks(path: str) -> Any:
     options.create_if_missing(True)
     options.create_missing_column_families(True)
     options.set_keep_log_file_num(2)
+    options.set_max_total_wal_size(rocks_helpers.MAX_TOTAL_WAL_BYTES)
     families = {name: Options(raw_mode=True) for name in keys.COLUMN_FAMILIES}
     return Rdict(path, options, column_families=families)
