@@ -13,7 +13,7 @@ import pytest
 
 from consumers import state_keys as keys
 from consumers.embedded import EmbeddedDB, EmbeddedPartition
-from consumers.timers import TimerService
+from consumers.timers import WINDOW, TimerService
 from engine.records import TimerCancelled, TimerFired, TimerScheduled
 from engine.seams import Append, CommitBatch
 from engine.serde import RecordSerde
@@ -46,8 +46,12 @@ async def db(tmp_path: Path) -> AsyncIterator[EmbeddedDB]:
     await opened.close()
 
 
-async def running(db: EmbeddedDB, processor: Processor, clock: VirtualClock) -> TimerService:
-    service = TimerService(EmbeddedPartition(db, 0), serde=SERDE, clock=clock, direct=processor)
+async def running(
+    db: EmbeddedDB, processor: Processor, clock: VirtualClock, window: int = WINDOW
+) -> TimerService:
+    service = TimerService(
+        EmbeddedPartition(db, 0), serde=SERDE, clock=clock, direct=processor, window=window
+    )
     await service.start()
     return service
 
@@ -192,10 +196,7 @@ async def test_past_its_window_the_service_holds_the_soonest_and_fires_the_rest_
     db: EmbeddedDB,
 ) -> None:
     clock, processor = VirtualClock(START_MS), Processor()
-    service = TimerService(
-        EmbeddedPartition(db, 0), serde=SERDE, clock=clock, direct=processor, window=8
-    )
-    await service.start()
+    service = await running(db, processor, clock, window=8)
     try:
         order = [(n * 7) % 40 for n in range(40)]  # every number once, out of due order
         due = {n: START_MS + 100 + 100 * n for n in order}
@@ -245,10 +246,7 @@ async def test_a_restart_holds_only_its_window_of_what_the_index_has(db: Embedde
     await until(lambda: len(list(store.scan(keys.TIMER))) == 30, "30 timers indexed")
     await first.stop()
 
-    service = TimerService(
-        EmbeddedPartition(db, 0), serde=SERDE, clock=clock, direct=processor, window=6
-    )
-    await service.start()
+    service = await running(db, processor, clock, window=6)
     try:
         assert (service.pending, service.held) == (30, 6 // 2)
         await fire_all(service, processor, clock, START_MS + 1_700, window=6)
@@ -261,10 +259,7 @@ async def test_timers_scheduled_overdue_past_the_window_never_bring_back_a_fired
     db: EmbeddedDB,
 ) -> None:
     clock, processor = VirtualClock(START_MS), Processor()
-    service = TimerService(
-        EmbeddedPartition(db, 0), serde=SERDE, clock=clock, direct=processor, window=8
-    )
-    await service.start()
+    service = await running(db, processor, clock, window=8)
     try:
         await append_timers(db, [nap(0, START_MS + 100)])
         await until(lambda: service.pending == 1, "the first timer indexed")
@@ -295,10 +290,7 @@ async def test_index_keys_of_the_layout_before_are_upgraded_and_fire(db: Embedde
     await EmbeddedPartition(db, 0).commit(old_layout)
 
     clock, processor = VirtualClock(START_MS), Processor()
-    service = TimerService(
-        EmbeddedPartition(db, 0), serde=SERDE, clock=clock, direct=processor, window=8
-    )
-    await service.start()
+    service = await running(db, processor, clock, window=8)
     try:
         store = EmbeddedPartition(db, 0).store
         assert sorted(k for k, _ in store.scan(keys.TIMER)) == sorted(
