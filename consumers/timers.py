@@ -167,27 +167,18 @@ class TimerService:
         return soonest
 
     async def start(self) -> None:
-        """Hold the soonest half window of the index (in due order, whole milliseconds)
-        and count the rest."""
+        """Count the index, then hold the soonest half window of it."""
         legacy: list[tuple[bytes, int, str, str]] = []
-        keep = self._window // 2
-        last = -1
         for key, value in self.backend.store.scan(keys.TIMER):
             old = keys.legacy_timer(key, value)
             if old is not None:
                 legacy.append((key, *old))
-                fire_at, instance_id, timer_id = old
-            elif self._horizon != _NEVER:
-                self._beyond += 1  # counted, not parsed
-                continue
-            else:
-                fire_at, instance_id, timer_id = keys.split_timer(key)
-            if self._horizon == _NEVER and len(self._live) >= keep and fire_at != last:
-                self._horizon = fire_at
-            self._hold(fire_at, instance_id, timer_id)
-            last = fire_at
+            self._beyond += 1
         if legacy:
             await self.backend.commit(_upgrade_legacy(self.backend.store, legacy))
+        if self._beyond:
+            self._horizon = 0
+            self._refill(self._window // 2)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._consume()), loop.create_task(self._fire())]
 
@@ -232,16 +223,16 @@ class TimerService:
         self._beyond += len(heap) - keep
         del heap[keep:]
         self._heap = heap
-        self._horizon = min(self._horizon, horizon)
+        self._horizon = horizon  # lower: every timer held or fired was due before the old one
 
-    def _refill(self) -> None:
-        """Read the next timers in due order back from the index, whole milliseconds at
-        a time, and raise the horizon past them."""
+    def _refill(self, count: int) -> None:
+        """Read the next ``count`` timers in due order back from the index, whole
+        milliseconds at a time, and raise the horizon past them."""
         got = 0
         last = -1
         for key, _ in self.backend.store.scan(keys.TIMER, keys.timer_prefix(self._horizon)):
             fire_at, instance_id, timer_id = keys.split_timer(key)
-            if got >= self._refill_size and fire_at != last:
+            if got >= count and fire_at != last:
                 self._horizon = fire_at
                 return
             self._push(fire_at, instance_id, timer_id)
@@ -328,7 +319,7 @@ class TimerService:
                 heapq.heappop(heap)  # cancelled or rescheduled
             if self._horizon != _NEVER and len(self._live) < self._refill_size:
                 async with self._lock:
-                    self._refill()
+                    self._refill(self._refill_size)
                 heap = self._heap
                 continue
             if heap and heap[0][0] <= now:
