@@ -8,6 +8,7 @@ them apart, so each backend can say what happened and what to do.
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -16,6 +17,27 @@ from typing import Any
 # flush on disk, each replayed on the next open: measured embedded, 2.3 GB of WALs beside
 # 0.4 GB of data after a million starts. Past the cap RocksDB flushes that family.
 MAX_TOTAL_WAL_BYTES = 256 << 20
+
+
+def direct_io_supported(directory: str) -> bool:
+    """Whether a new file in ``directory`` can be opened for writing with ``O_DIRECT``.
+
+    Some filesystems refuse it (tmpfs before Linux 6.6, some network and FUSE ones), and
+    RocksDB then refuses to open the database with direct I/O asked for ("Direct I/O is
+    not supported by the specified DB"). So the filesystem is asked first, and a database
+    on one that refuses goes through the page cache as before."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False  # not on this platform (macOS has F_NOCACHE instead)
+    probe = os.path.join(directory, ".direct-io-probe")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | flag, 0o600)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
 
 # Turns an error RocksDB raised into the one to raise instead.
 OnError = Callable[[Exception], BaseException]
