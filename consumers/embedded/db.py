@@ -92,6 +92,7 @@ class _Handles:
     db: Any
     cfs: dict[str, Any] = field(default_factory=dict)
     handles: dict[str, Any] = field(default_factory=dict)
+    direct_io: bool = False  # table files written past the page cache
 
 
 class EmbeddedDB:
@@ -162,11 +163,13 @@ class EmbeddedDB:
             await asyncio.to_thread(_release, rocks, wal, lock_fd)
             raise
         log.info(
-            "embedded data directory opened path=%s partitions=%d epoch=%d durability=%s",
+            "embedded data directory opened path=%s partitions=%d epoch=%d durability=%s "
+            "direct_io=%s",
             data_dir,
             count,
             epoch,
             durability.value,
+            "yes" if rocks.direct_io else "no (the filesystem refuses O_DIRECT)",
         )
         return db
 
@@ -524,7 +527,8 @@ def _open_rocks(data_dir: str) -> _Handles:
     options.create_missing_column_families(True)
     options.set_keep_log_file_num(4)
     options.set_max_total_wal_size(rocks_helpers.MAX_TOTAL_WAL_BYTES)
-    if rocks_helpers.direct_io_supported(data_dir):
+    direct_io = rocks_helpers.direct_io_supported(data_dir)
+    if direct_io:
         # Flushes and compactions write their table files past the page cache, a buffer
         # at a time. Through the cache, a table file (64 MB) went to the disk all at once
         # when RocksDB synced it, and the commits' WAL fsyncs queued behind it: measured
@@ -544,7 +548,7 @@ def _open_rocks(data_dir: str) -> _Handles:
             # was not closed, or an iterator that outlived it.
             raise _in_use(data_dir, " (this process: close the earlier EmbeddedDB)") from exc
         raise _open_failure(data_dir, exc) from exc
-    rocks = _Handles(db)
+    rocks = _Handles(db, direct_io=direct_io)
     for name in keys.COLUMN_FAMILIES:
         rocks.cfs[name] = db.get_column_family(name)
         rocks.handles[name] = db.get_column_family_handle(name)

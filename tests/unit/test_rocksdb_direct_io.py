@@ -6,6 +6,7 @@ and works through the page cache as before."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from pathlib import Path
 
@@ -70,22 +71,31 @@ def test_the_probe_answers_for_the_directory_and_leaves_nothing_behind(tmp_path:
     assert sorted(p.name for p in tmp_path.iterdir()) == (["own-probe"] if supported else [])
 
 
+def opened_line(caplog: pytest.LogCaptureFixture) -> str:
+    lines = [r.getMessage() for r in caplog.records if "data directory opened" in r.getMessage()]
+    assert lines, "the open was not logged"
+    return lines[-1]
+
+
 async def test_table_files_are_written_with_direct_io_where_the_filesystem_allows(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger=embedded_db.log.name)
     data = tmp_path / "data"
     data.mkdir()
     if not rocks_helpers.direct_io_supported(str(data)):
         pytest.fail(f"this test needs a filesystem with O_DIRECT under {tmp_path}")
     await write_and_flush(data, monkeypatch)
     assert direct_io_option(data) == "true"
+    assert "direct_io=yes" in opened_line(caplog)
     assert table_files(data), "nothing was flushed: the test wrote too little"
     await read_back(data)  # what direct I/O wrote reads back after a reopen
 
 
 async def test_a_filesystem_that_refuses_direct_io_gets_the_page_cache(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger=embedded_db.log.name)
     real_open = os.open
 
     def refusing_open(path: str, flags: int, mode: int = 0o777) -> int:
@@ -97,5 +107,6 @@ async def test_a_filesystem_that_refuses_direct_io_gets_the_page_cache(
     data = tmp_path / "data"
     await write_and_flush(data, monkeypatch)
     assert direct_io_option(data) == "false"
+    assert "direct_io=no (the filesystem refuses O_DIRECT)" in opened_line(caplog)
     assert table_files(data)
     await read_back(data)
