@@ -169,7 +169,7 @@ class EmbeddedDB:
             count,
             epoch,
             durability.value,
-            "yes" if rocks.direct_io else "no (the filesystem refuses O_DIRECT)",
+            "yes" if rocks.direct_io else "no (O_DIRECT is refused here or not available)",
         )
         return db
 
