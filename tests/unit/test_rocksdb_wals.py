@@ -39,8 +39,8 @@ def test_only_a_wal_that_grew_since_its_last_sync_is_synced_again(tmp_path: Path
         wal.close()
 
 
-def wal_bytes(data: Path) -> int:
-    rocks = data / embedded_db.ROCKSDB_DIR
+def wal_bytes(rocks: Path) -> int:
+    """The size of the WALs in a RocksDB directory."""
     return sum(f.stat().st_size for f in rocks.iterdir() if f.name.endswith(".log"))
 
 
@@ -49,6 +49,7 @@ async def test_wals_on_disk_stay_near_the_cap_while_state_is_written(
 ) -> None:
     monkeypatch.setattr(rocks_helpers, "MAX_TOTAL_WAL_BYTES", 1 << 20)
     data = tmp_path / "data"
+    rocks = data / embedded_db.ROCKSDB_DIR
     db = await EmbeddedDB.open(data, 1)
     try:
         partition = EmbeddedPartition(db, 0)
@@ -58,10 +59,10 @@ async def test_wals_on_disk_stay_near_the_cap_while_state_is_written(
                 batch.put(f"k-{n}-{i}".encode(), os.urandom(8192))
             await partition.commit(batch)
         for _ in range(400):  # the forced flushes run in the background
-            if wal_bytes(data) <= 6 << 20:
+            if wal_bytes(rocks) <= 6 << 20:
                 break
             await asyncio.sleep(0.05)
-        assert wal_bytes(data) <= 6 << 20
+        assert wal_bytes(rocks) <= 6 << 20
         assert partition.store.get(b"k-0-0") is not None
     finally:
         await db.close()
@@ -82,15 +83,11 @@ def test_a_kafka_partitions_state_keeps_its_wals_near_the_cap(
             puts = [(f"k-{n}-{i}".encode(), os.urandom(8192)) for i in range(64)]
             db.write(puts=puts, offsets={"commands": n + 1})
             time.sleep(0.01)  # a worker's commits are spread out; flushes run meanwhile
-
-        def logs() -> int:
-            return sum(f.stat().st_size for f in path.iterdir() if f.name.endswith(".log"))
-
         for _ in range(400):
-            if logs() <= 6 << 20:
+            if wal_bytes(path) <= 6 << 20:
                 break
             time.sleep(0.05)
-        assert logs() <= 6 << 20
+        assert wal_bytes(path) <= 6 << 20
         assert db.offset("commands") == 32
     finally:
         db.close()
