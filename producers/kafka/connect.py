@@ -32,6 +32,7 @@ from producers.kafka.settings import aiokafka_options, settings_from_url
 from producers.kafka.transport import DEFAULT_COMMAND_TIMEOUT_S, KafkaTransport
 
 _CONNECT_TIMEOUT_S = 15.0
+_BATCH_BYTES = 1 << 20
 
 
 async def _connect(url: str, options: dict[str, Any]) -> Transport:
@@ -76,6 +77,11 @@ async def open_kafka_transport(
     worker_tls = client_ssl(tls_ca)
     producer_options = aiokafka_options(settings, "producer")
     producer_options.setdefault("max_request_size", max(2 * max_payload_bytes, 1 << 21))
+    # Many starts at once: with aiokafka's 16 KB batches every sender past a full batch
+    # waits for it to drain, wakes, and most wait again (a timer and a wake-up each).
+    producer_options.setdefault(
+        "max_batch_size", min(_BATCH_BYTES, producer_options["max_request_size"])
+    )
     producer = AIOKafkaProducer(**producer_options, acks="all", enable_idempotence=False)
     try:
         async with asyncio.timeout(_CONNECT_TIMEOUT_S):

@@ -46,6 +46,7 @@ _MAPPED: dict[str, tuple[str, Callable[[str], Any], frozenset[str]]] = {
         frozenset({"producer"}),
     ),
     "message.max.bytes": ("max_request_size", int, frozenset({"producer"})),
+    "batch.size": ("max_batch_size", int, frozenset({"producer"})),
 }
 _SSL_PROPERTIES = frozenset(
     {

@@ -143,9 +143,11 @@ def test_every_worker_client_gets_every_setting(
     assert made["consumers.kafka.producer.Producer"].configs[0]["linger.ms"] == "3"
 
 
-async def test_the_kafka_client_maps_settings_to_aiokafka(
-    secure: KafkaSettings, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def _open_kafka_client(
+    settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The keyword arguments of the aiokafka clients and SSL contexts a kafka:// client
+    makes for ``settings`` (it stops at its first consumer)."""
     contexts: list[dict[str, Any]] = []
 
     def fake_context(**kwargs: Any) -> Any:
@@ -184,7 +186,14 @@ async def test_the_kafka_client_maps_settings_to_aiokafka(
     monkeypatch.setattr("producers.kafka.connect.AIOKafkaProducer", FakeProducer)
     monkeypatch.setattr("producers.kafka.follower.AIOKafkaConsumer", FakeConsumer)
     with pytest.raises(RuntimeError, match="recorded"):
-        await kafka_client.open_kafka_transport(secure)
+        await kafka_client.open_kafka_transport(settings)
+    return made, contexts
+
+
+async def test_the_kafka_client_maps_settings_to_aiokafka(
+    secure: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made, contexts = await _open_kafka_client(secure, monkeypatch)
 
     assert [m["client"] for m in made] == ["producer", "consumer"]
     for kwargs in made:
@@ -197,6 +206,23 @@ async def test_the_kafka_client_maps_settings_to_aiokafka(
     assert made[0]["linger_ms"] == 3 and made[0]["acks"] == "all"
     assert made[0]["enable_idempotence"] is False
     assert [c["cafile"] for c in contexts] == ["/etc/ssl/our-ca.pem"] * 2
+
+
+@pytest.mark.parametrize(
+    ("properties", "batch", "request_size"),
+    [
+        ({}, 1 << 20, 1 << 21),  # many starts at once share a batch per partition
+        ({"producer.message.max.bytes": "300000"}, 300_000, 300_000),  # never above a request
+        ({"producer.batch.size": "65536"}, 65_536, 1 << 21),  # the user's own
+    ],
+)
+async def test_the_kafka_client_batches_many_commands_per_request(
+    properties: dict[str, str], batch: int, request_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = KafkaSettings("localhost:9092", "orders", properties)
+    made, _ = await _open_kafka_client(settings, monkeypatch)
+    assert made[0]["max_batch_size"] == batch
+    assert made[0]["max_request_size"] == request_size
 
 
 def test_unmappable_security_settings_are_refused() -> None:
