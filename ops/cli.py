@@ -597,7 +597,8 @@ clients:
 
 workloads (all three unless --workload):
   W1      N x 10 sequential steps started at once, results awaited (N=2000):
-          steps_per_s, workflows_per_s, latency_p50_ms, latency_p99_ms
+          steps_per_s, workflows_per_s, latency_p50_ms, latency_p99_ms; with
+          --input-bytes B each instance's input carries B more bytes
   W2      N one-second sleepers started at once (N=2000): lateness_p50_ms,
           lateness_p99_ms and early_fires (timers fired before due; must be 0)
   W3      N instances waiting for an event a client sends (N=500)
@@ -1054,6 +1055,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--sync-steps", action="store_true", help="W1 with sync step functions (thread pool)"
+    )
+    bench.add_argument(
+        "--input-bytes",
+        type=int,
+        metavar="B",
+        help="W1 with a string of B bytes in each instance's input (0)",
     )
     bench.add_argument(
         "--partitions", type=int, metavar="N", help="partitions of the Kafka topics (4)"

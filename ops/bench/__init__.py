@@ -98,6 +98,7 @@ async def run_bench(
     n: int | None = None,
     data: str | None = None,
     sync: bool = False,
+    input_bytes: int = 0,
     bootstrap: str | None = None,
     partitions: int = 4,
     workers: int = 1,
@@ -107,6 +108,8 @@ async def run_bench(
 ) -> dict[str, Any]:
     client, backend = resolve_client(client, backend)
     _check_positive(n=n, pending=pending, rate=rate, workers=workers, partitions=partitions)
+    if input_bytes < 0:
+        raise SystemExit(f"bench: --input-bytes must be 0 or more, got {input_bytes}")
     if workers != 1 and client == "inprocess":
         raise SystemExit(
             "bench: --workers is for --client http (engine processes of `stepstream dev "
@@ -147,7 +150,9 @@ async def run_bench(
                             count = pending or n or DEFAULT_PENDING
                             figures = await fixed_rate_timers(s, count, rate)
                         else:
-                            figures = await run_workload(s.client, name, n or DEFAULT_N[name], sync)
+                            figures = await run_workload(
+                                s.client, name, n or DEFAULT_N[name], sync, input_bytes
+                            )
                     # CPU each process spent on the workload: which one is the bottleneck,
                     # and whether a second process would have a core to run on.
                     figures["cpu_s"] = {
@@ -187,6 +192,7 @@ def main(args: argparse.Namespace) -> int:
             n=getattr(args, "n", None),
             data=getattr(args, "data", None),
             sync=getattr(args, "sync_steps", False),
+            input_bytes=getattr(args, "input_bytes", None) or 0,
             bootstrap=getattr(args, "bootstrap", None),
             partitions=_given(args, "partitions", 4),
             workers=_given(args, "workers", 1),

@@ -105,8 +105,11 @@ async def gather_limited(jobs: list[Callable[[], Awaitable[Any]]], limit: int) -
     return results
 
 
-async def w1(client: Client, n: int, *, sync: bool) -> dict[str, Any]:
+async def w1(client: Client, n: int, *, sync: bool, input_bytes: int = 0) -> dict[str, Any]:
+    """``input_bytes``: a string of that many bytes in each instance's input (the engine
+    stores an input once, not at every step)."""
     steps = 10
+    padding = {"pad": "x" * input_bytes} if input_bytes else {}
     progress = Progress("W1", n)
     latencies: list[float] = []
     completed = 0
@@ -115,7 +118,7 @@ async def w1(client: Client, n: int, *, sync: bool) -> dict[str, Any]:
         nonlocal completed
         t0 = time.perf_counter()
         instance = await client.start(
-            "bench-steps", {"steps": steps, "sync": sync}, instance_id=f"w1-{i}"
+            "bench-steps", {"steps": steps, "sync": sync, **padding}, instance_id=f"w1-{i}"
         )
         value = await client.result(instance, timeout=RESULT_TIMEOUT_S)
         if value != steps:
@@ -133,7 +136,9 @@ async def w1(client: Client, n: int, *, sync: bool) -> dict[str, Any]:
         for i in range(count):
             t0 = time.perf_counter()
             instance = await client.start(
-                "bench-steps", {"steps": steps, "sync": sync}, instance_id=f"{prefix}-{i}"
+                "bench-steps",
+                {"steps": steps, "sync": sync, **padding},
+                instance_id=f"{prefix}-{i}",
             )
             await client.result(instance, timeout=RESULT_TIMEOUT_S)
             out.append((time.perf_counter() - t0) * 1000)
@@ -156,6 +161,7 @@ async def w1(client: Client, n: int, *, sync: bool) -> dict[str, Any]:
         "single_100_steps_p50_ms": pct(single100, 50),
         "per_step_ratio_100_vs_10": round(per_step_100 / per_step_10, 2) if per_step_10 else None,
         "step_bodies": "sync (thread pool)" if sync else "async",
+        "input_bytes": input_bytes,
     }
 
 
@@ -264,9 +270,11 @@ async def w3(client: Client, n: int) -> dict[str, Any]:
     }
 
 
-async def run_workload(client: Client, name: str, count: int, sync: bool) -> dict[str, Any]:
+async def run_workload(
+    client: Client, name: str, count: int, sync: bool, input_bytes: int = 0
+) -> dict[str, Any]:
     if name == "W1":
-        return await w1(client, count, sync=sync)
+        return await w1(client, count, sync=sync, input_bytes=input_bytes)
     if name == "W2":
         return await w2(client, count)
     return await w3(client, count)

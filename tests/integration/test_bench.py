@@ -82,6 +82,12 @@ def test_fixed_rate_timers_fire_every_timer_never_early(tmp_path: Path) -> None:
     assert timers["rss_mb_all_pending"] > 0, timers
 
 
+def test_bench_with_large_inputs(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "--workload", "W1", "--input-bytes", "50000")
+    w1 = result["W1"]
+    assert w1["completed"] == N and w1["input_bytes"] == 50_000, w1
+
+
 def test_http_client_with_kafka_backend_says_what_to_use(tmp_path: Path) -> None:
     done = run_cli(tmp_path, "bench", "--client", "http", "--backend", "kafka")
     assert done.returncode != 0
@@ -94,6 +100,7 @@ def test_http_client_with_kafka_backend_says_what_to_use(tmp_path: Path) -> None
     [
         (("--workload", "timers", "--rate", "0"), "--rate must be more than 0"),
         (("--client", "kafka", "--workers", "5"), "pass --partitions 5 or more"),
+        (("--workload", "W1", "--input-bytes", "-1"), "--input-bytes must be 0 or more"),
     ],
 )
 def test_bad_bench_flags_say_what_to_pass(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
