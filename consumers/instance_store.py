@@ -30,18 +30,27 @@ def load_state(
     store: StateStore, instance_id: str, *, entries: bool = True
 ) -> InstanceState | None:
     """An instance's committed state; without ``entries`` only its meta (status, result,
-    error, timestamps), which is all a status or result check needs."""
+    error, timestamps; no entries, and no input unless the meta holds it), which is all a
+    status or result check needs."""
     meta = store.get(keys.meta(instance_id))
     if meta is None:
         return None
+    if not entries:
+        return InstanceState.from_storage(instance_id, meta, [])
     prefix = keys.entry_prefix(instance_id)
-    found = [(k[len(prefix) :].decode(), v) for k, v in store.scan(prefix)] if entries else []
-    return InstanceState.from_storage(instance_id, meta, found)
+    found = [(k[len(prefix) :].decode(), v) for k, v in store.scan(prefix)]
+    return InstanceState.from_storage(
+        instance_id, meta, found, store.get(keys.input_key(instance_id))
+    )
 
 
 def write_state(state: InstanceState, batch: CommitBatch) -> None:
-    """Queue the changed parts of an instance's state: meta, dirty entries, active index."""
+    """Queue the changed parts of an instance's state: its input once, the meta, dirty
+    entries, the active index."""
     instance_id = state.instance_id
+    if state.new_input and state.input is not None:
+        batch.put(keys.input_key(instance_id), payload_bytes(state.input))
+        state.new_input = False
     batch.put(keys.meta(instance_id), state.meta_json())
     for key in state.dirty_entries:
         batch.put(keys.entry(instance_id, key), entry_json(state.entries[key]))

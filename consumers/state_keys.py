@@ -2,6 +2,8 @@
 
 Layout (all keys local to one partition; ``<id>`` is an instance id, escaped):
   m\\0<id>                    instance meta (engine.state JSON)
+  i\\0<id>\\0                  the instance's input, written once when it starts (a payload
+                              as ``engine.state.payload_bytes``; older metas hold it inline)
   e\\0<id>\\0<key>              one entry per replay key
   h\\0<id>\\0<seq:8>            the instance's history records, Avro single-object encoded
   a\\0<id>                    index of unfinished instances (loaded on restore)
@@ -28,6 +30,7 @@ import functools
 import struct
 
 META = b"m\x00"
+INPUT = b"i\x00"
 ENTRY = b"e\x00"
 HISTORY = b"h\x00"
 ACTIVE = b"a\x00"
@@ -90,10 +93,18 @@ def history(instance_id: str, seq: int) -> bytes:
     return history_prefix(instance_id) + _SEQ.pack(seq)
 
 
+def input_key(instance_id: str) -> bytes:
+    """The instance's input. Its own prefix as well (``instance_prefixes``), so that what
+    copies or deletes an instance's keys by prefix takes it along."""
+    return INPUT + escape_id(instance_id) + _END
+
+
 def instance_prefixes(instance_id: str) -> tuple[bytes, ...]:
-    """The prefixes of every multi-key family one instance has (entries, history,
-    applied commands); its single keys are ``meta``, ``active`` and ``finished``."""
+    """The prefixes of every key family one instance has (its input, entries, history,
+    applied commands, replies); its other single keys are ``meta``, ``active`` and
+    ``finished``."""
     return (
+        input_key(instance_id),
         entry_prefix(instance_id),
         history_prefix(instance_id),
         command_prefix(instance_id),

@@ -310,6 +310,9 @@ class InstanceState:
     pruned_history: list[tuple[int, int]] = field(default_factory=list)
     # Answers to messages (msg.complete) since the state was last written: id -> answer.
     new_replies: dict[str, Payload] = field(default_factory=dict)
+    # The input is stored once, under a key of its own, not in the meta each transition
+    # rewrites: True until it has been (a start, or a meta of the layout that held it).
+    new_input: bool = False
 
     # ---- the state machine ----------------------------------------------------------
 
@@ -340,6 +343,7 @@ class InstanceState:
                 self.workflow = record.workflow
                 self.version = record.version
                 self.input = record.input
+                self.new_input = True
                 self.created_ms = record.time_ms
                 self.status = Status.PENDING
                 self.traceparent = record.traceparent
@@ -545,7 +549,6 @@ class InstanceState:
             "c": self.created_ms,
             "u": self.updated_ms,
             "q": self.seq,
-            "i": _payload_json(self.input),
             "r": _payload_json(self.result),
             "et": self.error_type,
             "em": self.error_message,
@@ -564,9 +567,16 @@ class InstanceState:
 
     @classmethod
     def from_storage(
-        cls, instance_id: str, meta: bytes, entries: list[tuple[str, bytes]]
+        cls,
+        instance_id: str,
+        meta: bytes,
+        entries: list[tuple[str, bytes]],
+        input: bytes | None = None,
     ) -> InstanceState:
+        """``input``: the value of the instance's input key (None: not read; a meta
+        written before the input had a key of its own holds it)."""
         raw = orjson.loads(meta)
+        inline = raw.get("i")
         status = _member(Status, raw["st"])
         state = cls(
             instance_id=instance_id,
@@ -576,7 +586,7 @@ class InstanceState:
             created_ms=raw["c"],
             updated_ms=raw["u"],
             seq=raw["q"],
-            input=_payload_from(raw["i"]),
+            input=_payload_from(inline) if input is None else payload_from_bytes(input),
             result=_payload_from(raw["r"]),
             error_type=raw["et"],
             error_message=raw["em"],
@@ -594,6 +604,7 @@ class InstanceState:
             ],
         )
         state.recent_commands.extend(raw["rc"])
+        state.new_input = inline is not None  # moved to its own key at the next write
         for key, value in entries:
             state.entries[key] = Entry.from_json(key, orjson.loads(value))
         return state

@@ -300,6 +300,14 @@ async def counted_waits(ctx: Context, n: int) -> list[Any]:
     return [await ctx.wait_for_event("e", key=f"e{i}") for i in range(n)]
 
 
+@workflow("big-input")
+async def big_input(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """Waits for ``n`` events in turn, then answers with its (large) input's size."""
+    RUNS[ctx.instance_id] = RUNS.get(ctx.instance_id, 0) + 1
+    events = [await ctx.wait_for_event("e", key=f"e{i}") for i in range(args["n"])]
+    return {"size": len(args["blob"]), "events": events}
+
+
 async def cancelled_once(key: str) -> str:
     """Raises CancelledError of its own on its first attempt (as when an inner task it
     awaited was cancelled), then succeeds."""

@@ -539,6 +539,42 @@ async def test_the_instance_cache_keeps_the_most_recently_used(tmp_path: Path) -
         assert RUNS["cold-0"] == 2
 
 
+async def test_a_large_input_is_stored_once_and_read_back_after_eviction_and_restart(
+    tmp_path: Path,
+) -> None:
+    """The input has a key of its own, written with the start: the meta every transition
+    rewrites stays small, and an instance reloaded from storage (evicted from the cache,
+    or after a restart) runs with its input."""
+    from consumers import state_keys
+    from ops.embedded import EmbeddedConfig, open_embedded
+    from producers.client import Client
+    from tests.conftest import test_registry
+    from tests.workflows import RUNS
+
+    blob = "é" * 150_000  # 300 KB encoded
+    config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1, cache_size=1)
+    engine = await open_embedded(test_registry(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        big = await client.start("big-input", {"n": 3, "blob": blob}, instance_id="big")
+        await client.send_event(big, "e", 0)
+        await client.start("counted-waits", 1, instance_id="other")  # evicts the big one
+        await client.send_event(big, "e", 1)
+        store = engine.host._processor("big").backend.store
+        meta = store.get(state_keys.meta("big"))
+        stored_input = store.get(state_keys.input_key("big"))
+        assert meta is not None and len(meta) < 2_000, len(meta or b"")
+        assert stored_input is not None and len(stored_input) > 300_000
+        assert RUNS["big"] == 2  # replayed once after its eviction, with its input
+        await client.send_event("other", "e", "x")
+        assert await client.result("other", timeout=10) == ["x"]
+
+    engine = await open_embedded(test_registry(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        await client.send_event("big", "e", 2)
+        assert await client.result("big", timeout=10) == {"size": 150_000, "events": [0, 1, 2]}
+    assert RUNS["big"] == 3
+
+
 async def test_finished_instances_are_forgotten_after_the_retention(tmp_path: Path) -> None:
     """Finished instances leave the state (all their keys) once the retention has passed
     since they finished; running ones stay; the id can then be started afresh."""
@@ -571,6 +607,7 @@ async def test_finished_instances_are_forgotten_after_the_retention(tmp_path: Pa
             key
             for prefix in (
                 state_keys.META,
+                state_keys.INPUT,
                 state_keys.ENTRY,
                 state_keys.HISTORY,
                 state_keys.COMMAND,

@@ -41,6 +41,7 @@ from engine.state import (
     InvalidTransition,
     Status,
     entry_json,
+    payload_bytes,
     timer_id,
 )
 
@@ -394,7 +395,8 @@ def test_recent_commands_are_bounded_and_not_repeated() -> None:
 
 def _stored(state: InstanceState) -> InstanceState:
     entries = [(key, entry_json(entry)) for key, entry in state.entries.items()]
-    return InstanceState.from_storage(state.instance_id, state.meta_json(), entries)
+    stored_input = None if state.input is None else payload_bytes(state.input)
+    return InstanceState.from_storage(state.instance_id, state.meta_json(), entries, stored_input)
 
 
 def _same(a: InstanceState, b: InstanceState) -> None:
@@ -517,6 +519,37 @@ def test_meta_is_small_and_does_not_grow_with_entries() -> None:
         state.apply(rec(StepSucceeded, f"c{i}", key=f"s{i}", attempt=1, result=pj("1")))
     # recent_commands is bounded, entries are stored apart: meta stays O(1).
     assert len(state.meta_json()) < small + RECENT_COMMANDS * 8 + 200
+
+
+def test_the_meta_leaves_the_input_out_whatever_its_size() -> None:
+    """Each transition rewrites the meta: an input inside it would be written again at
+    every step (100 KB inputs made steps 7 times slower). It has a key of its own."""
+    metas = []
+    for size in (10, 100_000):
+        rec = Recorder()
+        big = pj(json.dumps("x" * size))
+        state = fold([rec(WorkflowStarted, "start", workflow="wf", version="2", input=big)])
+        assert state.new_input  # to be stored once, with the start
+        state.apply(rec(StepAttemptStarted, "c1", key="s", attempt=1, max_attempts=1))
+        metas.append(state.meta_json())
+    assert len(metas[0]) == len(metas[1]) < 1_000
+
+
+def test_a_meta_that_holds_its_input_is_read_and_its_input_moved_out() -> None:
+    """State written before the input had a key of its own: the input is read from the
+    meta, and the next write stores it under its key."""
+    rec = Recorder()
+    state = fold([started(rec), rec(StepAttemptStarted, "c1", key="s", attempt=1, max_attempts=1)])
+    older = json.loads(state.meta_json())
+    older["i"] = [state.input.content_type, "MQ=="]  # "1", base64, as the older layout had it
+    restored = InstanceState.from_storage(ID, json.dumps(older).encode(), [])
+    assert restored.input == pj("1")
+    assert restored.new_input
+    assert b'"i"' not in restored.meta_json()
+    # The current layout: the meta has none, the caller reads the input key.
+    current = InstanceState.from_storage(ID, state.meta_json(), [], payload_bytes(pj("1")))
+    assert current.input == pj("1") and not current.new_input
+    assert InstanceState.from_storage(ID, state.meta_json(), []).input is None  # not read
 
 
 def test_the_settlement_of_a_recorded_ignore_is_rebuilt_from_its_record() -> None:
