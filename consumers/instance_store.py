@@ -16,6 +16,7 @@ from engine.serde import RecordSerde
 from engine.settle import recorded_reason
 from engine.state import (
     InstanceState,
+    buffered_json,
     entry_json,
     is_client_command,
     payload_bytes,
@@ -39,18 +40,25 @@ def load_state(
         return InstanceState.from_storage(instance_id, meta, [])
     prefix = keys.entry_prefix(instance_id)
     found = [(k[len(prefix) :].decode(), v) for k, v in store.scan(prefix)]
+    buffered = [v for _, v in store.scan(keys.buffered_prefix(instance_id))]
     return InstanceState.from_storage(
-        instance_id, meta, found, store.get(keys.input_key(instance_id))
+        instance_id, meta, found, store.get(keys.input_key(instance_id)), buffered
     )
 
 
 def write_state(state: InstanceState, batch: CommitBatch) -> None:
-    """Queue the changed parts of an instance's state: its input once, the meta, dirty
-    entries, the active index."""
+    """Queue the changed parts of an instance's state: its input once, buffered events
+    as they come and go, the meta, dirty entries, the active index."""
     instance_id = state.instance_id
     if state.new_input and state.input is not None:
         batch.put(keys.input_key(instance_id), payload_bytes(state.input))
         state.new_input = False
+    for event in state.new_buffered:
+        batch.put(keys.buffered(instance_id, event.seq), buffered_json(event))
+    state.new_buffered.clear()
+    for seq in state.taken_buffered:  # after the puts: one taken in the same batch goes
+        batch.delete(keys.buffered(instance_id, seq))
+    state.taken_buffered.clear()
     batch.put(keys.meta(instance_id), state.meta_json())
     for key in state.dirty_entries:
         batch.put(keys.entry(instance_id, key), entry_json(state.entries[key]))

@@ -5,6 +5,8 @@ Layout (all keys local to one partition; ``<id>`` is an instance id, escaped):
   i\\0<id>\\0                  the instance's input, written once when it starts (a payload
                               as ``engine.state.payload_bytes``; older metas hold it inline)
   e\\0<id>\\0<key>              one entry per replay key
+  b\\0<id>\\0<seq:8>            an event or message buffered until the code takes it (the
+                              seq of its EventBuffered; older metas held them inline)
   h\\0<id>\\0<seq:8>            the instance's history records, Avro single-object encoded
   a\\0<id>                    index of unfinished instances (loaded on restore)
   c\\0<id>\\0<command>          a client command applied to the instance (duplicates skipped)
@@ -31,6 +33,7 @@ import struct
 
 META = b"m\x00"
 INPUT = b"i\x00"
+BUFFERED = b"b\x00"
 ENTRY = b"e\x00"
 HISTORY = b"h\x00"
 ACTIVE = b"a\x00"
@@ -99,13 +102,22 @@ def input_key(instance_id: str) -> bytes:
     return INPUT + escape_id(instance_id) + _END
 
 
+def buffered_prefix(instance_id: str) -> bytes:
+    return BUFFERED + escape_id(instance_id) + _END
+
+
+def buffered(instance_id: str, seq: int) -> bytes:
+    return buffered_prefix(instance_id) + _SEQ.pack(seq)
+
+
 def instance_prefixes(instance_id: str) -> tuple[bytes, ...]:
-    """The prefixes of every key family one instance has (its input, entries, history,
-    applied commands, replies); its other single keys are ``meta``, ``active`` and
-    ``finished``."""
+    """The prefixes of every key family one instance has (its input, entries, buffered
+    events, history, applied commands, replies); its other single keys are ``meta``,
+    ``active`` and ``finished``."""
     return (
         input_key(instance_id),
         entry_prefix(instance_id),
+        buffered_prefix(instance_id),
         history_prefix(instance_id),
         command_prefix(instance_id),
         reply_prefix(instance_id),

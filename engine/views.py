@@ -97,7 +97,7 @@ class InstanceStatus:
             created_at=_iso(state.created_ms),
             updated_at=_iso(state.updated_ms),
             waits=waits,
-            buffered_events=len(state.buffered),
+            buffered_events=len(state.buffered) + state.unread_buffered,
             error=error,
         )
 

@@ -308,6 +308,13 @@ async def big_input(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
     return {"size": len(args["blob"]), "events": events}
 
 
+@workflow("drain-after-go")
+async def drain_after_go(ctx: Context, n: int) -> list[Any]:
+    """Waits for "go"; the ``n`` "item" events sent before it wait in the buffer."""
+    await ctx.wait_for_event("go")
+    return [await ctx.wait_for_event("item", key=f"item-{i}") for i in range(n)]
+
+
 async def cancelled_once(key: str) -> str:
     """Raises CancelledError of its own on its first attempt (as when an inner task it
     awaited was cancelled), then succeeds."""

@@ -575,6 +575,38 @@ async def test_a_large_input_is_stored_once_and_read_back_after_eviction_and_res
     assert RUNS["big"] == 3
 
 
+async def test_buffered_events_are_kept_one_key_each_across_a_restart(tmp_path: Path) -> None:
+    """Events the code has not asked for yet wait under keys of their own, not in the meta
+    every transition rewrites; the status counts them, and after a restart the code takes
+    them in the order they came."""
+    from consumers import state_keys
+    from ops.embedded import EmbeddedConfig, open_embedded
+    from producers.client import Client
+    from tests.conftest import test_registry
+
+    items = [{"i": i, "pad": "x" * 2_000} for i in range(30)]
+    config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1)
+    engine = await open_embedded(test_registry(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        drain = await client.start("drain-after-go", len(items), instance_id="drain")
+        for item in items:
+            await client.send_event(drain, "item", item)
+        assert (await client.status(drain)).buffered_events == 30
+        store = engine.host._processor("drain").backend.store
+        meta = store.get(state_keys.meta("drain"))
+        assert meta is not None and len(meta) < 3_000, len(meta or b"")
+        assert len(list(store.scan(state_keys.buffered_prefix("drain")))) == 30
+
+    engine = await open_embedded(test_registry(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        assert (await client.status("drain")).buffered_events == 30
+        await client.send_event("drain", "go", None)
+        assert await client.result("drain", timeout=10) == items
+        store = engine.host._processor("drain").backend.store
+        assert list(store.scan(state_keys.buffered_prefix("drain"))) == []
+        assert (await client.status("drain")).buffered_events == 0
+
+
 async def test_finished_instances_are_forgotten_after_the_retention(tmp_path: Path) -> None:
     """Finished instances leave the state (all their keys) once the retention has passed
     since they finished; running ones stay; the id can then be started afresh."""
