@@ -604,6 +604,9 @@ workloads (all three unless --workload):
   W3      N instances waiting for an event a client sends (N=500)
   timers  --pending N timers on one engine, due 1/--rate s apart (1,000,000 at
           2,000/s): lateness and the engine's resident memory (rss_mb_*)
+  buffer  N events sent in turn to one instance that asks for none yet (N=1000),
+          then taken at once: events_per_s, send_first_tenth_p50_ms against
+          send_last_tenth_p50_ms (--input-bytes B: B more bytes per event)
 
 examples:
   stepstream bench --client http --workload W1 --json
@@ -1048,7 +1051,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="H:P",
         help="Kafka bootstrap servers (default: start the test broker)",
     )
-    bench.add_argument("--workload", choices=("W1", "W2", "W3", "timers"), help="run only this one")
+    bench.add_argument(
+        "--workload", choices=("W1", "W2", "W3", "timers", "buffer"), help="run only this one"
+    )
     bench.add_argument("--n", type=int, metavar="N", help="instances per workload")
     bench.add_argument(
         "--data", metavar="DIR", help="where the engines keep their state (default: temp)"
@@ -1060,7 +1065,7 @@ def _parser() -> argparse.ArgumentParser:
         "--input-bytes",
         type=int,
         metavar="B",
-        help="W1 with a string of B bytes in each instance's input (0)",
+        help="a string of B bytes in each W1 instance's input and each buffer event (0)",
     )
     bench.add_argument(
         "--partitions", type=int, metavar="N", help="partitions of the Kafka topics (4)"

@@ -38,6 +38,7 @@ from ops.bench.sessions import (
 from ops.bench.timers import fixed_rate_timers
 from ops.bench.workloads import (
     DEFAULT_N,
+    bench_drain,
     bench_event,
     bench_sleep,
     bench_steps,
@@ -45,9 +46,17 @@ from ops.bench.workloads import (
     run_workload,
 )
 
-__all__ = ["bench_event", "bench_sleep", "bench_steps", "bench_timer", "main", "run_bench"]
+__all__ = [
+    "bench_drain",
+    "bench_event",
+    "bench_sleep",
+    "bench_steps",
+    "bench_timer",
+    "main",
+    "run_bench",
+]
 
-WORKLOADS = ("W1", "W2", "W3", "timers")
+WORKLOADS = ("W1", "W2", "W3", "timers", "buffer")
 DEFAULT_PENDING = 1_000_000
 DEFAULT_RATE = 2000.0
 

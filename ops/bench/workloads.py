@@ -26,7 +26,7 @@ from engine.context import Context
 from engine.workflow import workflow
 from producers.client import Client
 
-DEFAULT_N = {"W1": 2000, "W2": 2000, "W3": 500}
+DEFAULT_N = {"W1": 2000, "W2": 2000, "W3": 500, "buffer": 1000}
 # Waits longer than any workload takes on a loaded machine: a result that does not come
 # is a failure of the run, not a figure.
 RESULT_TIMEOUT_S = 600
@@ -57,6 +57,15 @@ async def bench_sleep(ctx: Context, seconds: float) -> None:
 @workflow("bench-event")
 async def bench_event(ctx: Context, _: Any) -> Any:
     return await ctx.wait_for_event("go")
+
+
+@workflow("bench-drain")
+async def bench_drain(ctx: Context, n: int) -> int:
+    """Waits for "go": the ``n`` "item" events sent before it wait in its buffer."""
+    await ctx.wait_for_event("go")
+    for i in range(n):
+        await ctx.wait_for_event("item", key=f"item-{i}")
+    return n
 
 
 @workflow("bench-timer")
@@ -270,6 +279,45 @@ async def w3(client: Client, n: int) -> dict[str, Any]:
     }
 
 
+async def buffer(client: Client, n: int, *, input_bytes: int = 0) -> dict[str, Any]:
+    """N events sent one after another to one instance that does not ask for them yet
+    (each waits in its buffer), then taken all at once: what an instance's growing buffer
+    costs each event that comes (it must not grow with the buffer)."""
+    instance = await client.start("bench-drain", n, instance_id="buffer-0")
+    padding = {"pad": "x" * input_bytes} if input_bytes else {}
+    progress = Progress("buffer", n)
+    sends: list[float] = []
+    start = time.perf_counter()
+    for i in range(n):
+        t0 = time.perf_counter()
+        await client.send_event(instance, "item", {"i": i, **padding})
+        sends.append((time.perf_counter() - t0) * 1000)
+        progress.tick()
+    elapsed = time.perf_counter() - start
+    buffered = (await client.status(instance)).buffered_events
+    t0 = time.perf_counter()
+    await client.send_event(instance, "go", None)
+    taken = await client.result(instance, timeout=RESULT_TIMEOUT_S)
+    drained = time.perf_counter() - t0
+    if taken != n:
+        raise SystemExit(f"bench: {instance} took {taken!r} events, expected {n}")
+    tenth = max(n // 10, 1)
+    return {
+        "workflows": 1,
+        "completed": 1,
+        "events": n,
+        "buffered_before_go": buffered,
+        "events_per_s": round(n / elapsed, 1),
+        "send_p50_ms": pct(sends, 50),
+        "send_p99_ms": pct(sends, 99),
+        # The same figure while the buffer was small and when it was full.
+        "send_first_tenth_p50_ms": pct(sends[:tenth], 50),
+        "send_last_tenth_p50_ms": pct(sends[-tenth:], 50),
+        "drain_s": round(drained, 3),
+        "input_bytes": input_bytes,
+    }
+
+
 async def run_workload(
     client: Client, name: str, count: int, sync: bool, input_bytes: int = 0
 ) -> dict[str, Any]:
@@ -277,4 +325,6 @@ async def run_workload(
         return await w1(client, count, sync=sync, input_bytes=input_bytes)
     if name == "W2":
         return await w2(client, count)
+    if name == "buffer":
+        return await buffer(client, count, input_bytes=input_bytes)
     return await w3(client, count)

@@ -88,6 +88,13 @@ def test_bench_with_large_inputs(tmp_path: Path) -> None:
     assert w1["completed"] == N and w1["input_bytes"] == 50_000, w1
 
 
+def test_bench_buffered_events(tmp_path: Path) -> None:
+    result = _bench(tmp_path, "--workload", "buffer", "--input-bytes", "1000")
+    figures = result["buffer"]
+    assert figures["events"] == N and figures["buffered_before_go"] == N, figures
+    assert figures["events_per_s"] > 0 and figures["send_last_tenth_p50_ms"] > 0, figures
+
+
 def test_http_client_with_kafka_backend_says_what_to_use(tmp_path: Path) -> None:
     done = run_cli(tmp_path, "bench", "--client", "http", "--backend", "kafka")
     assert done.returncode != 0
