@@ -598,6 +598,38 @@ def test_a_meta_that_holds_buffered_events_is_read_and_they_move_out() -> None:
     assert "b" not in json.loads(restored.meta_json())
 
 
+def test_state_of_the_older_layout_is_moved_to_its_keys_at_the_next_write() -> None:
+    """A data directory written before inputs and buffered events had keys of their own:
+    the first write after reading such a meta stores them under their keys, and the meta
+    it writes holds neither; read back the current way, nothing is lost."""
+    from consumers import state_keys
+    from consumers.instance_store import write_state
+    from engine.seams import CommitBatch
+
+    rec = Recorder()
+    state = fold([started(rec), rec(EventBuffered, "ev-1", event_name="e", payload=pj("7"))])
+    older = json.loads(state.meta_json())
+    del older["bn"]
+    older["i"] = ["application/json", "MQ=="]
+    older["b"] = [["e", ["application/json", "Nw=="], "ev-1", 2, T0 + 2]]
+    restored = InstanceState.from_storage(ID, json.dumps(older).encode(), [])
+    batch = CommitBatch()
+    write_state(restored, batch)
+    meta = json.loads(batch.puts[state_keys.meta(ID)])
+    assert "i" not in meta and "b" not in meta and meta["bn"] == 1
+    stored_input = batch.puts[state_keys.input_key(ID)]
+    stored_event = batch.puts[state_keys.buffered(ID, 2)]
+    current = InstanceState.from_storage(
+        ID, batch.puts[state_keys.meta(ID)], [], stored_input, [stored_event]
+    )
+    _same(current, state)
+    again = CommitBatch()
+    write_state(current, again)  # moved once: the next write leaves them be
+    assert set(again.puts) >= {state_keys.meta(ID)}
+    assert state_keys.input_key(ID) not in again.puts
+    assert state_keys.buffered(ID, 2) not in again.puts
+
+
 def test_the_settlement_of_a_recorded_ignore_is_rebuilt_from_its_record() -> None:
     """What a publisher is told about a command an earlier owner recorded as ignored."""
     from engine.settle import error_for, recorded_reason
