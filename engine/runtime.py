@@ -15,6 +15,7 @@ visited, otherwise the code no longer matches the history (``HistoryDiverged``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -860,7 +861,12 @@ class InstanceRuntime:
         elif what == "messages":
             assert entry is not None and entry.state is EntryState.WAITING
             names = entry.names or []
-            taken = [b for b in self.state.buffered if b.name in names][: entry.max_attempts]
+            # The oldest of these names, at most max_attempts: stop once found.
+            taken = list(
+                itertools.islice(
+                    (b for b in self.state.buffered if b.name in names), entry.max_attempts
+                )
+            )
             if taken:
                 self._receive(entry, [(b.command_id, b.name, b.payload, b.time_ms) for b in taken])
             elif entry.timer_id is not None:

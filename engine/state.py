@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar, cast
@@ -373,8 +373,7 @@ class InstanceState:
                 entry.messages = list(
                     zip(record.ids, record.names, record.payloads, record.sent_ms, strict=True)
                 )
-                taken = set(record.ids)
-                self._take_buffered(lambda b: b.command_id in taken)
+                self._take_buffered(record.ids)
             case MessageSent():
                 entry = self._entry(record.key, EntryKind.SENT, EntryState.RECORDED, record.seq)
                 entry.child_id = record.target
@@ -437,7 +436,7 @@ class InstanceState:
                 entry.state = EntryState.SATISFIED
                 entry.result = record.payload
                 entry.timer_id = entry.fire_at_ms = None
-                self._take_buffered(lambda b: b.command_id == record.event_command_id)
+                self._take_buffered((record.event_command_id,))
             case WaitTimedOut():
                 entry = self._touch(record.key)
                 entry.state = EntryState.TIMED_OUT
@@ -521,14 +520,21 @@ class InstanceState:
             self.pruned_history.append((low, high))
         entry.max_attempts = before
 
-    def _take_buffered(self, taken: Callable[[BufferedEvent], bool]) -> None:
-        kept = []
-        for event in self.buffered:
-            if taken(event):
+    def _take_buffered(self, command_ids: Iterable[str]) -> None:
+        """Remove the buffered events of these commands. The code takes the oldest of a
+        name, near the front: the search stops once it found them all, so draining a
+        long buffer does not walk it once per event."""
+        wanted = set(command_ids)
+        buffered = self.buffered
+        index = 0
+        while wanted and index < len(buffered):
+            event = buffered[index]
+            if event.command_id in wanted:
+                wanted.discard(event.command_id)
                 self.taken_buffered.append(event.seq)
+                del buffered[index]
             else:
-                kept.append(event)
-        self.buffered = kept
+                index += 1
 
     def _running(self) -> None:
         if self.status is Status.PENDING:

@@ -15,6 +15,8 @@ from engine.records import (
     CommandIgnored,
     EventBuffered,
     HistoryRecord,
+    MessagesReceived,
+    MessageWaitStarted,
     Payload,
     SleepElapsed,
     SleepStarted,
@@ -584,6 +586,31 @@ def test_buffered_events_are_stored_one_key_each_as_they_come_and_go() -> None:
     assert status_only.buffered == [] and status_only.unread_buffered == 49
     assert InstanceStatus.of(status_only).buffered_events == 49
     assert json.loads(status_only.meta_json())["bn"] == 49  # written back, still counted
+
+
+def test_taking_buffered_events_keeps_the_others_in_order() -> None:
+    """Messages taken from the middle of the buffer leave the rest as they came, and
+    each taken one is marked for deletion once."""
+    rec = Recorder()
+    state = fold([started(rec)])
+    for i, name in enumerate("abab a".replace(" ", "")):
+        state.apply(rec(EventBuffered, f"ev-{i}", event_name=name, payload=pj(str(i))))
+    state.apply(rec(MessageWaitStarted, "c1", key="m", names=["a"], max=2))
+    state.apply(
+        rec(
+            MessagesReceived,
+            "c1",
+            key="m",
+            ids=["ev-0", "ev-2"],
+            names=["a", "a"],
+            content_types=["application/json"] * 2,
+            data=[b"0", b"2"],
+            sent_ms=[T0, T0],
+        )
+    )
+    assert [b.command_id for b in state.buffered] == ["ev-1", "ev-3", "ev-4"]
+    assert state.taken_buffered == [2, 4]  # the seqs of ev-0 and ev-2
+    assert state.entries["m"].state is EntryState.SATISFIED
 
 
 def test_a_meta_that_holds_buffered_events_is_read_and_they_move_out() -> None:
