@@ -607,6 +607,7 @@ workloads (all three unless --workload):
   buffer  N events sent in turn to one instance that asks for none yet (N=1000),
           then taken at once: events_per_s, send_first_tenth_p50_ms against
           send_last_tenth_p50_ms (--input-bytes B: B more bytes per event)
+  fanout  one instance running N steps at once (N=4000): steps_per_s
 
 examples:
   stepstream bench --client http --workload W1 --json
@@ -1052,7 +1053,9 @@ def _parser() -> argparse.ArgumentParser:
         help="Kafka bootstrap servers (default: start the test broker)",
     )
     bench.add_argument(
-        "--workload", choices=("W1", "W2", "W3", "timers", "buffer"), help="run only this one"
+        "--workload",
+        choices=("W1", "W2", "W3", "timers", "buffer", "fanout"),
+        help="run only this one",
     )
     bench.add_argument("--n", type=int, metavar="N", help="instances per workload")
     bench.add_argument(

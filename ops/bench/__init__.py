@@ -40,6 +40,7 @@ from ops.bench.workloads import (
     DEFAULT_N,
     bench_drain,
     bench_event,
+    bench_fanout,
     bench_sleep,
     bench_steps,
     bench_timer,
@@ -49,6 +50,7 @@ from ops.bench.workloads import (
 __all__ = [
     "bench_drain",
     "bench_event",
+    "bench_fanout",
     "bench_sleep",
     "bench_steps",
     "bench_timer",
@@ -56,7 +58,7 @@ __all__ = [
     "run_bench",
 ]
 
-WORKLOADS = ("W1", "W2", "W3", "timers", "buffer")
+WORKLOADS = ("W1", "W2", "W3", "timers", "buffer", "fanout")
 DEFAULT_PENDING = 1_000_000
 DEFAULT_RATE = 2000.0
 

@@ -26,7 +26,7 @@ from engine.context import Context
 from engine.workflow import workflow
 from producers.client import Client
 
-DEFAULT_N = {"W1": 2000, "W2": 2000, "W3": 500, "buffer": 1000}
+DEFAULT_N = {"W1": 2000, "W2": 2000, "W3": 500, "buffer": 1000, "fanout": 4000}
 # Waits longer than any workload takes on a loaded machine: a result that does not come
 # is a failure of the run, not a figure.
 RESULT_TIMEOUT_S = 600
@@ -57,6 +57,13 @@ async def bench_sleep(ctx: Context, seconds: float) -> None:
 @workflow("bench-event")
 async def bench_event(ctx: Context, _: Any) -> Any:
     return await ctx.wait_for_event("go")
+
+
+@workflow("bench-fanout")
+async def bench_fanout(ctx: Context, n: int) -> int:
+    """``n`` steps at once (one gather), their results summed."""
+    results = await asyncio.gather(*(ctx.step(f"s{i}", _noop, i) for i in range(n)))
+    return sum(results)
 
 
 @workflow("bench-drain")
@@ -318,6 +325,24 @@ async def buffer(client: Client, n: int, *, input_bytes: int = 0) -> dict[str, A
     }
 
 
+async def fanout(client: Client, n: int) -> dict[str, Any]:
+    """One instance that runs N steps at once: what each step costs while thousands of
+    its siblings are running (it must not grow with them)."""
+    start = time.perf_counter()
+    instance = await client.start("bench-fanout", n, instance_id="fanout-0")
+    total = await client.result(instance, timeout=RESULT_TIMEOUT_S)
+    elapsed = time.perf_counter() - start
+    if total != n * (n + 1) // 2:
+        raise SystemExit(f"bench: {instance} returned {total!r}, expected {n * (n + 1) // 2}")
+    return {
+        "workflows": 1,
+        "completed": 1,
+        "steps": n,
+        "elapsed_s": round(elapsed, 3),
+        "steps_per_s": round(n / elapsed, 1),
+    }
+
+
 async def run_workload(
     client: Client, name: str, count: int, sync: bool, input_bytes: int = 0
 ) -> dict[str, Any]:
@@ -327,4 +352,6 @@ async def run_workload(
         return await w2(client, count)
     if name == "buffer":
         return await buffer(client, count, input_bytes=input_bytes)
+    if name == "fanout":
+        return await fanout(client, count)
     return await w3(client, count)

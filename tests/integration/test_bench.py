@@ -95,6 +95,12 @@ def test_bench_buffered_events(tmp_path: Path) -> None:
     assert figures["events_per_s"] > 0 and figures["send_last_tenth_p50_ms"] > 0, figures
 
 
+def test_bench_many_steps_at_once(tmp_path: Path) -> None:
+    figures = _bench(tmp_path, "--workload", "fanout")["fanout"]
+    assert figures["steps"] == N and figures["completed"] == 1, figures
+    assert figures["steps_per_s"] > 0, figures
+
+
 def test_http_client_with_kafka_backend_says_what_to_use(tmp_path: Path) -> None:
     done = run_cli(tmp_path, "bench", "--client", "http", "--backend", "kafka")
     assert done.returncode != 0
