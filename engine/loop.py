@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 log = logging.getLogger("stepstream.engine")
 
 ROOT_TASK = "main"
+_PRUNE_AT_LEAST = 64
 
 
 class NondeterministicCall(RuntimeError):
@@ -32,8 +33,10 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         self._closed = False
         self._ready_running = False
         self._children: dict[str, int] = {}
-        # This loop's tasks (asyncio.all_tasks would walk every task of the process).
+        # This loop's tasks (asyncio.all_tasks would walk every task of the process),
+        # finished ones dropped whenever the list has doubled since the last time.
         self._tasks: list[asyncio.Task[Any]] = []
+        self._prune_at = _PRUNE_AT_LEAST
 
     # ---- what asyncio's futures and tasks need ----------------------------------------
 
@@ -66,9 +69,13 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         return self._track(asyncio.Task(coro, loop=self, name=path, context=context))
 
     def _track(self, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
-        if len(self._tasks) >= 64:
-            self._tasks = [t for t in self._tasks if not t.done()]
-        self._tasks.append(task)
+        tasks = self._tasks
+        if len(tasks) >= self._prune_at:
+            # Not at every task past a fixed count: with thousands running at once (a
+            # gather over many steps) each new task would walk them all.
+            tasks = self._tasks = [t for t in tasks if not t.done()]
+            self._prune_at = max(_PRUNE_AT_LEAST, 2 * len(tasks))
+        tasks.append(task)
         return task
 
     def pending_tasks(self) -> list[asyncio.Task[Any]]:
