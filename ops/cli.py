@@ -607,7 +607,8 @@ workloads (all three unless --workload):
   buffer  N events sent in turn to one instance that asks for none yet (N=1000),
           then taken at once: events_per_s, send_first_tenth_p50_ms against
           send_last_tenth_p50_ms (--input-bytes B: B more bytes per event)
-  fanout  one instance running N steps at once (N=4000): steps_per_s
+  fanout  one instance running N steps at once, one N sleeps, one N child
+          workflows (N=4000): steps_per_s, sleeps_elapsed_s, children_per_s
 
 examples:
   stepstream bench --client http --workload W1 --json

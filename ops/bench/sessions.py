@@ -34,6 +34,7 @@ from ops.bench.workloads import (
     bench_drain,
     bench_event,
     bench_fanout,
+    bench_leaf,
     bench_sleep,
     bench_steps,
     bench_timer,
@@ -96,7 +97,9 @@ async def server_gc_pauses(servers: list[str]) -> dict[str, Any]:
 
 
 def registry() -> Registry:
-    return Registry([bench_steps, bench_sleep, bench_event, bench_timer, bench_drain, bench_fanout])
+    return Registry(
+        [bench_steps, bench_sleep, bench_event, bench_timer, bench_drain, bench_fanout, bench_leaf]
+    )
 
 
 @contextlib.asynccontextmanager

@@ -59,11 +59,28 @@ async def bench_event(ctx: Context, _: Any) -> Any:
     return await ctx.wait_for_event("go")
 
 
+FANOUT_SLEEP_S = 0.2
+
+
+@workflow("bench-leaf")
+async def bench_leaf(ctx: Context, i: int) -> int:
+    return i + 1
+
+
 @workflow("bench-fanout")
-async def bench_fanout(ctx: Context, n: int) -> int:
-    """``n`` steps at once (one gather), their results summed."""
-    results = await asyncio.gather(*(ctx.step(f"s{i}", _noop, i) for i in range(n)))
-    return sum(results)
+async def bench_fanout(ctx: Context, args: dict[str, Any]) -> int:
+    """``n`` steps, sleeps or child workflows at once (one gather), summed: steps and
+    children give i + 1 for the i-th, a sleep 1."""
+    n: int = args["n"]
+    kind: str = args["kind"]
+    if kind == "sleeps":
+        await asyncio.gather(*(ctx.sleep(f"z{i}", FANOUT_SLEEP_S) for i in range(n)))
+        return n
+    if kind == "children":
+        handles = [await ctx.start_child("bench-leaf", i, name=f"c{i}") for i in range(n)]
+        results: list[int] = await asyncio.gather(*(h.result() for h in handles))
+        return sum(results)
+    return sum(await asyncio.gather(*(ctx.step(f"s{i}", _noop, i) for i in range(n))))
 
 
 @workflow("bench-drain")
@@ -326,21 +343,27 @@ async def buffer(client: Client, n: int, *, input_bytes: int = 0) -> dict[str, A
 
 
 async def fanout(client: Client, n: int) -> dict[str, Any]:
-    """One instance that runs N steps at once: what each step costs while thousands of
-    its siblings are running (it must not grow with them)."""
-    start = time.perf_counter()
-    instance = await client.start("bench-fanout", n, instance_id="fanout-0")
-    total = await client.result(instance, timeout=RESULT_TIMEOUT_S)
-    elapsed = time.perf_counter() - start
-    if total != n * (n + 1) // 2:
-        raise SystemExit(f"bench: {instance} returned {total!r}, expected {n * (n + 1) // 2}")
-    return {
-        "workflows": 1,
-        "completed": 1,
-        "steps": n,
-        "elapsed_s": round(elapsed, 3),
-        "steps_per_s": round(n / elapsed, 1),
-    }
+    """One instance runs N steps at once, another N sleeps, another N child workflows:
+    what each costs while thousands of its siblings are open (it must not grow with
+    them). Sleeps last ``FANOUT_SLEEP_S``; the time past it is the engine's."""
+    figures: dict[str, Any] = {"workflows": 3, "completed": 0, "n": n}
+    for kind in ("steps", "sleeps", "children"):
+        start = time.perf_counter()
+        instance = await client.start(
+            "bench-fanout", {"n": n, "kind": kind}, instance_id=f"fanout-{kind}"
+        )
+        total = await client.result(instance, timeout=RESULT_TIMEOUT_S)
+        elapsed = time.perf_counter() - start
+        expected = n if kind == "sleeps" else n * (n + 1) // 2
+        if total != expected:
+            raise SystemExit(f"bench: {instance} returned {total!r}, expected {expected}")
+        figures["completed"] += 1
+        figures[f"{kind}_elapsed_s"] = round(elapsed, 3)
+        if kind == "sleeps":
+            figures["sleep_s"] = FANOUT_SLEEP_S
+        else:
+            figures[f"{kind}_per_s"] = round(n / elapsed, 1)
+    return figures
 
 
 async def run_workload(
