@@ -524,12 +524,7 @@ class InstanceRuntime:
         if self.state.status.finished:
             self._ignore(msg, f"instance is {self.state.status.value}")
             return
-        waiting = [
-            e
-            for e in self.state.entries.values()
-            if e.state is EntryState.WAITING
-            and (e.event_name == msg.name or (e.names is not None and msg.name in e.names))
-        ]
+        waiting = self.state.waiting_for(msg.name)
         if not waiting or self.state.status is Status.PAUSED:
             # Held until a wait takes it (a paused instance takes nothing: on resume,
             # the waits take what arrived meanwhile, in order).
@@ -608,7 +603,7 @@ class InstanceRuntime:
     def _on_timer(self, msg: TimerFired) -> None:
         if self.state.status.finished:
             return
-        entry = next((e for e in self.state.pending_timers() if e.timer_id == msg.timer_id), None)
+        entry = self.state.pending_timer(msg.timer_id)
         if entry is None:
             self._on_lost_timer(msg.timer_id)
             return  # cancelled, superseded or already fired: a duplicate fire is harmless

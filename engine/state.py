@@ -320,6 +320,10 @@ class InstanceState:
     taken_buffered: list[int] = field(default_factory=list)
     # Buffered events the meta counts but were not read (a state read for its status).
     unread_buffered: int = 0
+    # Entries that may be waiting, by the event or message name they wait for: a
+    # superset (one that stopped waiting leaves when next looked at), so an event does
+    # not look through every entry. Not stored: rebuilt from the entries when read.
+    open_waits: dict[str, dict[str, Entry]] = field(default_factory=dict)
 
     # ---- the state machine ----------------------------------------------------------
 
@@ -362,6 +366,7 @@ class InstanceState:
                 self._running()
                 entry = self._entry(record.key, EntryKind.WAIT, EntryState.WAITING, record.seq)
                 entry.names = list(record.names)
+                self._open_wait(entry)
                 entry.max_attempts = record.max
                 if record.timeout_at_ms is not None:
                     entry.timer_id = timer_id(self.instance_id, "wait", record.key, record.seq)
@@ -428,6 +433,7 @@ class InstanceState:
                 self._running()
                 entry = self._entry(record.key, EntryKind.WAIT, EntryState.WAITING, record.seq)
                 entry.event_name = record.event_name
+                self._open_wait(entry)
                 if record.timeout_at_ms is not None:
                     entry.timer_id = timer_id(self.instance_id, "wait", record.key, record.seq)
                     entry.fire_at_ms = record.timeout_at_ms
@@ -553,11 +559,43 @@ class InstanceState:
 
     # ---- queries --------------------------------------------------------------------
 
+    def waiting_for(self, name: str) -> list[Entry]:
+        """The entries waiting now for an event or a message called ``name``."""
+        waits = self.open_waits.get(name)
+        if not waits:
+            return []
+        found = []
+        for key, entry in list(waits.items()):
+            if entry.state is not EntryState.WAITING or self.entries.get(key) is not entry:
+                del waits[key]  # satisfied, timed out, abandoned or pruned
+            else:
+                found.append(entry)
+        if not waits:
+            del self.open_waits[name]
+        return found
+
+    def _open_wait(self, entry: Entry) -> None:
+        names = entry.names if entry.names is not None else [entry.event_name or ""]
+        for name in names:
+            self.open_waits.setdefault(name, {})[entry.key] = entry
+
     def open_entries(self) -> list[Entry]:
         return [e for e in self.entries.values() if not e.state.final]
 
     def pending_timers(self) -> list[Entry]:
         return [e for e in self.entries.values() if e.timer_id is not None and not e.state.final]
+
+    def pending_timer(self, fired: str) -> Entry | None:
+        """The open entry whose timer this is. A timer id names its entry's key
+        (``timer_id``), so a fire finds its entry without looking through every entry;
+        an id of another form (state of older code) is looked for among them all."""
+        prefix = f"{self.instance_id}/"
+        parts = fired[len(prefix) :].split("/", 2) if fired.startswith(prefix) else []
+        entry = self.entries.get(parts[2]) if len(parts) == 3 else None
+        if entry is None:
+            return next((e for e in self.pending_timers() if e.timer_id == fired), None)
+        # Only the entry the id names can hold it (a late or duplicate fire: none).
+        return entry if entry.timer_id == fired and not entry.state.final else None
 
     # ---- storage --------------------------------------------------------------------
 
@@ -636,7 +674,9 @@ class InstanceState:
         elif buffered is None:
             state.unread_buffered = raw.get("bn", 0)
         for key, value in entries:
-            state.entries[key] = Entry.from_json(key, orjson.loads(value))
+            entry = state.entries[key] = Entry.from_json(key, orjson.loads(value))
+            if entry.state is EntryState.WAITING:
+                state._open_wait(entry)
         return state
 
 
