@@ -613,6 +613,57 @@ def test_taking_buffered_events_keeps_the_others_in_order() -> None:
     assert state.entries["m"].state is EntryState.SATISFIED
 
 
+def test_an_event_finds_the_waits_for_its_name_also_after_a_reload() -> None:
+    rec = Recorder()
+    state = fold(
+        [
+            started(rec),
+            rec(WaitStarted, "c1", key="w1", event_name="a", timeout_at_ms=None),
+            rec(MessageWaitStarted, "c2", key="m1", names=["a", "b"], max=1),
+            rec(WaitStarted, "c3", key="w2", event_name="c", timeout_at_ms=None),
+        ]
+    )
+
+    def keys(s: InstanceState, name: str) -> set[str]:
+        return {e.key for e in s.waiting_for(name)}
+
+    assert (keys(state, "a"), keys(state, "b"), keys(state, "zz")) == ({"w1", "m1"}, {"m1"}, set())
+    state.apply(
+        rec(WaitSatisfied, "ev", key="w1", event_name="a", payload=pj("1"), event_command_id="ev")
+    )
+    assert keys(state, "a") == {"m1"}
+    restored = _stored(state)
+    assert (keys(restored, "a"), keys(restored, "b"), keys(restored, "c")) == (
+        {"m1"},
+        {"m1"},
+        {"w2"},
+    )
+
+
+def test_a_timer_fire_finds_its_entry_by_the_key_its_id_names() -> None:
+    """Ids are ``<instance>/<purpose>/<n>/<key>``; instance ids and keys may hold "/"."""
+    state = InstanceState("parent/child-1")
+    state.apply(
+        SleepStarted(
+            instance_id="parent/child-1",
+            seq=1,
+            time_ms=T0,
+            command_id="c",
+            key="s/nap",
+            wake_at_ms=T0,
+        )
+    )
+    entry = state.entries["s/nap"]
+    assert entry.timer_id == "parent/child-1/sleep/1/s/nap"
+    assert state.pending_timer(entry.timer_id) is entry
+    assert state.pending_timer("parent/child-1/sleep/7/s/nap") is None  # an older schedule
+    assert state.pending_timer("other/sleep/1/s/nap") is None
+    state.apply(
+        SleepElapsed(instance_id="parent/child-1", seq=2, time_ms=T0, command_id="t", key="s/nap")
+    )
+    assert state.pending_timer("parent/child-1/sleep/1/s/nap") is None  # fired already
+
+
 def test_a_meta_that_holds_buffered_events_is_read_and_they_move_out() -> None:
     rec = Recorder()
     state = fold([started(rec), rec(EventBuffered, "ev-1", event_name="e", payload=pj("7"))])
