@@ -36,29 +36,9 @@ from ops.bench.sessions import (
     server_gc_pauses,
 )
 from ops.bench.timers import fixed_rate_timers
-from ops.bench.workloads import (
-    DEFAULT_N,
-    bench_drain,
-    bench_event,
-    bench_fanout,
-    bench_leaf,
-    bench_sleep,
-    bench_steps,
-    bench_timer,
-    run_workload,
-)
+from ops.bench.workloads import DEFAULT_N, run_workload
 
-__all__ = [
-    "bench_drain",
-    "bench_event",
-    "bench_fanout",
-    "bench_leaf",
-    "bench_sleep",
-    "bench_steps",
-    "bench_timer",
-    "main",
-    "run_bench",
-]
+__all__ = ["main", "run_bench"]
 
 WORKLOADS = ("W1", "W2", "W3", "timers", "buffer", "fanout")
 DEFAULT_PENDING = 1_000_000

@@ -30,22 +30,14 @@ from typing import IO, Any
 from engine.errors import StepstreamError
 from engine.workflow import Registry
 from ops import tracing
-from ops.bench.workloads import (
-    bench_drain,
-    bench_event,
-    bench_fanout,
-    bench_leaf,
-    bench_sleep,
-    bench_steps,
-    bench_timer,
-)
+from ops.bench.workloads import WORKFLOWS
 from ops.embedded import EmbeddedConfig, open_embedded
 from ops.gc_pauses import GcPauses
 from producers.client import Client
 
 CLIENTS = ("inprocess", "http", "kafka")
 # The module the engine subprocesses load the bench workflows from.
-WORKFLOWS_MODULE = "ops.bench"
+WORKFLOWS_MODULE = "ops.bench.workloads"
 START_TIMEOUT_S = 60.0
 
 
@@ -97,9 +89,7 @@ async def server_gc_pauses(servers: list[str]) -> dict[str, Any]:
 
 
 def registry() -> Registry:
-    return Registry(
-        [bench_steps, bench_sleep, bench_event, bench_timer, bench_drain, bench_fanout, bench_leaf]
-    )
+    return Registry(list(WORKFLOWS))
 
 
 @contextlib.asynccontextmanager

@@ -97,6 +97,18 @@ async def bench_timer(ctx: Context, wake_at_ms: int) -> None:
     await ctx.sleep_until("due", datetime.fromtimestamp(wake_at_ms / 1000, tz=UTC))
 
 
+# Every workflow the workloads start, for the engines that run them.
+WORKFLOWS = (
+    bench_steps,
+    bench_sleep,
+    bench_event,
+    bench_timer,
+    bench_drain,
+    bench_fanout,
+    bench_leaf,
+)
+
+
 def pct(values: list[float], p: float) -> float:
     if not values:
         return 0.0
