@@ -87,9 +87,9 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         (a loop iteration's), that does not shift the indexes of the parent's tasks."""
         return self._track(asyncio.Task(coro, loop=self, name=name))
 
-    def forget_tasks(self, prefixes: tuple[str, ...]) -> None:
-        """Forget the child counts of finished tasks whose paths start with a prefix."""
-        for path in [p for p in self._children if p.startswith(prefixes)]:
+    def forget_tasks(self, gone: Callable[[str], bool]) -> None:
+        """Forget the child counts of finished tasks whose paths are ``gone``."""
+        for path in [p for p in self._children if gone(p)]:
             del self._children[path]
 
     @staticmethod

@@ -100,6 +100,20 @@ from engine.workflow import WorkflowDefinition
 
 log = logging.getLogger("stepstream.engine")
 
+
+# ``_forget_scope`` walks what the coroutine keeps once it holds at least this much.
+_FORGET_AT_LEAST = 256
+
+
+def _under(key: str, roots: set[str]) -> bool:
+    """Whether ``key`` starts with one of ``roots`` followed by "/" or "." (it is a key
+    of that scope, or of a task it ran)."""
+    for index, char in enumerate(key):
+        if (char == "/" or char == ".") and key[:index] in roots:
+            return True
+    return False
+
+
 LOST_ATTEMPT = "AttemptLost"
 # The purpose of the timer that decides an attempt found lost when an instance recovers.
 LOST_PURPOSE = "lost"
@@ -203,6 +217,10 @@ class InstanceRuntime:
         self._futures: dict[str, asyncio.Future[Any]] = {}
         self._visited: set[str] = set()
         self._counters: dict[str, int] = {}
+        # Finished loop iterations' scopes ("<loop key>/<i>") not yet forgotten, and the
+        # size of what the coroutine keeps at which they are (``_forget_scope``).
+        self._forget_roots: set[str] = set()
+        self._forget_at = _FORGET_AT_LEAST
         # (scope, name) -> uses so far in this run, and the task that used it last.
         self._names: dict[tuple[str, str], tuple[int, asyncio.Task[Any] | None]] = {}
         self._patches: dict[str, bool] = {}  # ctx.patched answers of this run
@@ -745,6 +763,8 @@ class InstanceRuntime:
         self._futures = {}
         self._visited = set()
         self._counters = {}
+        self._forget_roots = set()
+        self._forget_at = _FORGET_AT_LEAST
         self._names = {}
         self._patches = {}
         self._deferred = []
@@ -1084,19 +1104,48 @@ class InstanceRuntime:
 
     def _forget_scope(self, prefixes: tuple[str, ...]) -> None:
         """Drop what the live coroutine kept about a finished loop iteration (its keys
-        are never used again), so an endless loop runs in bounded memory."""
-        for key in [k for k in self._futures if k.startswith(prefixes)]:
+        are never used again), so an endless loop runs in bounded memory.
+
+        In batches: once what it keeps has doubled since the last batch, one walk drops
+        every finished iteration's keys. A walk per iteration would cost each iteration
+        as much as every key the instance holds (its steps before the loop included)."""
+        for prefix in prefixes:
+            assert prefix[-1:] in ("/", "."), prefix  # a scope's, or its tasks'
+            self._forget_roots.add(prefix[:-1])
+        kept = (
+            len(self._futures)
+            + len(self._intents)
+            + len(self._visited)
+            + len(self._names)
+            + len(self._counters)
+        )
+        if kept < self._forget_at:
+            return
+        roots, self._forget_roots = self._forget_roots, set()
+
+        def gone(key: str) -> bool:
+            return _under(key, roots)
+
+        for key in [k for k in self._futures if gone(k)]:
             del self._futures[key]
-        for key in [k for k in self._intents if k.startswith(prefixes)]:
+        for key in [k for k in self._intents if gone(k)]:
             if not any(k == key for k, _ in self.inflight):
                 del self._intents[key]
-        self._visited.difference_update([k for k in self._visited if k.startswith(prefixes)])
-        for slot in [s for s in self._names if s[0].startswith(prefixes)]:
+        self._visited.difference_update([k for k in self._visited if gone(k)])
+        for slot in [s for s in self._names if gone(s[0])]:
             del self._names[slot]
-        for counter in [c for c in self._counters if c.startswith(prefixes)]:
+        for counter in [c for c in self._counters if gone(c)]:
             del self._counters[counter]
         if self._loop is not None:
-            self._loop.forget_tasks(prefixes)
+            self._loop.forget_tasks(gone)
+        kept = (
+            len(self._futures)
+            + len(self._intents)
+            + len(self._visited)
+            + len(self._names)
+            + len(self._counters)
+        )
+        self._forget_at = max(_FORGET_AT_LEAST, 2 * kept)
 
     def race_decided(self, key: str) -> tuple[str, list[str]] | None:
         """The recorded winner and losers of the race ``key``, or None if it is open."""
