@@ -1112,14 +1112,7 @@ class InstanceRuntime:
         for prefix in prefixes:
             assert prefix[-1:] in ("/", "."), prefix  # a scope's, or its tasks'
             self._forget_roots.add(prefix[:-1])
-        kept = (
-            len(self._futures)
-            + len(self._intents)
-            + len(self._visited)
-            + len(self._names)
-            + len(self._counters)
-        )
-        if kept < self._forget_at:
+        if self._kept() < self._forget_at:
             return
         roots, self._forget_roots = self._forget_roots, set()
 
@@ -1138,14 +1131,17 @@ class InstanceRuntime:
             del self._counters[counter]
         if self._loop is not None:
             self._loop.forget_tasks(gone)
-        kept = (
+        self._forget_at = max(_FORGET_AT_LEAST, 2 * self._kept())
+
+    def _kept(self) -> int:
+        """How much the coroutine keeps about the keys it used."""
+        return (
             len(self._futures)
             + len(self._intents)
             + len(self._visited)
             + len(self._names)
             + len(self._counters)
         )
-        self._forget_at = max(_FORGET_AT_LEAST, 2 * kept)
 
     def race_decided(self, key: str) -> tuple[str, list[str]] | None:
         """The recorded winner and losers of the race ``key``, or None if it is open."""
