@@ -94,6 +94,7 @@ from engine.state import (
     loop_prefixes,
     message_command,
     reply_key,
+    split_timer_id,
 )
 from engine.state import timer_id as make_timer_id
 from engine.workflow import WorkflowDefinition
@@ -649,11 +650,10 @@ class InstanceRuntime:
     def _on_lost_timer(self, fired: str) -> None:
         """The timer recover() set for an attempt lost with the previous owner: the loss
         is recorded now, and the next attempt starts (or the step fails for good)."""
-        prefix = f"{self.state.instance_id}/{LOST_PURPOSE}/"
-        if not fired.startswith(prefix):
+        parts = split_timer_id(self.state.instance_id, fired)
+        if parts is None or parts[0] != LOST_PURPOSE:
             return
-        key = fired[len(prefix) :].partition("/")[2]  # the id ends "<attempt>/<key>"
-        entry = self.state.entries.get(key)
+        entry = self.state.entries.get(parts[1])
         if (
             entry is None
             or entry.state is not EntryState.RUNNING

@@ -811,12 +811,10 @@ def _dict_converters(
 @dataclass(frozen=True, slots=True, eq=False)
 class _Encoder:
     schema: _Schema
-    prefix: bytes
+    # The compiled plan, one function per field: where a failed encoding went wrong.
     steps: tuple[tuple[str, _Writer], ...] | None
-    suffix: bytes
     to_dict: Callable[[Any], dict[str, Any]]
-    # The compiled plan as one function (None: fastavro encodes); ``steps`` find the
-    # attribute at fault when it raises.
+    # The compiled plan as one function (None: fastavro encodes).
     function: Callable[[Any], bytes] | None
 
 
@@ -893,16 +891,12 @@ class RecordSerde:
             discards = False
             if compiled:
                 try:
-                    prefix, writer_steps, suffix = _writer_steps(latest, plan)
+                    writer_steps = _writer_steps(latest, plan)[1]
                     reader_steps, discards = _reader_steps(latest, plan)
                     function = _encoder_function(latest, plan)
                 except _NotCompiled:
                     writer_steps = reader_steps = function = None
-            if writer_steps is None:
-                prefix, suffix = b"", b""
-            self._encoders[cls] = _Encoder(
-                latest, latest.header + prefix, writer_steps, suffix, to_dict, function
-            )
+            self._encoders[cls] = _Encoder(latest, writer_steps, to_dict, function)
             for schema in versions:
                 steps = reader_steps if schema is latest else None
                 decoder = _Decoder(cls, schema, latest, steps, discards, from_dict)
@@ -923,7 +917,7 @@ class RecordSerde:
             if encoder.function is not None:
                 return encoder.function(record)
             out = io.BytesIO()
-            out.write(encoder.prefix)
+            out.write(encoder.schema.header)
             fastavro.schemaless_writer(out, encoder.schema.parsed, encoder.to_dict(record))
             return out.getvalue()
         except Exception as exc:

@@ -157,6 +157,16 @@ def timer_id(instance_id: str, purpose: str, key: str, n: int) -> str:
     return f"{instance_id}/{purpose}/{n}/{key}"
 
 
+def split_timer_id(instance_id: str, fired: str) -> tuple[str, str] | None:
+    """(purpose, entry key) of one of the instance's timer ids; None for any other id.
+    Instance ids and keys may hold "/": the instance id is known, the key is the rest."""
+    prefix = f"{instance_id}/"
+    if not fired.startswith(prefix):
+        return None
+    parts = fired[len(prefix) :].split("/", 2)
+    return (parts[0], parts[2]) if len(parts) == 3 else None
+
+
 _E = TypeVar("_E", bound=StrEnum)
 _MEMBERS: dict[type[StrEnum], dict[str, StrEnum]] = {
     enum: {member.value: member for member in enum} for enum in (Status, EntryKind, EntryState)
@@ -589,9 +599,8 @@ class InstanceState:
         """The open entry whose timer this is. A timer id names its entry's key
         (``timer_id``), so a fire finds its entry without looking through every entry;
         an id of another form (state of older code) is looked for among them all."""
-        prefix = f"{self.instance_id}/"
-        parts = fired[len(prefix) :].split("/", 2) if fired.startswith(prefix) else []
-        entry = self.entries.get(parts[2]) if len(parts) == 3 else None
+        parts = split_timer_id(self.instance_id, fired)
+        entry = self.entries.get(parts[1]) if parts is not None else None
         if entry is None:
             return next((e for e in self.pending_timers() if e.timer_id == fired), None)
         # Only the entry the id names can hold it (a late or duplicate fire: none).
