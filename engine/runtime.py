@@ -1155,7 +1155,7 @@ class InstanceRuntime:
         """Record the winner; abandon what the losing branches (scope prefixes) were
         doing: their timers are cancelled and their running attempts given up."""
         prefixes = tuple(losers)
-        abandoned = [e for e in self.state.open_entries() if e.key.startswith(prefixes)]
+        abandoned = [e for e in self.state.under(prefixes) if not e.state.final]
         for entry in abandoned:
             if entry.timer_id is not None:
                 self._timer(TimerCancelled, timer_id=entry.timer_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -334,6 +335,10 @@ class InstanceState:
     # superset (one that stopped waiting leaves when next looked at), so an event does
     # not look through every entry. Not stored: rebuilt from the entries when read.
     open_waits: dict[str, dict[str, Entry]] = field(default_factory=dict)
+    # The entries' keys in sorted order, so those under a scope (a loop iteration, a
+    # race's losing branches) are found without looking through every entry: built when
+    # first asked for (an instance without loops or races never needs it), then kept.
+    sorted_keys: list[str] | None = field(default=None, compare=False, repr=False)
 
     # ---- the state machine ----------------------------------------------------------
 
@@ -471,9 +476,8 @@ class InstanceState:
                 entry = self._entry(record.key, EntryKind.RACE, EntryState.RECORDED, record.seq)
                 entry.winner = record.winner
                 entry.losers = list(record.losers)
-                prefixes = tuple(record.losers)
-                for other in self.entries.values():
-                    if not other.state.final and other.key.startswith(prefixes):
+                for other in self.under(record.losers):
+                    if not other.state.final:
                         other.state = EntryState.ABANDONED
                         other.timer_id = other.fire_at_ms = None
                         self.dirty_entries.add(other.key)
@@ -514,10 +518,9 @@ class InstanceState:
         before = max(record.iteration - max(record.keep, 1), 0)
         if before <= entry.max_attempts:
             return
-        prefixes = tuple(
-            p for j in range(entry.max_attempts, before) for p in loop_prefixes(record.key, j)
+        pruned = self.under(
+            [p for j in range(entry.max_attempts, before) for p in loop_prefixes(record.key, j)]
         )
-        pruned = [e for e in self.entries.values() if e.key.startswith(prefixes)]
         # The stored history from just after the last pruned iteration (or the first
         # record of these) through the LoopAdvanced that ended iteration ``before - 1``.
         boundary = marks.get(entry.max_attempts - 1)
@@ -530,6 +533,7 @@ class InstanceState:
             del self.entries[e.key]
             self.dirty_entries.discard(e.key)
             self.deleted_entries.add(e.key)
+        self._unsort(pruned)
         for j in [j for j in marks if j < before - 1]:
             del marks[j]
         if high > low:
@@ -560,8 +564,36 @@ class InstanceState:
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = Entry(key, kind, state, seq)
+            if self.sorted_keys is not None:
+                insort(self.sorted_keys, key)
         self.dirty_entries.add(key)
         return entry
+
+    def under(self, prefixes: Iterable[str]) -> list[Entry]:
+        """The entries whose keys start with one of ``prefixes`` (scope prefixes), each
+        once, in the order they were recorded: found by bisection in the sorted keys, so
+        the cost follows what is found, not how many entries the instance has."""
+        ordered = self.sorted_keys
+        if ordered is None:
+            ordered = self.sorted_keys = sorted(self.entries)
+        found: dict[str, Entry] = {}
+        for prefix in prefixes:
+            at = bisect_left(ordered, prefix)
+            while at < len(ordered) and ordered[at].startswith(prefix):
+                key = ordered[at]
+                found[key] = self.entries[key]
+                at += 1
+        return sorted(found.values(), key=_by_seq)
+
+    def _unsort(self, gone: list[Entry]) -> None:
+        ordered = self.sorted_keys
+        if ordered is None or not gone:
+            return
+        removed = {e.key for e in gone}
+        low = bisect_left(ordered, min(removed))
+        high = bisect_left(ordered, max(removed)) + 1
+        # The removed keys sit in one or a few runs: only that stretch is rebuilt.
+        ordered[low:high] = [key for key in ordered[low:high] if key not in removed]
 
     def _touch(self, key: str) -> Entry:
         self.dirty_entries.add(key)
@@ -687,6 +719,10 @@ class InstanceState:
             if entry.state is EntryState.WAITING:
                 state._open_wait(entry)
         return state
+
+
+def _by_seq(entry: Entry) -> int:
+    return entry.seq
 
 
 def entry_json(entry: Entry) -> bytes:

@@ -15,9 +15,11 @@ from engine.records import (
     CommandIgnored,
     EventBuffered,
     HistoryRecord,
+    LoopAdvanced,
     MessagesReceived,
     MessageWaitStarted,
     Payload,
+    RaceDecided,
     SleepElapsed,
     SleepStarted,
     StepAttemptStarted,
@@ -721,3 +723,72 @@ def test_the_settlement_of_a_recorded_ignore_is_rebuilt_from_its_record() -> Non
     assert "is running, not paused" in str(error_for(reason, "i-1", "resume"))
     assert recorded_reason("PauseWorkflow", "instance is paused") is None
     assert recorded_reason("StartWorkflow", "instance already exists (status running)") is None
+
+
+# ---- scopes: loop iterations and race branches found without a walk --------------------
+
+_SCOPED_KEYS = st.sampled_from(
+    [
+        *("count/1/inc", "count/1.t", "count/10/inc", "count/2/inc", "count/2/r/a/s"),
+        *("count/2/r/b/s", "count/3/inc", "count/30/x", "other/1/inc", "plain", "count"),
+        *("count/1/inc#2", "r/a/w"),
+    ]
+)
+_SCOPE_PREFIXES = ["count/1/", "count/1.", "count/2/r/b/", "count/", "r/a/", "r/", "count/3", ""]
+
+
+def _brute_under(state: InstanceState, prefix: str) -> list[Entry]:
+    found = [e for e in state.entries.values() if e.key.startswith(prefix)]
+    return sorted(found, key=lambda e: e.seq)
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("step"), _SCOPED_KEYS),
+            st.tuples(st.just("race"), st.sampled_from(_SCOPE_PREFIXES[:6])),
+            st.tuples(st.just("loop"), st.integers(min_value=1, max_value=4)),
+        ),
+        max_size=40,
+    ),
+    st.booleans(),
+)
+def test_entries_under_a_scope_match_a_walk_of_all_entries(ops: list[Any], reload: bool) -> None:
+    """The sorted key index answers as a walk would, through new entries, abandoned
+    races and pruned loop iterations, whether built before them or after a reload."""
+    rec = Recorder()
+    state = fold([started(rec)])
+    iteration = 1
+    for n, (op, arg) in enumerate(ops):
+        if op == "step":
+            state.apply(rec(StepAttemptStarted, key=arg, attempt=1, max_attempts=3))
+        elif op == "race":
+            state.apply(rec(RaceDecided, key=f"race{n}", winner="w", losers=[arg]))
+        else:
+            iteration += 1
+            state.apply(
+                rec(LoopAdvanced, key="count", iteration=iteration, state=pj("0"), keep=arg)
+            )
+        if reload and n % 7 == 3:
+            state = _stored(state)
+        for prefix in _SCOPE_PREFIXES:
+            assert state.under([prefix]) == _brute_under(state, prefix)
+        assert state.sorted_keys is None or state.sorted_keys == sorted(state.entries)
+    both = state.under(["count/1/", "count/"])  # overlapping scopes: each entry once
+    assert both == _brute_under(state, "count/")
+
+
+def test_a_loop_prunes_its_old_iterations_and_races_abandon_only_their_losers() -> None:
+    rec = Recorder()
+    state = fold([started(rec)])
+    for key in ["before", "count/0/inc", "count/0/r/a/s", "count/0/r/b/s", "count/00/inc"]:
+        state.apply(rec(StepAttemptStarted, key=key, attempt=1, max_attempts=3))
+    state.apply(rec(RaceDecided, key="count/0/r", winner="a", losers=["count/0/r/b/"]))
+    assert state.entries["count/0/r/b/s"].state is EntryState.ABANDONED
+    assert state.entries["count/0/r/a/s"].state is EntryState.RUNNING
+    state.apply(rec(LoopAdvanced, key="count", iteration=1, state=pj("1"), keep=1))
+    state.apply(rec(StepAttemptStarted, key="count/1/inc", attempt=1, max_attempts=3))
+    state.apply(rec(LoopAdvanced, key="count", iteration=2, state=pj("2"), keep=1))
+    # Iteration 0 is gone, not the step of a scope that only begins like it.
+    assert sorted(state.entries) == ["before", "count", "count/00/inc", "count/1/inc"]
+    assert state.deleted_entries == {"count/0/inc", "count/0/r", "count/0/r/a/s", "count/0/r/b/s"}
