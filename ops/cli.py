@@ -609,6 +609,9 @@ workloads (all three unless --workload):
           send_last_tenth_p50_ms (--input-bytes B: B more bytes per event)
   fanout  one instance running N steps at once, one N sleeps, one N child
           workflows (N=4000): steps_per_s, sleeps_elapsed_s, children_per_s
+  loop    one instance running a ctx.loop of N one-step iterations, one running
+          2N steps first (N=1000): iterations_per_s_alone against
+          iterations_per_s_after_steps (an iteration must not cost more later)
 
 examples:
   stepstream bench --client http --workload W1 --json
@@ -1055,7 +1058,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--workload",
-        choices=("W1", "W2", "W3", "timers", "buffer", "fanout"),
+        choices=("W1", "W2", "W3", "timers", "buffer", "fanout", "loop"),
         help="run only this one",
     )
     bench.add_argument("--n", type=int, metavar="N", help="instances per workload")

@@ -40,7 +40,7 @@ from ops.bench.workloads import DEFAULT_N, run_workload
 
 __all__ = ["main", "run_bench"]
 
-WORKLOADS = ("W1", "W2", "W3", "timers", "buffer", "fanout")
+WORKLOADS = ("W1", "W2", "W3", "timers", "buffer", "fanout", "loop")
 DEFAULT_PENDING = 1_000_000
 DEFAULT_RATE = 2000.0
 

@@ -23,10 +23,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from engine.context import Context
+from engine.loops import Break, Continue
 from engine.workflow import workflow
 from producers.client import Client
 
-DEFAULT_N = {"W1": 2000, "W2": 2000, "W3": 500, "buffer": 1000, "fanout": 4000}
+DEFAULT_N = {"W1": 2000, "W2": 2000, "W3": 500, "buffer": 1000, "fanout": 4000, "loop": 1000}
 # Waits longer than any workload takes on a loaded machine: a result that does not come
 # is a failure of the run, not a figure.
 RESULT_TIMEOUT_S = 600
@@ -92,6 +93,24 @@ async def bench_drain(ctx: Context, n: int) -> int:
     return n
 
 
+@workflow("bench-loop")
+async def bench_loop(ctx: Context, args: dict[str, Any]) -> dict[str, int]:
+    """``before`` steps, then a ``ctx.loop`` of ``n`` iterations of one step each (the
+    default ``keep``: older iterations are pruned as it goes). Returns how long the loop
+    took, between two recorded clock readings."""
+    for i in range(args["before"]):
+        await ctx.step(f"s{i}", _noop, i)
+    n: int = args["n"]
+
+    async def body(ctx: Context, count: int) -> Break[int] | Continue[int]:
+        count = await ctx.step("tick", _noop, count)
+        return Break(count) if count >= n else Continue(count)
+
+    began = ctx.now()
+    count = await ctx.loop("count", body, state=0)
+    return {"iterations": count, "loop_ms": int((ctx.now() - began).total_seconds() * 1000)}
+
+
 @workflow("bench-timer")
 async def bench_timer(ctx: Context, wake_at_ms: int) -> None:
     await ctx.sleep_until("due", datetime.fromtimestamp(wake_at_ms / 1000, tz=UTC))
@@ -106,6 +125,7 @@ WORKFLOWS = (
     bench_drain,
     bench_fanout,
     bench_leaf,
+    bench_loop,
 )
 
 
@@ -378,6 +398,23 @@ async def fanout(client: Client, n: int) -> dict[str, Any]:
     return figures
 
 
+async def loop(client: Client, n: int) -> dict[str, Any]:
+    """One instance runs N loop iterations; another first runs 2N steps, then the same
+    loop: an iteration must cost the same whatever else its instance holds."""
+    figures: dict[str, Any] = {"workflows": 2, "completed": 0, "iterations": n}
+    for label, before in (("alone", 0), ("after_steps", 2 * n)):
+        instance = await client.start(
+            "bench-loop", {"before": before, "n": n}, instance_id=f"loop-{label}"
+        )
+        result = await client.result(instance, timeout=RESULT_TIMEOUT_S)
+        if result["iterations"] != n:
+            raise SystemExit(f"bench: {instance} returned {result!r}, expected {n} iterations")
+        figures["completed"] += 1
+        figures[f"iterations_per_s_{label}"] = round(n / max(result["loop_ms"], 1) * 1000, 1)
+    figures["steps_before"] = 2 * n
+    return figures
+
+
 async def run_workload(
     client: Client, name: str, count: int, sync: bool, input_bytes: int = 0
 ) -> dict[str, Any]:
@@ -389,4 +426,6 @@ async def run_workload(
         return await buffer(client, count, input_bytes=input_bytes)
     if name == "fanout":
         return await fanout(client, count)
+    if name == "loop":
+        return await loop(client, count)
     return await w3(client, count)

@@ -102,6 +102,14 @@ def test_bench_many_steps_at_once(tmp_path: Path) -> None:
     assert figures["sleeps_elapsed_s"] >= figures["sleep_s"], figures
 
 
+def test_bench_loop_iterations_alone_and_after_steps(tmp_path: Path) -> None:
+    figures = _bench(tmp_path, "--workload", "loop")["loop"]
+    assert figures["iterations"] == N and figures["completed"] == 2, figures
+    assert figures["steps_before"] == 2 * N, figures
+    assert figures["iterations_per_s_alone"] > 0, figures
+    assert figures["iterations_per_s_after_steps"] > 0, figures
+
+
 def test_http_client_with_kafka_backend_says_what_to_use(tmp_path: Path) -> None:
     done = run_cli(tmp_path, "bench", "--client", "http", "--backend", "kafka")
     assert done.returncode != 0
