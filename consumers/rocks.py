@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 # The write-ahead logs one RocksDB keeps at most. A column family written little at a
@@ -54,6 +54,23 @@ def prefix_scan(
     It is checked, so a scan never ends early in silence (``on_error`` maps the error)."""
     it = column.iter()
     it.seek(prefix if start is None else start)
+    yield from _walk(it, prefix, on_error)
+
+
+def pinned_scan(
+    column: Any, prefix: bytes, on_error: OnError | None = None
+) -> Generator[tuple[bytes, bytes], None, None]:
+    """As ``prefix_scan``, but the view is fixed by this call: RocksDB's iterator is
+    made now (not at the first ``next``) and sees the column as it is now, whatever is
+    written while it is read. Close the result (or exhaust it) when done with it."""
+    it = column.iter()
+    it.seek(prefix)
+    return _walk(it, prefix, on_error)
+
+
+def _walk(
+    it: Any, prefix: bytes, on_error: OnError | None
+) -> Generator[tuple[bytes, bytes], None, None]:
     while it.valid():
         key: bytes = it.key()
         if not key.startswith(prefix):

@@ -110,6 +110,10 @@ def buffered(instance_id: str, seq: int) -> bytes:
     return buffered_prefix(instance_id) + _SEQ.pack(seq)
 
 
+# The key families of ``instance_prefixes``, across all instances.
+INSTANCE_FAMILIES = (INPUT, ENTRY, BUFFERED, HISTORY, COMMAND, REPLY)
+
+
 def instance_prefixes(instance_id: str) -> tuple[bytes, ...]:
     """The prefixes of every key family one instance has (its input, entries, buffered
     events, history, applied commands, replies); its other single keys are ``meta``,

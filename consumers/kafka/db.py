@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,13 @@ from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
 from consumers import rocks as rocks_helpers
 from consumers.kafka import keys
-from consumers.rocks import is_corruption, is_disk_full, is_missing_file, prefix_scan
+from consumers.rocks import (
+    is_corruption,
+    is_disk_full,
+    is_missing_file,
+    pinned_scan,
+    prefix_scan,
+)
 from engine.errors import StepstreamError
 
 log = logging.getLogger("stepstream.kafka.db")
@@ -126,6 +132,12 @@ class PartitionDB:
         """Keys starting with ``prefix``, from ``start`` (default: the prefix) on, in key
         order."""
         return prefix_scan(self._state, prefix, start, on_error=self._damaged)
+
+    def pinned_scan(self, prefix: bytes) -> Generator[tuple[bytes, bytes], None, None]:
+        """Keys starting with ``prefix`` as they are now, however long the reading takes
+        and whatever is written meanwhile (several made in a row, with no write between
+        them, are one consistent view). Close or exhaust it: it keeps RocksDB open."""
+        return pinned_scan(self._state, prefix, on_error=self._damaged)
 
     @property
     def empty(self) -> bool:

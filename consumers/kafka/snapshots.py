@@ -4,9 +4,10 @@ the whole history.
 
 Writing: once the history a partition's state covers has grown since the last snapshot
 by ``every`` records and by as many records as that snapshot held entries, its owner
-notes the offsets its state covers and copies the state instance by instance (each
-instance's keys read together on the loop's thread), appending ``StateChunk`` records
-closed by one ``SnapshotTaken`` with those offsets. A crash or a revoke halfway leaves
+notes the offsets its state covers and copies the state as it is at those offsets
+(RocksDB iterators made together on the loop's thread, one per key family, read while
+commits go on), appending ``StateChunk`` records closed by one ``SnapshotTaken`` with
+those offsets. A crash or a revoke halfway leaves
 chunks without a closing record; readers skip them.
 
 Reading: the newest complete snapshot is the one whose ``SnapshotTaken`` is the last
@@ -23,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from consumers import state_keys
@@ -118,13 +119,15 @@ class Snapshotter:
         tail = db.history_tail or 0
         commands = db.offset(COMMANDS) or 0
         timers = db.offset(TIMERS) or 0
+        # The state as it is now, at those offsets, read however long the copy takes.
+        view = _StateView(db)
         snapshot_id = f"p{self.partition}-{history}-{self._clock.now_ms()}"
         known = db.offset_meta(keys.META_SNAPSHOT_OFFSET)
         previous = -1 if known is None else known
         first: int | None = None
         count = entries = 0
         try:
-            async for names, values in _chunks(db):
+            async for names, values in view.chunks():
                 record = StateChunk(
                     **self._envelope(snapshot_id),
                     index=count,
@@ -159,6 +162,8 @@ class Snapshotter:
             )
             self._retry_at = history + self.every
             return
+        finally:
+            view.close()  # before the db may close: the view's iterators keep it open
         if not db.closed:
             db.write(
                 meta={
@@ -191,45 +196,65 @@ class Snapshotter:
         return OutRecord(self._topic, self.partition, b"", self._serde.encode(record))
 
 
-_YIELD_EVERY = 100  # instances copied between returns to the event loop
+_YIELD_EVERY = 2_000  # keys copied between returns to the event loop
 
 
-async def _chunks(db: PartitionDB) -> AsyncIterator[tuple[list[bytes], list[bytes]]]:
-    """The state, instance by instance. Each instance's keys are read together on the
-    loop's thread, where every write happens, so each is a state its history folded to;
-    instances differ in how far (each at or after the snapshot's start), which a restore
-    handles as it handles any state that is ahead of a history record (by sequence)."""
-    names: list[bytes] = []
-    values: list[bytes] = []
-    size = copied = 0
-    for meta_key, _ in db.scan(state_keys.META):
-        instance_id = state_keys.split_meta(meta_key)
-        meta = db.get(meta_key)
-        if meta is None:
-            continue  # forgotten meanwhile
-        pairs: list[tuple[bytes, bytes]] = [(meta_key, meta)]
-        active = state_keys.active(instance_id)
-        if db.get(active) is not None:
-            pairs.append((active, b""))
-        else:
-            state = InstanceState.from_storage(instance_id, meta, [])
-            pairs.append((state_keys.finished(state.finished_ms, instance_id), b""))
-        # (The timer index is not copied: restore rebuilds it from pending timers.)
-        for prefix in state_keys.instance_prefixes(instance_id):
-            pairs.extend(db.scan(prefix))
-        for key, value in pairs:
+class _StateView:
+    """A partition's state as it was when made: one RocksDB iterator per key family,
+    all made together on the loop's thread, where every write happens, so together
+    they are the state at one point of the history (the snapshot's offsets), however
+    long the copy takes and whatever is committed meanwhile. Reading family by family
+    costs a handful of iterators, not several per instance."""
+
+    def __init__(self, db: PartitionDB) -> None:
+        self._metas = db.pinned_scan(state_keys.META)
+        self._actives = db.pinned_scan(state_keys.ACTIVE)
+        self._families = [db.pinned_scan(prefix) for prefix in state_keys.INSTANCE_FAMILIES]
+
+    def close(self) -> None:
+        for scan in (self._metas, self._actives, *self._families):
+            scan.close()
+
+    def _pairs(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every instance's meta with its active key, or its finished key for one that
+        finished (the timer index is not copied: restore rebuilds it from pending
+        timers); then each family of per-instance keys whole."""
+        at = len(state_keys.ACTIVE)
+        active = next(self._actives, None)
+        for meta_key, meta in self._metas:
+            yield meta_key, meta
+            escaped = meta_key[len(state_keys.META) :]
+            # Both families are sorted by the escaped instance id: one pass over each.
+            while active is not None and active[0][at:] < escaped:
+                active = next(self._actives, None)
+            if active is not None and active[0][at:] == escaped:
+                yield active
+            else:
+                instance_id = state_keys.split_meta(meta_key)
+                state = InstanceState.from_storage(instance_id, meta, [])
+                yield state_keys.finished(state.finished_ms, instance_id), b""
+        for family in self._families:
+            yield from family
+
+    async def chunks(self) -> AsyncIterator[tuple[list[bytes], list[bytes]]]:
+        """The keys and values, in chunks of about ``CHUNK_BYTES`` (an instance may span
+        chunks: a chunk stays small)."""
+        names: list[bytes] = []
+        values: list[bytes] = []
+        size = copied = 0
+        for key, value in self._pairs():
             pair = len(key) + len(value) + 8
             if names and size + pair > CHUNK_BYTES:
-                yield names, values  # an instance may span chunks: a chunk stays small
+                yield names, values
                 names, values, size = [], [], 0
             names.append(key)
             values.append(value)
             size += pair
-        copied += 1
-        if copied % _YIELD_EVERY == 0:
-            await asyncio.sleep(0)
-    if names:
-        yield names, values
+            copied += 1
+            if copied % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+        if names:
+            yield names, values
 
 
 # ---- reading ---------------------------------------------------------------------------
