@@ -79,8 +79,12 @@ def write_state(state: InstanceState, batch: CommitBatch) -> None:
     if state.status.finished:
         batch.delete(keys.active(instance_id))
         batch.put(keys.finished(state.finished_ms, instance_id), b"")
-    else:
+        state.active_stored = False
+    elif not state.active_stored:
+        # Once per state object, not at every transition. A commit that fails drops
+        # every state in memory (the processor reloads), so none is left believing it.
         batch.put(keys.active(instance_id), b"")
+        state.active_stored = True
 
 
 def forget_instance(

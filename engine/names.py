@@ -100,9 +100,17 @@ def _shown(value: object) -> str:
     return text
 
 
+# Step names found valid: workflow code names the same steps in every instance, so each
+# is checked once, not at every call (bounded: cleared when full).
+_VALID_STEP_NAMES: set[str] = set()
+_VALID_STEP_NAMES_MAX = 65_536
+
+
 def step_name_problem(name: object) -> str | None:
     """Why ``name`` cannot name a step, sleep, wait, scope or branch in workflow code, or
     None: a valid name without ``#`` and ``/`` (reserved for repeats and scopes)."""
+    if type(name) is str and name in _VALID_STEP_NAMES:
+        return None
     problem = name_problem(name)
     if problem is not None:
         return f"{name!r} {problem}" if isinstance(name, str) else problem
@@ -110,4 +118,8 @@ def step_name_problem(name: object) -> str | None:
     for reserved in "#/":
         if reserved in name:
             return f"{name!r} contains {reserved!r}, which is reserved (scopes and repeats)"
+    if type(name) is str:  # not a subclass, whose hash or equality could be its own
+        if len(_VALID_STEP_NAMES) >= _VALID_STEP_NAMES_MAX:
+            _VALID_STEP_NAMES.clear()
+        _VALID_STEP_NAMES.add(name)
     return None

@@ -208,7 +208,8 @@ class Entry:
     messages: list[tuple[str, str, Payload, int]] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"k": self.kind.value, "s": self.state.value, "q": self.seq}
+        # The enums as they are: orjson writes a StrEnum member as its value.
+        out: dict[str, Any] = {"k": self.kind, "s": self.state, "q": self.seq}
         if self.attempt:
             out["a"] = self.attempt
             out["m"] = self.max_attempts
@@ -339,6 +340,9 @@ class InstanceState:
     # race's losing branches) are found without looking through every entry: built when
     # first asked for (an instance without loops or races never needs it), then kept.
     sorted_keys: list[str] | None = field(default=None, compare=False, repr=False)
+    # Whether this object's own writes put the instance in the active index: then the
+    # next ones need not put it again (a state read from storage puts it once more).
+    active_stored: bool = field(default=False, compare=False, repr=False)
 
     # ---- the state machine ----------------------------------------------------------
 
@@ -644,7 +648,7 @@ class InstanceState:
         raw: dict[str, Any] = {
             "w": self.workflow,
             "v": self.version,
-            "st": self.status.value,
+            "st": self.status,
             "c": self.created_ms,
             "u": self.updated_ms,
             "q": self.seq,

@@ -792,3 +792,30 @@ def test_a_loop_prunes_its_old_iterations_and_races_abandon_only_their_losers() 
     # Iteration 0 is gone, not the step of a scope that only begins like it.
     assert sorted(state.entries) == ["before", "count", "count/00/inc", "count/1/inc"]
     assert state.deleted_entries == {"count/0/inc", "count/0/r", "count/0/r/a/s", "count/0/r/b/s"}
+
+
+def test_the_active_index_is_put_once_per_state_and_left_when_it_finishes() -> None:
+    """Startup recovery and the finished check read the active index: a state puts its
+    key with its first write (again after being read back), not at every transition."""
+    from consumers import state_keys
+    from consumers.instance_store import write_state
+    from engine.seams import CommitBatch
+
+    active = state_keys.active(ID)
+
+    def written(state: InstanceState) -> CommitBatch:
+        batch = CommitBatch()
+        write_state(state, batch)
+        return batch
+
+    rec = Recorder()
+    state = fold([started(rec)])
+    assert active in written(state).puts
+    state.apply(rec(StepAttemptStarted, key="a", attempt=1, max_attempts=1))
+    assert active not in written(state).puts
+    reloaded = _stored(state)
+    assert active in written(reloaded).puts
+    reloaded.apply(rec(WorkflowCompleted, result=pj("1")))
+    done = written(reloaded)
+    assert active in done.deletes and active not in done.puts
+    assert state_keys.finished(reloaded.finished_ms, ID) in done.puts
