@@ -163,7 +163,7 @@ class _Api:
                 raise
             message = f"{request.method} {request.path}: {exc.reason}"
             if exc.status == 404:
-                message += "; the API serves /healthz, /v1/workflows and /v1/instances, the UI /ui"
+                message += f"; this server serves {', '.join(_served_roots(request.app))}"
             body = {
                 "error": {"type": exc.__class__.__name__.removeprefix("HTTP"), "message": message}
             }
@@ -306,3 +306,14 @@ async def _body(
         raise InvalidPayload(f"request body must be a JSON object, not {type(body).__name__}")
     check_fields(body.keys(), required, optional, what="request body")
     return body
+
+
+def _served_roots(app: web.Application) -> list[str]:
+    """The paths this app serves, to the first level under ``/v1`` (``/v1/instances``
+    for all of ``/v1/instances/{id}/...``), for a 404 to say what there is."""
+    roots = set()
+    for resource in app.router.resources():
+        parts = resource.canonical.strip("/").split("/")
+        depth = 2 if parts[0] == "v1" and len(parts) > 1 else 1
+        roots.add("/" + "/".join(parts[:depth]))
+    return sorted(roots)

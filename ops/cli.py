@@ -35,7 +35,7 @@ from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity, InsecureBind
 from ops.gc_tuning import tune_for_serving
 from ops.metrics import Health, observability_for
-from ops.serving import address, api_runner
+from ops.serving import address, api_runner, reachable
 from ops.serving import listen as _listen
 from ops.serving import stop_on_signals as _stop_on_signals
 from ops.timeline import render_timeline
@@ -83,6 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (``stepstream history ID | head``): not an error of ours.
+        # Output still buffered would fail again at exit, so it goes nowhere instead.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_ERROR
 
 
 def _process_index(args: argparse.Namespace) -> int | None:
@@ -255,7 +262,7 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                     f"{_workflow_names(registry)})",
                     flush=True,
                 )
-                log.info("web UI at %s/ui", url)
+                log.info("web UI at %s/ui", reachable(url))
                 # A full or damaged disk stops the engine: it says why and what to do.
                 signalled = asyncio.ensure_future(stop.wait())
                 failed = asyncio.ensure_future(engine.db.failed())
@@ -313,7 +320,7 @@ async def _serve_processes(
             f"processes, workflows: {_workflow_names(registry)})",
             flush=True,
         )
-        log.info("web UI at %s://%s/ui", security.scheme, address)
+        log.info("web UI at %s/ui", reachable(f"{security.scheme}://{address}"))
 
     sock = _listen(args.host, args.port)
     try:
@@ -556,7 +563,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
                 f"workflows: {workflows})",
                 flush=True,
             )
-            log.info("web UI at %s/ui", worker.url)
+            log.info("web UI at %s/ui", reachable(worker.url))
             stop = asyncio.ensure_future(signalled.wait())
             failed = asyncio.ensure_future(worker.run())
             await asyncio.wait({stop, failed}, return_when=asyncio.FIRST_COMPLETED)

@@ -62,3 +62,13 @@ def address(sock: socket.socket) -> str:
     """``host:port`` a socket listens on, an IPv6 host in brackets."""
     host, port = sock.getsockname()[:2]
     return f"{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def reachable(url: str) -> str:
+    """``url`` with a wildcard host (listening on every interface: ``0.0.0.0``,
+    ``[::]``) replaced by this machine's name, so that a URL printed for people to open
+    is one a browser can open."""
+    for wildcard in ("//0.0.0.0:", "//[::]:"):
+        if wildcard in url:
+            return url.replace(wildcard, f"//{socket.gethostname()}:", 1)
+    return url

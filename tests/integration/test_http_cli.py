@@ -39,6 +39,7 @@ from stepstream import (
     WorkflowCancelled,
     WorkflowFailed,
 )
+from tests.dev_server import DevServer, clean_env
 
 REPO = str(Path(__file__).resolve().parents[2])
 MODULE = "ss_http_cli_flows"
@@ -440,3 +441,57 @@ def test_readme_quick_start_runs_the_example(tmp_path: Path) -> None:
         assert re.search(rf"step\s+{step}\s+ok", done.stdout), done.stdout
     assert re.search(r"sleep\s+cool-off\s+elapsed", done.stdout), done.stdout
     assert list(tmp_path.iterdir()) == []  # nothing left behind in the working directory
+
+
+def test_output_cut_short_by_its_reader_is_no_traceback(tmp_path: Path) -> None:
+    """``stepstream ... | head -1``: the reader leaving early is not an error to report."""
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before anything is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "ops.cli", "run", "examples.order:order", "--input", "{}"],
+            cwd=tmp_path,
+            env=clean_env(tmp_path),
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+    assert done.returncode == 1
+
+
+def test_the_readme_running_it_commands_work_as_written(tmp_path: Path) -> None:
+    """The commands of the README's "Running it", typed in order against the server the
+    first one starts (on a free port here): the order waits for its approval, the event
+    lets it finish, and a start with --wait prints the result."""
+    readme = (Path(REPO) / "README.md").read_text()
+    block = readme.split("## Running it", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    serve, *commands = (shlex.split(line, comments=True) for line in block.strip().splitlines())
+    assert serve[:2] == ["stepstream", "dev"], serve
+    log = tmp_path / "dev.log"
+    with open(log, "wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ops.cli", *serve[1:], "--data", "d", "--port", "0"],
+            cwd=tmp_path,
+            env=clean_env(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+        )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    dev = DevServer(line.split("listening on ", 1)[1].split()[0], tmp_path, log, proc)
+    try:
+        outputs = []
+        for command in commands:
+            assert command[0] == "stepstream", command
+            done = dev.cli(*command[1:])
+            assert done.returncode == 0, f"{shlex.join(command)}:\n{done.stdout}{done.stderr}"
+            outputs.append(done.stdout)
+        assert "status:      completed" in outputs[-1] and '"by": "auto"' in outputs[-1]
+        waited = dev.cli("start", "order", "--id", "o-1", "--wait")  # the same id: its result
+        assert '"by": "ada"' in waited.stdout, waited.stdout + waited.stderr
+    finally:
+        dev.stop()

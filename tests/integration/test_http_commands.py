@@ -255,3 +255,26 @@ async def test_when_the_processes_ports_cannot_be_reached_calls_go_through_the_s
             assert [await client.result(f"fw-{i}", timeout=10) for i in range(4)] == [0, 1, 2, 3]
     finally:
         closed.close()
+
+
+async def test_an_unknown_path_is_told_what_the_server_serves(tmp_path: Path) -> None:
+    async with (
+        serving(tmp_path, websockets=True) as (url, _),
+        aiohttp.ClientSession() as http,
+        http.get(f"{url}/v1/procesess") as response,
+    ):
+        assert response.status == 404
+        message = (await response.json())["error"]["message"]
+    assert message.startswith("GET /v1/procesess: Not Found; this server serves "), message
+    for served in ("/healthz", "/v1/instances", "/v1/session", "/v1/workflows"):
+        assert served in message, message
+    assert "{id}" not in message, message
+
+
+def test_a_url_on_every_interface_is_printed_with_this_machines_name() -> None:
+    from ops.serving import reachable
+
+    host = socket.gethostname()
+    assert reachable("http://0.0.0.0:8233") == f"http://{host}:8233"
+    assert reachable("https://[::]:8233") == f"https://{host}:8233"
+    assert reachable("http://127.0.0.1:8233") == "http://127.0.0.1:8233"
