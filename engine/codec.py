@@ -10,6 +10,8 @@ import json
 import re
 from typing import Any, Protocol
 
+import orjson
+
 from engine.errors import InvalidPayload, PayloadTooLarge
 from engine.records import Payload
 
@@ -24,6 +26,8 @@ MAX_JSON_DEPTH = 512
 # Text that may hold a UTF-16 surrogate (raw, or as a \u escape); only such text is
 # checked for lone ones, which UTF-8 cannot encode.
 _MAYBE_SURROGATE = re.compile(r"[\ud800-\udfff]|\\u[dD][89a-fA-F]")
+# 19 digits in a row: maybe an integer past 64 bits, which orjson reads as a float.
+_LONG_DIGITS = re.compile(rb"[0-9]{19}")
 
 
 class PayloadCodec(Protocol):
@@ -97,12 +101,25 @@ class JsonCodec:
                 f"payload has content type {payload.content_type!r}, this codec reads {JSON!r}; "
                 "configure the codec the writer used"
             )
+        return loads_json(payload.data)
+
+
+def loads_json(data: bytes) -> Any:
+    """``json.loads`` of ``data``: the same value for the same bytes, faster. orjson
+    reads what it reads as ``json`` does; what it would read otherwise (integers past
+    64 bits, which it makes floats) or refuses (``NaN``, a lone surrogate, a BOM, UTF-16)
+    goes to ``json``, whose answer or error stands."""
+    if not _LONG_DIGITS.search(data):
         try:
-            return json.loads(payload.data)
-        except RecursionError:
-            raise InvalidPayload(_too_deep("payload")) from None
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise InvalidPayload(_too_deep("payload")) from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise InvalidPayload(f"payload is not valid JSON: {exc}") from None
 
 
 def parse_json_text(text: str, *, what: str) -> Any:
