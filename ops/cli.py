@@ -30,7 +30,7 @@ from engine.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from engine.state import Status
 from engine.views import InstanceStatus, Wait
 from engine.workflow import Registry, WorkflowDefinition, definition_of
-from ops import logs, tracing
+from ops import event_loop, logs, tracing
 from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from ops.api_security import ApiSecurity, InsecureBind
 from ops.gc_tuning import tune_for_serving
@@ -108,7 +108,7 @@ def _process_index(args: argparse.Namespace) -> int | None:
 def _run(args: argparse.Namespace) -> int:
     value = _json_flag(args.input, "--input")
     definition = _load_workflow(args.target)
-    return asyncio.run(_run_once(definition, value, args))
+    return event_loop.run(_run_once(definition, value, args))
 
 
 async def _run_once(definition: WorkflowDefinition, value: Any, args: argparse.Namespace) -> int:
@@ -203,7 +203,7 @@ def _dev(args: argparse.Namespace) -> int:
     registry = Registry()
     registry.add_modules(args.workflows)
     tune_for_serving()
-    return asyncio.run(_serve(registry, args))
+    return event_loop.run(_serve(registry, args))
 
 
 async def _serve(registry: Registry, args: argparse.Namespace) -> int:
@@ -263,6 +263,7 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                     flush=True,
                 )
                 log.info("web UI at %s/ui", reachable(url))
+                log.info("event loop=%s", event_loop.running_loop_name())
                 # A full or damaged disk stops the engine: it says why and what to do.
                 signalled = asyncio.ensure_future(stop.wait())
                 failed = asyncio.ensure_future(engine.db.failed())
@@ -321,6 +322,7 @@ async def _serve_processes(
             flush=True,
         )
         log.info("web UI at %s/ui", reachable(f"{security.scheme}://{address}"))
+        log.info("event loop=%s", event_loop.running_loop_name())
 
     sock = _listen(args.host, args.port)
     try:
@@ -369,7 +371,7 @@ def _with_client(args: argparse.Namespace, command: Callable[[Client], Awaitable
         async with Client.connect(args.connect, **options) as client:
             return await command(client)
 
-    return asyncio.run(go())
+    return event_loop.run(go())
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -533,7 +535,7 @@ def _worker(args: argparse.Namespace) -> int:
     registry = Registry()
     registry.add_modules(args.workflows)
     tune_for_serving()
-    return asyncio.run(_run_worker(registry, args))
+    return event_loop.run(_run_worker(registry, args))
 
 
 async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
@@ -564,6 +566,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
                 flush=True,
             )
             log.info("web UI at %s/ui", reachable(worker.url))
+            log.info("event loop=%s", event_loop.running_loop_name())
             stop = asyncio.ensure_future(signalled.wait())
             failed = asyncio.ensure_future(worker.run())
             await asyncio.wait({stop, failed}, return_when=asyncio.FIRST_COMPLETED)
@@ -624,6 +627,9 @@ examples:
   stepstream bench --client http --workload W1 --json
   stepstream bench --client kafka --workers 2 --workload W1
   stepstream bench --workload timers --pending 100000 --rate 2000
+
+The bench and the servers it starts run on uvloop unless STEPSTREAM_EVENT_LOOP=asyncio
+(the standard library's loop, to compare); the JSON says which ("event_loop").
 """
 
 
@@ -727,6 +733,13 @@ def _put_cwd_on_path() -> None:
     cwd = os.getcwd()
     if "" not in sys.path and cwd not in sys.path:
         sys.path.insert(0, cwd)
+
+
+_PROCESS_TUNING = (
+    "It runs on uvloop, libuv's event loop ($STEPSTREAM_EVENT_LOOP=asyncio: the standard "
+    "library's), with the garbage collector's thresholds raised ($STEPSTREAM_GC=default: "
+    "Python's own)."
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -835,6 +848,7 @@ def _parser() -> argparse.ArgumentParser:
         "API token when one is set)",
         [serving],
     )
+    dev.epilog = _PROCESS_TUNING
     dev.add_argument(
         "--workflows",
         required=True,
@@ -1000,7 +1014,8 @@ def _parser() -> argparse.ArgumentParser:
         "Rebalances are incremental: a worker joining, or leaving on SIGTERM, moves only "
         "the partitions that change hands (their running steps finish first, up to "
         "$STEPSTREAM_DRAIN_TIMEOUT_S); the others keep running. Workers of a stepstream "
-        "version with eager rebalancing cannot share the group: stop them all first."
+        "version with eager rebalancing cannot share the group: stop them all first. "
+        + _PROCESS_TUNING
     )
     worker.add_argument(
         "--workflows",

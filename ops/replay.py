@@ -51,6 +51,7 @@ from engine.runtime import InstanceRuntime, Output
 from engine.serde import RecordSerde, default_serde
 from engine.state import Entry, EntryState, InstanceState
 from engine.workflow import Registry, WorkflowDefinition
+from ops import event_loop
 
 DIVERGED_TYPE = "HistoryDiverged"
 PROGRESS_EVERY = 1000
@@ -812,7 +813,7 @@ def _histories(args: Any) -> tuple[Iterable[History], int | None]:
         if unreadable:
             print(f"skipped {unreadable} unreadable history records", file=sys.stderr)
     else:
-        found = asyncio.run(_from_client(args))
+        found = event_loop.run(_from_client(args))
     if args.instance is not None:
         found = [h for h in found if h.instance_id == args.instance]
     return found, len(found)

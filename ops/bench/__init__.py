@@ -14,7 +14,6 @@ ops.bench``), hence the workflow re-exports below.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
@@ -24,6 +23,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from typing import Any
 
+from ops import event_loop
 from ops.bench.profile import check_profiler, profiled
 from ops.bench.sessions import (
     CLIENTS,
@@ -119,6 +119,7 @@ async def run_bench(
         "backend": backend,
         "client": client,
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "event_loop": event_loop.running_loop_name(),
     }
     broker = None
     broker_pid: int | None = None
@@ -177,7 +178,7 @@ def _given(args: argparse.Namespace, name: str, default: Any) -> Any:
 def main(args: argparse.Namespace) -> int:
     workload = getattr(args, "workload", None)
     workloads = [workload] if workload else ["W1", "W2", "W3"]
-    result = asyncio.run(
+    result = event_loop.run(
         run_bench(
             workloads,
             client=getattr(args, "client", None),

@@ -42,6 +42,7 @@ def _check_workloads(result: dict[str, Any]) -> None:
 def test_bench_through_the_embedded_clients(tmp_path: Path, client: str) -> None:
     result = _bench(tmp_path, "--client", client)
     assert (result["client"], result["backend"]) == (client, "embedded")
+    assert result["event_loop"] == "uvloop", result
     _check_workloads(result)
     # The collector's pauses: the bench's own process, or the server's from its /metrics.
     pauses = result["W1"]["gc_pauses"]
