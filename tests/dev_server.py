@@ -86,9 +86,20 @@ def start_dev(
     """``stepstream dev --workflows module --port 0 *args``; fails the test with the
     server's log if it does not say where it listens within 20 s."""
     (root / f"{module}.py").write_text(source)
+    command = ["dev", "--workflows", module, "--data", str(root / "data"), "--port", "0", *args]
+    server, _ = spawn_dev(root, command, env)
+    _until_serving(server)
+    return server
+
+
+def spawn_dev(
+    root: Path, command: list[str], env: dict[str, str] | None = None
+) -> tuple[DevServer, str]:
+    """``stepstream`` with ``command`` (a ``dev`` command line, such as one a README
+    block shows), run in ``root``: the server and the line it printed once it listened.
+    Fails the test with the server's log if it says nothing within 20 s."""
     log = root / "dev.log"
     env = env if env is not None else clean_env(root)
-    command = ["dev", "--workflows", module, "--data", str(root / "data"), "--port", "0", *args]
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ops.cli", *command],
@@ -105,9 +116,7 @@ def start_dev(
         proc.kill()
         proc.wait()
         pytest.fail(f"stepstream dev did not start: {line!r}\n{log.read_text()}")
-    server = DevServer(found.group(1), root, log, proc, env)
-    _until_serving(server)
-    return server
+    return DevServer(found.group(1), root, log, proc, env), line
 
 
 def _until_serving(server: DevServer) -> None:

@@ -39,7 +39,7 @@ from stepstream import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from tests.dev_server import DevServer, clean_env
+from tests.dev_server import clean_env, spawn_dev
 
 REPO = str(Path(__file__).resolve().parents[2])
 MODULE = "ss_http_cli_flows"
@@ -471,18 +471,7 @@ def test_the_readme_running_it_commands_work_as_written(tmp_path: Path) -> None:
     block = readme.split("## Running it", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     serve, *commands = (shlex.split(line, comments=True) for line in block.strip().splitlines())
     assert serve[:2] == ["stepstream", "dev"], serve
-    log = tmp_path / "dev.log"
-    with open(log, "wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", *serve[1:], "--data", "d", "--port", "0"],
-            cwd=tmp_path,
-            env=clean_env(tmp_path),
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode()
-    dev = DevServer(line.split("listening on ", 1)[1].split()[0], tmp_path, log, proc)
+    dev, _ = spawn_dev(tmp_path, [*serve[1:], "--data", "d", "--port", "0"])
     try:
         outputs = []
         for command in commands:
@@ -493,6 +482,6 @@ def test_the_readme_running_it_commands_work_as_written(tmp_path: Path) -> None:
         assert "status:      completed" in outputs[-1] and '"by": "auto"' in outputs[-1]
         waited = dev.cli("start", "order", "--id", "o-1", "--wait")  # the same id: its result
         assert '"by": "ada"' in waited.stdout, waited.stdout + waited.stderr
-        assert "event loop=uvloop" in log.read_text()  # the server's loop, in its log
+        assert "event loop=uvloop" in dev.log.read_text()  # the server's loop, in its log
     finally:
         dev.stop()

@@ -9,8 +9,6 @@ import json
 import os
 import shlex
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -20,7 +18,7 @@ import pytest
 from ops.bench.sessions import engine_children
 from ops.processes import ProcessLayout
 from producers.client import Client
-from tests.dev_server import REPO, DevServer, clean_env, run_cli, start_dev
+from tests.dev_server import REPO, DevServer, run_cli, spawn_dev, start_dev
 
 pytestmark = pytest.mark.slow
 
@@ -242,19 +240,7 @@ def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
     block = readme.split("### Using more cores", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     serve, start = (shlex.split(line) for line in block.strip().splitlines())
     assert serve[:2] == ["stepstream", "dev"] and "--processes" in serve
-    log = tmp_path / "dev.log"
-    where = ["--data", str(tmp_path / "d"), "--port", "0"]
-    with open(log, "wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", *serve[1:], *where],
-            cwd=tmp_path,
-            env=clean_env(tmp_path),
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-        )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode()
-    dev = DevServer(line.split("listening on ", 1)[1].split()[0], tmp_path, log, proc)
+    dev, line = spawn_dev(tmp_path, [*serve[1:], "--data", str(tmp_path / "d"), "--port", "0"])
     try:
         assert "in 2 processes" in line, line
         done = dev.cli(*start[1:])

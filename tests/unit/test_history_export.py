@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from engine.codec import JSON, JsonCodec
 from engine.records import (
@@ -35,6 +34,7 @@ from ops.history_export import (
     to_document,
     write_export,
 )
+from tests.json_values import json_values
 
 CODEC = JsonCodec()
 T0 = 1_700_000_000_000
@@ -115,19 +115,8 @@ def test_the_document_is_readable_json() -> None:
     assert "base64" in odd_json["attributes"]["payload"]
 
 
-json_values = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**63)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
-    max_leaves=20,
-)
-
-
 @settings(max_examples=200, deadline=None)
-@given(json_values)
+@given(json_values())
 def test_any_json_payload_round_trips_byte_for_byte(value: Any) -> None:
     payload = CODEC.encode(value)
     record = WorkflowCompleted(instance_id="i", seq=2, time_ms=T0, result=payload)

@@ -14,16 +14,7 @@ from hypothesis import strategies as st
 from engine.codec import JsonCodec, loads_json
 from engine.errors import InvalidPayload
 from engine.records import Payload
-
-_VALUES = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**80), max_value=2**80)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
-    max_leaves=20,
-)
+from tests.json_values import json_values
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -39,7 +30,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-@given(_VALUES, st.booleans())
+@given(json_values(max_int=2**80), st.booleans())
 def test_any_json_reads_as_json_loads_reads_it(value: Any, ascii_only: bool) -> None:
     data = json.dumps(value, ensure_ascii=ascii_only).encode()
     assert _same(loads_json(data), json.loads(data))
