@@ -1036,7 +1036,7 @@ def _decode_failure(data: bytes, decoder: _Decoder, exc: Exception) -> str:
         # fastavro indexes its list of union branches; running off the body is a string index.
         reason = f"a union branch index is out of range ({exc})"
     elif isinstance(exc, IndexError | EOFError):
-        reason = f"the body ends early, truncated? ({exc or 'no more bytes'})"
+        reason = f"the body ends early, truncated? ({str(exc) or 'no more bytes'})"
     elif isinstance(exc, UnicodeDecodeError):
         reason = f"a string is not valid UTF-8 ({exc})"
     else:

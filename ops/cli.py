@@ -589,7 +589,8 @@ def _topics_create(args: argparse.Namespace) -> int:
     states = create_topics(settings, args.partitions, replication=args.replication)
     rows = [{"topic": t.name, "partitions": t.partitions, "created": t.created} for t in states]
     human = "\n".join(
-        f"{'created' if t.created else 'exists '} {t.name} ({t.partitions} partitions)"
+        f"{'created' if t.created else 'exists '} {t.name} ({t.partitions} "
+        f"partition{'' if t.partitions == 1 else 's'})"
         for t in states
     )
     _output(args, rows, human)
@@ -1055,7 +1056,15 @@ def _parser() -> argparse.ArgumentParser:
         parents=[common, kafka, as_json],
     )
     create.set_defaults(handler=_topics_create)
-    create.add_argument("--partitions", type=int, required=True, metavar="N")
+    create.add_argument(
+        "--partitions",
+        type=int,
+        required=True,
+        metavar="N",
+        help="partitions of each topic; every topic of a prefix has as many, and workers "
+        "refuse topics whose counts differ. Instances are spread over them: more "
+        "partitions, more workers can share the load",
+    )
     create.add_argument(
         "--replication", type=int, default=1, metavar="R", help="replication factor (1)"
     )

@@ -80,6 +80,12 @@ def timeline_rows(history: Sequence[HistoryEntry]) -> list[TimelineRow]:
         row.detail = "  ".join(part for part in (row.detail, detail) if part)
         return row
 
+    def abandon_open(at: float, why: str) -> None:
+        # What the workflow started and never saw end (a cancel, a failure elsewhere, a
+        # step nobody awaited) ends with it: it is not running any more.
+        for kind, name in list(open_spans):
+            end(at, kind, name, "abandoned", why)
+
     children: dict[str, str] = {}  # a child's key in the parent -> its instance id
     for entry in history:
         at = _ms(entry.time)
@@ -166,10 +172,13 @@ def timeline_rows(history: Sequence[HistoryEntry]) -> list[TimelineRow]:
             case "WorkflowResumed":
                 point(at, "workflow", "", "resumed")
             case "WorkflowCompleted":
+                abandon_open(at, "the workflow completed")
                 point(at, "workflow", "", "completed", f"total {_duration(at - start)}")
             case "WorkflowFailed":
+                abandon_open(at, "the workflow failed")
                 point(at, "workflow", "", "failed", _error(a))
             case "WorkflowCancelled":
+                abandon_open(at, "the workflow was cancelled")
                 point(at, "workflow", "", "cancelled", _short(a.get("reason")) or "no reason")
             case "CommandIgnored":
                 point(

@@ -482,7 +482,7 @@ class HttpTransport:
         except aiohttp.ClientError as exc:
             raise ConnectionFailed(
                 f"lost the connection to stepstream at {self._base} during {method} {path}: "
-                f"{exc or type(exc).__name__}; check the server log, then retry"
+                f"{str(exc) or type(exc).__name__}; check the server log, then retry"
             ) from None
         except TimeoutError:
             raise ConnectionFailed(

@@ -54,8 +54,14 @@ class TopicState:
     created: bool
 
 
+# librdkafka's own log lines at critical level only: an admin client that cannot reach
+# the cluster would print an error line per attempt (about 20 a second) before the error
+# that says what to do (``--kafka-opt admin.log_level=7`` shows them again).
+ADMIN_DEFAULTS: dict[str, object] = {"log_level": 2}
+
+
 def admin_client(settings: KafkaSettings) -> AdminClient:
-    config: dict[str, Any] = settings.client_config("admin", {}, ADMIN_REQUIRED)
+    config: dict[str, Any] = settings.client_config("admin", ADMIN_DEFAULTS, ADMIN_REQUIRED)
     return make_client(AdminClient, config, "admin client")
 
 

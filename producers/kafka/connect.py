@@ -93,7 +93,7 @@ async def open_kafka_transport(
         with contextlib.suppress(Exception):
             await producer.stop()
         raise ConnectionFailed(
-            f"cannot reach Kafka at {settings.bootstrap}: {exc or type(exc).__name__}; check "
+            f"cannot reach Kafka at {settings.bootstrap}: {str(exc) or type(exc).__name__}; check "
             "the address and the security settings"
         ) from None
     members: MembersView | None = None

@@ -281,6 +281,10 @@ async def test_pause_resume_cancel(dev: Dev) -> None:
         status = await client.status("ctl-1")
         assert status.status == "cancelled"
         assert "no longer needed" in (status.error or "")
+    # What it was waiting for ended with it: nothing shows as waiting any more.
+    timeline = ok(dev, "history", "ctl-1")
+    assert re.search(r"wait\s+\S+\s+abandoned\s.*the workflow was cancelled", timeline), timeline
+    assert "waiting" not in timeline, timeline
 
 
 # ---- what users get wrong -------------------------------------------------------------

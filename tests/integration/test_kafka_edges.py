@@ -152,3 +152,21 @@ def test_the_readme_kafka_quick_start_works_typed_line_after_line(
     assert done.returncode == 0, (script, done.stdout, done.stderr[-3000:])
     assert re.search(r"status:\s+completed", done.stdout), done.stdout
     assert "receipt for o-1" in done.stdout, done.stdout
+
+
+def test_topics_create_without_a_reachable_cluster_says_so_in_one_line(tmp_path: Path) -> None:
+    """Nothing listens there: the error says what to check, without librdkafka's line
+    per connection attempt before it."""
+    where = ["--bootstrap", "127.0.0.1:1", "--prefix", "nowhere", "--partitions", "2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "topics", "create", *where],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: cannot reach Kafka at 127.0.0.1:1"), lines
+    assert "check --bootstrap and the security settings" in lines[0], lines
