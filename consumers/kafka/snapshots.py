@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
 
 from consumers import state_keys
@@ -119,13 +119,14 @@ class Snapshotter:
         tail = db.history_tail or 0
         commands = db.offset(COMMANDS) or 0
         timers = db.offset(TIMERS) or 0
-        # The state as it is now, at those offsets, read however long the copy takes.
-        view = _StateView(db)
         snapshot_id = f"p{self.partition}-{history}-{self._clock.now_ms()}"
         known = db.offset_meta(keys.META_SNAPSHOT_OFFSET)
         previous = -1 if known is None else known
         first: int | None = None
         count = entries = 0
+        # The state as it is now (nothing awaited since the offsets were read): the
+        # state at those offsets, however long the copy takes.
+        view = _StateView(db)
         try:
             async for names, values in view.chunks():
                 record = StateChunk(
@@ -207,12 +208,17 @@ class _StateView:
     costs a handful of iterators, not several per instance."""
 
     def __init__(self, db: PartitionDB) -> None:
-        self._metas = db.pinned_scan(state_keys.META)
-        self._actives = db.pinned_scan(state_keys.ACTIVE)
-        self._families = [db.pinned_scan(prefix) for prefix in state_keys.INSTANCE_FAMILIES]
+        self._scans: list[Generator[tuple[bytes, bytes], None, None]] = []
+        try:
+            for prefix in (state_keys.META, state_keys.ACTIVE, *state_keys.INSTANCE_FAMILIES):
+                self._scans.append(db.pinned_scan(prefix))
+        except BaseException:
+            self.close()  # a damaged state: let go of the iterators already made
+            raise
+        self._metas, self._actives, *self._families = self._scans
 
     def close(self) -> None:
-        for scan in (self._metas, self._actives, *self._families):
+        for scan in self._scans:
             scan.close()
 
     def _pairs(self) -> Iterator[tuple[bytes, bytes]]:

@@ -82,3 +82,13 @@ def test_the_old_timer_index_layout_is_recognised() -> None:
     assert keys.legacy_timer(keys.timer(5, "o-1", "o-1/sleep/2/nap"), b"") is None
     assert keys.legacy_timer_by_id(keys.TIMER_BY_ID + b"o-1/sleep/2/nap")
     assert not keys.legacy_timer_by_id(keys.timer_by_id("o-1", "o-1/sleep/2/nap"))
+
+
+@given(st.text(min_size=1, max_size=20))
+def test_every_family_of_an_instances_keys_is_a_family_snapshots_copy(instance_id: str) -> None:
+    """A Kafka snapshot copies the families whole (``INSTANCE_FAMILIES``): each of an
+    instance's key prefixes lies in one of them, so none of its keys is left out."""
+    prefixes = keys.instance_prefixes(instance_id)
+    assert len(prefixes) == len(keys.INSTANCE_FAMILIES)
+    for prefix, family in zip(prefixes, keys.INSTANCE_FAMILIES, strict=True):
+        assert prefix.startswith(family), (prefix, family)
