@@ -182,8 +182,8 @@ def test_topics_create_is_idempotent_and_says_what_exists(kafka_broker: Broker) 
     kinds = ("commands", "history", "timers", "dead-letters", "snapshots")
     for kind in kinds:
         assert f"created {prefix}.{kind} (3 partitions)" in first.stdout
-    assert f"created {prefix}.members (1 partitions)" in first.stdout
-    assert f"created {prefix}.definitions (1 partitions)" in first.stdout
+    assert f"created {prefix}.members (1 partition)" in first.stdout
+    assert f"created {prefix}.definitions (1 partition)" in first.stdout
 
     again = cli(*args, "--partitions", "3", "--json")
     assert again.returncode == 0, again.stderr
