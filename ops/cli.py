@@ -92,6 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
+def _log_serving(url: str) -> None:
+    """What a serving process logs once it listens at ``url``: where its web UI is (a
+    URL a browser can open) and the event loop it runs on."""
+    log.info("web UI at %s/ui", reachable(url))
+    log.info("event loop=%s", event_loop.running_loop_name())
+
+
 def _process_index(args: argparse.Namespace) -> int | None:
     """Which engine process of `stepstream dev --processes N` this is, if it is one."""
     if args.command != "dev" or getattr(args, "processes", 1) <= 1:
@@ -262,8 +269,7 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
                     f"{_workflow_names(registry)})",
                     flush=True,
                 )
-                log.info("web UI at %s/ui", reachable(url))
-                log.info("event loop=%s", event_loop.running_loop_name())
+                _log_serving(url)
                 # A full or damaged disk stops the engine: it says why and what to do.
                 signalled = asyncio.ensure_future(stop.wait())
                 failed = asyncio.ensure_future(engine.db.failed())
@@ -321,8 +327,7 @@ async def _serve_processes(
             f"processes, workflows: {_workflow_names(registry)})",
             flush=True,
         )
-        log.info("web UI at %s/ui", reachable(f"{security.scheme}://{address}"))
-        log.info("event loop=%s", event_loop.running_loop_name())
+        _log_serving(f"{security.scheme}://{address}")
 
     sock = _listen(args.host, args.port)
     try:
@@ -565,8 +570,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
                 f"workflows: {workflows})",
                 flush=True,
             )
-            log.info("web UI at %s/ui", reachable(worker.url))
-            log.info("event loop=%s", event_loop.running_loop_name())
+            _log_serving(worker.url)
             stop = asyncio.ensure_future(signalled.wait())
             failed = asyncio.ensure_future(worker.run())
             await asyncio.wait({stop, failed}, return_when=asyncio.FIRST_COMPLETED)
