@@ -49,8 +49,13 @@ log = logging.getLogger("stepstream.kafka.group")
 CONSUMER_DEFAULTS: dict[str, object] = {
     "session.timeout.ms": 6000,
     "heartbeat.interval.ms": 1000,
-    # Tansu answers a parked fetch only when it expires, so this bounds latency.
-    "fetch.wait.max.ms": 5,
+    # How long the broker may hold a fetch that finds nothing new. A Kafka broker answers
+    # as soon as data arrives; the test broker (Tansu) only when the wait expires, so
+    # there this bounds the latency of a command reaching an idle worker (about half of
+    # it on average), and each expired wait is a request the broker serves: at 5 ms an
+    # idle worker cost it 16% of a core and W1 on two workers ran 2-6% slower than at
+    # 25 ms, which adds about 2 ms to one 10-step workflow (docs/performance.md).
+    "fetch.wait.max.ms": 25,
     "fetch.min.bytes": 1,
 }
 CONSUMER_REQUIRED: dict[str, object] = {
