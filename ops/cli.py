@@ -612,8 +612,9 @@ clients:
 
 workloads (all three unless --workload):
   W1      N x 10 sequential steps started at once, results awaited (N=2000):
-          steps_per_s, workflows_per_s, latency_p50_ms, latency_p99_ms; with
-          --input-bytes B each instance's input carries B more bytes
+          steps_per_s, workflows_per_s, latency_p50_ms, latency_p99_ms, and
+          burst_cpu_s (each process's CPU seconds during the timed burst: which one
+          bound it); with --input-bytes B each instance's input carries B more bytes
   W2      N one-second sleepers started at once (N=2000): lateness_p50_ms,
           lateness_p99_ms and early_fires (timers fired before due; must be 0)
   W3      N instances waiting for an event a client sends (N=500)
@@ -632,6 +633,9 @@ examples:
   stepstream bench --client http --workload W1 --json
   stepstream bench --client kafka --workers 2 --workload W1
   stepstream bench --workload timers --pending 100000 --rate 2000
+
+Every workload's JSON has cpu_s: the CPU seconds each process (client, engine or
+worker<i>, broker) used on it, follow-up measurements included.
 
 The bench and the servers it starts run on uvloop unless STEPSTREAM_EVENT_LOOP=asyncio
 (the standard library's loop, to compare); the JSON says which ("event_loop").

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -28,7 +29,7 @@ from ops.bench.profile import check_profiler, profiled
 from ops.bench.sessions import (
     CLIENTS,
     Session,
-    cpu_seconds,
+    cpu_by_role,
     http,
     inprocess,
     kafka,
@@ -138,20 +139,25 @@ async def run_bench(
                 session = _session(client, path, bootstrap or "", partitions, workers)
                 async with session as s:
                     roles = process_roles(s.engine_pids, broker_pid)
-                    cpu = {role: cpu_seconds(pid) for role, pid in roles.items()}
+                    cpu_now = functools.partial(cpu_by_role, roles)
+                    cpu = cpu_now()
                     with profiled(profile, f"{name}-{client}", s.engine_pids):
                         if name == "timers":
                             count = pending or n or DEFAULT_PENDING
                             figures = await fixed_rate_timers(s, count, rate)
                         else:
                             figures = await run_workload(
-                                s.client, name, n or DEFAULT_N[name], sync, input_bytes
+                                s.client,
+                                name,
+                                n or DEFAULT_N[name],
+                                sync,
+                                input_bytes,
+                                cpu=cpu_now,
                             )
                     # CPU each process spent on the workload: which one is the bottleneck,
                     # and whether a second process would have a core to run on.
-                    figures["cpu_s"] = {
-                        role: round(cpu_seconds(pid) - cpu[role], 2) for role, pid in roles.items()
-                    }
+                    after = cpu_now()
+                    figures["cpu_s"] = {role: round(after[role] - cpu[role], 2) for role in roles}
                     if s.servers:  # the subprocesses' collector pauses, from their /metrics
                         figures["gc_pauses"] = await server_gc_pauses(s.servers)
                 result[name] = {**figures, **s.extra}

@@ -301,6 +301,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_by_role(roles: dict[str, int]) -> dict[str, float]:
+    """``cpu_seconds`` of each process of ``process_roles``."""
+    return {role: cpu_seconds(pid) for role, pid in roles.items()}
+
+
 def process_roles(engine_pids: list[int], broker_pid: int | None) -> dict[str, int]:
     """Role -> pid of every process a workload runs on (the bench itself is the client)."""
     own = os.getpid()

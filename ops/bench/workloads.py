@@ -31,6 +31,8 @@ DEFAULT_N = {"W1": 2000, "W2": 2000, "W3": 500, "buffer": 1000, "fanout": 4000, 
 # Waits longer than any workload takes on a loaded machine: a result that does not come
 # is a failure of the run, not a figure.
 RESULT_TIMEOUT_S = 600
+# Each process's CPU seconds so far, by role (``client``, ``engine``, ``worker<i>``...).
+CpuReader = Callable[[], dict[str, float]]
 
 
 async def _noop(i: int) -> int:
@@ -170,9 +172,17 @@ async def gather_limited(jobs: list[Callable[[], Awaitable[Any]]], limit: int) -
     return results
 
 
-async def w1(client: Client, n: int, *, sync: bool, input_bytes: int = 0) -> dict[str, Any]:
+async def w1(
+    client: Client,
+    n: int,
+    *,
+    sync: bool,
+    input_bytes: int = 0,
+    cpu: CpuReader | None = None,
+) -> dict[str, Any]:
     """``input_bytes``: a string of that many bytes in each instance's input (the engine
-    stores an input once, not at every step)."""
+    stores an input once, not at every step). ``cpu``: each process's CPU seconds so far,
+    read before and after the burst (``burst_cpu_s``: who the timed part kept busy)."""
     steps = 10
     padding = {"pad": "x" * input_bytes} if input_bytes else {}
     progress = Progress("W1", n)
@@ -192,9 +202,12 @@ async def w1(client: Client, n: int, *, sync: bool, input_bytes: int = 0) -> dic
         completed += 1
         progress.tick()
 
+    before = cpu() if cpu is not None else {}
     start = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(n)))
     elapsed = time.perf_counter() - start
+    after = cpu() if cpu is not None else {}
+    burst = {role: round(after[role] - before[role], 2) for role in after}
 
     async def single(prefix: str, count: int, steps: int) -> list[float]:
         out = []
@@ -227,6 +240,7 @@ async def w1(client: Client, n: int, *, sync: bool, input_bytes: int = 0) -> dic
         "per_step_ratio_100_vs_10": round(per_step_100 / per_step_10, 2) if per_step_10 else None,
         "step_bodies": "sync (thread pool)" if sync else "async",
         "input_bytes": input_bytes,
+        **({"burst_cpu_s": burst} if cpu is not None else {}),
     }
 
 
@@ -416,10 +430,15 @@ async def loop(client: Client, n: int) -> dict[str, Any]:
 
 
 async def run_workload(
-    client: Client, name: str, count: int, sync: bool, input_bytes: int = 0
+    client: Client,
+    name: str,
+    count: int,
+    sync: bool,
+    input_bytes: int = 0,
+    cpu: CpuReader | None = None,
 ) -> dict[str, Any]:
     if name == "W1":
-        return await w1(client, count, sync=sync, input_bytes=input_bytes)
+        return await w1(client, count, sync=sync, input_bytes=input_bytes, cpu=cpu)
     if name == "W2":
         return await w2(client, count)
     if name == "buffer":

@@ -57,6 +57,12 @@ def test_bench_through_the_http_client_on_two_engine_processes(tmp_path: Path) -
     w1 = result["W1"]
     assert w1["completed"] == N and w1["processes"] == 2, w1
     assert set(w1["cpu_s"]) == {"client", "worker0", "worker1"}, w1  # both processes
+    # The timed burst alone: the engine processes worked in it, and it is part of the
+    # workload's CPU (which adds the single-instance runs after it).
+    burst = w1["burst_cpu_s"]
+    assert set(burst) == set(w1["cpu_s"]), w1
+    assert burst["worker0"] + burst["worker1"] > 0, w1
+    assert all(burst[role] <= w1["cpu_s"][role] for role in burst), w1
     assert set(w1["gc_pauses"]) == {"process0", "process1"}, w1
 
 
