@@ -28,7 +28,7 @@ from producers.http import (
 )
 from producers.kafka.definitions import DefinitionsView
 from producers.kafka.members import MembersView
-from producers.kafka.settings import aiokafka_options, settings_from_url
+from producers.kafka.settings import aiokafka_options, check_properties, settings_from_url
 from producers.kafka.transport import DEFAULT_COMMAND_TIMEOUT_S, KafkaTransport
 
 _CONNECT_TIMEOUT_S = 15.0
@@ -72,6 +72,7 @@ async def open_kafka_transport(
     tls_ca: str | None = None,
 ) -> KafkaTransport:
     """``token`` and ``tls_ca``: for the workers' HTTP APIs (see ``producers.http``)."""
+    check_properties(settings)
     topics = TopicNames(settings.prefix)
     headers = client_headers(token)
     worker_tls = client_ssl(tls_ca)

@@ -14,7 +14,7 @@ from urllib.parse import parse_qs, urlsplit
 from aiokafka.helpers import create_ssl_context
 
 from engine.errors import StepstreamError
-from engine.kafka_settings import KafkaSettings, KafkaSettingsError
+from engine.kafka_settings import BOOTSTRAP, CLIENT_KINDS, KafkaSettings, KafkaSettingsError
 
 log = logging.getLogger("stepstream.kafka.client")
 
@@ -109,6 +109,40 @@ def aiokafka_options(
             "security.protocol=SSL or SASL_SSL"
         )
     return options
+
+
+# Not a librdkafka property: set after the one checked, so that librdkafka refuses the
+# configuration before it would make a client of it.
+_SENTINEL = "stepstream.property.check"
+
+
+def check_properties(settings: KafkaSettings) -> None:
+    """Refuse what librdkafka (the workers' client) would refuse, in any client's scope:
+    a name it does not know (aiokafka has no use for most properties, so a misspelling
+    would otherwise be dropped without a word) or a value it cannot take."""
+    scopes = tuple(f"{kind}." for kind in CLIENT_KINDS)
+    for key, value in settings.properties.items():
+        name = key.split(".", 1)[1] if key.startswith(scopes) else key
+        if name != BOOTSTRAP:
+            _check_property(key, name, str(value))
+
+
+def _check_property(key: str, name: str, value: str) -> None:
+    # The value is never quoted back: it may be a secret.
+    from confluent_kafka import KafkaException, Producer
+
+    try:
+        Producer({name: value, _SENTINEL: ""})  # a client is made only if both are known
+    except KafkaException as exc:
+        reason = exc.args[0].str() if exc.args else str(exc)
+        if _SENTINEL not in reason:
+            raise KafkaSettingsError(
+                f"Kafka property {key} is refused: {reason}. Properties take librdkafka's "
+                "names and values (its CONFIGURATION.md), as the workers' do: check the "
+                "client's kafka options, the config file and the STEPSTREAM_KAFKA_* variables"
+            ) from None
+    except (TypeError, ValueError):
+        return  # a value only confluent-kafka's own code looks at (a callback): not ours
 
 
 def _ssl_context(properties: Mapping[str, str]) -> ssl.SSLContext:

@@ -236,6 +236,42 @@ def test_unmappable_security_settings_are_refused() -> None:
         kafka_client.aiokafka_options(plaintext_ssl, "producer")
 
 
+@pytest.mark.parametrize(
+    ("properties", "refused"),
+    [
+        ({"lingr.ms": "5"}, r'lingr\.ms is refused: No such configuration property: "lingr\.ms"'),
+        # A scoped key is checked too, though only the consumer of the workers would read it.
+        ({"consumer.fetch.wait.mx.ms": "5"}, r"consumer\.fetch\.wait\.mx\.ms is refused"),
+        ({"sasl.password": "s3cret", "linger.ms": "soon"}, r"linger\.ms is refused: Invalid"),
+    ],
+)
+async def test_the_kafka_client_refuses_what_librdkafka_refuses(
+    properties: dict[str, str], refused: str
+) -> None:
+    """The workers' client (librdkafka) refuses a misspelt property or a bad value; the
+    kafka:// client, which maps what aiokafka can use and leaves the rest to the workers,
+    must not drop it without a word. Refused before any connection, naming the property,
+    never quoting a value (it may be a secret)."""
+    from stepstream import Client
+
+    with pytest.raises(KafkaSettingsError, match=refused) as caught:
+        await Client.connect("kafka://127.0.0.1:1?prefix=orders", kafka=properties, timeout=2)
+    assert "s3cret" not in str(caught.value) and "soon" not in str(caught.value)
+
+
+def test_the_kafka_client_passes_what_librdkafka_takes() -> None:
+    """Consumer-only and unmapped properties included: the config is the workers' too."""
+    from producers.kafka.settings import check_properties
+
+    check_properties(
+        KafkaSettings(
+            "b:9092",
+            "orders",
+            {"fetch.wait.max.ms": "5", "client.rack": "a", "producer.linger.ms": "2"},
+        )
+    )
+
+
 def test_cli_flags_reach_the_settings(tmp_path: Path) -> None:
     """`stepstream topics create` with --kafka-config / --kafka-opt: a wrong protocol
     value from a flag is what librdkafka refuses, so the flag got through."""
