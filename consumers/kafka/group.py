@@ -364,7 +364,15 @@ class GroupConsumer:
         # and a seek while paused does not wake them.
         self._rebalanced = True
         partitions = sorted(tp.partition for tp in assigned if tp.topic in self._kind_of)
-        if self._failed or not partitions:
+        if self._failed:
+            return
+        assert self._loop is not None
+        if not partitions:
+            # A member with nothing (more workers than partitions, or the assign that
+            # follows a revoke) has joined all the same: it is ready, and says so.
+            asyncio.run_coroutine_threadsafe(self._on_assign([], {}), self._loop).add_done_callback(
+                self._taken
+            )
             return
         log.info("group assigned partitions=%s", partitions)
         try:
@@ -379,7 +387,6 @@ class GroupConsumer:
             log.exception("reading the group's offsets of partitions %s failed", partitions)
             self._fail(exc)
             return
-        assert self._loop is not None
         taking = asyncio.run_coroutine_threadsafe(
             self._on_assign(partitions, committed), self._loop
         )

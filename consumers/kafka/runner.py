@@ -138,6 +138,9 @@ class KafkaRunner:
         it is restored, while the partitions this worker already owns run on."""
         self.rebalances += 1
         self._joined, self._lost = True, False
+        if not partitions:
+            await self._on_owned(self.owned)  # a live member, owning what it owns
+            return
         self._restoring.update(partitions)
         tasks = []
         for partition in partitions:

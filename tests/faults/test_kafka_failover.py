@@ -12,10 +12,13 @@ success, within each step's retry policy.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -347,3 +350,42 @@ async def test_a_cancel_sent_while_no_worker_runs_wins_over_the_last_attempt_it_
     finally:
         first.kill()
         second.stop()
+
+
+def _ready(url: str) -> tuple[int, dict[str, object]]:
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def test_a_worker_beyond_the_partition_count_is_ready_and_takes_over_when_needed(
+    kafka_broker: Broker,
+    tmp_path: Path,
+    members: Callable[[KafkaSettings], Awaitable[MembersView]],
+) -> None:
+    """More workers than partitions (a scaled-out deployment, a standby): the one the
+    group gives nothing has joined all the same, so its readiness probe passes (a
+    rollout waiting for it must not hang), and it takes the partition over when the
+    owner leaves."""
+    settings, _ledger, (a, b) = await fresh_cluster(kafka_broker, tmp_path, 1, "a", "b")
+    view = await members(settings)
+    try:
+        await asyncio.to_thread(a.start)
+        await owned_by(view, 1, lambda o: o == {0: a.url})
+        await asyncio.to_thread(b.start)
+        deadline = time.monotonic() + 30
+        while (found := await asyncio.to_thread(_ready, b.url))[0] != 200:
+            assert time.monotonic() < deadline, f"the idle worker never got ready: {found}"
+            await asyncio.sleep(0.2)
+        assert found == (200, {"ready": True})
+        assert view.owner(0) is not None and view.owner(0).url == a.url  # type: ignore[union-attr]
+        await asyncio.to_thread(a.stop)
+        await owned_by(view, 1, lambda o: o == {0: b.url})
+        async with Client.connect(kafka_url(settings)) as client:
+            started = await client.start("arith", 4, instance_id="after-a")
+            assert await client.result(started, timeout=30) == {"total": 5, "doubled": 10}
+    finally:
+        await asyncio.to_thread(b.stop)
+        await asyncio.to_thread(a.stop)
