@@ -166,21 +166,29 @@ def step_outcome(record: StepSucceeded | StepFailed) -> str:
     return "retried" if record.next_attempt_at_ms is not None else "failed"
 
 
+# What a dead letter's reason says (lower case) -> its label, first match wins.
+_DEAD_LETTER_NEEDLES = (
+    ("undecodable", "undecodable"),
+    ("misrouted", "misrouted"),
+    ("is not a command", "not_a_command"),
+    ("internal error", "internal_error"),
+    ("not applied:", "undone"),
+    ("unknown instance", "unknown_instance"),
+    ("no instance", "unknown_instance"),
+    ("unknown workflow", "unknown_workflow"),
+    ("payloadtoolarge", "payload_too_large"),
+    ("invalidpayload", "invalid_payload"),
+    ("historydiverged", "history_diverged"),
+)
+# Every label, exported from the start (at 0): an alert on the counter's increase sees
+# the first dead letter of a reason, which a series born at 1 would not show.
+DEAD_LETTER_REASONS = (*dict.fromkeys(label for _, label in _DEAD_LETTER_NEEDLES), "other")
+
+
 def dead_letter_reason(reason: str) -> str:
     """A bounded label for why a record was dead-lettered."""
     lowered = reason.lower()
-    for needle, label in (
-        ("undecodable", "undecodable"),
-        ("misrouted", "misrouted"),
-        ("is not a command", "not_a_command"),
-        ("internal error", "internal_error"),
-        ("not applied:", "undone"),
-        ("no instance", "unknown_instance"),
-        ("unknown workflow", "unknown_workflow"),
-        ("payloadtoolarge", "payload_too_large"),
-        ("invalidpayload", "invalid_payload"),
-        ("historydiverged", "history_diverged"),
-    ):
+    for needle, label in _DEAD_LETTER_NEEDLES:
         if needle in lowered:
             return label
     return "other"
@@ -350,5 +358,7 @@ class Telemetry:
             )
 
     def partition_released(self, partition: int) -> None:
-        """The partition is no longer owned here: forget its attempts' start times."""
+        """The partition is no longer owned here: forget its attempts' start times, and
+        its last restore's duration (its new owner reports that)."""
         self._started.pop(partition, None)
+        self.restore_seconds.pop(partition, None)

@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from consumers.host import PartitionHost
-from consumers.telemetry import Histogram
+from consumers.telemetry import DEAD_LETTER_REASONS, Histogram
 from ops import gc_pauses
 from ops.gc_pauses import GcPauses
 from ops.span_export import DROP_REASONS, SpanExportProcess
@@ -150,7 +150,7 @@ class EngineCollector(Collector):
             "stepstream_dead_letters",
             "Records written to the dead-letters topic, by reason.",
             ["reason"],
-            {(reason,): n for reason, n in t.dead_letters.items()},
+            {(reason,): t.dead_letters[reason] for reason in DEAD_LETTER_REASONS},
         )
         gauges = self._host.gauges()
         yield _gauge(

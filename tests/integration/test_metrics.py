@@ -10,9 +10,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.errors import UnknownInstance
 from producers.client import Client
 from tests.conftest import ThreadedWorker, kafka_url
 from tests.dev_server import start_dev
@@ -170,6 +172,16 @@ async def test_kafka_worker_metrics_and_readiness(kafka_worker: ThreadedWorker) 
         ids = [await client.start("arith", n) for n in range(3)]
         for instance_id in ids:
             await client.result(instance_id, timeout=30)
+    # Every reason is on /metrics before its first dead letter, at 0: an alert on the
+    # counter's increase must see the first one (a series born at 1 shows no increase).
+    before = _scrape(worker.url)
+    for reason in ("undecodable", "unknown_instance", "other"):
+        key = ("stepstream_dead_letters_total", frozenset({("reason", reason)}))
+        assert before.get(key) == 0, (reason, sorted(k for k in before if "dead" in k[0]))
+    # An event for an instance that was never started: dead-lettered as unknown_instance.
+    async with Client.connect(kafka_url(kafka_worker.settings)) as client:
+        with pytest.raises(UnknownInstance):
+            await client.send_event("never-started", "go", {})
     # A record no reader can decode, produced by a foreign tool: dead-lettered, counted.
     producer = Producer({"bootstrap.servers": kafka_worker.settings.bootstrap})
     producer.produce(f"{kafka_worker.settings.prefix}.commands", b"not avro", key=b"x", partition=0)
@@ -180,6 +192,8 @@ async def test_kafka_worker_metrics_and_readiness(kafka_worker: ThreadedWorker) 
             break
         await asyncio.sleep(0.05)
     assert _value(samples, "stepstream_dead_letters_total", reason="undecodable") == 1
+    assert _value(samples, "stepstream_dead_letters_total", reason="unknown_instance") == 1
+    assert _value(samples, "stepstream_dead_letters_total", reason="other") == 0
     assert _value(samples, "stepstream_workflows_total", workflow="arith", outcome="completed") == 3
     steps = "stepstream_steps_total"
     assert _value(samples, steps, workflow="arith", step="add", outcome="succeeded") == 3
@@ -213,4 +227,7 @@ async def test_kafka_worker_metrics_and_readiness(kafka_worker: ThreadedWorker) 
     status, body = _get(f"{worker.url}/readyz")
     assert status == 503 and body["ready"] is False
     assert "restoring" in str(body["reason"])
-    assert _value(_scrape(worker.url), "stepstream_ready") == 0
+    after_loss = _scrape(worker.url)
+    assert _value(after_loss, "stepstream_ready") == 0
+    # The partitions' restore durations went with them (their next owner reports its own).
+    assert not [k for k in after_loss if k[0] == "stepstream_restore_duration_seconds"]
