@@ -246,7 +246,10 @@ def from_env(*, service: str) -> ServingTracing | None:
     provider = provider_from_env(os.environ, service=service)
     if provider is None:
         return None
-    log.info("tracing on: spans for workflow runs and step attempts (service %s)", service)
+    log.info(
+        "tracing on: spans for workflow runs and step attempts (service %s)",
+        provider.resource.attributes.get(SERVICE_NAME, service),
+    )
     exporter = SpanExportProcess(service)
     sampler = os.environ.get("OTEL_TRACES_SAMPLER", "").strip().lower()
     if sampler in ("", "parentbased_always_on"):

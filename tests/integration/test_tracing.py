@@ -233,6 +233,10 @@ async def test_dev_exports_run_and_step_spans_over_otlp_in_the_callers_trace(
             assert await client.result(instance_id, timeout=30) == {"total": 2, "doubled": 4}
     finally:
         server.stop()  # the exporter process flushes on the way out
+    # The log names the service the spans are exported under: OTEL_SERVICE_NAME's.
+    assert "tracing on: spans for workflow runs and step attempts (service shop)" in (
+        server.log.read_text()
+    )
     trace_id = checkout.get_span_context().trace_id.to_bytes(16, "big")
     names = sorted(span.name for span in collector.spans if span.trace_id == trace_id)
     assert names == ["process arith", "send stepstream.commands", "step add", "step double"]
