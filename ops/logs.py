@@ -19,6 +19,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 FORMATS = ("text", "json")
+# How this process was configured (level, format, process), for the processes it starts
+# to log the same way (the span exporter); None until ``configure``.
+_configured: tuple[str, str, int | None] | None = None
 
 # Message keys -> JSON field names.
 _FIELDS = {
@@ -94,7 +97,15 @@ def configure(level: str, log_format: str = "text", *, process: int | None = Non
     ``process`` field on every line), or None for the only one."""
     if log_format not in FORMATS:
         raise ValueError(f"log format {log_format!r}: use one of {', '.join(FORMATS)}")
+    global _configured
     handler = logging.StreamHandler(sys.stderr)
     formatter = JsonFormatter if log_format == "json" else KeyValueFormatter
     handler.setFormatter(formatter(process))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    _configured = (level, log_format, process)
+
+
+def configured() -> tuple[str, str, int | None] | None:
+    """``configure``'s arguments in this process, if it was called: a child process
+    passes them to ``configure`` to log as its parent does."""
+    return _configured

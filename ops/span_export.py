@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from consumers.telemetry import RunSpan, StepSpan
+from ops import logs
 from producers.trace_context import ProducerSpan
 
 log = logging.getLogger("stepstream.tracing")
@@ -58,7 +59,15 @@ class SpanExportProcess:
         self._warned = -WARN_EVERY_S
         self._process = context.Process(
             target=_export,
-            args=(self._queue, self._done, self._failed, self._ready, service, os.getpid()),
+            args=(
+                self._queue,
+                self._done,
+                self._failed,
+                self._ready,
+                service,
+                os.getpid(),
+                logs.configured(),
+            ),
             name="stepstream-span-export",
             daemon=True,
         )
@@ -143,14 +152,27 @@ class SpanExportProcess:
         self._queue.close()
 
 
-def _export(spans: Any, done: Any, failed: Any, ready: Any, service: str, parent: int) -> None:
+def _export(
+    spans: Any,
+    done: Any,
+    failed: Any,
+    ready: Any,
+    service: str,
+    parent: int,
+    logging_as: tuple[str, str, int | None] | None = None,
+) -> None:
     """The exporter process: spans in, OTLP out, until told to stop or orphaned.
     ``failed`` counts the spans it could not export (the endpoint refused or failed).
+    ``logging_as``: the parent's log settings (its lines, the OTLP exporter's and the
+    HTTP library's included, come out as the parent's do: JSON ones for a log pipeline).
 
     It runs at a lower CPU priority than the engine: spans can wait a moment, a
     transition cannot. When the cores are busy the engine's threads get them first, and
     an exporter left too far behind has its batches dropped (and counted) rather than
     the engine slowed."""
+    if logging_as is not None:
+        level, log_format, process = logging_as
+        logs.configure(level, log_format, process=process)
     with contextlib.suppress(OSError):
         os.nice(NICENESS)
     from ops.otlp_wire import wire_from_env

@@ -5,6 +5,7 @@ and across a restart of the engine in the middle of a run."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -253,7 +254,9 @@ async def test_spans_an_endpoint_refuses_are_counted_on_metrics(tmp_path: Path) 
     from tests.dev_server import clean_env, start_dev
 
     collector = _Collector(status=400)
-    env = clean_env(tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=collector.url)
+    env = clean_env(
+        tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, STEPSTREAM_LOG_FORMAT="json"
+    )
     source = "from tests.workflows import arith  # noqa: F401\n"
     server = start_dev(tmp_path, "refused", source, env=env)
     try:
@@ -278,3 +281,8 @@ async def test_spans_an_endpoint_refuses_are_counted_on_metrics(tmp_path: Path) 
         collector.server.shutdown()
     # The run and its two steps at least (the start's producer span may share a batch).
     assert dropped["export_failed"] >= 3, dropped
+    # Logging as JSON, every line on stderr is one JSON object, the exporter process's
+    # own included (it says why spans were lost).
+    lines = server.log.read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert any("could not export" in r["msg"] for r in records), lines
