@@ -244,6 +244,25 @@ def test_a_sasl_password_given_in_values_stays_in_secrets() -> None:
     assert worker_secret["data"] == job_secret["data"]
 
 
+def test_workers_serving_https_trust_the_ca_they_are_given_for_each_other() -> None:
+    """The web UI of a worker and the CLI run in its pod call the other workers at their
+    announced https addresses: a certificate from a private CA must be trusted there."""
+    rendered = render_file("values-tls.yaml")
+    worker = _worker(rendered)
+    ca = env_of(worker)["STEPSTREAM_TLS_CA"]["value"]
+    mount = next(m for m in worker["volumeMounts"] if m["name"] == "api-tls")
+    assert ca == f"{mount['mountPath']}/ca.crt"
+    volumes = _statefulset(rendered)["spec"]["template"]["spec"]["volumes"]
+    assert next(v for v in volumes if v["name"] == "api-tls")["secret"]["secretName"] == (
+        "shop-api-tls"
+    )
+    # A certificate from a public CA: nothing to add (the system's CAs are trusted).
+    public = render({"api": {"tls": {"existingSecret": "shop-api-tls"}}})
+    assert "STEPSTREAM_TLS_CA" not in env_of(_worker(public))
+    # NOTES says what to set if it is not.
+    assert "set api.tls.caKey" in public.notes and "api.tls.caKey" not in rendered.notes
+
+
 def test_mutual_tls_mounts_the_client_certificate() -> None:
     env = env_of(_worker(render_file("values-tls.yaml")))
     assert env["STEPSTREAM_KAFKA_SECURITY_PROTOCOL"]["value"] == "SSL"
@@ -427,6 +446,7 @@ def test_values_schema_refuses_mistakes(values: dict[str, Any], where: str) -> N
             {"kafka": {"tls": {"existingSecret": "ca", "certKey": "user.crt"}}},
             "needs its private key",
         ),
+        ({"api": {"tls": {"caKey": "ca.crt"}}}, "api.tls.existingSecret, which is empty"),
     ],
     ids=[
         "grace-period",
@@ -435,6 +455,7 @@ def test_values_schema_refuses_mistakes(values: dict[str, Any], where: str) -> N
         "keda-no-prometheus",
         "keda-max",
         "mtls",
+        "api-ca-without-secret",
     ],
 )
 def test_combinations_that_cannot_work_are_refused(values: dict[str, Any], advice: str) -> None:

@@ -197,6 +197,9 @@ Combinations values.schema.json cannot express. Each message says what to change
 {{- if and (or .Values.kafka.tls.certKey .Values.kafka.tls.keyKey) (not .Values.kafka.tls.existingSecret) -}}
 {{- fail "kafka.tls.certKey/keyKey name keys of kafka.tls.existingSecret, which is empty: set it to the Secret holding the CA and client certificate." -}}
 {{- end -}}
+{{- if and .Values.api.tls.caKey (not .Values.api.tls.existingSecret) -}}
+{{- fail "api.tls.caKey names a key of api.tls.existingSecret, which is empty: set it to the kubernetes.io/tls Secret the workers serve https with." -}}
+{{- end -}}
 {{- if .Values.keda.enabled -}}
 {{- if not .Values.keda.prometheusServerAddress -}}
 {{- fail "keda.enabled needs keda.prometheusServerAddress: the Prometheus URL KEDA reads stepstream_consumer_lag_records from (e.g. http://prometheus-operated.monitoring:9090)." -}}
