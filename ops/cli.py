@@ -58,7 +58,10 @@ class _UsageError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said with the usage of the command they were given to, not the top level's
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     default_level = "INFO" if args.command in ("dev", "worker") else "WARNING"
     level = (args.log_level or os.environ.get("STEPSTREAM_LOG_LEVEL") or default_level).upper()
     if level not in _LOG_LEVELS:
@@ -90,6 +93,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_ERROR
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """The (sub)parser of the command ``args`` were parsed for (``topics create``'s...)."""
+    while True:
+        found = next(
+            (
+                action.choices[chosen]
+                for action in parser._actions
+                if isinstance(action, argparse._SubParsersAction)
+                and isinstance(action.choices, dict)
+                and (chosen := getattr(args, action.dest, None)) in action.choices
+            ),
+            None,
+        )
+        if found is None:
+            return parser
+        parser = found
 
 
 def _log_serving(url: str) -> None:

@@ -311,6 +311,14 @@ def test_unusable_flags_and_settings_are_refused_and_nothing_is_started(fresh_de
         fresh_dev, "start", "greet", "--id", "t-1", "--wait", "--timeout", "-1", code=2
     )
     assert cli_json(fresh_dev, "list") == []
+    # A misspelt flag: refused with the usage of the command it was given to.
+    done = cli(fresh_dev, "start", "greet", "--id", "t-1", "--wiat")
+    assert done.returncode == 2 and done.stderr.startswith("usage: stepstream start "), done
+    assert "stepstream start: error: unrecognized arguments: --wiat" in done.stderr
+    done = cli(fresh_dev, "topics", "create", "--partitions", "1", "--prefx", "p")
+    assert done.returncode == 2, done
+    assert "stepstream topics create: error: unrecognized arguments: --prefx p" in done.stderr
+    assert cli_json(fresh_dev, "list") == []
     done = subprocess.run(
         [sys.executable, "-m", "ops.cli", "run", f"{MODULE}:greet"],
         cwd=fresh_dev.root,
