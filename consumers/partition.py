@@ -686,9 +686,10 @@ class PartitionProcessor:
             # A bug, not user code (user exceptions stay inside the workflow task). Undo
             # this input's decisions and forget the runtime; its stored state is intact.
             log.exception(
-                "partition=%d instance=%s: internal error",
+                "partition=%d instance=%s workflow=%s: internal error",
                 self.partition,
                 runtime.state.instance_id,
+                runtime.state.workflow,
             )
             # Undo every decision of this instance in the batch, not only this input's:
             # its in-memory state is gone, so its earlier records would have no state.
@@ -745,10 +746,11 @@ class PartitionProcessor:
                 return f"internal error while applying {type(msg).__name__}: {exc!r}"
         touched[instance_id] = parked
         log.warning(
-            "partition=%d instance=%s parked: %s; deploy code that matches its history to "
-            "let it go on (stepstream list --diverged)",
+            "partition=%d instance=%s workflow=%s parked: %s; deploy code that matches its "
+            "history to let it go on (stepstream list --diverged)",
             self.partition,
             instance_id,
+            parked.state.workflow,
             diverged,
         )
         return None

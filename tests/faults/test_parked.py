@@ -8,9 +8,12 @@ is kept. Restarted with code that matches, the instance goes on and uses that ev
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from stepstream import Client
 
@@ -32,7 +35,7 @@ RENAMED = ORIGINAL.replace('"reserve"', '"hold"')
 
 
 async def test_a_diverged_instance_is_parked_and_goes_on_with_matching_code(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from engine.workflow import Registry
     from ops.embedded import EmbeddedConfig, open_embedded
@@ -57,7 +60,12 @@ async def test_a_diverged_instance_is_parked_and_goes_on_with_matching_code(
                 break
     engine = await open_embedded(registry(RENAMED, "flows_changed"), config)
     async with Client(engine.make_transport(owns_engine=True)) as client:
-        status = await client.status("o-1")
+        with caplog.at_level(logging.WARNING, logger="stepstream"):
+            status = await client.status("o-1")
+        # The warning names the instance and its workflow (fields of a JSON log line).
+        assert any(
+            "instance=o-1 workflow=order parked" in r.getMessage() for r in caplog.records
+        ), caplog.text
         assert status.status == "running" and status.diverged, status
         assert status.error is not None and "'reserve'" in status.error
         await client.send_event("o-1", "go", "kept")  # recorded while parked
