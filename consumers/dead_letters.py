@@ -14,8 +14,16 @@ log = logging.getLogger("stepstream.dead_letters")
 
 
 def dead_letter(
-    entry: LogEntry, reason: str, *, serde: RecordSerde, backend: PartitionBackend, clock: Clock
+    entry: LogEntry,
+    reason: str,
+    *,
+    serde: RecordSerde,
+    backend: PartitionBackend,
+    clock: Clock,
+    command_id: str = "",
 ) -> Append:
+    """``command_id``: the refused command's id, when its record could be read (a reader
+    of the dead letters correlates by it without decoding the value)."""
     log.warning(
         "%s partition=%d offset=%d sent to dead-letters: %s",
         entry.topic,
@@ -26,6 +34,7 @@ def dead_letter(
     letter = DeadLetter(
         instance_id=entry.key.decode(errors="replace"),
         time_ms=clock.now_ms(),
+        command_id=command_id,
         epoch=backend.epoch,
         source_topic=entry.topic,
         partition=entry.partition,

@@ -440,7 +440,7 @@ class PartitionProcessor:
             undo_poisoned()
             if rejected:
                 assert reason is not None
-                batch.appends.append(self._dead_letter(entry, reason))
+                batch.appends.append(self._dead_letter(entry, reason, command_id))
             elif command_id and self._last_instance:
                 applied.setdefault(self._last_instance, []).append((entry, command_id))
             if command_id:
@@ -473,7 +473,7 @@ class PartitionProcessor:
                     "not applied: a later input of its instance in the same batch hit an "
                     "internal error (see the worker's log); send the command again"
                 )
-                batch.appends.append(self._dead_letter(entry, reason))
+                batch.appends.append(self._dead_letter(entry, reason, command_id))
                 settled[command_id] = reason
             else:  # a timer fire: nobody would send it again, so it goes round again
                 batch.appends.append(Append(COMMANDS, entry.key, entry.value, self.partition))
@@ -843,10 +843,15 @@ class PartitionProcessor:
                 found.append(record.instance_id)
         return found
 
-    def _dead_letter(self, entry: LogEntry, reason: str) -> Append:
+    def _dead_letter(self, entry: LogEntry, reason: str, command_id: str | None = None) -> Append:
         self._telemetry.dead_lettered(reason)
         return dead_letter(
-            entry, reason, serde=self._serde, backend=self.backend, clock=self._clock
+            entry,
+            reason,
+            serde=self._serde,
+            backend=self.backend,
+            clock=self._clock,
+            command_id=command_id or "",
         )
 
 

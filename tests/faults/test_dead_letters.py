@@ -18,6 +18,7 @@ import pytest
 
 from consumers.embedded import EmbeddedDB
 from engine.codec import JsonCodec
+from engine.errors import UndecodableRecord
 from engine.records import (
     DeadLetter,
     Payload,
@@ -188,6 +189,15 @@ async def test_bad_commands_are_dead_lettered_and_the_partition_keeps_moving(
             assert letter.source_topic == COMMANDS
             assert letter.partition == PARTITION
             assert letter.time_ms > 0
+            # A record that could be read is named by its command id (readers correlate
+            # by it without decoding the value); an unreadable one has none.
+            try:
+                expected = SERDE.decode(b.value).command_id
+            except UndecodableRecord:
+                expected = ""
+            assert letter.command_id == expected, b.name
+            if b.name in ("unknown-workflow", "unknown-instance", "misrouted"):
+                assert expected, b.name
         # Nothing else was dead-lettered, anywhere.
         others = [p for p in range(PARTITIONS) if p != PARTITION]
         assert all(dead_letters(engine, p) == [] for p in others)
