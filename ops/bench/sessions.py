@@ -194,15 +194,19 @@ async def kafka(
     settings = KafkaSettings(bootstrap=bootstrap, prefix=prefix)
     await asyncio.to_thread(create_topics, settings, partitions)
     procs: list[subprocess.Popen[bytes]] = []
-    urls: list[str] = []
     try:
+        # All at once: they start side by side and join the group in one rebalance.
         for index in range(workers):
-            log_path = f"{state_dir}.worker{index}.log"
             args = ["worker", "--workflows", WORKFLOWS_MODULE, "--bootstrap", bootstrap]
             args += ["--prefix", prefix, "--state-dir", f"{state_dir}/worker{index}"]
             args += ["--port", "0"]
-            procs.append(_spawn(args, log_path))
-            urls.append(await _listening(procs[-1], f"stepstream worker {index}", log_path))
+            procs.append(_spawn(args, f"{state_dir}.worker{index}.log"))
+        urls = await asyncio.gather(
+            *(
+                _listening(proc, f"stepstream worker {index}", f"{state_dir}.worker{index}.log")
+                for index, proc in enumerate(procs)
+            )
+        )
         await _until_spread(settings, partitions, workers, procs)
         async with Client.connect(f"kafka://{bootstrap}?prefix={prefix}") as client:
             await _until_ready(client, procs)
