@@ -55,6 +55,12 @@ def ignored_reason(command: Command, status: str) -> str | None:
     return f"{IGNORED} while {status}"
 
 
+def recorded_and_ignored(reason: str) -> bool:
+    """Whether ``reason`` says the command was recorded and ignored (its instance had
+    finished, or was in a state the command had no effect on) rather than dead-lettered."""
+    return reason.startswith((FINISHED, NOT_PAUSED, IGNORED))
+
+
 def finished_error(instance_id: str, status: str, action: str) -> InstanceFinished:
     return InstanceFinished(
         f"instance {instance_id} is already {status}; {action} has no "

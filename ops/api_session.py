@@ -24,6 +24,7 @@ from aiohttp import WSCloseCode, web
 
 from engine.codec import parse_json_text
 from engine.errors import InvalidPayload, StepstreamError
+from engine.settle import error_for, recorded_and_ignored
 from producers import trace_context
 from producers.client import Transport
 from producers.http import (
@@ -71,7 +72,9 @@ class Session:
     of calls ``{"id": n, "op": "status"|"history"|"result"|"finished"|"settled"|"cancel",
     ...}``; replies ``{"id": n, "ok": ...}`` or ``{"id": n, "error": {"type": ...,
     "message": ...}}`` come back batched, in whatever order the calls finish. Much cheaper
-    per call than a request.
+    per call than a request. On a Kafka worker a read (``status``, ``history``,
+    ``result``) may name ``after``, the command id of a start its client published: it is
+    answered once the owner has settled that start (an error if it was dead-lettered).
 
     What one client can hold: ``SESSION_MAX_CALLS`` calls running (a call over that, or
     with the id of a call still running, is answered with an error at once), frames of at
@@ -132,6 +135,9 @@ class Session:
         if not isinstance(instance_id, str) or not instance_id:
             raise InvalidPayload(f"session call {op!r} needs a non-empty instance_id")
         timeout = _session_timeout(call.get("timeout"))
+        after = call.get("after")
+        if after is not None and self._commands is not None:
+            await self._after(after, instance_id, timeout)
         if op == "status":
             return (await self._transport.status(instance_id)).to_json()
         if op == "history":
@@ -154,6 +160,18 @@ class Session:
             f"unknown session call {op!r}; known: status, history, result, reply, finished, "
             f"settled, {', '.join(_COMMANDS)}"
         )
+
+    async def _after(self, command_id: object, instance_id: str, timeout: float | None) -> None:
+        """A read with ``after``: first wait for the client's start ``command_id`` to be
+        settled (a ``kafka://`` start returns once the broker has it, before the owner
+        has applied it). A start recorded and ignored (the instance existed) is no error
+        to a read of the instance; a dead-lettered one is."""
+        if not isinstance(command_id, str) or not command_id:
+            raise InvalidPayload("session call field 'after' must be a command id")
+        assert self._commands is not None
+        reason = await self._commands.wait_settled(command_id, instance_id, timeout)
+        if reason is not None and not recorded_and_ignored(reason):
+            raise error_for(reason, instance_id, "start")
 
     async def _command(self, op: str, call: dict[str, Any]) -> dict[str, Any]:
         """The commands, checked as their HTTP routes check them; answered once the

@@ -24,15 +24,27 @@ class WorkerSession(HttpTransport):
         status = await self._calls.call("finished", instance_id=instance_id)
         return None if status is None else str(status)
 
-    async def status(self, instance_id: str) -> InstanceStatus:
-        return InstanceStatus.from_json(await self._calls.call("status", instance_id=instance_id))
+    # ``after``: a start this client published that the owner may not have applied yet;
+    # the owner first waits for it to be settled (a read of an instance must not race
+    # its own start).
 
-    async def history(self, instance_id: str) -> list[HistoryEntry]:
-        raw = await self._calls.call("history", instance_id=instance_id)
+    async def status(self, instance_id: str, after: str | None = None) -> InstanceStatus:
+        raw = await self._read("status", instance_id, after)
+        return InstanceStatus.from_json(raw)
+
+    async def history(self, instance_id: str, after: str | None = None) -> list[HistoryEntry]:
+        raw = await self._read("history", instance_id, after)
         return [HistoryEntry.from_json(entry) for entry in raw]
 
-    async def result(self, instance_id: str, timeout: float | None) -> Any:
-        return await self._calls.call("result", instance_id=instance_id, timeout=timeout)
+    async def result(
+        self, instance_id: str, timeout: float | None, after: str | None = None
+    ) -> Any:
+        return await self._read("result", instance_id, after, timeout=timeout)
+
+    async def _read(self, op: str, instance_id: str, after: str | None, **args: Any) -> Any:
+        if after is not None:
+            args["after"] = after
+        return await self._calls.call(op, instance_id=instance_id, **args)
 
     async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
         return await self._calls.call(

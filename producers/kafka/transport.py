@@ -5,10 +5,12 @@ Commands are checked here (``CommandPublisher``: encodable and small enough payl
 workflow some worker registered on ``<prefix>.definitions``), then published to
 ``<prefix>.commands`` with aiokafka (acks=all; not idempotent: its InitProducerId fails
 against some brokers), on the instance's partition. Once the broker has acknowledged a
-command it is durable, and no live worker is needed: if the partition's owner is live the
-client waits a little (``command_timeout``) to hear whether it applied the command, so it
-can report one it refused (an unknown or finished instance); with no owner, or past that
-time, the call returns and the command runs when a worker owns the partition.
+command it is durable, and no live worker is needed. A start returns then; the client's
+next read of the instance names it (``after``), so the owner answers once it has applied
+it. For the other commands, if the partition's owner is live the client waits a little
+(``command_timeout``) to hear whether it applied the command, so it can report one it
+refused (an unknown or finished instance); with no owner, or past that time, the call
+returns and the command runs when a worker owns the partition.
 
 Reads go to the worker that owns the instance's partition (``producers.kafka.routing``),
 found on ``<prefix>.members``.
@@ -29,7 +31,6 @@ from engine.errors import ConnectionFailed, ResultTimeout
 from engine.listing import InstancePage, ListQuery, Overview
 from engine.records import Command, StartWorkflow
 from engine.serde import RecordSerde
-from engine.settle import error_for
 from engine.topics import TopicNames, partition_for
 from engine.views import HistoryEntry, InstanceStatus
 from producers import trace_context
@@ -142,10 +143,20 @@ class KafkaTransport(CommandPublisher):
                 f"{self._topics.commands}: {exc}; check the brokers, then retry"
             ) from None
 
-        # Durable now. A live owner says soon whether it applied or refused the command;
-        # without one, or if it takes longer, the command runs when a worker gets to it.
+        if isinstance(command, StartWorkflow):
+            # Durable now, and a start returns (design: never wait for a worker). Its
+            # owner applies it when it gets to it; a read of the instance from this
+            # client names it (``after``) so that the owner answers once it has.
+            self._unconfirmed[command.instance_id] = command.command_id
+            if len(self._unconfirmed) > _UNCONFIRMED_KEPT:
+                del self._unconfirmed[next(iter(self._unconfirmed))]
+            self._settlements.settle(command.command_id, None)
+            return
+
+        # Durable now. A live owner says soon whether it applied or refused the command
+        # (an unknown or finished instance); without one, or if it takes longer, the
+        # command runs when a worker gets to it.
         reason = None
-        confirmed = False
         if self._members.owner(partition) is not None:
 
             async def ask(api: WorkerSession, remaining: float | None) -> str | None:
@@ -159,7 +170,6 @@ class KafkaTransport(CommandPublisher):
                     self._command_timeout,
                     f"{command.type} for {command.instance_id}",
                 )
-                confirmed = True
             except (ConnectionFailed, ResultTimeout) as exc:
                 log.info(
                     "%s for instance %s is published; its owner did not confirm it within "
@@ -169,13 +179,6 @@ class KafkaTransport(CommandPublisher):
                     self._command_timeout,
                     exc,
                 )
-        if isinstance(command, StartWorkflow):
-            if confirmed:
-                self._unconfirmed.pop(command.instance_id, None)
-            else:
-                self._unconfirmed[command.instance_id] = command.command_id
-                if len(self._unconfirmed) > _UNCONFIRMED_KEPT:
-                    del self._unconfirmed[next(iter(self._unconfirmed))]
         self._settlements.settle(command.command_id, reason)
 
     async def _check_exists(self, instance_id: str) -> None:
@@ -188,8 +191,10 @@ class KafkaTransport(CommandPublisher):
 
     async def status(self, instance_id: str) -> InstanceStatus:
         async def ask(api: WorkerSession, remaining: float | None) -> InstanceStatus:
-            await self._started(api, instance_id, remaining)
-            return await api.status(instance_id)
+            after = self._unconfirmed.get(instance_id)
+            status = await api.status(instance_id, after)
+            self._confirmed(instance_id, after)
+            return status
 
         return await self._router.routed(
             self._partition(instance_id), ask, self._request_timeout, f"status of {instance_id}"
@@ -197,8 +202,10 @@ class KafkaTransport(CommandPublisher):
 
     async def result(self, instance_id: str, timeout: float | None) -> Any:
         async def ask(api: WorkerSession, remaining: float | None) -> Any:
-            await self._started(api, instance_id, remaining)
-            return await api.result(instance_id, remaining)
+            after = self._unconfirmed.get(instance_id)
+            value = await api.result(instance_id, remaining, after)
+            self._confirmed(instance_id, after)
+            return value
 
         def expired() -> ResultTimeout:
             return ResultTimeout(
@@ -236,21 +243,19 @@ class KafkaTransport(CommandPublisher):
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
         async def ask(api: WorkerSession, remaining: float | None) -> list[HistoryEntry]:
-            await self._started(api, instance_id, remaining)
-            return await api.history(instance_id)
+            after = self._unconfirmed.get(instance_id)
+            history = await api.history(instance_id, after)
+            self._confirmed(instance_id, after)
+            return history
 
         return await self._router.routed(
             self._partition(instance_id), ask, self._request_timeout, f"history of {instance_id}"
         )
 
-    async def _started(self, api: WorkerSession, instance_id: str, timeout: float | None) -> None:
-        """Wait until the owner has applied a start this client published unconfirmed."""
-        start = self._unconfirmed.get(instance_id)
-        if start is not None:
-            reason = await api.settled(start, instance_id, timeout)
-            if reason is not None:
-                raise error_for(reason, instance_id, "start")
-            self._unconfirmed.pop(instance_id, None)
+    def _confirmed(self, instance_id: str, after: str | None) -> None:
+        """The owner has answered a read named ``after``: the start is behind it."""
+        if after is not None and self._unconfirmed.get(instance_id) == after:
+            del self._unconfirmed[instance_id]
 
     async def list(self, status: str | None) -> list[InstanceStatus]:
         return await self._router.list(status)

@@ -608,3 +608,17 @@ async def test_worker_class_runs_a_kafka_worker_in_process(
                 assert (await answer.json())["error"]["type"] == "ResultTimeout"
             async with http.get(f"{base}/v1/instances/{instance}") as answer:
                 assert (await answer.json())["status"] == "completed"
+            # A session read may name the start it must come after; a bad one is refused.
+            ws = await http.ws_connect(f"{base}/v1/session")
+            calls = [
+                {"id": 1, "op": "status", "instance_id": instance, "after": started.command_id},
+                {"id": 2, "op": "result", "instance_id": instance, "after": 7},
+            ]
+            await ws.send_str(json.dumps(calls))
+            replies: dict[int, Any] = {}
+            while len(replies) < 2:
+                replies.update((r["id"], r) for r in await ws.receive_json(timeout=10))
+            await ws.close()
+            assert replies[1]["ok"]["status"] == "completed", replies
+            assert replies[2]["error"]["type"] == "InvalidPayload", replies
+            assert "'after' must be a command id" in replies[2]["error"]["message"]

@@ -53,7 +53,10 @@ async def test_commands_are_accepted_while_every_worker_is_down_and_run_when_one
     await asyncio.to_thread(produce_raw, settings, "members", [(0, b"old-worker", old)])
 
     # A worker that ran once registered its workflows; then every worker stopped.
-    first = ThreadedWorker(settings, tmp_path / "first", workflows_registry())
+    # (It knew one workflow more than the worker that comes back.)
+    older = workflows_registry()
+    older.add_module("tests.step_workflows")
+    first = ThreadedWorker(settings, tmp_path / "first", older)
     try:
         await asyncio.to_thread(first.start)
     finally:
@@ -113,6 +116,22 @@ async def test_commands_are_accepted_while_every_worker_is_down_and_run_when_one
             events = [h for h in await client.history(instance) if h.type == "EventBuffered"]
             assert [h.command_id for h in events] == ["go-1"], events
             assert (await client.status(paused)).status == "cancelled"
+
+            # With the owner live a start still returns once the broker has it; a read
+            # that follows waits for the owner to apply it, never "unknown instance".
+            fresh = await client.start("gated", "f", instance_id=instance_on(0, "fresh"))
+            assert (await client.status(fresh)).status == "running"
+            # A start of an existing id is recorded and ignored: the instance's result is
+            # the first start's, and its history says what became of the second.
+            assert await client.start("gated", "again", instance_id=instance) == instance
+            assert await client.result(instance, timeout=30) == ["g-before", "green", "g-after"]
+            ignored = [h for h in await client.history(instance) if h.type == "CommandIgnored"]
+            assert ignored and "StartWorkflow" in str(ignored[-1].attributes), ignored
+            # A workflow only the older worker had: the definitions topic knows it, so
+            # the start is accepted; the owner refuses it, and a read of it says why.
+            gone = await client.start("overrun-then-quick", None)
+            with pytest.raises(UnknownWorkflow, match="overrun-then-quick"):
+                await client.result(gone, timeout=30)
         finally:
             await asyncio.to_thread(second.stop)
 
