@@ -20,9 +20,8 @@ from typing import Any
 from consumers.step_threads import StepThreads
 from engine.attempts import AttemptFlag, current_flag
 from engine.codec import PayloadCodec, check_size, encode_safely
-from engine.context import current_attempt
 from engine.errors import NonRetryableError, StepstreamError
-from engine.outbox import Outbox, current_outbox
+from engine.outbox import Outbox
 from engine.runtime import StepLaunch, StepOutcome
 
 log = logging.getLogger("stepstream.steps")
@@ -55,12 +54,16 @@ class _Attempt:
     )
 
     def __init__(
-        self, launch: StepLaunch, deliver: Callable[[StepOutcome], None], partition: int
+        self,
+        launch: StepLaunch,
+        deliver: Callable[[StepOutcome], None],
+        partition: int,
+        outbox: Outbox | None,
     ) -> None:
         self.launch = launch
         self.partition = partition
         self.deliver = deliver
-        self.flag = AttemptFlag()
+        self.flag = AttemptFlag(launch.attempt, outbox)
         self.reason = ""
         self.delivered = False
         self.task: asyncio.Task[Any] | None = None
@@ -116,12 +119,12 @@ class StepExecutor:
         the hand-over to a step thread (a sync one); its done callback turns how it
         ended into the outcome. Steps are the engine's hot path: no second task, no
         future to wake, nothing scheduled unless the step has a timeout."""
-        attempt = _Attempt(launch, deliver, partition)
+        attempt = _Attempt(launch, deliver, partition, self._outbox)
         attempt_id = (launch.instance_id, launch.key, launch.attempt)
         self._running[attempt_id] = attempt  # now, so that ``cancel`` finds it at once
         fn = launch.fn
         context = contextvars.copy_context()
-        context.run(_enter_body, launch.attempt, attempt.flag, self._outbox)
+        context.run(current_flag.set, attempt.flag)
         if inspect.iscoroutinefunction(fn):
             try:
                 body = fn(*launch.args, **launch.kwargs)
@@ -340,12 +343,6 @@ async def _raise(exc: Exception) -> Any:
 def _settle_outcome(outcome: asyncio.Future[StepOutcome], value: StepOutcome) -> None:
     if not outcome.done():
         outcome.set_result(value)
-
-
-def _enter_body(attempt: int, flag: AttemptFlag, outbox: Outbox | None) -> None:
-    current_attempt.set(attempt)
-    current_flag.set(flag)
-    current_outbox.set(outbox)
 
 
 def _settle(done: asyncio.Future[Any], value: Any, error: BaseException | None) -> None:

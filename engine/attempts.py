@@ -1,24 +1,34 @@
-"""The running step attempt's "given up" flag, and ``attempt_cancelled()`` that reads it.
+"""The running step attempt as its body sees it: its number, its "given up" flag
+(``attempt_cancelled()`` reads it) and the host's outbox (``ctx.publish``).
 
 A step attempt is given up when its timeout passes or the engine cancels it (a lost
 race, a cancelled instance). An async body is cancelled outright; a sync body runs in a
 thread nobody can stop, so it is flagged instead and may poll ``attempt_cancelled()``
-to stop early. The step executor sets the flag's context variable around each body.
+to stop early. The step executor sets one context variable, ``current_flag``, around
+each body (one set per step: this is the engine's hot path).
 """
 
 from __future__ import annotations
 
 from contextvars import ContextVar
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.outbox import Outbox
 
 
 class AttemptFlag:
-    """Set once when an attempt is given up. A plain attribute, not a threading.Event:
-    only the loop sets it and a body only reads it, and one is made per attempt."""
+    """One attempt of a step, for its body: ``attempt`` (1-based), the outbox of the host
+    running it, and a flag set once when the attempt is given up. A plain attribute, not
+    a threading.Event: only the loop sets it and a body only reads it, and one is made
+    per attempt."""
 
-    __slots__ = ("_set",)
+    __slots__ = ("_set", "attempt", "outbox")
 
-    def __init__(self) -> None:
+    def __init__(self, attempt: int = 0, outbox: Outbox | None = None) -> None:
         self._set = False
+        self.attempt = attempt
+        self.outbox = outbox
 
     def set(self) -> None:
         self._set = True
@@ -29,6 +39,12 @@ class AttemptFlag:
 
 # The flag of the attempt whose body runs in this context; None outside step bodies.
 current_flag: ContextVar[AttemptFlag | None] = ContextVar("stepstream_attempt_flag", default=None)
+
+
+def attempt_number() -> int:
+    """The attempt number (1-based) of the step body running this code; 0 outside."""
+    flag = current_flag.get()
+    return 0 if flag is None else flag.attempt
 
 
 def attempt_cancelled() -> bool:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar, overload
 
+from engine.attempts import attempt_number
 from engine.codec import PayloadCodec
 from engine.errors import ChildFailed, InvalidWorkflowCall, JoinError, RaceError, StepFailed
 from engine.loops import LoopBody, run_loop
@@ -38,8 +39,6 @@ from engine.saga import SagaFrame, current_saga, register, roll_back
 
 T = TypeVar("T")
 
-# Set by the step executor around a step body, so ``ctx.attempt`` works inside it.
-current_attempt: ContextVar[int] = ContextVar("stepstream_attempt", default=0)
 # The scope names in workflow code get prefixed with ("" at the top; "shipping/" inside
 # ``ctx.scope("shipping")``). Tasks created inside a scope inherit it.
 current_scope: ContextVar[str] = ContextVar("stepstream_scope", default="")
@@ -135,7 +134,7 @@ class StepResult(Generic[T]):
 
 
 def _refuse_in_step_body(what: str) -> None:
-    if current_attempt.get():
+    if attempt_number():
         raise InvalidWorkflowCall(
             f"{what} was called inside a step body; step bodies do the work of one step "
             "and must not call ctx methods (call them from the workflow function instead)"
@@ -245,7 +244,7 @@ class Context:
     @property
     def attempt(self) -> int:
         """The attempt number (1-based) of the step body currently running; 0 outside."""
-        return current_attempt.get()
+        return attempt_number()
 
     @overload
     def step(

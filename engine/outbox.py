@@ -9,8 +9,9 @@ backoff capped), so a record may be produced more than once; every copy carries 
 ``stepstream-id`` header (``<instance id>/<replay key>``), and a consumer that drops the
 ids it has seen sees each publish once.
 
-The engine never imports Kafka: the step body finds the host's ``Outbox`` in
-``current_outbox``, which the step executor sets around every body. A host without one
+The engine never imports Kafka: the step body finds the host's ``Outbox`` on its
+attempt (``engine.attempts.current_flag``), which the step executor sets around every
+body. A host without one
 (an embedded engine started without ``STEPSTREAM_OUTBOX_BOOTSTRAP``) fails the publish
 at once with an error naming the variable.
 """
@@ -18,10 +19,10 @@ at once with an error naming the variable.
 from __future__ import annotations
 
 import re
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from engine.attempts import current_flag
 from engine.codec import PayloadCodec, encode_safely
 from engine.errors import InvalidPayload, InvalidWorkflowCall, OutboxNotConfigured
 from engine.retry import RetryPolicy
@@ -71,10 +72,6 @@ class MemoryOutbox:
     async def publish(self, record: OutboxRecord) -> tuple[int, int]:
         self.records.append(record)
         return 0, len(self.records) - 1
-
-
-# Set by the step executor around each step body (None: this host has no outbox).
-current_outbox: ContextVar[Outbox | None] = ContextVar("stepstream_outbox", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,7 +174,8 @@ def _headers(topic: str, headers: object) -> tuple[Header, ...]:
 async def publish_body(record: OutboxRecord) -> dict[str, Any]:
     """The step body of a publish: produce with the host's outbox, return where the
     record landed (recorded, so replay returns it)."""
-    outbox = current_outbox.get()
+    flag = current_flag.get()
+    outbox = None if flag is None else flag.outbox
     if outbox is None:
         raise OutboxNotConfigured(
             f"ctx.publish to {record.topic!r}: this engine has no Kafka cluster to publish "

@@ -56,9 +56,9 @@ async def overrun_then_quick(ctx: Context, n: int) -> dict[str, object]:
 
 def polite(instance_id: str) -> str:
     """First attempt: runs until its attempt is given up, then stops early."""
-    from engine.context import current_attempt
+    from engine.attempts import attempt_number
 
-    attempt = current_attempt.get()
+    attempt = attempt_number()
     if attempt > 1:
         return f"attempt {attempt}"
     deadline = time.monotonic() + STUCK_S

@@ -206,17 +206,17 @@ async def _step_in_body(ctx: Context, _: Any) -> Any:
 
 
 def test_ctx_step_inside_a_step_body_is_refused_at_once() -> None:
-    from engine.context import current_attempt
+    from engine.attempts import AttemptFlag, current_flag
 
     h = Harness(define("nested", _step_in_body))
     h.start(None)
     launch = h.launch("outer")
-    token = current_attempt.set(launch.attempt)  # as the step executor sets it
+    token = current_flag.set(AttemptFlag(launch.attempt))  # as the step executor sets it
     try:
         with pytest.raises(Exception, match="inside a step body") as caught:
             launch.fn(*launch.args)
     finally:
-        current_attempt.reset(token)
+        current_flag.reset(token)
     assert type(caught.value).__name__ == "InvalidWorkflowCall"
     assert "inner" not in h.state.entries
 

@@ -14,8 +14,8 @@ import pytest
 
 import stepstream
 from consumers.steps import StepExecutor
+from engine.attempts import attempt_number
 from engine.codec import JsonCodec
-from engine.context import current_attempt
 from engine.runtime import StepLaunch, StepOutcome
 
 # Long enough that a body waiting this long is clearly stuck; tests release them first.
@@ -68,10 +68,10 @@ async def test_sync_and_async_bodies_see_their_attempt_and_a_clear_flag(
     executor: StepExecutor,
 ) -> None:
     def sync_body() -> list[Any]:
-        return [current_attempt.get(), stepstream.attempt_cancelled()]
+        return [attempt_number(), stepstream.attempt_cancelled()]
 
     async def async_body() -> list[Any]:
-        return [current_attempt.get(), stepstream.attempt_cancelled()]
+        return [attempt_number(), stepstream.attempt_cancelled()]
 
     assert _value(await executor.run(_launch(sync_body, attempt=3, timeout=5))) == [3, False]
     assert _value(await executor.run(_launch(async_body, attempt=2, timeout=5))) == [2, False]
