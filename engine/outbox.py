@@ -11,9 +11,9 @@ ids it has seen sees each publish once.
 
 The engine never imports Kafka: the step body finds the host's ``Outbox`` on its
 attempt (``engine.attempts.current_flag``), which the step executor sets around every
-body. A host without one
-(an embedded engine started without ``STEPSTREAM_OUTBOX_BOOTSTRAP``) fails the publish
-at once with an error naming the variable.
+body. A host without one (an embedded engine started without
+``STEPSTREAM_OUTBOX_BOOTSTRAP``) fails the publish at once with an error naming the
+variable.
 """
 
 from __future__ import annotations
