@@ -3,6 +3,10 @@ for the same runs and attempts: decoded with the OTLP protobuf classes, they mat
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -17,6 +21,8 @@ from ops.otlp_wire import SpanEncoder, parse_traceparent
 from ops.span_direct import DirectSpans
 from producers import trace_context
 from producers.trace_context import ProducerSpan
+
+REPO = Path(__file__).resolve().parents[2]
 
 CLIENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 UNSAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
@@ -255,3 +261,33 @@ def test_a_serving_process_makes_its_producer_spans_as_tuples_in_the_callers_tra
         assert sink.spans[-1].error == "ValueError: refused"
     finally:
         trace_context.produce_spans_with(None)
+
+
+def test_without_an_sdk_a_command_carries_the_callers_trace_or_none() -> None:
+    """In a process with no OpenTelemetry SDK (a fresh interpreter: tests here may have
+    set a tracer provider), a command sent inside the caller's span carries that span's
+    context, and one sent outside any span carries none."""
+    script = """
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from producers import trace_context
+assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+with trace_context.sending("stepstream.commands", "o-1", "StartWorkflow") as carried:
+    print(carried)
+caller = SpanContext(0xABC, 0xDEF, True, TraceFlags(TraceFlags.SAMPLED))
+with trace.use_span(NonRecordingSpan(caller)):
+    with trace_context.sending("stepstream.commands", "o-2", "SendEvent") as carried:
+        print(carried)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == 0, done.stderr
+    none, joined = done.stdout.splitlines()
+    assert none == "(None, None)"
+    assert joined == f"('00-{0xABC:032x}-{0xDEF:016x}-01', None)"
