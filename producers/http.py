@@ -82,6 +82,10 @@ _RESULT_MARGIN_S = 10.0
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 _CONNECTIONS = 100  # the pool for commands and reads (waits use the session instead)
 
+# ``json.dumps(..., separators=...)`` builds an encoder per call; a call's arguments
+# are made often enough for that to show.
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
 # The session websocket (``/v1/session``, see ``ops.api``): calls one session may have in
 # flight (the server answers more with an error), calls per frame (a bigger frame closes
 # the session) and the size a frame's text stays under (a bigger one closes it too).
@@ -157,7 +161,7 @@ class ApiSession:
         self._ids = itertools.count(1)
 
     async def call(self, op: str, **args: Any) -> Any:
-        return await self.call_json(op, json.dumps(args, separators=(",", ":")))
+        return await self.call_json(op, _compact_json(args))
 
     async def call_json(self, op: str, args: str) -> Any:
         """A call whose arguments are ``args``, the text of a JSON object (checked by the
