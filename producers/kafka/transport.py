@@ -147,6 +147,7 @@ class KafkaTransport(CommandPublisher):
             # Durable now, and a start returns (design: never wait for a worker). Its
             # owner applies it when it gets to it; a read of the instance from this
             # client names it (``after``) so that the owner answers once it has.
+            self._unconfirmed.pop(command.instance_id, None)  # the newest go last
             self._unconfirmed[command.instance_id] = command.command_id
             if len(self._unconfirmed) > _UNCONFIRMED_KEPT:
                 del self._unconfirmed[next(iter(self._unconfirmed))]
