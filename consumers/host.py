@@ -21,7 +21,7 @@ from engine.records import HistoryRecord, Payload
 from engine.seams import Clock, PartitionBackend
 from engine.serde import RecordSerde
 from engine.state import InstanceState
-from engine.topics import partition_for
+from engine.topics import COMMANDS, partition_for
 from engine.workflow import Registry, WorkflowDefinition
 
 log = logging.getLogger("stepstream.host")
@@ -88,6 +88,9 @@ class PartitionHost:
         self._finished: defaultdict[str, dict[asyncio.Future[InstanceState], None]] = defaultdict(
             dict
         )
+        # Waiters for a partition's commands to be applied up to an offset: partition ->
+        # waiter -> the offset it waits past.
+        self._consumed: defaultdict[int, dict[asyncio.Future[None], int]] = defaultdict(dict)
 
     # ---- ownership ------------------------------------------------------------------
 
@@ -196,6 +199,37 @@ class PartitionHost:
             for asker in self._replies.pop(message_id, ()):
                 if not asker.done():
                     asker.set_result(answer)
+        for partition, waiters in self._consumed.items():  # empty but for reads-after-start
+            owned = self._owned.get(partition)
+            if owned is None:
+                continue
+            done = owned.processor.backend.committed_offset(COMMANDS)
+            for consumed, offset in waiters.items():
+                if offset < done and not consumed.done():
+                    consumed.set_result(None)
+
+    async def wait_consumed(self, instance_id: str, offset: int, timeout: float | None) -> None:
+        """Until this owner has applied (or dead-lettered) the commands of the instance's
+        partition up to ``offset``; ``TimeoutError`` after ``timeout`` seconds."""
+        partition = partition_for(instance_id, self.partitions)
+        backend = self._processor(instance_id).backend
+        if backend.committed_offset(COMMANDS) > offset:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._consumed[partition]
+        waiters[waiter] = offset
+        try:
+            await asyncio.wait_for(waiter, timeout)
+        finally:
+            waiters.pop(waiter, None)
+            if not waiters:
+                del self._consumed[partition]
+
+    def settled_recently(self, command_id: str) -> tuple[bool, str | None]:
+        """Whether this process settled ``command_id`` lately, and how."""
+        if command_id in self._recent:
+            return True, self._recent[command_id]
+        return False, None
 
     def settled(self, command_id: str) -> asyncio.Future[str | None]:
         """Resolves once the command is applied (None) or dead-lettered (the reason).

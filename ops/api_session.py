@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import math
+import time
 import uuid
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -65,6 +66,13 @@ class CommandWaiter(Protocol):
         settled within ``timeout`` seconds."""
         ...
 
+    async def wait_after(
+        self, instance_id: str, command_id: str | None, offset: int | None, timeout: float | None
+    ) -> str | None:
+        """What became of a start a client published, once the owner got past it (see
+        ``ops.worker_reads``)."""
+        ...
+
 
 class Session:
     """``GET /v1/session``: the reads and waits of the API over one websocket, for clients
@@ -73,8 +81,9 @@ class Session:
     ...}``; replies ``{"id": n, "ok": ...}`` or ``{"id": n, "error": {"type": ...,
     "message": ...}}`` come back batched, in whatever order the calls finish. Much cheaper
     per call than a request. On a Kafka worker a read (``status``, ``history``,
-    ``result``) may name ``after``, the command id of a start its client published: it is
-    answered once the owner has settled that start (an error if it was dead-lettered).
+    ``result``) may name ``after`` and ``after_offset``, the command id of a start its
+    client published and where the broker put it: it is answered once the owner has got
+    past that start (an error if it refused it).
 
     What one client can hold: ``SESSION_MAX_CALLS`` calls running (a call over that, or
     with the id of a call still running, is answered with an error at once), frames of at
@@ -135,9 +144,11 @@ class Session:
         if not isinstance(instance_id, str) or not instance_id:
             raise InvalidPayload(f"session call {op!r} needs a non-empty instance_id")
         timeout = _session_timeout(call.get("timeout"))
-        after = call.get("after")
-        if after is not None and self._commands is not None:
-            await self._after(after, instance_id, timeout)
+        if self._commands is not None and ("after" in call or "after_offset" in call):
+            began = time.monotonic()
+            await self._after(call.get("after"), call.get("after_offset"), instance_id, timeout)
+            if timeout is not None:  # one timeout for the whole read
+                timeout = max(0.0, timeout - (time.monotonic() - began))
         if op == "status":
             return (await self._transport.status(instance_id)).to_json()
         if op == "history":
@@ -161,15 +172,22 @@ class Session:
             f"settled, {', '.join(_COMMANDS)}"
         )
 
-    async def _after(self, command_id: object, instance_id: str, timeout: float | None) -> None:
-        """A read with ``after``: first wait for the client's start ``command_id`` to be
-        settled (a ``kafka://`` start returns once the broker has it, before the owner
+    async def _after(
+        self, command_id: object, offset: object, instance_id: str, timeout: float | None
+    ) -> None:
+        """A read with ``after`` (the command id of the client's start) and
+        ``after_offset`` (where the broker put it): first wait until the owner has got
+        that far (a ``kafka://`` start returns once the broker has it, before the owner
         has applied it). A start recorded and ignored (the instance existed) is no error
-        to a read of the instance; a dead-lettered one is."""
-        if not isinstance(command_id, str) or not command_id:
+        to a read of the instance; a refused one is."""
+        if command_id is not None and (not isinstance(command_id, str) or not command_id):
             raise InvalidPayload("session call field 'after' must be a command id")
+        if offset is not None and (
+            isinstance(offset, bool) or not isinstance(offset, int) or offset < 0
+        ):
+            raise InvalidPayload("session call field 'after_offset' must be an offset (int >= 0)")
         assert self._commands is not None
-        reason = await self._commands.wait_settled(command_id, instance_id, timeout)
+        reason = await self._commands.wait_after(instance_id, command_id, offset, timeout)
         if reason is not None and not recorded_and_ignored(reason):
             raise error_for(reason, instance_id, "start")
 

@@ -78,6 +78,42 @@ class OwnedReader:
             return None
         return self._host.read_state(instance_id, entries=False).status.value
 
+    async def wait_after(
+        self, instance_id: str, command_id: str | None, offset: int | None, timeout: float | None
+    ) -> str | None:
+        """What became of a start the client published (``command_id``, at ``offset`` of
+        the commands topic partition), once this owner has got that far: None (applied),
+        the reason it was recorded and ignored, or why it was refused. With an offset
+        alone, only waits for the owner to get that far."""
+        self._check(instance_id)
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        if offset is not None:
+            try:
+                await self._host.wait_consumed(instance_id, offset, timeout)
+            except TimeoutError:
+                raise ResultTimeout(
+                    f"instance {instance_id}: its owner had not yet applied the commands "
+                    f"sent before this read within {timeout} s (a backlog); ask again"
+                ) from None
+        if command_id is None:
+            return None
+        if offset is None:  # the owner cannot tell whether it is past it: wait for it
+            remaining = None if deadline is None else max(0.0, deadline - loop.time())
+            return await self.wait_settled(command_id, instance_id, remaining)
+        found, reason = self._host.settled_recently(command_id)
+        if found:
+            return reason
+        applied, reason = self._host.settled_before(instance_id, command_id)
+        if applied:
+            return reason
+        # Past it, and it left no trace on the instance: refused, longer ago than this
+        # owner remembers why.
+        return (
+            f"the start of instance {instance_id} (command {command_id}) was refused; "
+            "its record on the dead-letters topic says why"
+        )
+
     async def wait_settled(
         self, command_id: str, instance_id: str | None, timeout: float | None
     ) -> str | None:

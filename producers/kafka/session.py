@@ -9,6 +9,10 @@ from typing import Any
 from engine.views import HistoryEntry, InstanceStatus
 from producers.http import HttpTransport
 
+# A start a client published: its command id (None: any start up to the offset) and the
+# offset the broker gave it on the commands topic.
+After = tuple[str | None, int]
+
 
 class WorkerSession(HttpTransport):
     """The calls a ``kafka://`` client makes of the worker that owns a partition."""
@@ -24,26 +28,28 @@ class WorkerSession(HttpTransport):
         status = await self._calls.call("finished", instance_id=instance_id)
         return None if status is None else str(status)
 
-    # ``after``: a start this client published that the owner may not have applied yet;
-    # the owner first waits for it to be settled (a read of an instance must not race
-    # its own start).
+    # ``after``: a start this client published that the owner may not have applied yet
+    # (its command id, or None, and its offset); the owner answers once it has got past
+    # it (a read of an instance must not race its own start).
 
-    async def status(self, instance_id: str, after: str | None = None) -> InstanceStatus:
+    async def status(self, instance_id: str, after: After | None = None) -> InstanceStatus:
         raw = await self._read("status", instance_id, after)
         return InstanceStatus.from_json(raw)
 
-    async def history(self, instance_id: str, after: str | None = None) -> list[HistoryEntry]:
+    async def history(self, instance_id: str, after: After | None = None) -> list[HistoryEntry]:
         raw = await self._read("history", instance_id, after)
         return [HistoryEntry.from_json(entry) for entry in raw]
 
     async def result(
-        self, instance_id: str, timeout: float | None, after: str | None = None
+        self, instance_id: str, timeout: float | None, after: After | None = None
     ) -> Any:
         return await self._read("result", instance_id, after, timeout=timeout)
 
-    async def _read(self, op: str, instance_id: str, after: str | None, **args: Any) -> Any:
+    async def _read(self, op: str, instance_id: str, after: After | None, **args: Any) -> Any:
         if after is not None:
-            args["after"] = after
+            command_id, args["after_offset"] = after
+            if command_id is not None:
+                args["after"] = command_id
         return await self._calls.call(op, instance_id=instance_id, **args)
 
     async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import aiohttp
 from aiokafka.errors import KafkaError
 
 from engine.codec import PayloadCodec
-from engine.errors import ConnectionFailed, ResultTimeout
+from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError, UnknownInstance
 from engine.listing import InstancePage, ListQuery, Overview
 from engine.records import Command, StartWorkflow
 from engine.serde import RecordSerde
@@ -40,10 +41,11 @@ from producers.http import (
 from producers.kafka.definitions import DefinitionsView, RemoteWorkflow
 from producers.kafka.members import MembersView
 from producers.kafka.routing import Router
-from producers.kafka.session import WorkerSession
+from producers.kafka.session import After, WorkerSession
 from producers.publisher import CommandPublisher
 
 log = logging.getLogger("stepstream.kafka.client")
+T = TypeVar("T")
 
 # How long a command waits for a live owner to say whether it applied it.
 DEFAULT_COMMAND_TIMEOUT_S = 5.0
@@ -106,10 +108,14 @@ class KafkaTransport(CommandPublisher):
         self._request_timeout = request_timeout
         self._command_timeout = command_timeout
         self._router = Router(members, session, topics, partitions, request_timeout)
-        # Starts published here that no owner has confirmed yet, by instance: a result
-        # asked for meanwhile first waits for the start (the owner may still be catching
-        # up on its backlog and not know the instance yet).
-        self._unconfirmed: dict[str, str] = {}
+        # Starts published here that no read has seen applied yet, by instance: their
+        # command id and offset. A read names its instance's start, and the owner answers
+        # once it has got past it (it may still be working through a backlog).
+        self._unconfirmed: dict[str, After] = {}
+        # Per partition, the offset of the last start published here: a read of an
+        # instance started longer ago than the starts kept waits for the owner to get
+        # past that, rather than hear of no such instance.
+        self._latest: dict[int, int] = {}
 
     # ---- commands -----------------------------------------------------------------------
 
@@ -130,7 +136,7 @@ class KafkaTransport(CommandPublisher):
     async def _produce(self, command: Command) -> None:
         partition = self._partition(command.instance_id)
         try:
-            await self._producer.send_and_wait(
+            landed = await self._producer.send_and_wait(
                 self._topics.commands,
                 self._serde.encode(command),
                 key=command.instance_id.encode(),
@@ -148,9 +154,10 @@ class KafkaTransport(CommandPublisher):
             # owner applies it when it gets to it; a read of the instance from this
             # client names it (``after``) so that the owner answers once it has.
             self._unconfirmed.pop(command.instance_id, None)  # the newest go last
-            self._unconfirmed[command.instance_id] = command.command_id
+            self._unconfirmed[command.instance_id] = (command.command_id, landed.offset)
             if len(self._unconfirmed) > _UNCONFIRMED_KEPT:
                 del self._unconfirmed[next(iter(self._unconfirmed))]
+            self._latest[partition] = max(landed.offset, self._latest.get(partition, -1))
             self._settlements.settle(command.command_id, None)
             return
 
@@ -192,10 +199,9 @@ class KafkaTransport(CommandPublisher):
 
     async def status(self, instance_id: str) -> InstanceStatus:
         async def ask(api: WorkerSession, remaining: float | None) -> InstanceStatus:
-            after = self._unconfirmed.get(instance_id)
-            status = await api.status(instance_id, after)
-            self._confirmed(instance_id, after)
-            return status
+            return await self._after_starts(
+                instance_id, lambda after: api.status(instance_id, after)
+            )
 
         return await self._router.routed(
             self._partition(instance_id), ask, self._request_timeout, f"status of {instance_id}"
@@ -203,10 +209,9 @@ class KafkaTransport(CommandPublisher):
 
     async def result(self, instance_id: str, timeout: float | None) -> Any:
         async def ask(api: WorkerSession, remaining: float | None) -> Any:
-            after = self._unconfirmed.get(instance_id)
-            value = await api.result(instance_id, remaining, after)
-            self._confirmed(instance_id, after)
-            return value
+            return await self._after_starts(
+                instance_id, lambda after: api.result(instance_id, remaining, after)
+            )
 
         def expired() -> ResultTimeout:
             return ResultTimeout(
@@ -244,18 +249,39 @@ class KafkaTransport(CommandPublisher):
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
         async def ask(api: WorkerSession, remaining: float | None) -> list[HistoryEntry]:
-            after = self._unconfirmed.get(instance_id)
-            history = await api.history(instance_id, after)
-            self._confirmed(instance_id, after)
-            return history
+            return await self._after_starts(
+                instance_id, lambda after: api.history(instance_id, after)
+            )
 
         return await self._router.routed(
             self._partition(instance_id), ask, self._request_timeout, f"history of {instance_id}"
         )
 
-    def _confirmed(self, instance_id: str, after: str | None) -> None:
-        """The owner has answered a read named ``after``: the start is behind it."""
-        if after is not None and self._unconfirmed.get(instance_id) == after:
+    async def _after_starts(
+        self, instance_id: str, read: Callable[[After | None], Awaitable[T]]
+    ) -> T:
+        """``read`` the instance after this client's start of it (if it keeps one)."""
+        start = self._unconfirmed.get(instance_id)
+        try:
+            value = await read(start)
+        except UnknownInstance:
+            latest = self._latest.get(self._partition(instance_id))
+            if start is not None or latest is None:
+                raise
+            # Started here, maybe, longer ago than the starts kept: ask again once the
+            # owner has got past every start this client published on the partition.
+            value = await read((None, latest))
+        except (ConnectionFailed, ResultTimeout):
+            raise  # asked again, of this owner or the next
+        except StepstreamError:
+            self._confirmed(instance_id, start)  # past the start: refused, or a failed run
+            raise
+        self._confirmed(instance_id, start)
+        return value
+
+    def _confirmed(self, instance_id: str, start: After | None) -> None:
+        """The owner answered a read made after ``start``: the start is behind it."""
+        if start is not None and self._unconfirmed.get(instance_id) == start:
             del self._unconfirmed[instance_id]
 
     async def list(self, status: str | None) -> list[InstanceStatus]:

@@ -608,17 +608,28 @@ async def test_worker_class_runs_a_kafka_worker_in_process(
                 assert (await answer.json())["error"]["type"] == "ResultTimeout"
             async with http.get(f"{base}/v1/instances/{instance}") as answer:
                 assert (await answer.json())["status"] == "completed"
-            # A session read may name the start it must come after; a bad one is refused.
+            # A session read may name the start it comes after (command id, offset): the
+            # owner answers once it is past it, says so if it never applied it, and
+            # refuses a bad one.
             ws = await http.ws_connect(f"{base}/v1/session")
+            read = {"op": "status", "instance_id": instance}
             calls = [
-                {"id": 1, "op": "status", "instance_id": instance, "after": started.command_id},
+                {"id": 1, **read, "after": started.command_id, "after_offset": 0},
                 {"id": 2, "op": "result", "instance_id": instance, "after": 7},
+                {"id": 3, **read, "after": "never-published", "after_offset": 0},
+                {"id": 4, **read, "op": "result", "after_offset": 10**12, "timeout": 0.2},
+                {"id": 5, **read, "after_offset": -1},
             ]
             await ws.send_str(json.dumps(calls))
             replies: dict[int, Any] = {}
-            while len(replies) < 2:
+            while len(replies) < len(calls):
                 replies.update((r["id"], r) for r in await ws.receive_json(timeout=10))
             await ws.close()
             assert replies[1]["ok"]["status"] == "completed", replies
             assert replies[2]["error"]["type"] == "InvalidPayload", replies
             assert "'after' must be a command id" in replies[2]["error"]["message"]
+            refused = replies[3]["error"]["message"]
+            assert "never-published) was refused" in refused and "dead-letters" in refused
+            assert replies[4]["error"]["type"] == "ResultTimeout", replies
+            assert f"instance {instance}: its owner had not yet applied" in str(replies[4])
+            assert "'after_offset' must be an offset" in replies[5]["error"]["message"]

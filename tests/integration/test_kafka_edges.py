@@ -117,10 +117,13 @@ async def test_commands_are_accepted_while_every_worker_is_down_and_run_when_one
             assert [h.command_id for h in events] == ["go-1"], events
             assert (await client.status(paused)).status == "cancelled"
 
-            # With the owner live a start still returns once the broker has it; a read
-            # that follows waits for the owner to apply it, never "unknown instance".
-            fresh = await client.start("gated", "f", instance_id=instance_on(0, "fresh"))
-            assert (await client.status(fresh)).status == "running"
+            # With the owner live a start still returns once the broker has it; reads
+            # made at once, while the owner works through a burst of starts, wait for it
+            # to apply each one: never "unknown instance".
+            burst = [instance_on(0, "fresh") for _ in range(200)]
+            await asyncio.gather(*(client.start("gated", "f", instance_id=i) for i in burst))
+            statuses = await asyncio.gather(*(client.status(i) for i in burst))
+            assert {s.status for s in statuses} == {"running"}, statuses[:3]
             # A start of an existing id is recorded and ignored: the instance's result is
             # the first start's, and its history says what became of the second.
             assert await client.start("gated", "again", instance_id=instance) == instance
