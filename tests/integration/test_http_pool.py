@@ -28,7 +28,7 @@ async def answer(ctx: Context, n):
     return n
 """
 CALLERS = 300  # three times the pool
-TIMEOUT_S = 5.0
+TIMEOUT_S = 2.5
 LOAD_S = 2 * TIMEOUT_S  # long enough for a starved request to reach its timeout
 
 
