@@ -843,7 +843,7 @@ class PartitionProcessor:
                 found.append(record.instance_id)
         return found
 
-    def _dead_letter(self, entry: LogEntry, reason: str, command_id: str | None = None) -> Append:
+    def _dead_letter(self, entry: LogEntry, reason: str, command_id: str = "") -> Append:
         self._telemetry.dead_lettered(reason)
         return dead_letter(
             entry,
@@ -851,7 +851,7 @@ class PartitionProcessor:
             serde=self._serde,
             backend=self.backend,
             clock=self._clock,
-            command_id=command_id or "",
+            command_id=command_id,
         )
 
 
