@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from engine.records import DeadLetter
-from engine.seams import Append, Clock, LogEntry, PartitionBackend
-from engine.serde import RecordSerde
-from engine.topics import DEAD_LETTERS
+from stepstream.engine.records import DeadLetter
+from stepstream.engine.seams import Append, Clock, LogEntry, PartitionBackend
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.topics import DEAD_LETTERS
 
 log = logging.getLogger("stepstream.dead_letters")
 

@@ -45,22 +45,22 @@ from typing import Any
 
 import orjson
 
-from consumers import state_keys as keys
-from engine.environ import env_int, env_seconds
-from engine.errors import UnknownWorkflow
-from engine.hook_events import StatusChangeEvent, StepErrorEvent
-from engine.records import (
+from stepstream.consumers import state_keys as keys
+from stepstream.engine.environ import env_int, env_seconds
+from stepstream.engine.errors import UnknownWorkflow
+from stepstream.engine.hook_events import StatusChangeEvent, StepErrorEvent
+from stepstream.engine.records import (
     HistoryRecord,
     StepFailed,
     WorkflowCancelled,
     WorkflowFailed,
     WorkflowStarted,
 )
-from engine.runtime import InstanceRuntime, Output
-from engine.seams import CommitBatch, PartitionBackend, PartitionLost
-from engine.serde import RecordSerde
-from engine.state import InstanceState, Status
-from engine.workflow import Registry, WorkflowDefinition
+from stepstream.engine.runtime import InstanceRuntime, Output
+from stepstream.engine.seams import CommitBatch, PartitionBackend, PartitionLost
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.state import InstanceState, Status
+from stepstream.engine.workflow import Registry, WorkflowDefinition
 
 log = logging.getLogger("stepstream.hooks")
 

@@ -9,20 +9,26 @@ import logging
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, replace
 
-from consumers.partition import Committed, PartitionProcessor, ProcessorConfig
-from consumers.steps import StepExecutor
-from consumers.telemetry import Telemetry
-from consumers.timers import TimerService
-from engine.codec import PayloadCodec
-from engine.errors import UnknownInstance
-from engine.listing import InstancePage, ListQuery, Overview, merge_overviews, merge_pages
-from engine.outbox import Outbox
-from engine.records import HistoryRecord, Payload
-from engine.seams import Clock, PartitionBackend
-from engine.serde import RecordSerde
-from engine.state import InstanceState
-from engine.topics import COMMANDS, partition_for
-from engine.workflow import Registry, WorkflowDefinition
+from stepstream.consumers.partition import Committed, PartitionProcessor, ProcessorConfig
+from stepstream.consumers.steps import StepExecutor
+from stepstream.consumers.telemetry import Telemetry
+from stepstream.consumers.timers import TimerService
+from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.errors import UnknownInstance
+from stepstream.engine.listing import (
+    InstancePage,
+    ListQuery,
+    Overview,
+    merge_overviews,
+    merge_pages,
+)
+from stepstream.engine.outbox import Outbox
+from stepstream.engine.records import HistoryRecord, Payload
+from stepstream.engine.seams import Clock, PartitionBackend
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.state import InstanceState
+from stepstream.engine.topics import COMMANDS, partition_for
+from stepstream.engine.workflow import Registry, WorkflowDefinition
 
 log = logging.getLogger("stepstream.host")
 

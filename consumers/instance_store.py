@@ -8,13 +8,13 @@ from collections import deque
 
 import orjson
 
-from consumers import state_keys as keys
-from engine.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
-from engine.records import CommandIgnored, HistoryRecord, Payload
-from engine.seams import CommitBatch, StateStore
-from engine.serde import RecordSerde
-from engine.settle import recorded_reason
-from engine.state import (
+from stepstream.consumers import state_keys as keys
+from stepstream.engine.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
+from stepstream.engine.records import CommandIgnored, HistoryRecord, Payload
+from stepstream.engine.seams import CommitBatch, StateStore
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.settle import recorded_reason
+from stepstream.engine.state import (
     InstanceState,
     buffered_json,
     entry_json,
@@ -22,7 +22,7 @@ from engine.state import (
     payload_bytes,
     payload_from_bytes,
 )
-from engine.views import InstanceStatus
+from stepstream.engine.views import InstanceStatus
 
 _STATUS_MARK = b'"st":"'  # how the status sits in an instance's meta (compact JSON)
 

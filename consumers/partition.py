@@ -17,25 +17,30 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from consumers import state_keys as keys
-from consumers.dead_letters import dead_letter
-from consumers.hooks import HookConfig, HookRunner
-from consumers.instance_store import InstanceReads, write_state
-from consumers.retention import Sweeper
-from consumers.runtime_cache import RuntimeCache
-from consumers.steps import StepExecutor
-from consumers.telemetry import Telemetry
-from consumers.timers import OwnFires, unindex
-from engine.codec import (
+from stepstream.consumers import state_keys as keys
+from stepstream.consumers.dead_letters import dead_letter
+from stepstream.consumers.hooks import HookConfig, HookRunner
+from stepstream.consumers.instance_store import InstanceReads, write_state
+from stepstream.consumers.retention import Sweeper
+from stepstream.consumers.runtime_cache import RuntimeCache
+from stepstream.consumers.steps import StepExecutor
+from stepstream.consumers.telemetry import Telemetry
+from stepstream.consumers.timers import OwnFires, unindex
+from stepstream.engine.codec import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     PayloadCodec,
     check_size,
     decode_safely,
     encode_safely,
 )
-from engine.errors import HistoryDiverged, StepstreamError, UndecodableRecord, UnknownWorkflow
-from engine.names import name_problem
-from engine.records import (
+from stepstream.engine.errors import (
+    HistoryDiverged,
+    StepstreamError,
+    UndecodableRecord,
+    UnknownWorkflow,
+)
+from stepstream.engine.names import name_problem
+from stepstream.engine.records import (
     Command,
     PartitionFenced,
     Payload,
@@ -45,8 +50,8 @@ from engine.records import (
     TimerFired,
     TimerScheduled,
 )
-from engine.runtime import InstanceRuntime, Output, StepOutcome
-from engine.seams import (
+from stepstream.engine.runtime import InstanceRuntime, Output, StepOutcome
+from stepstream.engine.seams import (
     Append,
     Clock,
     CommitBatch,
@@ -54,9 +59,9 @@ from engine.seams import (
     PartitionBackend,
     PartitionLost,
 )
-from engine.serde import RecordSerde
-from engine.settle import UNKNOWN_INSTANCE, ignored_reason
-from engine.state import (
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.settle import UNKNOWN_INSTANCE, ignored_reason
+from stepstream.engine.state import (
     EntryState,
     InstanceState,
     Status,
@@ -64,8 +69,8 @@ from engine.state import (
     is_client_command,
     parse_child_command,
 )
-from engine.topics import COMMANDS, HISTORY, TIMERS, partition_for
-from engine.workflow import Registry
+from stepstream.engine.topics import COMMANDS, HISTORY, TIMERS, partition_for
+from stepstream.engine.workflow import Registry
 
 log = logging.getLogger("stepstream.partition")
 

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import logging
 
-from consumers import state_keys as keys
-from consumers.instance_store import forget_instance, load_state, write_state
-from engine.errors import UndecodableRecord
-from engine.records import HistoryRecord, InstanceForgotten, PartitionFenced, WorkflowStarted
-from engine.seams import CommitBatch, StateStore
-from engine.serde import RecordSerde
-from engine.state import InstanceState
+from stepstream.consumers import state_keys as keys
+from stepstream.consumers.instance_store import forget_instance, load_state, write_state
+from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.records import (
+    HistoryRecord,
+    InstanceForgotten,
+    PartitionFenced,
+    WorkflowStarted,
+)
+from stepstream.engine.seams import CommitBatch, StateStore
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.state import InstanceState
 
 log = logging.getLogger("stepstream.restore")
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 
-from consumers import state_keys as keys
-from consumers.instance_store import forget_instance, load_state
-from consumers.runtime_cache import RuntimeCache
-from engine.records import InstanceForgotten
-from engine.seams import Append, Clock, CommitBatch, PartitionBackend
-from engine.serde import RecordSerde
-from engine.topics import COMMANDS, HISTORY, TIMERS
+from stepstream.consumers import state_keys as keys
+from stepstream.consumers.instance_store import forget_instance, load_state
+from stepstream.consumers.runtime_cache import RuntimeCache
+from stepstream.engine.records import InstanceForgotten
+from stepstream.engine.seams import Append, Clock, CommitBatch, PartitionBackend
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.topics import COMMANDS, HISTORY, TIMERS
 
 log = logging.getLogger("stepstream.partition")
 

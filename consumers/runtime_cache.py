@@ -11,14 +11,14 @@ import logging
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from consumers.instance_store import load_state
-from consumers.telemetry import Telemetry
-from engine.codec import PayloadCodec
-from engine.errors import UnknownWorkflow
-from engine.runtime import InstanceRuntime
-from engine.seams import Clock, StateStore
-from engine.state import InstanceState
-from engine.workflow import Registry, WorkflowDefinition
+from stepstream.consumers.instance_store import load_state
+from stepstream.consumers.telemetry import Telemetry
+from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.errors import UnknownWorkflow
+from stepstream.engine.runtime import InstanceRuntime
+from stepstream.engine.seams import Clock, StateStore
+from stepstream.engine.state import InstanceState
+from stepstream.engine.workflow import Registry, WorkflowDefinition
 
 log = logging.getLogger("stepstream.partition")
 

@@ -17,12 +17,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from consumers.step_threads import StepThreads
-from engine.attempts import AttemptFlag, current_flag
-from engine.codec import PayloadCodec, check_size, encode_safely
-from engine.errors import NonRetryableError, StepstreamError
-from engine.outbox import Outbox
-from engine.runtime import StepLaunch, StepOutcome
+from stepstream.consumers.step_threads import StepThreads
+from stepstream.engine.attempts import AttemptFlag, current_flag
+from stepstream.engine.codec import PayloadCodec, check_size, encode_safely
+from stepstream.engine.errors import NonRetryableError, StepstreamError
+from stepstream.engine.outbox import Outbox
+from stepstream.engine.runtime import StepLaunch, StepOutcome
 
 log = logging.getLogger("stepstream.steps")
 

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol, cast, runtime_checkable
 
-from engine.records import (
+from stepstream.engine.records import (
     HistoryRecord,
     StepAttemptStarted,
     StepFailed,
@@ -31,7 +31,7 @@ from engine.records import (
 )
 
 if TYPE_CHECKING:
-    from engine.runtime import InstanceRuntime
+    from stepstream.engine.runtime import InstanceRuntime
 
 LATENCY_BUCKETS_S = (
     0.001,

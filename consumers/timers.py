@@ -25,13 +25,20 @@ import heapq
 import logging
 from typing import Protocol
 
-from consumers import state_keys as keys
-from consumers.dead_letters import dead_letter
-from engine.errors import UndecodableRecord
-from engine.records import TimerCancelled, TimerFired, TimerScheduled
-from engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend, StateStore
-from engine.serde import RecordSerde
-from engine.topics import COMMANDS, TIMERS
+from stepstream.consumers import state_keys as keys
+from stepstream.consumers.dead_letters import dead_letter
+from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.records import TimerCancelled, TimerFired, TimerScheduled
+from stepstream.engine.seams import (
+    Append,
+    Clock,
+    CommitBatch,
+    LogEntry,
+    PartitionBackend,
+    StateStore,
+)
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.topics import COMMANDS, TIMERS
 
 log = logging.getLogger("stepstream.timers")
 

@@ -21,9 +21,9 @@ from typing import Any, Final
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from engine.errors import UndecodableRecord
-from engine.serde import CLUSTER_DOMAINS, HEADER_SIZE, MARKER
-from schemas import schema_root
+from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.serde import CLUSTER_DOMAINS, HEADER_SIZE, MARKER
+from stepstream.schemas import schema_root
 
 MEMBER_ANNOUNCED: Final = "MemberAnnounced"
 WORKFLOW_REGISTERED: Final = "WorkflowRegistered"

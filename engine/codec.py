@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from engine.errors import InvalidPayload, PayloadTooLarge
-from engine.records import Payload
+from stepstream.engine.errors import InvalidPayload, PayloadTooLarge
+from stepstream.engine.records import Payload
 
 JSON = "application/json"
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024

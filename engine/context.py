@@ -20,13 +20,19 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar, overload
 
-from engine.attempts import attempt_number
-from engine.codec import PayloadCodec
-from engine.errors import ChildFailed, InvalidWorkflowCall, JoinError, RaceError, StepFailed
-from engine.loops import LoopBody, run_loop
-from engine.messages import Messages
-from engine.names import step_name_problem
-from engine.outbox import (
+from stepstream.engine.attempts import attempt_number
+from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.errors import (
+    ChildFailed,
+    InvalidWorkflowCall,
+    JoinError,
+    RaceError,
+    StepFailed,
+)
+from stepstream.engine.loops import LoopBody, run_loop
+from stepstream.engine.messages import Messages
+from stepstream.engine.names import step_name_problem
+from stepstream.engine.outbox import (
     NAME_PREFIX,
     PUBLISH_RETRY,
     Published,
@@ -34,8 +40,8 @@ from engine.outbox import (
     publish_body,
     published,
 )
-from engine.retry import RetryPolicy
-from engine.saga import SagaFrame, current_saga, register, roll_back
+from stepstream.engine.retry import RetryPolicy
+from stepstream.engine.saga import SagaFrame, current_saga, register, roll_back
 
 T = TypeVar("T")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from engine.errors import StepstreamError
+from stepstream.engine.errors import StepstreamError
 
 
 class ConfigError(StepstreamError):

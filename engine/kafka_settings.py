@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from engine.errors import StepstreamError
-from engine.topics import DEFAULT_PREFIX
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.topics import DEFAULT_PREFIX
 
 ENV_PREFIX = "STEPSTREAM_KAFKA_"
 # Not a client property: the path of a config file.

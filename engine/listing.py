@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from engine.errors import InvalidPayload
-from engine.state import Status
-from engine.views import InstanceStatus
+from stepstream.engine.errors import InvalidPayload
+from stepstream.engine.state import Status
+from stepstream.engine.views import InstanceStatus
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500

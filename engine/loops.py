@@ -18,10 +18,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from engine.errors import InvalidWorkflowCall
+from stepstream.engine.errors import InvalidWorkflowCall
 
 if TYPE_CHECKING:
-    from engine.context import Context
+    from stepstream.engine.context import Context
 
 S = TypeVar("S")
 V = TypeVar("V")
@@ -45,7 +45,7 @@ LoopBody = Callable[["Context", Any], Coroutine[Any, Any, "Continue[Any] | Break
 
 
 async def run_loop(ctx: Context, key: str, body: LoopBody, state: Any, keep: int) -> Any:
-    from engine.context import current_scope
+    from stepstream.engine.context import current_scope
 
     rt = ctx._rt
     iteration, state = rt.loop_resume(key, state)

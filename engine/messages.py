@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from engine.codec import decode_safely
-from engine.errors import EventTimeout, InvalidWorkflowCall
-from engine.records import Payload
+from stepstream.engine.codec import decode_safely
+from stepstream.engine.errors import EventTimeout, InvalidWorkflowCall
+from stepstream.engine.records import Payload
 
 if TYPE_CHECKING:
-    from engine.codec import PayloadCodec
-    from engine.context import WorkflowRuntime
+    from stepstream.engine.codec import PayloadCodec
+    from stepstream.engine.context import WorkflowRuntime
 
 
 @dataclass(frozen=True, slots=True)

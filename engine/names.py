@@ -11,7 +11,7 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable
 
-from engine.errors import InvalidPayload
+from stepstream.engine.errors import InvalidPayload
 
 MAX_NAME_BYTES = 256
 _SHOWN = 60  # characters of a refused name quoted back

@@ -22,10 +22,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engine.attempts import current_flag
-from engine.codec import PayloadCodec, encode_safely
-from engine.errors import InvalidPayload, InvalidWorkflowCall, OutboxNotConfigured
-from engine.retry import RetryPolicy
+from stepstream.engine.attempts import current_flag
+from stepstream.engine.codec import PayloadCodec, encode_safely
+from stepstream.engine.errors import InvalidPayload, InvalidWorkflowCall, OutboxNotConfigured
+from stepstream.engine.retry import RetryPolicy
 
 ID_HEADER = "stepstream-id"
 ENV_BOOTSTRAP = "STEPSTREAM_OUTBOX_BOOTSTRAP"

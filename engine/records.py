@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from engine.values import record, value
+from stepstream.engine.values import record, value
 
 
 @value

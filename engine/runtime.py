@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.codec import (
+from stepstream.engine.codec import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     PayloadCodec,
     check_size,
@@ -30,8 +30,8 @@ from engine.codec import (
     decode_safely,
     encode_safely,
 )
-from engine.context import Context, current_scope
-from engine.errors import (
+from stepstream.engine.context import Context, current_scope
+from stepstream.engine.errors import (
     EventTimeout,
     Evicted,
     HistoryDiverged,
@@ -41,9 +41,9 @@ from engine.errors import (
     StepFailed,
     StepstreamError,
 )
-from engine.loop import ROOT_TASK, WorkflowLoop
-from engine.names import event_name_problem, name_problem, step_name_problem
-from engine.records import (
+from stepstream.engine.loop import ROOT_TASK, WorkflowLoop
+from stepstream.engine.names import event_name_problem, name_problem, step_name_problem
+from stepstream.engine.records import (
     CancelWorkflow,
     ChildStarted,
     Command,
@@ -79,11 +79,11 @@ from engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from engine.records import StepFailed as StepFailedRecord
-from engine.records import StepSucceeded as StepSucceededRecord
-from engine.retry import DEFAULT_RETRY, RetryPolicy
-from engine.seams import Clock
-from engine.state import (
+from stepstream.engine.records import StepFailed as StepFailedRecord
+from stepstream.engine.records import StepSucceeded as StepSucceededRecord
+from stepstream.engine.retry import DEFAULT_RETRY, RetryPolicy
+from stepstream.engine.seams import Clock
+from stepstream.engine.state import (
     Entry,
     EntryKind,
     EntryState,
@@ -96,8 +96,8 @@ from engine.state import (
     reply_key,
     split_timer_id,
 )
-from engine.state import timer_id as make_timer_id
-from engine.workflow import WorkflowDefinition
+from stepstream.engine.state import timer_id as make_timer_id
+from stepstream.engine.workflow import WorkflowDefinition
 
 log = logging.getLogger("stepstream.engine")
 

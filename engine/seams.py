@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from engine.values import value
+from stepstream.engine.values import value
 
 
 class Clock(Protocol):

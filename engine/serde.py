@@ -32,9 +32,9 @@ import fastavro.validation
 from fastavro.schema import fingerprint as _fastavro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
-from engine.errors import UndecodableRecord
-from engine.records import ALL_TYPES, Payload, Record
-from schemas import schema_root
+from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.records import ALL_TYPES, Payload, Record
+from stepstream.schemas import schema_root
 
 MARKER: Final = b"\xc3\x01"
 HEADER_SIZE: Final = len(MARKER) + 8

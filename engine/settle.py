@@ -9,14 +9,14 @@ well-known prefixes, turned back into the user's error here.
 
 from __future__ import annotations
 
-from engine.errors import (
+from stepstream.engine.errors import (
     InstanceFinished,
     InstanceNotPaused,
     StepstreamError,
     UnknownInstance,
     UnknownWorkflow,
 )
-from engine.records import Command, PauseWorkflow, ResumeWorkflow
+from stepstream.engine.records import Command, PauseWorkflow, ResumeWorkflow
 
 FINISHED = "instance finished:"
 NOT_PAUSED = "instance not paused:"

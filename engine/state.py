@@ -20,8 +20,8 @@ from typing import Any, TypeVar, cast
 
 import orjson
 
-from engine.errors import StepstreamError
-from engine.records import (
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.records import (
     ChildStarted,
     EventBuffered,
     HistoryRecord,

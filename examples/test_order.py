@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from examples import order
-from ops.history_export import records_from_entries, write_export
 from stepstream import WorkflowFailed
+from stepstream.ops.history_export import records_from_entries, write_export
 from stepstream.testing import WorkflowEnvironment, replay
 
 DAY = 86400.0

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from engine.codec import parse_json_text
-from engine.errors import (
+from stepstream.engine.codec import parse_json_text
+from stepstream.engine.errors import (
     ConnectionFailed,
     InstanceFinished,
     InstanceNotPaused,
@@ -32,17 +32,17 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from engine.listing import ListQuery
-from engine.state import Status
-from ops.api_security import ApiSecurity
-from ops.api_session import CommandWaiter, Session, check_fields, string_field
-from ops.ui.routes import TransportSource, add_ui_routes
-from producers import trace_context
-from producers.client import Transport
-from producers.http import error_to_wire, wire_error_class
+from stepstream.engine.listing import ListQuery
+from stepstream.engine.state import Status
+from stepstream.ops.api_security import ApiSecurity
+from stepstream.ops.api_session import CommandWaiter, Session, check_fields, string_field
+from stepstream.ops.ui.routes import TransportSource, add_ui_routes
+from stepstream.producers import trace_context
+from stepstream.producers.client import Transport
+from stepstream.producers.http import error_to_wire, wire_error_class
 
 if TYPE_CHECKING:
-    from ops.metrics import Observability
+    from stepstream.ops.metrics import Observability
 
 log = logging.getLogger("stepstream.api")
 

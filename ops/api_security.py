@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from engine.errors import StepstreamError
-from ops.ui.routes import STATIC_PREFIX, UI_FILES, UI_PATHS
+from stepstream.engine.errors import StepstreamError
+from stepstream.ops.ui.routes import STATIC_PREFIX, UI_FILES, UI_PATHS
 
 # Forwarded log records, between the engine processes of ``stepstream dev --processes``:
 # taken only on their internal routes.

@@ -23,12 +23,12 @@ from typing import Any, Protocol
 
 from aiohttp import WSCloseCode, web
 
-from engine.codec import parse_json_text
-from engine.errors import InvalidPayload, StepstreamError
-from engine.settle import error_for, recorded_and_ignored
-from producers import trace_context
-from producers.client import Transport
-from producers.http import (
+from stepstream.engine.codec import parse_json_text
+from stepstream.engine.errors import InvalidPayload, StepstreamError
+from stepstream.engine.settle import error_for, recorded_and_ignored
+from stepstream.producers import trace_context
+from stepstream.producers.client import Transport
+from stepstream.producers.http import (
     SESSION_FRAME_BYTES,
     SESSION_FRAME_CALLS,
     SESSION_MAX_CALLS,

@@ -23,23 +23,23 @@ from typing import Any
 
 from aiohttp import web
 
-import producers.http  # registers http:// and https:// with Client.connect
-from engine.codec import parse_json_text
-from engine.errors import InvalidPayload, StepstreamError
-from engine.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
-from engine.state import Status
-from engine.views import InstanceStatus, Wait
-from engine.workflow import Registry, WorkflowDefinition, definition_of
-from ops import event_loop, logs, tracing
-from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
-from ops.api_security import ApiSecurity, InsecureBind
-from ops.gc_tuning import tune_for_serving
-from ops.metrics import Health, observability_for
-from ops.serving import address, api_runner, reachable
-from ops.serving import listen as _listen
-from ops.serving import stop_on_signals as _stop_on_signals
-from ops.timeline import render_timeline
-from producers.client import DEFAULT_CONNECT, Client
+from stepstream.engine.codec import parse_json_text
+from stepstream.engine.errors import InvalidPayload, StepstreamError
+from stepstream.engine.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from stepstream.engine.state import Status
+from stepstream.engine.views import InstanceStatus, Wait
+from stepstream.engine.workflow import Registry, WorkflowDefinition, definition_of
+from stepstream.ops import event_loop, logs, tracing
+from stepstream.ops.api import DEFAULT_MAX_BODY_BYTES, make_app
+from stepstream.ops.api_security import ApiSecurity, InsecureBind
+from stepstream.ops.gc_tuning import tune_for_serving
+from stepstream.ops.metrics import Health, observability_for
+from stepstream.ops.serving import address, api_runner, reachable
+from stepstream.ops.serving import listen as _listen
+from stepstream.ops.serving import stop_on_signals as _stop_on_signals
+from stepstream.ops.timeline import render_timeline
+from stepstream.producers import http as _http  # registers http:// and https:// with Client.connect
+from stepstream.producers.client import DEFAULT_CONNECT, Client
 
 log = logging.getLogger("stepstream.cli")
 
@@ -50,7 +50,7 @@ EXIT_USAGE = 2
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Transports that live outside producers.http and are imported only when asked for:
 # the embedded one opens RocksDB, which a client talking HTTP never needs.
-_TRANSPORT_MODULES = {"embedded": "ops.embedded", "kafka": "producers.kafka"}
+_TRANSPORT_MODULES = {"embedded": "stepstream.ops.embedded", "kafka": "stepstream.producers.kafka"}
 
 
 class _UsageError(Exception):
@@ -124,7 +124,7 @@ def _process_index(args: argparse.Namespace) -> int | None:
     """Which engine process of `stepstream dev --processes N` this is, if it is one."""
     if args.command != "dev" or getattr(args, "processes", 1) <= 1:
         return None
-    from ops.processes import SPEC_ENV, Spec
+    from stepstream.ops.processes import SPEC_ENV, Spec
 
     spec = os.environ.get(SPEC_ENV)
     return Spec.from_env(spec).process if spec else 0
@@ -140,7 +140,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _run_once(definition: WorkflowDefinition, value: Any, args: argparse.Namespace) -> int:
-    from ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 
     with _data_dir(args.data) as data_dir:
         # A throwaway directory holds one instance: one partition opens fastest.
@@ -176,7 +176,7 @@ async def _run_once(definition: WorkflowDefinition, value: Any, args: argparse.N
         if error is None:
             out["result"] = result
         else:
-            out.update(producers.http.error_to_wire(error))
+            out.update(_http.error_to_wire(error))
         out["history"] = [entry.to_json() for entry in history]
         _print_json(out)
     else:
@@ -235,9 +235,9 @@ def _dev(args: argparse.Namespace) -> int:
 
 
 async def _serve(registry: Registry, args: argparse.Namespace) -> int:
-    from ops import processes
-    from ops.embedded import EmbeddedConfig, open_embedded
-    from ops.embedded_sources import start_embedded_sources
+    from stepstream.ops import processes
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.ops.embedded_sources import start_embedded_sources
 
     config = EmbeddedConfig.from_env(data_dir=args.data, partitions=args.partitions)
     if args.processes < 1:
@@ -337,7 +337,7 @@ def _public_app(
 async def _serve_processes(
     registry: Registry, args: argparse.Namespace, config: Any, security: ApiSecurity
 ) -> int:
-    from ops import processes
+    from stepstream.ops import processes
 
     public_app = _public_app(args, config, security)
 
@@ -477,7 +477,7 @@ def _history(args: argparse.Namespace) -> int:
     async def command(client: Client) -> int:
         history = await client.history(args.id)
         if args.export is not None:
-            from ops.history_export import records_from_entries, write_export
+            from stepstream.ops.history_export import records_from_entries, write_export
 
             records = records_from_entries(args.id, history)
             write_export(args.export, args.id, records)
@@ -539,7 +539,7 @@ def _replay(args: argparse.Namespace) -> int:
             "replay reads an embedded data directory read-only with --data DIR; "
             "--connect embedded: would open it for writing"
         )
-    from ops import replay
+    from stepstream.ops import replay
 
     _put_cwd_on_path()
     return replay.main(args)
@@ -549,7 +549,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _kafka_settings(args: argparse.Namespace) -> Any:
-    from engine.kafka_settings import KafkaSettings
+    from stepstream.engine.kafka_settings import KafkaSettings
 
     return KafkaSettings.load(
         args.bootstrap, args.prefix, config_file=args.kafka_config, options=args.kafka_opt
@@ -565,7 +565,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
-    from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
+    from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
 
     settings = _kafka_settings(args)
     traced = tracing.from_env(service="stepstream-worker")
@@ -608,7 +608,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
 
 
 def _topics_create(args: argparse.Namespace) -> int:
-    from consumers.kafka import create_topics
+    from stepstream.consumers.kafka import create_topics
 
     settings = _kafka_settings(args)
     states = create_topics(settings, args.partitions, replication=args.replication)
@@ -665,7 +665,7 @@ The bench and the servers it starts run on uvloop unless STEPSTREAM_EVENT_LOOP=a
 
 def _bench(args: argparse.Namespace) -> int:
     # Imported here: the benchmark registers its own workflows, which no other command needs.
-    from ops import bench
+    from stepstream.ops import bench
 
     tune_for_serving()
     return bench.main(args)

@@ -14,31 +14,31 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from consumers.embedded.db import EmbeddedDB
-from consumers.embedded.partition import EmbeddedPartition
-from consumers.host import PartitionHost
-from consumers.partition import (
+from stepstream.consumers.embedded.db import EmbeddedDB
+from stepstream.consumers.embedded.partition import EmbeddedPartition
+from stepstream.consumers.host import PartitionHost
+from stepstream.consumers.partition import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_RETENTION_S,
     SWEEP_INTERVAL_S,
     ProcessorConfig,
 )
-from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
-from engine.environ import env_int, env_seconds
-from engine.errors import StepstreamError
-from engine.kafka_settings import KafkaSettings
-from engine.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
-from engine.outbox import Outbox
-from engine.records import Command
-from engine.seams import Append, Clock, SystemClock
-from engine.serde import RecordSerde, default_serde
-from engine.topics import COMMANDS
-from engine.workflow import Registry
-from producers.client import Transport, register_transport
-from producers.publisher import LogTransport
+from stepstream.engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from stepstream.engine.environ import env_int, env_seconds
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
+from stepstream.engine.outbox import Outbox
+from stepstream.engine.records import Command
+from stepstream.engine.seams import Append, Clock, SystemClock
+from stepstream.engine.serde import RecordSerde, default_serde
+from stepstream.engine.topics import COMMANDS
+from stepstream.engine.workflow import Registry
+from stepstream.producers.client import Transport, register_transport
+from stepstream.producers.publisher import LogTransport
 
 if TYPE_CHECKING:
-    from consumers.kafka.outbox import KafkaOutbox
+    from stepstream.consumers.kafka.outbox import KafkaOutbox
 
 DEFAULT_DATA_DIR = "./.stepstream"
 # Written in a data directory whose partitions several processes share (ops/processes.py).
@@ -155,7 +155,7 @@ def _outbox(bootstrap: str | None) -> KafkaOutbox | None:
     if not bootstrap:
         return None
     # Imported here: an engine that publishes nowhere never loads the Kafka client.
-    from consumers.kafka.outbox import KafkaOutbox
+    from stepstream.consumers.kafka.outbox import KafkaOutbox
 
     return KafkaOutbox(KafkaSettings.load(bootstrap), client_id="stepstream-embedded-outbox")
 

@@ -10,13 +10,13 @@ import logging
 import os
 from collections.abc import Mapping
 
-from consumers.sources import SourceConsumer, SourcesConfig
-from engine.kafka_settings import KafkaSettings
-from engine.seams import SystemClock
-from engine.serde import default_serde
-from engine.sources import declared_sources
-from engine.workflow import Registry
-from ops.embedded import EmbeddedEngine
+from stepstream.consumers.sources import SourceConsumer, SourcesConfig
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.seams import SystemClock
+from stepstream.engine.serde import default_serde
+from stepstream.engine.sources import declared_sources
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedEngine
 
 log = logging.getLogger("stepstream.sources")
 

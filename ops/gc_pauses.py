@@ -13,7 +13,7 @@ import gc
 import time
 from typing import Any
 
-from consumers.telemetry import Histogram
+from stepstream.consumers.telemetry import Histogram
 
 # From a young collection (well under 1 ms) to a full one over a large heap (seconds).
 GC_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -23,40 +23,44 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
-from consumers.host import PartitionHost
-from consumers.kafka import (
+from stepstream.consumers.host import PartitionHost
+from stepstream.consumers.kafka import (
     KafkaRunner,
     LogProducer,
     OutRecord,
     StateDir,
     topic_partitions,
 )
-from consumers.kafka.outbox import KafkaOutbox
-from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
-from consumers.partition import DEFAULT_DRAIN_TIMEOUT_S, DEFAULT_RETENTION_S, ProcessorConfig
-from consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
-from consumers.telemetry import SpanSink
-from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
-from engine.environ import env_int, env_seconds
-from engine.errors import ConnectionFailed, StepstreamError
-from engine.kafka_settings import KafkaSettings
-from engine.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
-from engine.records import Command
-from engine.seams import Clock, SystemClock
-from engine.serde import RecordSerde, default_serde
-from engine.sources import Source, declared_sources
-from engine.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
-from engine.workflow import Registry
-from ops import tracing
-from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
-from ops.api_security import ApiSecurity
-from ops.metrics import Health, observability_for
-from ops.ui.cluster import ClusterView
-from ops.worker_reads import OwnedReader
-from producers import trace_context
-from producers.kafka.definitions import registrations
-from producers.kafka.members import Member
-from producers.publisher import LogTransport
+from stepstream.consumers.kafka.outbox import KafkaOutbox
+from stepstream.consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
+from stepstream.consumers.partition import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_RETENTION_S,
+    ProcessorConfig,
+)
+from stepstream.consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
+from stepstream.consumers.telemetry import SpanSink
+from stepstream.engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from stepstream.engine.environ import env_int, env_seconds
+from stepstream.engine.errors import ConnectionFailed, StepstreamError
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
+from stepstream.engine.records import Command
+from stepstream.engine.seams import Clock, SystemClock
+from stepstream.engine.serde import RecordSerde, default_serde
+from stepstream.engine.sources import Source, declared_sources
+from stepstream.engine.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
+from stepstream.engine.workflow import Registry
+from stepstream.ops import tracing
+from stepstream.ops.api import DEFAULT_MAX_BODY_BYTES, make_app
+from stepstream.ops.api_security import ApiSecurity
+from stepstream.ops.metrics import Health, observability_for
+from stepstream.ops.ui.cluster import ClusterView
+from stepstream.ops.worker_reads import OwnedReader
+from stepstream.producers import trace_context
+from stepstream.producers.kafka.definitions import registrations
+from stepstream.producers.kafka.members import Member
+from stepstream.producers.publisher import LogTransport
 
 log = logging.getLogger("stepstream.worker")
 

@@ -39,24 +39,30 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from consumers.embedded.errors import DataDirInUse
-from consumers.embedded.forwarding import (
+from stepstream.consumers.embedded.errors import DataDirInUse
+from stepstream.consumers.embedded.forwarding import (
     Entries,
     Forwarder,
     ForwardReceiver,
     decode_batch,
     encode_batch,
 )
-from engine.errors import StepstreamError
-from engine.listing import InstancePage, ListQuery, Overview, merge_overviews, merge_pages
-from engine.topics import partition_for
-from engine.views import HistoryEntry, InstanceStatus
-from ops.api_security import INTERNAL_PREFIX, RECORDS_TYPE, ApiSecurity
-from ops.embedded import PROCESSES_FILE, EmbeddedConfig, EmbeddedEngine, open_embedded
-from ops.metrics import CONTENT_TYPE, Health, Observability, observability_for
-from producers.client import Transport
-from producers.http import HttpTransport, client_headers
-from producers.http_routing import PROCESSES_PATH
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.listing import (
+    InstancePage,
+    ListQuery,
+    Overview,
+    merge_overviews,
+    merge_pages,
+)
+from stepstream.engine.topics import partition_for
+from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.ops.api_security import INTERNAL_PREFIX, RECORDS_TYPE, ApiSecurity
+from stepstream.ops.embedded import PROCESSES_FILE, EmbeddedConfig, EmbeddedEngine, open_embedded
+from stepstream.ops.metrics import CONTENT_TYPE, Health, Observability, observability_for
+from stepstream.producers.client import Transport
+from stepstream.producers.http import HttpTransport, client_headers
+from stepstream.producers.http_routing import PROCESSES_PATH
 
 log = logging.getLogger("stepstream.processes")
 
@@ -474,7 +480,7 @@ class Children:
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "ops.cli",
+                "stepstream.ops.cli",
                 *sys.argv[1:],
                 env=env,
                 pass_fds=(spec.fd, spec.public_fd),
@@ -542,7 +548,7 @@ async def wait_ready(urls: Sequence[str], token: str, children: Children) -> Non
 
 def loopback_sockets(count: int) -> list[socket.socket]:
     """Listening loopback sockets, one for each process's internal API."""
-    from ops.serving import listen
+    from stepstream.ops.serving import listen
 
     return [listen("127.0.0.1", 0) for _ in range(count)]
 
@@ -571,8 +577,8 @@ async def serve_child(
     """A child: its partitions, their API on the sockets it was handed (the processes'
     one, behind their token; the clients' one, as the server's), forwarding; until
     SIGTERM, its parent is gone, or its data directory fails."""
-    from ops import tracing
-    from ops.serving import api_runner, stop_on_signals
+    from stepstream.ops import tracing
+    from stepstream.ops.serving import api_runner, stop_on_signals
 
     parent = os.getppid()
     layout = ProcessLayout(spec.processes, spec.partitions)
@@ -623,7 +629,7 @@ def internal_app(
 ) -> web.Application:
     """A process's API for the other processes: its own partitions, forwarding, /metrics
     and /readyz, behind their token, on loopback."""
-    from ops.api import DEFAULT_MAX_BODY_BYTES, make_app
+    from stepstream.ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 
     app = make_app(
         engine.transport,
@@ -679,9 +685,9 @@ async def serve_parent(
 ) -> int:
     """Process 0: starts the others, runs its partitions, serves the public API over all
     of them on ``public``; until SIGTERM or its data directory fails."""
-    from ops import tracing
-    from ops.embedded_sources import start_embedded_sources
-    from ops.serving import address, api_runner, listen, stop_on_signals
+    from stepstream.ops import tracing
+    from stepstream.ops.embedded_sources import start_embedded_sources
+    from stepstream.ops.serving import address, api_runner, listen, stop_on_signals
 
     layout = prepare_layout(config.data_dir, processes, config.partitions)
     token = secrets.token_urlsafe(32)

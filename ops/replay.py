@@ -29,10 +29,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from engine.codec import JsonCodec, PayloadCodec, decode_safely
-from engine.errors import HistoryDiverged, StepstreamError, UndecodableRecord, UnknownWorkflow
-from engine.loop import ROOT_TASK, WorkflowLoop
-from engine.records import (
+from stepstream.engine.codec import JsonCodec, PayloadCodec, decode_safely
+from stepstream.engine.errors import (
+    HistoryDiverged,
+    StepstreamError,
+    UndecodableRecord,
+    UnknownWorkflow,
+)
+from stepstream.engine.loop import ROOT_TASK, WorkflowLoop
+from stepstream.engine.records import (
     HistoryRecord,
     InstanceForgotten,
     PartitionFenced,
@@ -46,12 +51,12 @@ from engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from engine.records import SleepStarted as SleepStartedRecord
-from engine.runtime import InstanceRuntime, Output
-from engine.serde import RecordSerde, default_serde
-from engine.state import Entry, EntryState, InstanceState
-from engine.workflow import Registry, WorkflowDefinition
-from ops import event_loop
+from stepstream.engine.records import SleepStarted as SleepStartedRecord
+from stepstream.engine.runtime import InstanceRuntime, Output
+from stepstream.engine.serde import RecordSerde, default_serde
+from stepstream.engine.state import Entry, EntryState, InstanceState
+from stepstream.engine.workflow import Registry, WorkflowDefinition
+from stepstream.ops import event_loop
 
 DIVERGED_TYPE = "HistoryDiverged"
 PROGRESS_EVERY = 1000
@@ -642,7 +647,7 @@ def fold_history_log(
 def read_data_dir(path: str, *, instance_id: str | None = None) -> Iterator[History]:
     """Histories in an embedded data directory, read from a read-only RocksDB: the
     writer's lock is not taken (a running engine may hold it) and nothing is written."""
-    from consumers.embedded.readonly import ReadOnlyData
+    from stepstream.consumers.embedded.readonly import ReadOnlyData
 
     serde = default_serde()
     with ReadOnlyData(path) as data:
@@ -659,9 +664,9 @@ def read_kafka(settings: Any, *, from_offset: int = 0) -> tuple[list[History], i
     """Every partition of ``<prefix>.history`` from ``from_offset`` (or its first offset)
     to its end, folded by the reader rules. Returns the histories and how many records
     could not be read."""
-    from consumers.kafka.admin import existing_partitions
-    from consumers.kafka.restore import HistoryReader
-    from engine.topics import HISTORY, TopicNames
+    from stepstream.consumers.kafka.admin import existing_partitions
+    from stepstream.consumers.kafka.restore import HistoryReader
+    from stepstream.engine.topics import HISTORY, TopicNames
 
     topic = TopicNames(settings.prefix).name(HISTORY)
     partitions = existing_partitions(settings).get(topic)
@@ -699,7 +704,7 @@ async def read_client(
 ) -> list[History]:
     """Histories through a client: ``Client.list`` and ``Client.history``, rebuilt into
     records (``ops.history_export.records_from_entries``)."""
-    from ops.history_export import records_from_entries
+    from stepstream.ops.history_export import records_from_entries
 
     if instance_id is not None:
         ids = [instance_id]
@@ -718,7 +723,7 @@ async def read_client(
 
 
 def read_files(paths: Sequence[str | os.PathLike[str]]) -> list[History]:
-    from ops.history_export import read_export
+    from stepstream.ops.history_export import read_export
 
     out = []
     for path in paths:
@@ -804,7 +809,7 @@ def _histories(args: Any) -> tuple[Iterable[History], int | None]:
     if args.file is not None:
         found = read_files(args.file)
     elif args.bootstrap is not None:
-        from engine.kafka_settings import KafkaSettings
+        from stepstream.engine.kafka_settings import KafkaSettings
 
         settings = KafkaSettings.load(
             args.bootstrap, args.prefix, config_file=args.kafka_config, options=args.kafka_opt
@@ -822,11 +827,11 @@ def _histories(args: Any) -> tuple[Iterable[History], int | None]:
 async def _from_client(args: Any) -> list[History]:
     import importlib
 
-    from producers.client import Client
+    from stepstream.producers.client import Client
 
     scheme = args.connect.split(":", 1)[0]
     if scheme == "kafka":
-        importlib.import_module("producers.kafka")
+        importlib.import_module("stepstream.producers.kafka")
     options = {"token": args.token, "tls_ca": args.tls_ca}
     async with Client.connect(args.connect, **options) as client:
         return await read_client(client, instance_id=args.instance, workflow=args.workflow)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from aiohttp import web
 
-from engine.errors import StepstreamError
+from stepstream.engine.errors import StepstreamError
 
 
 def listen(host: str, port: int) -> socket.socket:

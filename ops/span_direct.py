@@ -21,8 +21,8 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from consumers.telemetry import RunSpan, StepSpan
-from ops.tracing import (
+from stepstream.consumers.telemetry import RunSpan, StepSpan
+from stepstream.ops.tracing import (
     client_context,
     exporter_from_env,
     run_attributes,
@@ -32,7 +32,7 @@ from ops.tracing import (
     trace_id_of_run,
     tracing_enabled,
 )
-from producers.trace_context import ProducerSpan, producer_attributes
+from stepstream.producers.trace_context import ProducerSpan, producer_attributes
 
 EXPORT_QUEUE = 65_536
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)

@@ -24,9 +24,9 @@ import queue
 import time
 from typing import Any
 
-from consumers.telemetry import RunSpan, StepSpan
-from ops import logs
-from producers.trace_context import ProducerSpan
+from stepstream.consumers.telemetry import RunSpan, StepSpan
+from stepstream.ops import logs
+from stepstream.producers.trace_context import ProducerSpan
 
 log = logging.getLogger("stepstream.tracing")
 
@@ -175,8 +175,8 @@ def _export(
         logs.configure(level, log_format, process=process)
     with contextlib.suppress(OSError):
         os.nice(NICENESS)
-    from ops.otlp_wire import wire_from_env
-    from ops.span_direct import direct_from_env
+    from stepstream.ops.otlp_wire import wire_from_env
+    from stepstream.ops.span_direct import direct_from_env
 
     try:
         sink = wire_from_env(os.environ, service=service) or direct_from_env(

@@ -41,10 +41,10 @@ from opentelemetry.trace import (
 )
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from consumers.host import PartitionHost
-from consumers.telemetry import RunSpan, StepSpan
-from ops.span_export import SpanExportProcess
-from producers import trace_context
+from stepstream.consumers.host import PartitionHost
+from stepstream.consumers.telemetry import RunSpan, StepSpan
+from stepstream.ops.span_export import SpanExportProcess
+from stepstream.producers import trace_context
 
 log = logging.getLogger("stepstream.tracing")
 

@@ -9,14 +9,14 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from engine.codec import PayloadCodec
-from engine.errors import StepstreamError
-from engine.workflow import Registry
-from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
-from producers.client import Client, Transport
+from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
+from stepstream.producers.client import Client, Transport
 
 if TYPE_CHECKING:
-    from ops.kafka_worker import KafkaWorker
+    from stepstream.ops.kafka_worker import KafkaWorker
 
 
 class Worker:
@@ -67,9 +67,9 @@ class Worker:
         self._engine = await open_embedded(self.registry, config, codec=self._codec)
 
     async def _start_kafka(self) -> None:
-        from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
-        from producers.http import TLS_CA_ENV
-        from producers.kafka import open_kafka_transport, settings_from_url
+        from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
+        from stepstream.producers.http import TLS_CA_ENV
+        from stepstream.producers.kafka import open_kafka_transport, settings_from_url
 
         options = dict(self._options)
         settings = settings_from_url(self._connect, options)

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
-from consumers.host import OverviewProgress, PartitionHost
-from engine.errors import ConnectionFailed, ResultTimeout
-from engine.listing import InstancePage, ListQuery, Overview
-from engine.records import HistoryRecord, Payload
-from engine.state import InstanceState
-from engine.topics import partition_for
-from engine.workflow import WorkflowDefinition
+from stepstream.consumers.host import OverviewProgress, PartitionHost
+from stepstream.engine.errors import ConnectionFailed, ResultTimeout
+from stepstream.engine.listing import InstancePage, ListQuery, Overview
+from stepstream.engine.records import HistoryRecord, Payload
+from stepstream.engine.state import InstanceState
+from stepstream.engine.topics import partition_for
+from stepstream.engine.workflow import WorkflowDefinition
 
 
 class OwnedReader:

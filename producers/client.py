@@ -13,16 +13,16 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from engine.errors import StepstreamError
-from engine.listing import (
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.listing import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
     InstancePage,
     ListQuery,
     Overview,
 )
-from engine.names import check_name, event_id_problem, event_name_problem
-from engine.views import HistoryEntry, InstanceStatus
+from stepstream.engine.names import check_name, event_id_problem, event_name_problem
+from stepstream.engine.views import HistoryEntry, InstanceStatus
 
 DEFAULT_CONNECT = "http://127.0.0.1:8233"
 
@@ -62,7 +62,11 @@ class Transport(Protocol):
 TransportFactory = Callable[[str, dict[str, Any]], Awaitable[Transport]]
 _TRANSPORTS: dict[str, TransportFactory] = {}
 # Transports of this package, imported on first use (embedded registers from ops).
-_BUILT_IN = {"http": "producers.http", "https": "producers.http", "kafka": "producers.kafka"}
+_BUILT_IN = {
+    "http": "stepstream.producers.http",
+    "https": "stepstream.producers.http",
+    "kafka": "stepstream.producers.kafka",
+}
 
 
 def register_transport(scheme: str, factory: TransportFactory) -> None:

@@ -27,8 +27,8 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from engine.codec import dump_json_text
-from engine.errors import (
+from stepstream.engine.codec import dump_json_text
+from stepstream.engine.errors import (
     AccessDenied,
     ConnectionFailed,
     HistoryDiverged,
@@ -44,10 +44,10 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from engine.listing import InstancePage, ListQuery, Overview
-from engine.views import HistoryEntry, InstanceStatus
-from producers import trace_context
-from producers.client import Transport, register_transport
+from stepstream.engine.listing import InstancePage, ListQuery, Overview
+from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.producers import trace_context
+from stepstream.producers.client import Transport, register_transport
 
 _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
     cls.__name__: cls
@@ -592,7 +592,7 @@ async def _connect(url: str, options: dict[str, Any]) -> Transport:
     headers = client_headers(token)
     connector = aiohttp.TCPConnector(limit=_CONNECTIONS, ssl=client_ssl(tls_ca))
     session = aiohttp.ClientSession(headers=headers, connector=connector)
-    from producers.http_routing import RoutedHttpTransport
+    from stepstream.producers.http_routing import RoutedHttpTransport
 
     return RoutedHttpTransport(HttpTransport(url, session, request_timeout=request_timeout))
 

@@ -20,10 +20,10 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from engine.errors import StepstreamError
-from engine.listing import InstancePage, ListQuery, Overview
-from engine.topics import partition_for
-from engine.views import HistoryEntry, InstanceStatus
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.listing import InstancePage, ListQuery, Overview
+from stepstream.engine.topics import partition_for
+from stepstream.engine.views import HistoryEntry, InstanceStatus
 
 log = logging.getLogger("stepstream.client")
 
@@ -147,7 +147,7 @@ async def _processes(http: aiohttp.ClientSession, base_url: str) -> tuple[int, l
 
 def _sibling(server: Any, port: int) -> Any:
     """An ``HttpTransport`` to the same host on ``port``, sharing the connection pool."""
-    from producers.http import HttpTransport
+    from stepstream.producers.http import HttpTransport
 
     url = str(URL(server.base_url).with_port(port))
     return HttpTransport(url, server.http, request_timeout=server.request_timeout)

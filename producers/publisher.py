@@ -14,17 +14,23 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from engine.codec import MAX_MESSAGE_CHARS, PayloadCodec, check_size, decode_safely, encode_safely
-from engine.errors import (
+from stepstream.engine.codec import (
+    MAX_MESSAGE_CHARS,
+    PayloadCodec,
+    check_size,
+    decode_safely,
+    encode_safely,
+)
+from stepstream.engine.errors import (
     InvalidPayload,
     PayloadTooLarge,
     ResultTimeout,
     WorkflowCancelled,
     WorkflowFailed,
 )
-from engine.listing import InstancePage, ListQuery, Overview, merge_overviews
-from engine.names import check_name, event_id_problem, event_name_problem, text_problem
-from engine.records import (
+from stepstream.engine.listing import InstancePage, ListQuery, Overview, merge_overviews
+from stepstream.engine.names import check_name, event_id_problem, event_name_problem, text_problem
+from stepstream.engine.records import (
     CancelWorkflow,
     Command,
     HistoryRecord,
@@ -34,11 +40,11 @@ from engine.records import (
     SendEvent,
     StartWorkflow,
 )
-from engine.settle import error_for
-from engine.state import InstanceState, Status
-from engine.views import HistoryEntry, InstanceStatus
-from engine.workflow import WorkflowDefinition
-from producers import trace_context
+from stepstream.engine.settle import error_for
+from stepstream.engine.state import InstanceState, Status
+from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.engine.workflow import WorkflowDefinition
+from stepstream.producers import trace_context
 
 # Instances one partition looks at per slice of a page (about a millisecond's work).
 _LIST_SLICE = 2000

@@ -5,10 +5,10 @@ This is the one import path users need::
     from stepstream import workflow, Context, Client, Worker, RetryPolicy, NonRetryableError
 """
 
-from engine.attempts import attempt_cancelled
-from engine.codec import JsonCodec, PayloadCodec
-from engine.context import ChildHandle, Context, StepFailure, StepResult
-from engine.errors import (
+from stepstream.engine.attempts import attempt_cancelled
+from stepstream.engine.codec import JsonCodec, PayloadCodec
+from stepstream.engine.context import ChildHandle, Context, StepFailure, StepResult
+from stepstream.engine.errors import (
     AccessDenied,
     ChildFailed,
     ConnectionFailed,
@@ -32,16 +32,16 @@ from engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from engine.hook_events import StatusChangeEvent, StepErrorEvent
-from engine.loops import Break, Continue
-from engine.outbox import Published
-from engine.records import Payload
-from engine.retry import RetryPolicy
-from engine.sources import Source
-from engine.views import HistoryEntry, InstanceStatus
-from engine.workflow import workflow
-from ops.worker import Worker
-from producers.client import Client
+from stepstream.engine.hook_events import StatusChangeEvent, StepErrorEvent
+from stepstream.engine.loops import Break, Continue
+from stepstream.engine.outbox import Published
+from stepstream.engine.records import Payload
+from stepstream.engine.retry import RetryPolicy
+from stepstream.engine.sources import Source
+from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.engine.workflow import workflow
+from stepstream.ops.worker import Worker
+from stepstream.producers.client import Client
 
 __all__ = [
     "AccessDenied",

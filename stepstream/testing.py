@@ -30,21 +30,21 @@ from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from consumers import state_keys
-from consumers.embedded.partition import EmbeddedPartition
-from consumers.instance_store import load_state
-from engine.codec import PayloadCodec
-from engine.errors import ConnectionFailed, StepstreamError, UnknownWorkflow
-from engine.outbox import MemoryOutbox, OutboxRecord
-from engine.seams import Clock, SystemClock
-from engine.state import EntryState
-from engine.topics import COMMANDS, TIMERS
-from engine.virtual_clock import VirtualClock
-from engine.workflow import Registry, WorkflowDefinition, definition_of
-from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
-from ops.history_export import ExportedHistory
-from ops.replay import History, ReplayDiverged, ReplayResult, read_files, replay_history
-from producers.client import Client, Transport
+from stepstream.consumers import state_keys
+from stepstream.consumers.embedded.partition import EmbeddedPartition
+from stepstream.consumers.instance_store import load_state
+from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.errors import ConnectionFailed, StepstreamError, UnknownWorkflow
+from stepstream.engine.outbox import MemoryOutbox, OutboxRecord
+from stepstream.engine.seams import Clock, SystemClock
+from stepstream.engine.state import EntryState
+from stepstream.engine.topics import COMMANDS, TIMERS
+from stepstream.engine.virtual_clock import VirtualClock
+from stepstream.engine.workflow import Registry, WorkflowDefinition, definition_of
+from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
+from stepstream.ops.history_export import ExportedHistory
+from stepstream.ops.replay import History, ReplayDiverged, ReplayResult, read_files, replay_history
+from stepstream.producers.client import Client, Transport
 
 __all__ = [
     "ReplayDiverged",

@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 
 import pytest
 
-import producers.kafka  # noqa: F401  (registers kafka:// with Client.connect)
-from engine.kafka_settings import KafkaSettings
-from engine.workflow import Registry
-from ops.embedded import EmbeddedConfig, open_embedded
-from producers.client import Client
+import stepstream.producers.kafka  # noqa: F401  (registers kafka:// with Client.connect)
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from stepstream.producers.client import Client
 from tests.kafka_broker import Broker, start_broker
 
 T = TypeVar("T")
@@ -73,7 +73,7 @@ class ThreadedWorker:
         sources: Any = None,
         **config: Any,
     ) -> None:
-        from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
+        from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
 
         self.settings = settings
         self._loop = asyncio.new_event_loop()
@@ -114,7 +114,7 @@ async def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
 @pytest.fixture
 def kafka_worker(kafka_broker: Broker, tmp_path: Path) -> Iterator[ThreadedWorker]:
     """A fresh prefix (topics created) and a worker that owns all of its partitions."""
-    from consumers.kafka import create_topics
+    from stepstream.consumers.kafka import create_topics
 
     settings = kafka_settings(kafka_broker)
     create_topics(settings, KAFKA_TEST_PARTITIONS)

@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from engine.records import (
+from stepstream.engine.records import (
     CancelWorkflow,
     Command,
     CommandIgnored,
@@ -50,8 +50,8 @@ from engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from engine.state import is_client_command
-from engine.topics import partition_for
+from stepstream.engine.state import is_client_command
+from stepstream.engine.topics import partition_for
 
 LOST = "AttemptLost"  # the error type of an attempt lost with its worker
 TERMINAL = (WorkflowCompleted, WorkflowFailed, WorkflowCancelled)

@@ -46,7 +46,7 @@ def run_cli(
     root: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
+        [sys.executable, "-m", "stepstream.ops.cli", *args],
         cwd=root,
         env=env if env is not None else clean_env(root),
         capture_output=True,
@@ -102,7 +102,7 @@ def spawn_dev(
     env = env if env is not None else clean_env(root)
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", *command],
+            [sys.executable, "-m", "stepstream.ops.cli", *command],
             cwd=root,
             env=env,
             stdout=subprocess.PIPE,

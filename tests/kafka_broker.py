@@ -1,5 +1,5 @@
 """The test broker lives in ``ops.broker`` (the Kafka bench starts it too)."""
 
-from ops.broker import Broker, start_broker
+from stepstream.ops.broker import Broker, start_broker
 
 __all__ = ["Broker", "start_broker"]

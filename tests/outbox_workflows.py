@@ -94,8 +94,8 @@ def _install_kill_points() -> None:
     """Wraps the outbox's producer call (the real one) with the kill points around it."""
     if _kill_point() is None:
         return
-    from consumers.kafka.outbox import KafkaOutbox
-    from engine.outbox import OutboxRecord
+    from stepstream.consumers.kafka.outbox import KafkaOutbox
+    from stepstream.engine.outbox import OutboxRecord
 
     produce = KafkaOutbox.publish
 

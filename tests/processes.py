@@ -21,7 +21,7 @@ def worker_command(
     workflows: str, bootstrap: str, prefix: str, state_dir: Path, options: Sequence[str]
 ) -> list[str]:
     """`stepstream worker` on any free port, with each librdkafka option given."""
-    args = [sys.executable, "-m", "ops.cli", "worker", "--workflows", workflows]
+    args = [sys.executable, "-m", "stepstream.ops.cli", "worker", "--workflows", workflows]
     args += ["--bootstrap", bootstrap, "--prefix", prefix, "--state-dir", str(state_dir)]
     args += ["--port", "0"]
     for option in options:

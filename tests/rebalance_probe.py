@@ -29,14 +29,20 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from consumers.kafka import create_topics
-from engine.kafka_settings import KafkaSettings
-from engine.records import PartitionFenced, Record, StepAttemptStarted, StepFailed, StepSucceeded
-from engine.serde import default_serde
-from engine.topics import HISTORY, MEMBERS, TopicNames, partition_for
-from producers.client import Client
-from producers.kafka import aiokafka_options
-from producers.kafka.members import MembersView
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.records import (
+    PartitionFenced,
+    Record,
+    StepAttemptStarted,
+    StepFailed,
+    StepSucceeded,
+)
+from stepstream.engine.serde import default_serde
+from stepstream.engine.topics import HISTORY, MEMBERS, TopicNames, partition_for
+from stepstream.producers.client import Client
+from stepstream.producers.kafka import aiokafka_options
+from stepstream.producers.kafka.members import MembersView
 from tests.conftest import kafka_settings, kafka_url
 from tests.faults.test_kafka_failover import WorkerProcess, owned_by
 from tests.kafka_broker import Broker, start_broker

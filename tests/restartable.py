@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.workflow import Registry
-from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
-from producers.client import Client
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
+from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
 from tests.kafka_broker import Broker
 
@@ -48,7 +48,7 @@ class RestartableKafka:
         self.client: Client | None = None
 
     async def open(self) -> Client:
-        from consumers.kafka import create_topics
+        from stepstream.consumers.kafka import create_topics
 
         await asyncio.to_thread(create_topics, self._settings, KAFKA_TEST_PARTITIONS)
         await self._start_worker()

@@ -28,9 +28,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from engine.workflow import Registry
-from ops.embedded import EmbeddedConfig, open_embedded
-from producers.client import Client
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from stepstream.producers.client import Client
 from tests.browser import chromium_path
 from tests.dev_server import DevServer, clean_env
 
@@ -107,7 +107,7 @@ def _serve(root: Path) -> DevServer:
     command = ["dev", "--workflows", "scale_flows", "--data", str(root / "data"), "--port", "0"]
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", *command],
+            [sys.executable, "-m", "stepstream.ops.cli", *command],
             cwd=root,
             env=clean_env(root),
             stdout=subprocess.PIPE,

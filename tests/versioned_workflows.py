@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.context import Context
-from engine.workflow import workflow
+from stepstream.engine.context import Context
+from stepstream.engine.workflow import workflow
 
 
 def quote(amount: int, rate: int) -> int:

@@ -1,16 +1,16 @@
 """The embedded backend: one process, one RocksDB holding the log and every partition's
 state, so a commit is one atomic, fsynced WriteBatch."""
 
-from consumers.embedded.db import DEFAULT_PARTITIONS, Durability, EmbeddedDB
-from consumers.embedded.errors import (
+from stepstream.consumers.embedded.db import DEFAULT_PARTITIONS, Durability, EmbeddedDB
+from stepstream.consumers.embedded.errors import (
     DataDirCorrupted,
     DataDirInUse,
     DiskFull,
     PartitionCountMismatch,
     StorageFailed,
 )
-from consumers.embedded.log import EmbeddedLog
-from consumers.embedded.partition import EmbeddedPartition, EmbeddedSource, EmbeddedStore
+from stepstream.consumers.embedded.log import EmbeddedLog
+from stepstream.consumers.embedded.partition import EmbeddedPartition, EmbeddedSource, EmbeddedStore
 
 __all__ = [
     "DEFAULT_PARTITIONS",

@@ -27,26 +27,26 @@ from typing import Any
 
 from rocksdict import DBRecoveryMode, Options, Rdict, WriteBatch, WriteOptions
 
-from consumers import rocks as rocks_helpers
-from consumers.embedded import keys
-from consumers.embedded.errors import (
+from stepstream.consumers import rocks as rocks_helpers
+from stepstream.consumers.embedded import keys
+from stepstream.consumers.embedded.errors import (
     DataDirCorrupted,
     DataDirInUse,
     DiskFull,
     PartitionCountMismatch,
     StorageFailed,
 )
-from consumers.embedded.log import EmbeddedLog
-from consumers.embedded.wal import WalSync
-from consumers.rocks import (
+from stepstream.consumers.embedded.log import EmbeddedLog
+from stepstream.consumers.embedded.wal import WalSync
+from stepstream.consumers.rocks import (
     check_status,
     is_corruption,
     is_disk_full,
     is_missing_file,
     prefix_scan,
 )
-from engine.errors import StepstreamError
-from engine.seams import Append
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.seams import Append
 
 log = logging.getLogger(__name__)
 

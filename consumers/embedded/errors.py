@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.errors import StepstreamError
+from stepstream.engine.errors import StepstreamError
 
 
 class DataDirInUse(StepstreamError):

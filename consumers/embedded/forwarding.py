@@ -20,10 +20,10 @@ import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from consumers.embedded import keys
-from consumers.embedded.db import EmbeddedDB
-from engine.seams import Append
-from engine.topics import COMMANDS
+from stepstream.consumers.embedded import keys
+from stepstream.consumers.embedded.db import EmbeddedDB
+from stepstream.engine.seams import Append
+from stepstream.engine.topics import COMMANDS
 
 log = logging.getLogger("stepstream.embedded.forwarding")
 

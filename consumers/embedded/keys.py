@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import struct
 
-from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS
-from engine.uvarint import uvarint
+from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS
+from stepstream.engine.uvarint import uvarint
 
 LOG_CF = "log"
 STATE_CF = "state"

@@ -14,12 +14,12 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from consumers.embedded import keys
-from engine.seams import Append, LogEntry
-from engine.topics import murmur2
+from stepstream.consumers.embedded import keys
+from stepstream.engine.seams import Append, LogEntry
+from stepstream.engine.topics import murmur2
 
 if TYPE_CHECKING:
-    from consumers.embedded.db import EmbeddedDB
+    from stepstream.consumers.embedded.db import EmbeddedDB
 
 _TopicPartition = tuple[str, int]
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from consumers.embedded import keys
-from consumers.embedded.db import EmbeddedDB
-from consumers.embedded.log import EmbeddedLog
-from engine.seams import CommitBatch, LogEntry
+from stepstream.consumers.embedded import keys
+from stepstream.consumers.embedded.db import EmbeddedDB
+from stepstream.consumers.embedded.log import EmbeddedLog
+from stepstream.engine.seams import CommitBatch, LogEntry
 
 
 class EmbeddedStore:

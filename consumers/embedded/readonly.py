@@ -14,12 +14,12 @@ from typing import Any
 
 from rocksdict import AccessType, Options, Rdict
 
-from consumers import state_keys
-from consumers.embedded import keys
-from consumers.embedded.db import ROCKSDB_DIR
-from consumers.embedded.errors import StorageFailed
-from consumers.rocks import prefix_scan
-from engine.topics import partition_for
+from stepstream.consumers import state_keys
+from stepstream.consumers.embedded import keys
+from stepstream.consumers.embedded.db import ROCKSDB_DIR
+from stepstream.consumers.embedded.errors import StorageFailed
+from stepstream.consumers.rocks import prefix_scan
+from stepstream.engine.topics import partition_for
 
 _SEQ_SUFFIX = 1 + 8  # the separator after the instance id, and the sequence number
 

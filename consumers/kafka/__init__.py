@@ -2,7 +2,7 @@
 RocksDB per owned partition, restore from the history topic, and topic administration.
 See ``docs/kafka-notes.md`` for the broker behaviour this code is written against."""
 
-from consumers.kafka.admin import (
+from stepstream.consumers.kafka.admin import (
     TopicsMismatch,
     TopicsMissing,
     TopicState,
@@ -10,14 +10,14 @@ from consumers.kafka.admin import (
     existing_partitions,
     topic_partitions,
 )
-from consumers.kafka.db import PartitionDB
-from consumers.kafka.group import GroupConsumer
-from consumers.kafka.partition import KafkaPartition
-from consumers.kafka.producer import LogProducer, OutRecord, ProduceFailed
-from consumers.kafka.restore import HistoryReader, Restored, restore_partition
-from consumers.kafka.runner import KafkaRunner
-from consumers.kafka.source import KafkaSource
-from consumers.kafka.state_dir import StateDir, StateDirInUse
+from stepstream.consumers.kafka.db import PartitionDB
+from stepstream.consumers.kafka.group import GroupConsumer
+from stepstream.consumers.kafka.partition import KafkaPartition
+from stepstream.consumers.kafka.producer import LogProducer, OutRecord, ProduceFailed
+from stepstream.consumers.kafka.restore import HistoryReader, Restored, restore_partition
+from stepstream.consumers.kafka.runner import KafkaRunner
+from stepstream.consumers.kafka.source import KafkaSource
+from stepstream.consumers.kafka.state_dir import StateDir, StateDirInUse
 
 __all__ = [
     "GroupConsumer",

@@ -22,16 +22,16 @@ from typing import Any
 
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from consumers import rocks as rocks_helpers
-from consumers.kafka import keys
-from consumers.rocks import (
+from stepstream.consumers import rocks as rocks_helpers
+from stepstream.consumers.kafka import keys
+from stepstream.consumers.rocks import (
     is_corruption,
     is_disk_full,
     is_missing_file,
     pinned_scan,
     prefix_scan,
 )
-from engine.errors import StepstreamError
+from stepstream.engine.errors import StepstreamError
 
 log = logging.getLogger("stepstream.kafka.db")
 

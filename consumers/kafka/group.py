@@ -37,12 +37,12 @@ from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from consumers.kafka import keys
-from consumers.kafka.clients import make_client
-from consumers.kafka.source import KafkaSource
-from engine.kafka_settings import KafkaSettings
-from engine.seams import LogEntry
-from engine.topics import COMMANDS, TIMERS, TopicNames
+from stepstream.consumers.kafka import keys
+from stepstream.consumers.kafka.clients import make_client
+from stepstream.consumers.kafka.source import KafkaSource
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.seams import LogEntry
+from stepstream.engine.topics import COMMANDS, TIMERS, TopicNames
 
 log = logging.getLogger("stepstream.kafka.group")
 

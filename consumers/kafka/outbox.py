@@ -17,16 +17,16 @@ import threading
 
 from confluent_kafka import KafkaError
 
-from consumers.kafka.producer import (
+from stepstream.consumers.kafka.producer import (
     PRODUCER_DEFAULTS,
     PRODUCER_REQUIRED,
     LogProducer,
     OutRecord,
     ProduceFailed,
 )
-from engine.errors import NonRetryableError
-from engine.kafka_settings import KafkaSettings
-from engine.outbox import ID_HEADER, OutboxRecord
+from stepstream.engine.errors import NonRetryableError
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.outbox import ID_HEADER, OutboxRecord
 
 log = logging.getLogger("stepstream.outbox")
 

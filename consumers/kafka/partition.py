@@ -17,13 +17,13 @@ import asyncio
 import zlib
 from collections.abc import Awaitable, Callable
 
-from consumers.kafka import keys
-from consumers.kafka.db import PartitionDB
-from consumers.kafka.producer import LogProducer, OutRecord
-from consumers.kafka.snapshots import Snapshotter
-from consumers.kafka.source import KafkaSource
-from engine.seams import CommitBatch, PartitionLost
-from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TopicNames, partition_for
+from stepstream.consumers.kafka import keys
+from stepstream.consumers.kafka.db import PartitionDB
+from stepstream.consumers.kafka.producer import LogProducer, OutRecord
+from stepstream.consumers.kafka.snapshots import Snapshotter
+from stepstream.consumers.kafka.source import KafkaSource
+from stepstream.engine.seams import CommitBatch, PartitionLost
+from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TopicNames, partition_for
 
 Consumed = Callable[[str, int, int], None]
 # (partition, start, stop) -> the highest epoch of a fence in history[start:stop], or 0.

@@ -22,10 +22,10 @@ from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from consumers.kafka.clients import make_client
-from engine.errors import StepstreamError
-from engine.kafka_settings import KafkaSettings
-from engine.values import value
+from stepstream.consumers.kafka.clients import make_client
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.values import value
 
 log = logging.getLogger("stepstream.kafka.producer")
 

@@ -30,23 +30,23 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from consumers import state_keys
-from consumers.instance_store import load_state
-from consumers.kafka import keys
-from consumers.kafka.clients import make_client
-from consumers.kafka.db import PartitionDB
-from consumers.kafka.producer import LogProducer, OutRecord
-from consumers.restore import Restorer
-from consumers.timers import index_entries
-from engine.errors import StepstreamError
-from engine.kafka_settings import KafkaSettings
-from engine.records import PartitionFenced
-from engine.seams import Clock
-from engine.serde import RecordSerde
-from engine.topics import COMMANDS, HISTORY, TIMERS, TopicNames
+from stepstream.consumers import state_keys
+from stepstream.consumers.instance_store import load_state
+from stepstream.consumers.kafka import keys
+from stepstream.consumers.kafka.clients import make_client
+from stepstream.consumers.kafka.db import PartitionDB
+from stepstream.consumers.kafka.producer import LogProducer, OutRecord
+from stepstream.consumers.restore import Restorer
+from stepstream.consumers.timers import index_entries
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.records import PartitionFenced
+from stepstream.engine.seams import Clock
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.topics import COMMANDS, HISTORY, TIMERS, TopicNames
 
 if TYPE_CHECKING:
-    from consumers.kafka.snapshots import SnapshotReader
+    from stepstream.consumers.kafka.snapshots import SnapshotReader
 
 log = logging.getLogger("stepstream.kafka.restore")
 

@@ -17,27 +17,27 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from consumers.host import PartitionHost
-from consumers.kafka.db import (
+from stepstream.consumers.host import PartitionHost
+from stepstream.consumers.kafka.db import (
     PartitionDB,
     StateCorrupted,
     mark_damaged,
     needs_quarantine,
     quarantine,
 )
-from consumers.kafka.group import KINDS, GroupConsumer, Position
-from consumers.kafka.partition import KafkaPartition
-from consumers.kafka.producer import LogProducer
-from consumers.kafka.restore import Headers, HistoryReader, restore_partition
-from consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY, SnapshotReader, Snapshotter
-from consumers.kafka.source import KafkaSource
-from consumers.kafka.state_dir import StateDir
-from engine.errors import UndecodableRecord
-from engine.kafka_settings import KafkaSettings
-from engine.records import PartitionFenced
-from engine.seams import Clock
-from engine.serde import RecordSerde
-from engine.topics import SNAPSHOTS, TopicNames
+from stepstream.consumers.kafka.group import KINDS, GroupConsumer, Position
+from stepstream.consumers.kafka.partition import KafkaPartition
+from stepstream.consumers.kafka.producer import LogProducer
+from stepstream.consumers.kafka.restore import Headers, HistoryReader, restore_partition
+from stepstream.consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY, SnapshotReader, Snapshotter
+from stepstream.consumers.kafka.source import KafkaSource
+from stepstream.consumers.kafka.state_dir import StateDir
+from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.records import PartitionFenced
+from stepstream.engine.seams import Clock
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.topics import SNAPSHOTS, TopicNames
 
 log = logging.getLogger("stepstream.kafka.runner")
 

@@ -27,17 +27,17 @@ import time
 from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
 
-from consumers import state_keys
-from consumers.kafka import keys
-from consumers.kafka.db import PartitionDB
-from consumers.kafka.producer import LogProducer, OutRecord
-from consumers.kafka.restore import Headers, HistoryReader
-from engine.errors import UndecodableRecord
-from engine.records import Record, SnapshotTaken, StateChunk
-from engine.seams import Clock
-from engine.serde import RecordSerde
-from engine.state import InstanceState
-from engine.topics import COMMANDS, HISTORY, TIMERS, TopicNames
+from stepstream.consumers import state_keys
+from stepstream.consumers.kafka import keys
+from stepstream.consumers.kafka.db import PartitionDB
+from stepstream.consumers.kafka.producer import LogProducer, OutRecord
+from stepstream.consumers.kafka.restore import Headers, HistoryReader
+from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.records import Record, SnapshotTaken, StateChunk
+from stepstream.engine.seams import Clock
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.state import InstanceState
+from stepstream.engine.topics import COMMANDS, HISTORY, TIMERS, TopicNames
 
 log = logging.getLogger("stepstream.kafka.snapshots")
 

@@ -9,7 +9,7 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 
-from engine.seams import LogEntry
+from stepstream.engine.seams import LogEntry
 
 _PAUSE_ABOVE = 50_000  # buffered records of one source before its fetching pauses
 _RESUME_BELOW = 5_000

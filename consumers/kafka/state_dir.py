@@ -9,8 +9,8 @@ import os
 import uuid
 from pathlib import Path
 
-from consumers.kafka import keys
-from engine.errors import StepstreamError
+from stepstream.consumers.kafka import keys
+from stepstream.engine.errors import StepstreamError
 
 
 class StateDirInUse(StepstreamError):

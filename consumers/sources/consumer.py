@@ -22,19 +22,24 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from consumers.kafka import keys
-from consumers.kafka.clients import make_client
-from consumers.kafka.group import CONSUMER_DEFAULTS as GROUP_CONSUMER_DEFAULTS
-from consumers.kafka.producer import LogProducer, OutRecord
-from consumers.sources.lag import SourceLag
-from consumers.sources.translate import RecordTranslator, SourceRecord, Unreadable, dead_letter
-from engine.codec import PayloadCodec
-from engine.environ import env_int, env_seconds
-from engine.kafka_settings import KafkaSettings
-from engine.seams import Append, Clock
-from engine.serde import RecordSerde
-from engine.sources import Source
-from engine.topics import COMMANDS, DEAD_LETTERS, TopicNames, partition_for
+from stepstream.consumers.kafka import keys
+from stepstream.consumers.kafka.clients import make_client
+from stepstream.consumers.kafka.group import CONSUMER_DEFAULTS as GROUP_CONSUMER_DEFAULTS
+from stepstream.consumers.kafka.producer import LogProducer, OutRecord
+from stepstream.consumers.sources.lag import SourceLag
+from stepstream.consumers.sources.translate import (
+    RecordTranslator,
+    SourceRecord,
+    Unreadable,
+    dead_letter,
+)
+from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.environ import env_int, env_seconds
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.seams import Append, Clock
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.sources import Source
+from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, TopicNames, partition_for
 
 log = logging.getLogger("stepstream.sources")
 

@@ -8,8 +8,8 @@ import base64
 import json
 from typing import Any
 
-from consumers.sources.avro import AvroFormatError, AvroReader
-from engine.sources import Source
+from stepstream.consumers.sources.avro import AvroFormatError, AvroReader
+from stepstream.engine.sources import Source
 
 
 class UnreadableValue(ValueError):

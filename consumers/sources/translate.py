@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.sources.decoding import UnreadableValue, ValueDecoder
-from engine.codec import PayloadCodec, check_size, encode_safely
-from engine.errors import StepstreamError
-from engine.names import name_problem
-from engine.records import Command, DeadLetter, SendEvent, StartWorkflow
-from engine.sources import Source
+from stepstream.consumers.sources.decoding import UnreadableValue, ValueDecoder
+from stepstream.engine.codec import PayloadCodec, check_size, encode_safely
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.names import name_problem
+from stepstream.engine.records import Command, DeadLetter, SendEvent, StartWorkflow
+from stepstream.engine.sources import Source
 
 TRACEPARENT_HEADER = "traceparent"
 

@@ -3,12 +3,12 @@ client path, printed as JSON.
 
 ``--client inprocess`` (the embedded engine in this process), ``http`` (``stepstream
 dev`` as a subprocess, an ``http://`` client) or ``kafka`` (``stepstream worker``
-subprocess(es), a ``kafka://`` client); the workloads are in ``ops.bench.workloads``,
-the engines they drive in ``ops.bench.sessions``, the fixed-rate timer workload in
-``ops.bench.timers``. Progress goes to stderr; the JSON object goes to stdout.
+subprocess(es), a ``kafka://`` client); the workloads are in ``stepstream.ops.bench.workloads``,
+the engines they drive in ``stepstream.ops.bench.sessions``, the fixed-rate timer workload in
+``stepstream.ops.bench.timers``. Progress goes to stderr; the JSON object goes to stdout.
 
 The engine subprocesses load their workflows from this module (``--workflows
-ops.bench``), hence the workflow re-exports below.
+stepstream.ops.bench``), hence the workflow re-exports below.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import tempfile
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ops import event_loop
-from ops.bench.profile import check_profiler, profiled
-from ops.bench.sessions import (
+from stepstream.ops import event_loop
+from stepstream.ops.bench.profile import check_profiler, profiled
+from stepstream.ops.bench.sessions import (
     CLIENTS,
     Session,
     cpu_by_role,
@@ -36,8 +36,8 @@ from ops.bench.sessions import (
     process_roles,
     server_gc_pauses,
 )
-from ops.bench.timers import fixed_rate_timers
-from ops.bench.workloads import DEFAULT_N, run_workload
+from stepstream.ops.bench.timers import fixed_rate_timers
+from stepstream.ops.bench.workloads import DEFAULT_N, run_workload
 
 __all__ = ["main", "run_bench"]
 
@@ -125,7 +125,7 @@ async def run_bench(
     broker = None
     broker_pid: int | None = None
     if client == "kafka" and bootstrap is None:
-        from ops.broker import start_broker
+        from stepstream.ops.broker import start_broker
 
         broker = start_broker()
         bootstrap = broker.bootstrap
@@ -162,7 +162,7 @@ async def run_bench(
                         figures["gc_pauses"] = await server_gc_pauses(s.servers)
                 result[name] = {**figures, **s.extra}
                 if client == "kafka" and name != "timers":
-                    from ops.bench.restore import kafka_restore
+                    from stepstream.ops.bench.restore import kafka_restore
 
                     print("restore: timing a worker without local state", file=sys.stderr)
                     prefix = s.extra["prefix"]

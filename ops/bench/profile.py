@@ -15,7 +15,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 
-from ops.bench.sessions import process_roles
+from stepstream.ops.bench.sessions import process_roles
 
 
 def check_profiler() -> str:

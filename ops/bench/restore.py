@@ -13,19 +13,19 @@ from typing import Any
 async def kafka_restore(bootstrap: str, prefix: str, partitions: int) -> dict[str, Any]:
     """What a worker without local state spends restoring every partition, from the
     newest snapshots and from the whole history, on the topics a workload left."""
-    from consumers.kafka import (
+    from stepstream.consumers.kafka import (
         HistoryReader,
         LogProducer,
         OutRecord,
         PartitionDB,
         restore_partition,
     )
-    from consumers.kafka.snapshots import SnapshotReader
-    from engine.kafka_settings import KafkaSettings
-    from engine.records import PartitionFenced
-    from engine.seams import SystemClock
-    from engine.serde import default_serde
-    from engine.topics import SNAPSHOTS, TopicNames
+    from stepstream.consumers.kafka.snapshots import SnapshotReader
+    from stepstream.engine.kafka_settings import KafkaSettings
+    from stepstream.engine.records import PartitionFenced
+    from stepstream.engine.seams import SystemClock
+    from stepstream.engine.serde import default_serde
+    from stepstream.engine.topics import SNAPSHOTS, TopicNames
 
     settings = KafkaSettings(bootstrap=bootstrap, prefix=prefix)
     serde = default_serde()

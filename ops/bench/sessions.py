@@ -27,17 +27,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from engine.errors import StepstreamError
-from engine.workflow import Registry
-from ops import tracing
-from ops.bench.workloads import WORKFLOWS
-from ops.embedded import EmbeddedConfig, open_embedded
-from ops.gc_pauses import GcPauses
-from producers.client import Client
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.workflow import Registry
+from stepstream.ops import tracing
+from stepstream.ops.bench.workloads import WORKFLOWS
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from stepstream.ops.gc_pauses import GcPauses
+from stepstream.producers.client import Client
 
 CLIENTS = ("inprocess", "http", "kafka")
 # The module the engine subprocesses load the bench workflows from.
-WORKFLOWS_MODULE = "ops.bench.workloads"
+WORKFLOWS_MODULE = "stepstream.ops.bench.workloads"
 START_TIMEOUT_S = 60.0
 
 
@@ -125,7 +125,7 @@ async def inprocess(path: str) -> AsyncIterator[Session]:
 def _spawn(args: list[str], log_path: str) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", *args, "--log-level", "WARNING"],
+            [sys.executable, "-m", "stepstream.ops.cli", *args, "--log-level", "WARNING"],
             stdout=subprocess.PIPE,
             stderr=log,
             start_new_session=True,
@@ -187,8 +187,8 @@ async def kafka(
 ) -> AsyncIterator[Session]:
     """``workers`` worker processes on fresh topics, and a ``kafka://`` client; yields
     once every partition has an owner and a probe ran end to end."""
-    from consumers.kafka import create_topics
-    from engine.kafka_settings import KafkaSettings
+    from stepstream.consumers.kafka import create_topics
+    from stepstream.engine.kafka_settings import KafkaSettings
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     settings = KafkaSettings(bootstrap=bootstrap, prefix=prefix)
@@ -222,9 +222,9 @@ async def _until_spread(
 ) -> None:
     """Until the members topic shows ``workers`` workers owning all the partitions (the
     group has settled, so no rebalance lands inside the measurement)."""
-    from engine.topics import MEMBERS, TopicNames
-    from producers.kafka.members import MembersView
-    from producers.kafka.settings import aiokafka_options
+    from stepstream.engine.topics import MEMBERS, TopicNames
+    from stepstream.producers.kafka.members import MembersView
+    from stepstream.producers.kafka.settings import aiokafka_options
 
     view = await MembersView.open(
         TopicNames(settings.prefix).name(MEMBERS),
@@ -289,7 +289,7 @@ def engine_children(pid: int) -> list[int]:
     found = []
     for child in children:
         with contextlib.suppress(OSError), open(f"/proc/{child}/cmdline", "rb") as f:
-            if b"ops.cli\0dev\0" in f.read():
+            if b"stepstream.ops.cli\0dev\0" in f.read():
                 found.append(child)
     return found
 

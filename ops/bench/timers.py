@@ -16,8 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ops.bench.sessions import Session, rss_mb
-from ops.bench.workloads import (
+from stepstream.ops.bench.sessions import Session, rss_mb
+from stepstream.ops.bench.workloads import (
     RESULT_TIMEOUT_S,
     Progress,
     gather_limited,
@@ -25,7 +25,7 @@ from ops.bench.workloads import (
     pct,
     sleep_timeline,
 )
-from producers.client import Client
+from stepstream.producers.client import Client
 
 # Starts in flight at once while scheduling: enough to keep any client path busy.
 _IN_FLIGHT = 500

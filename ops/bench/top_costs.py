@@ -52,7 +52,7 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(
-        prog="python -m ops.bench.top_costs",
+        prog="python -m stepstream.ops.bench.top_costs",
         description="the top costs of a `stepstream bench --profile` file",
     )
     parser.add_argument("file")

@@ -22,10 +22,10 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from engine.context import Context
-from engine.loops import Break, Continue
-from engine.workflow import workflow
-from producers.client import Client
+from stepstream.engine.context import Context
+from stepstream.engine.loops import Break, Continue
+from stepstream.engine.workflow import workflow
+from stepstream.producers.client import Client
 
 DEFAULT_N = {"W1": 2000, "W2": 2000, "W3": 500, "buffer": 1000, "fanout": 4000, "loop": 1000}
 # Waits longer than any workload takes on a loaded machine: a result that does not come

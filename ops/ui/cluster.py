@@ -13,11 +13,11 @@ import asyncio
 import contextlib
 import os
 
-from engine.codec import PayloadCodec
-from engine.kafka_settings import KafkaSettings
-from producers.client import Transport
-from producers.http import TLS_CA_ENV
-from producers.kafka import open_kafka_transport
+from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.producers.client import Transport
+from stepstream.producers.http import TLS_CA_ENV
+from stepstream.producers.kafka import open_kafka_transport
 
 
 class ClusterView:

@@ -18,17 +18,17 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.codec import parse_json_text
-from engine.errors import InvalidPayload
-from engine.listing import ListQuery
-from engine.views import HistoryEntry
-from ops.timeline import timeline_rows
-from producers.client import Transport
+from stepstream.engine.codec import parse_json_text
+from stepstream.engine.errors import InvalidPayload
+from stepstream.engine.listing import ListQuery
+from stepstream.engine.views import HistoryEntry
+from stepstream.ops.timeline import timeline_rows
+from stepstream.producers.client import Transport
 
 UI_PATHS = ("/ui", "/ui/")
 STATIC_PREFIX = "/ui/static/"
 TransportSource = Callable[[], Awaitable[Transport]]
-_STATIC = resources.files("ops.ui") / "static"
+_STATIC = resources.files("stepstream.ops.ui") / "static"
 UI_FILES = frozenset(
     {"app.js", "api.js", "dom.js", "timeline.js", "pages.js", "style.css", "index.html"}
 )

@@ -12,10 +12,10 @@ servers. Importing this package registers ``kafka://`` with ``Client.connect``.
 - ``connect``: opening one from a ``kafka://`` URL (registers the scheme)
 """
 
-from producers.kafka.connect import open_kafka_transport
-from producers.kafka.members import Member, MembersView
-from producers.kafka.settings import aiokafka_options, settings_from_url
-from producers.kafka.transport import KafkaTransport
+from stepstream.producers.kafka.connect import open_kafka_transport
+from stepstream.producers.kafka.members import Member, MembersView
+from stepstream.producers.kafka.settings import aiokafka_options, settings_from_url
+from stepstream.producers.kafka.transport import KafkaTransport
 
 __all__ = [
     "KafkaTransport",

@@ -13,23 +13,27 @@ import aiohttp
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
-from engine.environ import env_int
-from engine.errors import ConnectionFailed, StepstreamError
-from engine.kafka_settings import KafkaSettings
-from engine.serde import default_serde
-from engine.topics import DEFINITIONS, MEMBERS, TopicNames
-from producers.client import Transport, register_transport
-from producers.http import (
+from stepstream.engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from stepstream.engine.environ import env_int
+from stepstream.engine.errors import ConnectionFailed, StepstreamError
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.serde import default_serde
+from stepstream.engine.topics import DEFINITIONS, MEMBERS, TopicNames
+from stepstream.producers.client import Transport, register_transport
+from stepstream.producers.http import (
     DEFAULT_REQUEST_TIMEOUT_S,
     client_headers,
     client_security,
     client_ssl,
 )
-from producers.kafka.definitions import DefinitionsView
-from producers.kafka.members import MembersView
-from producers.kafka.settings import aiokafka_options, check_properties, settings_from_url
-from producers.kafka.transport import DEFAULT_COMMAND_TIMEOUT_S, KafkaTransport
+from stepstream.producers.kafka.definitions import DefinitionsView
+from stepstream.producers.kafka.members import MembersView
+from stepstream.producers.kafka.settings import (
+    aiokafka_options,
+    check_properties,
+    settings_from_url,
+)
+from stepstream.producers.kafka.transport import DEFAULT_COMMAND_TIMEOUT_S, KafkaTransport
 
 _CONNECT_TIMEOUT_S = 15.0
 _BATCH_BYTES = 1 << 20

@@ -17,10 +17,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from engine.cluster_serde import WORKFLOW_REGISTERED, cluster_serde
-from engine.errors import UndecodableRecord, UnknownWorkflow
-from engine.workflow import Registry, WorkflowDefinition, ordered_versions
-from producers.kafka.follower import TopicFollower
+from stepstream.engine.cluster_serde import WORKFLOW_REGISTERED, cluster_serde
+from stepstream.engine.errors import UndecodableRecord, UnknownWorkflow
+from stepstream.engine.workflow import Registry, WorkflowDefinition, ordered_versions
+from stepstream.producers.kafka.follower import TopicFollower
 
 log = logging.getLogger("stepstream.kafka.definitions")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from engine.errors import ConnectionFailed
+from stepstream.engine.errors import ConnectionFailed
 
 log = logging.getLogger("stepstream.kafka.follower")
 

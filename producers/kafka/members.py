@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.cluster_serde import MEMBER_ANNOUNCED, cluster_serde
-from engine.errors import UndecodableRecord
-from producers.kafka.follower import TopicFollower
+from stepstream.engine.cluster_serde import MEMBER_ANNOUNCED, cluster_serde
+from stepstream.engine.errors import UndecodableRecord
+from stepstream.producers.kafka.follower import TopicFollower
 
 log = logging.getLogger("stepstream.kafka.members")
 

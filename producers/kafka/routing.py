@@ -25,12 +25,18 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from engine.errors import ConnectionFailed, StepstreamError
-from engine.listing import InstancePage, ListQuery, Overview, merge_overviews, merge_pages
-from engine.topics import TopicNames
-from engine.views import InstanceStatus
-from producers.kafka.members import Member, MembersView
-from producers.kafka.session import WorkerSession
+from stepstream.engine.errors import ConnectionFailed, StepstreamError
+from stepstream.engine.listing import (
+    InstancePage,
+    ListQuery,
+    Overview,
+    merge_overviews,
+    merge_pages,
+)
+from stepstream.engine.topics import TopicNames
+from stepstream.engine.views import InstanceStatus
+from stepstream.producers.kafka.members import Member, MembersView
+from stepstream.producers.kafka.session import WorkerSession
 
 T = TypeVar("T")
 RETRY_S = 1.0  # longest wait for the members view to move on before asking again

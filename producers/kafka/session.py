@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.views import HistoryEntry, InstanceStatus
-from producers.http import HttpTransport
+from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.producers.http import HttpTransport
 
 # A start a client published: its command id (None: any start up to the offset) and the
 # offset the broker gave it on the commands topic.

@@ -27,22 +27,27 @@ from typing import Any, TypeVar
 import aiohttp
 from aiokafka.errors import KafkaError
 
-from engine.codec import PayloadCodec
-from engine.errors import ConnectionFailed, ResultTimeout, StepstreamError, UnknownInstance
-from engine.listing import InstancePage, ListQuery, Overview
-from engine.records import Command, StartWorkflow
-from engine.serde import RecordSerde
-from engine.topics import TopicNames, partition_for
-from engine.views import HistoryEntry, InstanceStatus
-from producers import trace_context
-from producers.http import (
+from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.errors import (
+    ConnectionFailed,
+    ResultTimeout,
+    StepstreamError,
+    UnknownInstance,
+)
+from stepstream.engine.listing import InstancePage, ListQuery, Overview
+from stepstream.engine.records import Command, StartWorkflow
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.topics import TopicNames, partition_for
+from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.producers import trace_context
+from stepstream.producers.http import (
     DEFAULT_REQUEST_TIMEOUT_S,
 )
-from producers.kafka.definitions import DefinitionsView, RemoteWorkflow
-from producers.kafka.members import MembersView
-from producers.kafka.routing import Router
-from producers.kafka.session import After, WorkerSession
-from producers.publisher import CommandPublisher
+from stepstream.producers.kafka.definitions import DefinitionsView, RemoteWorkflow
+from stepstream.producers.kafka.members import MembersView
+from stepstream.producers.kafka.routing import Router
+from stepstream.producers.kafka.session import After, WorkerSession
+from stepstream.producers.publisher import CommandPublisher
 
 log = logging.getLogger("stepstream.kafka.client")
 T = TypeVar("T")

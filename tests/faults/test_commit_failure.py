@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from consumers.embedded import EmbeddedPartition
-from engine.errors import ResultTimeout
-from engine.seams import CommitBatch
-from engine.workflow import Registry
-from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
-from producers.client import Client
+from stepstream.consumers.embedded import EmbeddedPartition
+from stepstream.engine.errors import ResultTimeout
+from stepstream.engine.seams import CommitBatch
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
+from stepstream.producers.client import Client
 
 
 class CommitFailed(Exception):

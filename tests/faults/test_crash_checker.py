@@ -53,17 +53,17 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from consumers.embedded import EmbeddedDB
-from consumers.kafka import create_topics
-from engine.errors import (
+from stepstream.consumers.embedded import EmbeddedDB
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.errors import (
     ConnectionFailed,
     InstanceFinished,
     InstanceNotPaused,
     ResultTimeout,
     StepstreamError,
 )
-from engine.kafka_settings import KafkaSettings
-from engine.records import (
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.records import (
     CancelWorkflow,
     CommandIgnored,
     EventBuffered,
@@ -86,11 +86,11 @@ from engine.records import (
     WorkflowPaused,
     WorkflowStarted,
 )
-from engine.serde import default_serde
-from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, MEMBERS, SNAPSHOTS, TopicNames
-from producers.client import Client
-from producers.kafka import aiokafka_options
-from producers.kafka.members import MembersView
+from stepstream.engine.serde import default_serde
+from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, MEMBERS, SNAPSHOTS, TopicNames
+from stepstream.producers.client import Client
+from stepstream.producers.kafka import aiokafka_options
+from stepstream.producers.kafka.members import MembersView
 from tests.conftest import KAFKA_TEST_OPTIONS, kafka_settings, kafka_url
 from tests.crash_check import Logged, Run, Sent, check_run, fold, render_instance
 from tests.crash_workflows import LEDGER_ENV, read_ledger
@@ -188,7 +188,7 @@ class Proc:
             log.write(f"---- start {self.starts} ----\n".encode())
             log.flush()
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ops.cli", *self.args()],
+                [sys.executable, "-m", "stepstream.ops.cli", *self.args()],
                 cwd=REPO,
                 env=self.env,
                 stdout=stdout,

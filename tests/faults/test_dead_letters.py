@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from consumers.embedded import EmbeddedDB
-from engine.codec import JsonCodec
-from engine.errors import UndecodableRecord
-from engine.records import (
+from stepstream.consumers.embedded import EmbeddedDB
+from stepstream.engine.codec import JsonCodec
+from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.records import (
     DeadLetter,
     Payload,
     SendEvent,
@@ -27,12 +27,12 @@ from engine.records import (
     TimerScheduled,
     WorkflowStarted,
 )
-from engine.seams import Append
-from engine.serde import default_serde
-from engine.topics import COMMANDS, DEAD_LETTERS, TIMERS, partition_for
-from engine.workflow import Registry
-from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
-from producers.client import Client
+from stepstream.engine.seams import Append
+from stepstream.engine.serde import default_serde
+from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, TIMERS, partition_for
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
+from stepstream.producers.client import Client
 
 PARTITIONS = 2
 KEY = b"some-id"
@@ -421,7 +421,7 @@ async def test_an_internal_error_undoes_the_instance_s_whole_batch(
 
 def events_named_boom_hit_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     """An engine bug, injected: applying an event named "boom" raises."""
-    from engine.runtime import InstanceRuntime
+    from stepstream.engine.runtime import InstanceRuntime
 
     real = InstanceRuntime._on_event
 

@@ -32,10 +32,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from consumers.kafka import create_topics
-from engine.errors import StepstreamError
-from engine.views import HistoryEntry
-from producers.client import Client
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.errors import StepstreamError
+from stepstream.engine.views import HistoryEntry
+from stepstream.producers.client import Client
 from tests.conftest import (
     KAFKA_TEST_PARTITIONS,
     ThreadedWorker,
@@ -135,7 +135,7 @@ class Dev:
                 [
                     sys.executable,
                     "-m",
-                    "ops.cli",
+                    "stepstream.ops.cli",
                     "dev",
                     "--workflows",
                     "tests.fault_workflows",

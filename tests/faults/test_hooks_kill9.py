@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-import producers.http  # noqa: F401  (registers http:// with Client.connect)
-from consumers.kafka import create_topics
-from engine.kafka_settings import KafkaSettings
-from producers.client import Client
+import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import ConnectionFailed, UnknownWorkflow
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_OPTIONS, KAFKA_TEST_PARTITIONS, kafka_settings, kafka_url
 from tests.dev_server import DevServer, clean_env, start_dev
 from tests.hook_workflows import read_notes
@@ -165,7 +165,14 @@ class _Worker:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, **env: str) -> None:
-        args = [sys.executable, "-m", "ops.cli", "worker", "--workflows", "tests.hook_workflows"]
+        args = [
+            sys.executable,
+            "-m",
+            "stepstream.ops.cli",
+            "worker",
+            "--workflows",
+            "tests.hook_workflows",
+        ]
         args += ["--bootstrap", self.settings.bootstrap, "--prefix", self.settings.prefix]
         args += ["--state-dir", str(self.state_dir), "--port", "0"]
         for option in KAFKA_TEST_OPTIONS:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from engine.records import TimerFired
-from engine.runtime import InstanceRuntime, StepOutcome
-from ops.embedded import EmbeddedConfig, open_embedded
-from producers.client import Client
+from stepstream.engine.records import TimerFired
+from stepstream.engine.runtime import InstanceRuntime, StepOutcome
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from stepstream.producers.client import Client
 from tests.conftest import test_registry as workflows_of_tests
 
 
@@ -106,7 +106,7 @@ async def test_the_list_shows_what_each_running_instance_waits_on(client: Client
 async def test_an_instance_whose_version_is_not_deployed_says_so_in_its_status(
     tmp_path: Path,
 ) -> None:
-    from engine.workflow import Registry
+    from stepstream.engine.workflow import Registry
     from tests import workflows
 
     config = EmbeddedConfig(data_dir=str(tmp_path / "d"), partitions=1)
@@ -136,8 +136,8 @@ async def test_timers_indexed_in_the_layout_before_instances_keyed_it_still_fire
 ) -> None:
     """State written by the version that keyed the timer index by timer id alone is
     upgraded when the timer service starts, and its timers fire."""
-    from consumers import state_keys
-    from engine.seams import CommitBatch
+    from stepstream.consumers import state_keys
+    from stepstream.engine.seams import CommitBatch
 
     config = EmbeddedConfig(data_dir=str(tmp_path / "d"), partitions=1)
     engine = await open_embedded(workflows_of_tests(), config)

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pytest
 
-from consumers.kafka import create_topics
-from engine.kafka_settings import KafkaSettings
-from engine.topics import MEMBERS, TopicNames, partition_for
-from producers.client import Client
-from producers.kafka import aiokafka_options
-from producers.kafka.members import MembersView
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.topics import MEMBERS, TopicNames, partition_for
+from stepstream.producers.client import Client
+from stepstream.producers.kafka import aiokafka_options
+from stepstream.producers.kafka.members import MembersView
 from tests.conftest import KAFKA_TEST_OPTIONS, kafka_settings, kafka_url
 from tests.kafka_broker import Broker
 from tests.processes import launch, repo_env, worker_command

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from consumers.kafka import create_topics, keys
-from engine.topics import COMMANDS, MEMBERS, TIMERS, TopicNames
-from producers.kafka import aiokafka_options
-from producers.kafka.members import MembersView
+from stepstream.consumers.kafka import create_topics, keys
+from stepstream.engine.topics import COMMANDS, MEMBERS, TIMERS, TopicNames
+from stepstream.producers.kafka import aiokafka_options
+from stepstream.producers.kafka.members import MembersView
 from tests.conftest import kafka_settings
 from tests.faults.test_kafka_failover import WorkerProcess
 from tests.kafka_broker import Broker

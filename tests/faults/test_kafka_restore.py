@@ -22,8 +22,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from consumers import state_keys
-from consumers.kafka import (
+from stepstream import StepstreamError, UnknownInstance
+from stepstream.consumers import state_keys
+from stepstream.consumers.kafka import (
     HistoryReader,
     KafkaPartition,
     LogProducer,
@@ -33,17 +34,17 @@ from consumers.kafka import (
     create_topics,
     restore_partition,
 )
-from engine.kafka_settings import KafkaSettings
-from engine.records import (
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.records import (
     DeadLetter,
     PartitionFenced,
     Payload,
     StepSucceeded,
     WorkflowStarted,
 )
-from engine.seams import Append, CommitBatch, SystemClock
-from engine.serde import default_serde
-from engine.topics import (
+from stepstream.engine.seams import Append, CommitBatch, SystemClock
+from stepstream.engine.serde import default_serde
+from stepstream.engine.topics import (
     COMMANDS,
     DEAD_LETTERS,
     HISTORY,
@@ -52,8 +53,7 @@ from engine.topics import (
     TopicNames,
     partition_for,
 )
-from producers.client import Client
-from stepstream import StepstreamError, UnknownInstance
+from stepstream.producers.client import Client
 from tests.conftest import (
     KAFKA_TEST_PARTITIONS,
     ThreadedWorker,

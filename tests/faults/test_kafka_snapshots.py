@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from consumers.kafka import create_topics
-from consumers.partition import ProcessorConfig
-from engine.kafka_settings import KafkaSettings
-from engine.records import SnapshotTaken, StateChunk
-from engine.serde import default_serde
-from producers.client import Client
 from stepstream import UnknownInstance
+from stepstream.consumers.kafka import create_topics
+from stepstream.consumers.partition import ProcessorConfig
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.records import SnapshotTaken, StateChunk
+from stepstream.engine.serde import default_serde
+from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
 from tests.conftest import test_registry as workflows_registry
 from tests.integration.test_kafka_backend import (

@@ -26,11 +26,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from consumers.embedded import EmbeddedDB
-from engine.records import HistoryRecord, PartitionFenced, StepSucceeded
-from engine.serde import default_serde
-from engine.topics import DEAD_LETTERS, HISTORY
 from stepstream import Client, HistoryEntry, WorkflowFailed
+from stepstream.consumers.embedded import EmbeddedDB
+from stepstream.engine.records import HistoryRecord, PartitionFenced, StepSucceeded
+from stepstream.engine.serde import default_serde
+from stepstream.engine.topics import DEAD_LETTERS, HISTORY
 from tests.workflows import ledger_count
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,7 @@ class Dev:
                 [
                     sys.executable,
                     "-m",
-                    "ops.cli",
+                    "stepstream.ops.cli",
                     "dev",
                     "--workflows",
                     "tests.workflows",

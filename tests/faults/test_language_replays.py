@@ -31,12 +31,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from consumers.partition import ProcessorConfig
-from engine.runtime import InstanceRuntime
-from engine.workflow import Registry
-from ops.embedded import EmbeddedConfig, open_embedded
-from producers.client import Client
 from stepstream import HistoryEntry, UnknownInstance, WorkflowCancelled
+from stepstream.consumers.partition import ProcessorConfig
+from stepstream.engine.runtime import InstanceRuntime
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from stepstream.producers.client import Client
 from tests.conftest import ThreadedWorker, kafka_settings, kafka_url
 from tests.kafka_broker import Broker
 from tests.workflows import ledger_count
@@ -688,7 +688,7 @@ async def evicting(backend: str, tmp_path: Path, broker: Broker | None) -> Async
         async with Client(engine.make_transport(owns_engine=True)) as client:
             yield client
         return
-    from consumers.kafka import create_topics
+    from stepstream.consumers.kafka import create_topics
 
     assert broker is not None
     settings = kafka_settings(broker)
@@ -769,7 +769,7 @@ class Dev:
                 [
                     sys.executable,
                     "-m",
-                    "ops.cli",
+                    "stepstream.ops.cli",
                     "dev",
                     "--workflows",
                     ",".join(MODULES),

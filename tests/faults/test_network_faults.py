@@ -28,14 +28,14 @@ from pathlib import Path
 
 import pytest
 
-from consumers.kafka import create_topics
-from engine.kafka_settings import KafkaSettings
-from engine.topics import MEMBERS, TopicNames
-from engine.views import HistoryEntry, InstanceStatus
-from ops.broker import Broker, _free_port, _resolve_bin
-from producers.client import Client
-from producers.kafka import aiokafka_options
-from producers.kafka.members import MembersView
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.topics import MEMBERS, TopicNames
+from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.ops.broker import Broker, _free_port, _resolve_bin
+from stepstream.producers.client import Client
+from stepstream.producers.kafka import aiokafka_options
+from stepstream.producers.kafka.members import MembersView
 from tests.conftest import KAFKA_TEST_OPTIONS, kafka_url
 from tests.processes import launch, repo_env, worker_command
 from tests.tcp_proxy import TcpProxy

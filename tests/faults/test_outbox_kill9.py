@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
-import producers.http  # noqa: F401  (registers http:// with Client.connect)
-from consumers.kafka import create_topics
-from engine.kafka_settings import KafkaSettings
-from producers.client import Client
+import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import UnknownWorkflow
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_OPTIONS, KAFKA_TEST_PARTITIONS, kafka_settings, kafka_url
 from tests.dev_server import clean_env
 from tests.integration.test_outbox import create_topic, first_of_each_id, read_topic
@@ -58,7 +58,7 @@ class Process:
         self.url = ""
 
     def command(self) -> list[str]:
-        base = [sys.executable, "-m", "ops.cli"]
+        base = [sys.executable, "-m", "stepstream.ops.cli"]
         common = ["--workflows", "tests.outbox_workflows", "--port", "0"]
         if self.backend == "dev":
             return [*base, "dev", *common, "--data", str(self.root / "data"), "--partitions", "2"]

@@ -37,8 +37,8 @@ RENAMED = ORIGINAL.replace('"reserve"', '"hold"')
 async def test_a_diverged_instance_is_parked_and_goes_on_with_matching_code(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from engine.workflow import Registry
-    from ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.engine.workflow import Registry
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 
     config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1)
 
@@ -81,7 +81,7 @@ async def test_a_diverged_instance_is_parked_and_goes_on_with_matching_code(
 
 def test_list_diverged_is_in_the_cli_help() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "list", "--help"],
+        [sys.executable, "-m", "stepstream.ops.cli", "list", "--help"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -107,8 +107,8 @@ async def order(ctx: Context, _):
 
 
 async def test_a_patched_deploy_keeps_old_instances_on_the_old_path(tmp_path: Path) -> None:
-    from engine.workflow import Registry
-    from ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.engine.workflow import Registry
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 
     config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1)
     sys.path.insert(0, str(tmp_path))

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from consumers.kafka import create_topics
-from engine.serde import default_serde
-from engine.topics import COMMANDS
-from producers.client import Client
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.serde import default_serde
+from stepstream.engine.topics import COMMANDS
+from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_PARTITIONS, kafka_settings, kafka_url
 from tests.faults.test_kafka_failover import WorkerProcess, until
 from tests.integration.test_kafka_backend import instance_on, read_topic

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from engine.codec import JSON, JsonCodec
-from engine.records import (
+from stepstream.engine.codec import JSON, JsonCodec
+from stepstream.engine.records import (
     HISTORY_TYPES,
     HistoryRecord,
     Payload,
@@ -32,11 +32,11 @@ from engine.records import (
     TimerFired,
     TimerScheduled,
 )
-from engine.records import SendEvent as SendEventCommand
-from engine.runtime import InstanceRuntime, Output, StepOutcome
-from engine.serde import default_serde
-from engine.state import InstanceState, Status
-from engine.workflow import Registry
+from stepstream.engine.records import SendEvent as SendEventCommand
+from stepstream.engine.runtime import InstanceRuntime, Output, StepOutcome
+from stepstream.engine.serde import default_serde
+from stepstream.engine.state import InstanceState, Status
+from stepstream.engine.workflow import Registry
 
 HERE = Path(__file__).parent
 CODEC = JsonCodec()

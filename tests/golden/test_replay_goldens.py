@@ -24,10 +24,10 @@ from typing import Any
 
 import pytest
 
-from engine.errors import HistoryDiverged
-from engine.workflow import Registry
-from ops.history_export import dumps, read_export, records_from_entries, to_document
 from stepstream import Context, workflow
+from stepstream.engine.errors import HistoryDiverged
+from stepstream.engine.workflow import Registry
+from stepstream.ops.history_export import dumps, read_export, records_from_entries, to_document
 from stepstream.testing import ReplayDiverged, WorkflowEnvironment, replay
 from tests.golden import replay_workflows as today
 
@@ -75,7 +75,7 @@ def test_the_cli_replays_every_golden_with_one_line_each() -> None:
         [
             sys.executable,
             "-m",
-            "ops.cli",
+            "stepstream.ops.cli",
             "replay",
             "--workflows",
             WORKFLOWS,
@@ -98,7 +98,7 @@ def test_the_cli_replays_every_golden_with_one_line_each() -> None:
 
     passing = [str(p) for p in GOLDEN if EXPECTED[p.stem] is None]
     run = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "replay", "--workflows", WORKFLOWS]
+        [sys.executable, "-m", "stepstream.ops.cli", "replay", "--workflows", WORKFLOWS]
         + [arg for path in passing for arg in ("--file", path)],
         cwd=REPO,
         capture_output=True,

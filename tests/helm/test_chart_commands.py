@@ -26,9 +26,9 @@ import aiohttp
 import pytest
 from confluent_kafka import Producer
 
-from consumers.kafka.admin import existing_partitions
-from engine.kafka_settings import KafkaSettings
 from stepstream import Client, ConnectionFailed
+from stepstream.consumers.kafka.admin import existing_partitions
+from stepstream.engine.kafka_settings import KafkaSettings
 from tests.helm.chart import NAMESPACE, ROOT, Rendered, container, env_of, render
 from tests.kafka_broker import Broker
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from consumers.kafka import create_topics
-from engine.topics import partition_for
-from producers.client import Client
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.topics import partition_for
+from stepstream.producers.client import Client
 from tests.conftest import (
     ThreadedWorker,
     kafka_settings,

@@ -148,7 +148,7 @@ def _cli(argv: list[str], cwd: Path) -> tuple[str, float]:
     assert argv[:2] == ["stepstream", "run"], argv
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "ops.cli", *argv[1:]],
+        [sys.executable, "-m", "stepstream.ops.cli", *argv[1:]],
         cwd=cwd,  # an empty directory: only the module path may matter
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -270,7 +270,7 @@ async def test_the_request_snippet_gets_its_answer_from_stepstream_dev(tmp_path:
     log = tmp_path / "dev.log"
     with open(log, "wb") as stderr:
         server = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", *argv[1:], "--port", "0"],
+            [sys.executable, "-m", "stepstream.ops.cli", *argv[1:], "--port", "0"],
             cwd=tmp_path,
             env={**os.environ, "PYTHONPATH": str(REPO), "STEPSTREAM_DATA": str(tmp_path / "d")},
             stdout=subprocess.PIPE,

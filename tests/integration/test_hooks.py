@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from engine.workflow import Registry
-from producers.client import Client
+from stepstream.engine.workflow import Registry
+from stepstream.producers.client import Client
 from tests.dev_server import run_cli
 from tests.hook_workflows import read_notes
 from tests.restartable import restartable_backend

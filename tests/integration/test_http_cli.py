@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-import producers.http  # noqa: F401  (registers http:// with Client.connect)
+import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import (
     Client,
     ConnectionFailed,
@@ -100,7 +100,7 @@ def _start_dev(root: Path) -> tuple[subprocess.Popen[bytes], Dev]:
     args = ["dev", "--workflows", MODULE, "--data", str(root / "data"), "--port", "0"]
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", *args],
+            [sys.executable, "-m", "stepstream.ops.cli", *args],
             cwd=root,
             env=dev.env(),
             stdout=subprocess.PIPE,
@@ -145,7 +145,7 @@ def fresh_dev(tmp_path: Path) -> Iterator[Dev]:
 
 def cli(dev: Dev, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
+        [sys.executable, "-m", "stepstream.ops.cli", *args],
         cwd=dev.root,
         env=dev.env(),
         capture_output=True,
@@ -320,7 +320,7 @@ def test_unusable_flags_and_settings_are_refused_and_nothing_is_started(fresh_de
     assert "stepstream topics create: error: unrecognized arguments: --prefx p" in done.stderr
     assert cli_json(fresh_dev, "list") == []
     done = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "run", f"{MODULE}:greet"],
+        [sys.executable, "-m", "stepstream.ops.cli", "run", f"{MODULE}:greet"],
         cwd=fresh_dev.root,
         env={**fresh_dev.env(), "STEPSTREAM_MAX_PAYLOAD_BYTES": "1MiB"},
         capture_output=True,
@@ -461,7 +461,15 @@ def test_output_cut_short_by_its_reader_is_no_traceback(tmp_path: Path) -> None:
     os.close(read)  # the reader is gone before anything is written
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "ops.cli", "run", "examples.order:order", "--input", "{}"],
+            [
+                sys.executable,
+                "-m",
+                "stepstream.ops.cli",
+                "run",
+                "examples.order:order",
+                "--input",
+                "{}",
+            ],
             cwd=tmp_path,
             env=clean_env(tmp_path),
             stdout=write,

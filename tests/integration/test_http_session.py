@@ -21,10 +21,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from ops.api import SESSIONS, make_app
-from ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
-from producers.client import Client, Transport
-from producers.http import SESSION_FRAME_CALLS, SESSION_MAX_CALLS
+from stepstream.ops.api import SESSIONS, make_app
+from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
+from stepstream.producers.client import Client, Transport
+from stepstream.producers.http import SESSION_FRAME_CALLS, SESSION_MAX_CALLS
 from tests import conftest
 
 

@@ -11,11 +11,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from consumers.kafka import create_topics
-from engine.listing import ListQuery
-from engine.topics import partition_for
-from ops.embedded import EmbeddedConfig, open_embedded
-from producers.client import Client
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.listing import ListQuery
+from stepstream.engine.topics import partition_for
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from stepstream.producers.client import Client
 from tests import conftest
 from tests.conftest import ThreadedWorker, kafka_settings
 from tests.kafka_broker import Broker

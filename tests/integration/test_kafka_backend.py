@@ -28,18 +28,18 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from fastavro.schema import expand_schema, fingerprint, to_parsing_canonical_form
 
-from consumers.kafka import create_topics
-from engine.kafka_settings import KafkaSettings
-from engine.records import DeadLetter, TimerFired
-from engine.serde import default_serde
-from engine.topics import TopicNames, partition_for
-from producers.client import Client
 from stepstream import (
     InvalidPayload,
     PayloadTooLarge,
     UnknownInstance,
     UnknownWorkflow,
 )
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.records import DeadLetter, TimerFired
+from stepstream.engine.serde import default_serde
+from stepstream.engine.topics import TopicNames, partition_for
+from stepstream.producers.client import Client
 from tests.conftest import (
     KAFKA_TEST_OPTIONS,
     KAFKA_TEST_PARTITIONS,
@@ -162,7 +162,7 @@ async def each_step_succeeded_once(client: Client, instances: Iterable[str]) -> 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
+        [sys.executable, "-m", "stepstream.ops.cli", *args],
         capture_output=True,
         text=True,
         timeout=60,

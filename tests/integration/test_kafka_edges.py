@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from consumers.kafka import create_topics
-from producers.client import Client
-from producers.kafka.members import Member
 from stepstream import ConnectionFailed, UnknownWorkflow
+from stepstream.consumers.kafka import create_topics
+from stepstream.producers.client import Client
+from stepstream.producers.kafka.members import Member
 from tests.conftest import (
     KAFKA_TEST_PARTITIONS,
     ThreadedWorker,
@@ -181,7 +181,7 @@ def test_topics_create_without_a_reachable_cluster_says_so_in_one_line(tmp_path:
     per connection attempt before it."""
     where = ["--bootstrap", "127.0.0.1:1", "--prefix", "nowhere", "--partitions", "2"]
     done = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "topics", "create", *where],
+        [sys.executable, "-m", "stepstream.ops.cli", "topics", "create", *where],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -10,9 +10,9 @@ import asyncio
 
 import pytest
 
-from consumers.kafka import create_topics
-from consumers.kafka.producer import LogProducer, OutRecord, ProduceFailed
-from engine.topics import HISTORY, TopicNames
+from stepstream.consumers.kafka import create_topics
+from stepstream.consumers.kafka.producer import LogProducer, OutRecord, ProduceFailed
+from stepstream.engine.topics import HISTORY, TopicNames
 from tests.conftest import kafka_settings
 from tests.kafka_broker import Broker
 

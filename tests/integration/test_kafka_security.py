@@ -15,9 +15,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from ops.api_security import ApiSecurity, InsecureBind
-from ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
 from stepstream import AccessDenied, Client
+from stepstream.ops.api_security import ApiSecurity, InsecureBind
+from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
 from tests.conftest import (
     KAFKA_TEST_PARTITIONS,
     ThreadedWorker,
@@ -33,7 +33,7 @@ TOKEN = "kafka-worker-token"
 
 @pytest.fixture
 def secured_worker(kafka_broker: Broker, tmp_path: Path) -> Iterator[tuple[ThreadedWorker, Path]]:
-    from consumers.kafka import create_topics
+    from stepstream.consumers.kafka import create_topics
 
     cert, key = self_signed_certificate(tmp_path)
     settings = kafka_settings(kafka_broker)
@@ -84,7 +84,7 @@ async def test_a_worker_beyond_loopback_needs_a_token(kafka_broker: Broker, tmp_
 async def test_a_worker_answers_to_its_advertised_host(
     kafka_broker: Broker, tmp_path: Path
 ) -> None:
-    from consumers.kafka import create_topics
+    from stepstream.consumers.kafka import create_topics
 
     settings = kafka_settings(kafka_broker)
     create_topics(settings, KAFKA_TEST_PARTITIONS)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from producers.client import Client
+from stepstream.producers.client import Client
 from tests.dev_server import run_cli, start_dev
 
 WORKFLOWS = textwrap.dedent(

@@ -14,8 +14,8 @@ import pytest
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.errors import UnknownInstance
-from producers.client import Client
+from stepstream.engine.errors import UnknownInstance
+from stepstream.producers.client import Client
 from tests.conftest import ThreadedWorker, kafka_url
 from tests.dev_server import start_dev
 from tests.helm.metric_names import METRICS

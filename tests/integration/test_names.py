@@ -16,14 +16,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine.codec import JsonCodec
-from engine.records import SendEvent, StartWorkflow
-from engine.seams import Append
-from engine.serde import default_serde
-from engine.topics import COMMANDS, partition_for
-from ops.embedded import EmbeddedConfig, open_embedded
-from producers.client import Client
 from stepstream import InvalidPayload, PayloadTooLarge, UnknownInstance
+from stepstream.engine.codec import JsonCodec
+from stepstream.engine.records import SendEvent, StartWorkflow
+from stepstream.engine.seams import Append
+from stepstream.engine.serde import default_serde
+from stepstream.engine.topics import COMMANDS, partition_for
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from stepstream.producers.client import Client
 from tests.conftest import test_registry as workflows_of_tests
 from tests.faults.test_dead_letters import dead_letters
 
@@ -84,7 +84,7 @@ async def test_event_names_and_cancel_reasons_are_checked(client: Client) -> Non
 
 async def test_ids_refused_over_http_get_a_400(tmp_path: Path) -> None:
     """Through the HTTP API: the JSON body's id is checked before anything is written."""
-    from ops.api import make_app
+    from stepstream.ops.api import make_app
 
     engine = await open_embedded(
         workflows_of_tests(), EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1)
@@ -154,7 +154,7 @@ async def test_an_id_that_extends_another_with_a_nul_cannot_touch_its_state(
     """The key layout alone keeps instances apart: with the name checks switched off, an
     instance "victim\\0x" that runs steps and is forgotten by retention leaves the
     instance "victim" whole: it replays after a restart and completes."""
-    monkeypatch.setattr("consumers.partition.name_problem", lambda value: None)
+    monkeypatch.setattr("stepstream.consumers.partition.name_problem", lambda value: None)
     config = EmbeddedConfig(
         data_dir=str(tmp_path / "data"), partitions=1, retention_s=0.5, sweep_interval_s=0.05
     )

@@ -22,9 +22,9 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from engine.workflow import Registry
-from ops.embedded import EmbeddedConfig, open_embedded
 from stepstream import Client, HistoryEntry, WorkflowFailed
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
 from tests.dev_server import clean_env, run_cli
 from tests.kafka_broker import Broker
@@ -129,7 +129,7 @@ async def outbox_client(
 ) -> AsyncIterator[Client]:
     """A client of either backend whose ``ctx.publish`` goes to the test broker."""
     if request.param == "kafka":
-        from consumers.kafka import create_topics
+        from stepstream.consumers.kafka import create_topics
 
         settings = kafka_settings(kafka_broker)
         await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ops.bench.sessions import engine_children
-from ops.processes import ProcessLayout
-from producers.client import Client
+from stepstream.ops.bench.sessions import engine_children
+from stepstream.ops.processes import ProcessLayout
+from stepstream.producers.client import Client
 from tests.dev_server import REPO, DevServer, run_cli, spawn_dev, start_dev
 
 pytestmark = pytest.mark.slow

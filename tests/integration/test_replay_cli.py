@@ -18,17 +18,17 @@ from typing import Any
 
 import pytest
 
-from consumers import state_keys
-from consumers.embedded.db import EmbeddedDB
-from consumers.embedded.partition import EmbeddedPartition
-from engine.codec import JsonCodec
-from engine.records import HistoryRecord, SendEvent, StartWorkflow
-from engine.runtime import InstanceRuntime, Output, StepOutcome
-from engine.seams import CommitBatch
-from engine.serde import default_serde
-from engine.state import InstanceState
-from engine.topics import partition_for
-from engine.workflow import definition_of
+from stepstream.consumers import state_keys
+from stepstream.consumers.embedded.db import EmbeddedDB
+from stepstream.consumers.embedded.partition import EmbeddedPartition
+from stepstream.engine.codec import JsonCodec
+from stepstream.engine.records import HistoryRecord, SendEvent, StartWorkflow
+from stepstream.engine.runtime import InstanceRuntime, Output, StepOutcome
+from stepstream.engine.seams import CommitBatch
+from stepstream.engine.serde import default_serde
+from stepstream.engine.state import InstanceState
+from stepstream.engine.topics import partition_for
+from stepstream.engine.workflow import definition_of
 from tests.dev_server import clean_env, run_cli, start_dev
 
 SHOP = """
@@ -309,7 +309,7 @@ async def arith(ctx: Context, n: int) -> dict:
 async def test_the_history_topic_replays_folded_by_the_reader_rules(
     kafka_worker: Any, tmp_path: Path
 ) -> None:
-    from producers.client import Client
+    from stepstream.producers.client import Client
     from tests.conftest import kafka_url
 
     settings = kafka_worker.settings

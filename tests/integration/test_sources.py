@@ -28,14 +28,14 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from consumers.embedded import EmbeddedDB
-from consumers.kafka import create_topics
-from engine.kafka_settings import KafkaSettings
-from engine.serde import default_serde
-from engine.topics import DEAD_LETTERS
-from engine.workflow import Registry
 from examples import orders_source
 from stepstream import Client, ConnectionFailed, Source, UnknownInstance
+from stepstream.consumers.embedded import EmbeddedDB
+from stepstream.consumers.kafka import create_topics
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.serde import default_serde
+from stepstream.engine.topics import DEAD_LETTERS
+from stepstream.engine.workflow import Registry
 from tests.conftest import ThreadedWorker, kafka_settings, kafka_url
 from tests.integration.test_kafka_backend import decode, read_topic
 from tests.kafka_broker import Broker

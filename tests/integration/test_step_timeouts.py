@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from engine.workflow import Registry
-from ops.embedded import EmbeddedConfig, open_embedded
-from producers.client import Client
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from stepstream.producers.client import Client
 from tests import step_workflows
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
 
@@ -28,7 +28,7 @@ def _registry() -> Registry:
 async def client(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Client]:
     """A client of an engine with ``tests.step_workflows`` registered."""
     if request.param == "kafka":
-        from consumers.kafka import create_topics
+        from stepstream.consumers.kafka import create_topics
 
         settings = kafka_settings(request.getfixturevalue("kafka_broker"))
         create_topics(settings, KAFKA_TEST_PARTITIONS)

@@ -18,10 +18,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from consumers.kafka import create_topics
-from ops import tracing
-from ops.embedded import EmbeddedConfig, open_embedded
-from producers.client import Client
+from stepstream.consumers.kafka import create_topics
+from stepstream.ops import tracing
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
 from tests.conftest import test_registry as registry
 from tests.kafka_broker import Broker
@@ -155,9 +155,9 @@ async def test_kafka_worker_spans_join_the_callers_trace(
 def _start_record(settings: Any, instance_id: str) -> tuple[dict[str, bytes], str]:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from engine.records import StartWorkflow
-    from engine.serde import default_serde
-    from engine.topics import partition_for
+    from stepstream.engine.records import StartWorkflow
+    from stepstream.engine.serde import default_serde
+    from stepstream.engine.topics import partition_for
 
     topic = f"{settings.prefix}.commands"
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "t-read"})

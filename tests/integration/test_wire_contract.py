@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from examples.wire_producer import CommandProducer
-from producers.client import Client
+from stepstream.producers.client import Client
 from tests.conftest import ThreadedWorker, kafka_url
 from tests.integration.test_kafka_backend import instance_on, read_topic
 

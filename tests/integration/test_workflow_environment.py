@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from engine.errors import EventTimeout, StepstreamError
-from engine.retry import RetryPolicy
-from engine.workflow import Registry
 from stepstream import Context, workflow
+from stepstream.engine.errors import EventTimeout, StepstreamError
+from stepstream.engine.retry import RetryPolicy
+from stepstream.engine.workflow import Registry
 from stepstream.testing import VirtualClock, WorkflowEnvironment
 
 DAY = 86400

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from producers.client import Client
 from stepstream import (
     InstanceFinished,
     InstanceNotPaused,
@@ -21,6 +20,7 @@ from stepstream import (
     WorkflowCancelled,
     WorkflowFailed,
 )
+from stepstream.producers.client import Client
 from tests.workflows import RUNS, ledger_count
 
 

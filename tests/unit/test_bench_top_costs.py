@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ops.bench.top_costs import top_costs
+from stepstream.ops.bench.top_costs import top_costs
 
 LOOP = "thread (1): MainThread;run_forever (/x/asyncio/base_events.py:600)"
 PROFILE = f"""\

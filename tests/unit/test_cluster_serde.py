@@ -12,11 +12,11 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from engine.cluster_serde import ClusterSerde, cluster_serde
-from engine.errors import UndecodableRecord
-from producers.kafka.definitions import Registration, registrations
-from producers.kafka.members import Member
-from schemas import schema_root
+from stepstream.engine.cluster_serde import ClusterSerde, cluster_serde
+from stepstream.engine.errors import UndecodableRecord
+from stepstream.producers.kafka.definitions import Registration, registrations
+from stepstream.producers.kafka.members import Member
+from stepstream.schemas import schema_root
 from tests.conftest import test_registry as workflows_registry
 
 MEMBER = Member("w-1", "http://10.0.0.7:8233", (0, 3), 1795312000123, 12, 1 << 20, 1795312000456)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from consumers.embedded import (
+from stepstream.consumers.embedded import (
     DataDirInUse,
     Durability,
     EmbeddedDB,
@@ -22,8 +22,8 @@ from consumers.embedded import (
     PartitionCountMismatch,
     StorageFailed,
 )
-from engine.seams import Append, CommitBatch, LogEntry, PartitionBackend
-from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS, partition_for
+from stepstream.engine.seams import Append, CommitBatch, LogEntry, PartitionBackend
+from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS, partition_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -353,9 +353,9 @@ async def test_a_failed_write_fails_everything_after_it(open_db: OpenDB) -> None
 # command and the consumed offset. It prints each acknowledgement as it gets it.
 _CHILD = r"""
 import asyncio, sys
-from consumers.embedded import Durability, EmbeddedDB, EmbeddedPartition
-from engine.seams import Append, CommitBatch
-from engine.topics import COMMANDS, HISTORY
+from stepstream.consumers.embedded import Durability, EmbeddedDB, EmbeddedPartition
+from stepstream.engine.seams import Append, CommitBatch
+from stepstream.engine.topics import COMMANDS, HISTORY
 
 async def main(path, durability):
     db = await EmbeddedDB.open(path, partitions=4, durability=Durability(durability))
@@ -491,8 +491,8 @@ async def test_kill_9_loses_no_acknowledged_write_and_applies_no_commit_by_half(
 async def test_a_graceful_stop_lets_a_running_step_finish(tmp_path: Path, ledger: Path) -> None:
     """Closing the engine (Ctrl-C, SIGTERM of `stepstream dev`) drains: the attempt that
     is running finishes and is recorded, so a single-attempt step survives a restart."""
-    from ops.embedded import EmbeddedConfig, open_embedded
-    from producers.client import Client
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.producers.client import Client
     from tests.conftest import test_registry
     from tests.workflows import ledger_count
 
@@ -518,8 +518,8 @@ async def test_a_graceful_stop_lets_a_running_step_finish(tmp_path: Path, ledger
 async def test_the_instance_cache_keeps_the_most_recently_used(tmp_path: Path) -> None:
     """With room for two, the instance that keeps getting commands stays cached while
     others come and go: its code never restarts."""
-    from ops.embedded import EmbeddedConfig, open_embedded
-    from producers.client import Client
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.producers.client import Client
     from tests.conftest import test_registry
     from tests.workflows import RUNS
 
@@ -545,9 +545,9 @@ async def test_a_large_input_is_stored_once_and_read_back_after_eviction_and_res
     """The input has a key of its own, written with the start: the meta every transition
     rewrites stays small, and an instance reloaded from storage (evicted from the cache,
     or after a restart) runs with its input."""
-    from consumers import state_keys
-    from ops.embedded import EmbeddedConfig, open_embedded
-    from producers.client import Client
+    from stepstream.consumers import state_keys
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.producers.client import Client
     from tests.conftest import test_registry
     from tests.workflows import RUNS
 
@@ -579,9 +579,9 @@ async def test_buffered_events_are_kept_one_key_each_across_a_restart(tmp_path: 
     """Events the code has not asked for yet wait under keys of their own, not in the meta
     every transition rewrites; the status counts them, and after a restart the code takes
     them in the order they came."""
-    from consumers import state_keys
-    from ops.embedded import EmbeddedConfig, open_embedded
-    from producers.client import Client
+    from stepstream.consumers import state_keys
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.producers.client import Client
     from tests.conftest import test_registry
 
     items = [{"i": i, "pad": "x" * 2_000} for i in range(30)]
@@ -610,10 +610,10 @@ async def test_buffered_events_are_kept_one_key_each_across_a_restart(tmp_path: 
 async def test_finished_instances_are_forgotten_after_the_retention(tmp_path: Path) -> None:
     """Finished instances leave the state (all their keys) once the retention has passed
     since they finished; running ones stay; the id can then be started afresh."""
-    from consumers import state_keys
-    from ops.embedded import EmbeddedConfig, open_embedded
-    from producers.client import Client
     from stepstream import UnknownInstance
+    from stepstream.consumers import state_keys
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.producers.client import Client
     from tests.conftest import test_registry
 
     config = EmbeddedConfig(
@@ -680,8 +680,8 @@ async def test_finished_instances_are_forgotten_after_the_retention(tmp_path: Pa
 async def test_two_waits_on_one_command_both_learn_it_settled(tmp_path: Path) -> None:
     """The first wait to give up (a timed-out retry of a Kafka client's check) must not
     take the shared future from the one still waiting."""
-    from consumers.partition import Committed
-    from ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.consumers.partition import Committed
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
     from tests.conftest import test_registry
 
     engine = await open_embedded(

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from engine.environ import ConfigError
-from ops import event_loop
+from stepstream.engine.environ import ConfigError
+from stepstream.ops import event_loop
 from tests.dev_server import clean_env
 
 
@@ -41,7 +41,15 @@ def test_run_runs_on_the_loop_asked_for(
 
 def test_a_command_with_an_unknown_loop_says_what_to_set(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "run", "examples.order:order", "--input", "{}"],
+        [
+            sys.executable,
+            "-m",
+            "stepstream.ops.cli",
+            "run",
+            "examples.order:order",
+            "--input",
+            "{}",
+        ],
         cwd=tmp_path,
         env=clean_env(tmp_path, STEPSTREAM_EVENT_LOOP="tokio"),
         capture_output=True,

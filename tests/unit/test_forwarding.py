@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from consumers.embedded import EmbeddedDB, forwarding
-from consumers.embedded.forwarding import (
+from stepstream.consumers.embedded import EmbeddedDB, forwarding
+from stepstream.consumers.embedded.forwarding import (
     Entries,
     Forwarder,
     ForwardGap,
@@ -19,8 +19,8 @@ from consumers.embedded.forwarding import (
     decode_batch,
     encode_batch,
 )
-from engine.seams import Append
-from engine.topics import COMMANDS
+from stepstream.engine.seams import Append
+from stepstream.engine.topics import COMMANDS
 
 
 def commands(db: EmbeddedDB, partition: int) -> list[bytes]:

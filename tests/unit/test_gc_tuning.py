@@ -6,8 +6,8 @@ import gc
 
 import pytest
 
-from engine.environ import ConfigError
-from ops.gc_tuning import SERVING_THRESHOLDS, thresholds_from_env, tune_for_serving
+from stepstream.engine.environ import ConfigError
+from stepstream.ops.gc_tuning import SERVING_THRESHOLDS, thresholds_from_env, tune_for_serving
 
 
 def test_serving_thresholds_by_default_and_python_defaults_on_request() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from engine.codec import JSON, JsonCodec
-from engine.records import (
+from stepstream.engine.codec import JSON, JsonCodec
+from stepstream.engine.records import (
     CommandIgnored,
     HistoryRecord,
     Payload,
@@ -23,8 +23,8 @@ from engine.records import (
     WorkflowCompleted,
     WorkflowStarted,
 )
-from engine.views import HistoryEntry
-from ops.history_export import (
+from stepstream.engine.views import HistoryEntry
+from stepstream.ops.history_export import (
     FORMAT,
     FORMAT_VERSION,
     InvalidHistoryFile,

@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers import state_keys as keys
-from consumers.hooks import HookConfig, HookRunner, HookTask
-from engine.hook_events import StatusChangeEvent, StepErrorEvent
-from engine.records import (
+from stepstream.consumers import state_keys as keys
+from stepstream.consumers.hooks import HookConfig, HookRunner, HookTask
+from stepstream.engine.hook_events import StatusChangeEvent, StepErrorEvent
+from stepstream.engine.records import (
     HistoryRecord,
     Payload,
     StepAttemptStarted,
@@ -31,11 +31,11 @@ from engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from engine.runtime import Output
-from engine.seams import CommitBatch
-from engine.serde import default_serde
-from engine.state import InstanceState, Status
-from engine.workflow import Registry, definition_of, workflow
+from stepstream.engine.runtime import Output
+from stepstream.engine.seams import CommitBatch
+from stepstream.engine.serde import default_serde
+from stepstream.engine.state import InstanceState, Status
+from stepstream.engine.workflow import Registry, definition_of, workflow
 
 SERDE = default_serde()
 CALLS: list[tuple[str, Any]] = []

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from consumers.kafka import admin, group, producer, restore
-from engine.kafka_settings import KafkaSettings, KafkaSettingsError
-from producers import kafka as kafka_client
+from stepstream.consumers.kafka import admin, group, producer, restore
+from stepstream.engine.kafka_settings import KafkaSettings, KafkaSettingsError
+from stepstream.producers import kafka as kafka_client
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -138,9 +138,11 @@ def test_every_worker_client_gets_every_setting(
         [config] = recorder.configs
         assert {k: config[k] for k in SECURE} == SECURE, client
         assert config["bootstrap.servers"] == secure.bootstrap, client
-    assert made["consumers.kafka.group.Consumer"].configs[0]["group.id"] == "orders.workers"
-    assert made["consumers.kafka.group.Consumer"].configs[0]["fetch.wait.max.ms"] == "20"
-    assert made["consumers.kafka.producer.Producer"].configs[0]["linger.ms"] == "3"
+    assert (
+        made["stepstream.consumers.kafka.group.Consumer"].configs[0]["group.id"] == "orders.workers"
+    )
+    assert made["stepstream.consumers.kafka.group.Consumer"].configs[0]["fetch.wait.max.ms"] == "20"
+    assert made["stepstream.consumers.kafka.producer.Producer"].configs[0]["linger.ms"] == "3"
 
 
 async def _open_kafka_client(
@@ -182,9 +184,9 @@ async def _open_kafka_client(
         async def start(self) -> None:
             raise RuntimeError("recorded")
 
-    monkeypatch.setattr("producers.kafka.settings.create_ssl_context", fake_context)
-    monkeypatch.setattr("producers.kafka.connect.AIOKafkaProducer", FakeProducer)
-    monkeypatch.setattr("producers.kafka.follower.AIOKafkaConsumer", FakeConsumer)
+    monkeypatch.setattr("stepstream.producers.kafka.settings.create_ssl_context", fake_context)
+    monkeypatch.setattr("stepstream.producers.kafka.connect.AIOKafkaProducer", FakeProducer)
+    monkeypatch.setattr("stepstream.producers.kafka.follower.AIOKafkaConsumer", FakeConsumer)
     with pytest.raises(RuntimeError, match="recorded"):
         await kafka_client.open_kafka_transport(settings)
     return made, contexts
@@ -261,7 +263,7 @@ async def test_the_kafka_client_refuses_what_librdkafka_refuses(
 
 def test_the_kafka_client_passes_what_librdkafka_takes() -> None:
     """Consumer-only and unmapped properties included: the config is the workers' too."""
-    from producers.kafka.settings import check_properties
+    from stepstream.producers.kafka.settings import check_properties
 
     check_properties(
         KafkaSettings(
@@ -281,7 +283,7 @@ def test_cli_flags_reach_the_settings(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "ops.cli",
+            "stepstream.ops.cli",
             "topics",
             "create",
             "--bootstrap",

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from engine.codec import JsonCodec
-from engine.outbox import outbox_record, topic_problem
 from stepstream import InvalidPayload, InvalidWorkflowCall
+from stepstream.engine.codec import JsonCodec
+from stepstream.engine.outbox import outbox_record, topic_problem
 
 
 @pytest.mark.parametrize("topic", ["orders", "shop.orders_v2-eu", "a" * 249, "..."])

@@ -3,9 +3,9 @@ second decode; the memo holding them is bounded and hands each record out once."
 
 from __future__ import annotations
 
-from consumers.timers import OwnFires
-from engine.records import TimerFired
-from engine.serde import RecordSerde
+from stepstream.consumers.timers import OwnFires
+from stepstream.engine.records import TimerFired
+from stepstream.engine.serde import RecordSerde
 
 
 def fire(n: int) -> TimerFired:

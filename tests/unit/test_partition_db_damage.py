@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from consumers.kafka.db import (
+from stepstream.consumers.kafka.db import (
     PartitionDB,
     StateCorrupted,
     mark_damaged,
     needs_quarantine,
     quarantine,
 )
-from consumers.kafka.runner import KafkaRunner, _open_sound
-from consumers.kafka.state_dir import StateDir
-from engine.kafka_settings import KafkaSettings
-from engine.seams import SystemClock
-from engine.serde import default_serde
+from stepstream.consumers.kafka.runner import KafkaRunner, _open_sound
+from stepstream.consumers.kafka.state_dir import StateDir
+from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.seams import SystemClock
+from stepstream.engine.serde import default_serde
 
 
 def _filled(path: Path) -> None:

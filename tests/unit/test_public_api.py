@@ -8,12 +8,6 @@ from typing import Any
 import pytest
 
 import stepstream
-from engine.records import SendEvent
-from engine.seams import Append
-from engine.serde import default_serde
-from engine.topics import COMMANDS, DEAD_LETTERS, HISTORY
-from engine.workflow import Registry
-from ops.embedded import EmbeddedConfig, open_embedded
 from stepstream import (
     Client,
     InvalidPayload,
@@ -22,6 +16,12 @@ from stepstream import (
     StepstreamError,
     Worker,
 )
+from stepstream.engine.records import SendEvent
+from stepstream.engine.seams import Append
+from stepstream.engine.serde import default_serde
+from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, HISTORY
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from tests.workflows import arith
 
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from engine.codec import JsonCodec
-from engine.context import Context
-from engine.errors import HistoryDiverged
-from engine.records import (
+from stepstream.engine.codec import JsonCodec
+from stepstream.engine.context import Context
+from stepstream.engine.errors import HistoryDiverged
+from stepstream.engine.records import (
     CancelWorkflow,
     Command,
     HistoryRecord,
@@ -28,12 +28,12 @@ from engine.records import (
     TimerScheduled,
     WorkflowCompleted,
 )
-from engine.runtime import InstanceRuntime, Output, StepLaunch, StepOutcome
-from engine.serde import default_serde
-from engine.state import InstanceState
-from engine.workflow import Registry, workflow
-from ops.history_export import ExportedHistory
-from ops.replay import (
+from stepstream.engine.runtime import InstanceRuntime, Output, StepLaunch, StepOutcome
+from stepstream.engine.serde import default_serde
+from stepstream.engine.state import InstanceState
+from stepstream.engine.workflow import Registry, workflow
+from stepstream.ops.history_export import ExportedHistory
+from stepstream.ops.replay import (
     History,
     ReplayDiverged,
     fold_history_log,

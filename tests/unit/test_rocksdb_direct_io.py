@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from consumers import rocks as rocks_helpers
-from consumers.embedded import EmbeddedDB, EmbeddedPartition
-from consumers.embedded import db as embedded_db
-from engine.seams import CommitBatch
+from stepstream.consumers import rocks as rocks_helpers
+from stepstream.consumers.embedded import EmbeddedDB, EmbeddedPartition
+from stepstream.consumers.embedded import db as embedded_db
+from stepstream.engine.seams import CommitBatch
 
 
 def direct_io_option(data: Path) -> str:

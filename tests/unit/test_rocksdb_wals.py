@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from consumers import rocks as rocks_helpers
-from consumers.embedded import EmbeddedDB, EmbeddedPartition
-from consumers.embedded import db as embedded_db
-from consumers.embedded.wal import WalSync
-from engine.seams import CommitBatch
+from stepstream.consumers import rocks as rocks_helpers
+from stepstream.consumers.embedded import EmbeddedDB, EmbeddedPartition
+from stepstream.consumers.embedded import db as embedded_db
+from stepstream.consumers.embedded.wal import WalSync
+from stepstream.engine.seams import CommitBatch
 
 
 def test_only_a_wal_that_grew_since_its_last_sync_is_synced_again(tmp_path: Path) -> None:
@@ -80,7 +80,7 @@ def test_a_kafka_partitions_state_keeps_its_wals_near_the_cap(
 ) -> None:
     import time
 
-    from consumers.kafka.db import PartitionDB
+    from stepstream.consumers.kafka.db import PartitionDB
 
     monkeypatch.setattr(rocks_helpers, "MAX_TOTAL_WAL_BYTES", 1 << 20)
     path = tmp_path / "p0"

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.codec import JsonCodec
-from engine.context import Context
-from engine.errors import EventTimeout, HistoryDiverged, StepFailed
-from engine.records import (
+from stepstream.engine.codec import JsonCodec
+from stepstream.engine.context import Context
+from stepstream.engine.errors import EventTimeout, HistoryDiverged, StepFailed
+from stepstream.engine.records import (
     CancelWorkflow,
     Command,
     EventBuffered,
@@ -43,11 +43,11 @@ from engine.records import (
     WaitSatisfied,
     WorkflowFailed,
 )
-from engine.records import StepFailed as StepFailedRecord
-from engine.retry import RetryPolicy
-from engine.runtime import LOST_ATTEMPT, InstanceRuntime, Output, StepLaunch, StepOutcome
-from engine.state import EntryState, InstanceState, Status
-from engine.workflow import WorkflowDefinition
+from stepstream.engine.records import StepFailed as StepFailedRecord
+from stepstream.engine.retry import RetryPolicy
+from stepstream.engine.runtime import LOST_ATTEMPT, InstanceRuntime, Output, StepLaunch, StepOutcome
+from stepstream.engine.state import EntryState, InstanceState, Status
+from stepstream.engine.workflow import WorkflowDefinition
 
 CODEC = JsonCodec()
 T0 = 1_700_000_000_000

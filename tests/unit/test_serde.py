@@ -18,8 +18,8 @@ from fastavro.schema import expand_schema, to_parsing_canonical_form
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.errors import UndecodableRecord
-from engine.records import (
+from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.records import (
     ALL_TYPES,
     CancelWorkflow,
     ChildStarted,
@@ -61,8 +61,8 @@ from engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from engine.serde import CLUSTER_DOMAINS, RecordSerde, default_serde
-from schemas import schema_root
+from stepstream.engine.serde import CLUSTER_DOMAINS, RecordSerde, default_serde
+from stepstream.schemas import schema_root
 
 ROOT = schema_root()
 V2 = Path(__file__).parent / "fixtures" / "schemas_v2"

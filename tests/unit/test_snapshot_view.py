@@ -8,11 +8,11 @@ import asyncio
 import itertools
 from pathlib import Path
 
-from consumers import state_keys
-from consumers.instance_store import write_state
-from consumers.kafka.db import PartitionDB
-from consumers.kafka.snapshots import CHUNK_BYTES, _StateView
-from engine.records import (
+from stepstream.consumers import state_keys
+from stepstream.consumers.instance_store import write_state
+from stepstream.consumers.kafka.db import PartitionDB
+from stepstream.consumers.kafka.snapshots import CHUNK_BYTES, _StateView
+from stepstream.engine.records import (
     EventBuffered,
     HistoryRecord,
     Payload,
@@ -21,8 +21,8 @@ from engine.records import (
     WorkflowCompleted,
     WorkflowStarted,
 )
-from engine.seams import CommitBatch
-from engine.state import InstanceState
+from stepstream.engine.seams import CommitBatch
+from stepstream.engine.state import InstanceState
 
 T0 = 1_700_000_000_000
 

@@ -14,13 +14,13 @@ from typing import Any
 import fastavro
 import pytest
 
-from consumers.sources import RecordTranslator, SourceRecord, Unreadable
-from consumers.sources.avro import AvroReader
-from engine.codec import JsonCodec
-from engine.records import SendEvent, StartWorkflow
-from engine.sources import declared_sources
-from engine.workflow import Registry, workflow
 from stepstream import Context, Source, UnknownWorkflow
+from stepstream.consumers.sources import RecordTranslator, SourceRecord, Unreadable
+from stepstream.consumers.sources.avro import AvroReader
+from stepstream.engine.codec import JsonCodec
+from stepstream.engine.records import SendEvent, StartWorkflow
+from stepstream.engine.sources import declared_sources
+from stepstream.engine.workflow import Registry, workflow
 from tests.integration.test_sources import PAYMENT, confluent, single_object
 from tests.source_workflows import src_order
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.records import (
+from stepstream.engine.records import (
     CommandIgnored,
     EventBuffered,
     HistoryRecord,
@@ -36,7 +36,7 @@ from engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from engine.state import (
+from stepstream.engine.state import (
     RECENT_COMMANDS,
     BufferedEvent,
     Entry,
@@ -50,7 +50,7 @@ from engine.state import (
     payload_bytes,
     timer_id,
 )
-from engine.views import InstanceStatus
+from stepstream.engine.views import InstanceStatus
 
 ID = "inst-1"
 T0 = 1_700_000_000_000
@@ -682,9 +682,9 @@ def test_state_of_the_older_layout_is_moved_to_its_keys_at_the_next_write() -> N
     """A data directory written before inputs and buffered events had keys of their own:
     the first write after reading such a meta stores them under their keys, and the meta
     it writes holds neither; read back the current way, nothing is lost."""
-    from consumers import state_keys
-    from consumers.instance_store import write_state
-    from engine.seams import CommitBatch
+    from stepstream.consumers import state_keys
+    from stepstream.consumers.instance_store import write_state
+    from stepstream.engine.seams import CommitBatch
 
     rec = Recorder()
     state = fold([started(rec), rec(EventBuffered, "ev-1", event_name="e", payload=pj("7"))])
@@ -712,7 +712,7 @@ def test_state_of_the_older_layout_is_moved_to_its_keys_at_the_next_write() -> N
 
 def test_the_settlement_of_a_recorded_ignore_is_rebuilt_from_its_record() -> None:
     """What a publisher is told about a command an earlier owner recorded as ignored."""
-    from engine.settle import error_for, recorded_reason
+    from stepstream.engine.settle import error_for, recorded_reason
 
     assert recorded_reason("SendEvent", "instance is completed") == "instance finished: completed"
     assert recorded_reason("ResumeWorkflow", "instance is cancelled, not paused") == (
@@ -797,9 +797,9 @@ def test_a_loop_prunes_its_old_iterations_and_races_abandon_only_their_losers() 
 def test_the_active_index_is_put_once_per_state_and_left_when_it_finishes() -> None:
     """Startup recovery and the finished check read the active index: a state puts its
     key with its first write (again after being read back), not at every transition."""
-    from consumers import state_keys
-    from consumers.instance_store import write_state
-    from engine.seams import CommitBatch
+    from stepstream.consumers import state_keys
+    from stepstream.consumers.instance_store import write_state
+    from stepstream.engine.seams import CommitBatch
 
     active = state_keys.active(ID)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from consumers import state_keys as keys
+from stepstream.consumers import state_keys as keys
 
 # Ids of any text, weighted towards the bytes the escaping is about.
 ids = st.text(alphabet=st.sampled_from("a\x00\x01\x02/#é") | st.characters(), min_size=1)

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 import stepstream
-from consumers.steps import StepExecutor
-from engine.attempts import attempt_number
-from engine.codec import JsonCodec
-from engine.runtime import StepLaunch, StepOutcome
+from stepstream.consumers.steps import StepExecutor
+from stepstream.engine.attempts import attempt_number
+from stepstream.engine.codec import JsonCodec
+from stepstream.engine.runtime import StepLaunch, StepOutcome
 
 # Long enough that a body waiting this long is clearly stuck; tests release them first.
 STUCK_S = 60.0

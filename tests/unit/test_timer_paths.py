@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from consumers import state_keys as keys
-from consumers.embedded import EmbeddedDB, EmbeddedPartition
-from consumers.timers import WINDOW, TimerService
-from engine.records import TimerCancelled, TimerFired, TimerScheduled
-from engine.seams import Append, CommitBatch
-from engine.serde import RecordSerde
-from engine.topics import COMMANDS, TIMERS
-from engine.virtual_clock import VirtualClock
+from stepstream.consumers import state_keys as keys
+from stepstream.consumers.embedded import EmbeddedDB, EmbeddedPartition
+from stepstream.consumers.timers import WINDOW, TimerService
+from stepstream.engine.records import TimerCancelled, TimerFired, TimerScheduled
+from stepstream.engine.seams import Append, CommitBatch
+from stepstream.engine.serde import RecordSerde
+from stepstream.engine.topics import COMMANDS, TIMERS
+from stepstream.engine.virtual_clock import VirtualClock
 
 START_MS = 1_000_000
 SERDE = RecordSerde()
@@ -132,8 +132,8 @@ async def test_a_processor_behind_its_log_gets_the_fire_behind_the_commands_ther
 async def test_a_sleep_fires_straight_to_the_processor_and_leaves_no_index_behind(
     tmp_path: Path,
 ) -> None:
-    from ops.embedded import EmbeddedConfig, open_embedded
-    from producers.client import Client
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.producers.client import Client
     from tests.conftest import test_registry
 
     data = tmp_path / "data"

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from engine.virtual_clock import VirtualClock
+from stepstream.engine.virtual_clock import VirtualClock
 
 
 async def test_sleepers_wake_in_order_when_the_clock_reaches_them() -> None:
