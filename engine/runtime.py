@@ -93,6 +93,7 @@ from stepstream.engine.state import (
     child_event,
     loop_prefixes,
     message_command,
+    parse_child_command,
     reply_key,
     split_timer_id,
 )
@@ -292,6 +293,10 @@ class InstanceRuntime:
         self._tracestate = self.state.tracestate
         for entry in self._waited_children():
             self._out.commands.append((self.state.instance_id, self._child_start(entry)))
+        # A race's cancels of its losers' children are published with its records, which
+        # a commit cut short may have kept without them (Kafka); a child applies one once.
+        for race, child in self._children_of_lost_races():
+            self._cancel_children([child], self._race_lost_reason(race))
         # Published with their records, which a commit cut short may have kept without
         # them (Kafka); the receiver applies a message's command id once.
         for entry in self.state.entries.values():
@@ -364,6 +369,51 @@ class InstanceRuntime:
                 ),
             )
         )
+
+    def _refuse_child(self, msg: StartWorkflow, parent_id: str, key: str) -> None:
+        """A parent asked to start this instance as its child ``key``, but it exists
+        already and is not that child (a client or another parent took the id): the
+        parent's call fails at once rather than waiting for an outcome that is not its."""
+        state = self.state
+        outcome = {
+            "status": "failed",
+            "error_type": "InstanceExists",
+            "error": (
+                f"instance {state.instance_id} already exists (workflow {state.workflow}, "
+                f"status {state.status.value}); start the child with an id of its own "
+                "(instance_id=None names it after its parent)"
+            ),
+        }
+        self._out.commands.append(
+            (
+                state.instance_id,
+                SendEvent(
+                    instance_id=parent_id,
+                    # Its own id: the parent may meet this instance again under another key.
+                    command_id=f"childexists:{msg.command_id}",
+                    time_ms=self.clock.now_ms(),
+                    name=child_event(key),
+                    payload=encode_safely(self.codec, outcome),
+                    traceparent=msg.traceparent,
+                    tracestate=msg.tracestate,
+                ),
+            )
+        )
+
+    def _cancel_children(self, children: list[Entry], reason: str) -> None:
+        for entry in children:
+            assert entry.child_id is not None
+            self._out.commands.append(
+                (
+                    self.state.instance_id,
+                    CancelWorkflow(
+                        instance_id=entry.child_id,
+                        command_id=f"cancelchild:{entry.child_id}",
+                        time_ms=self.clock.now_ms(),
+                        reason=reason,
+                    ),
+                )
+            )
 
     def start_child(self, key: str, workflow: str, input: Any, instance_id: str | None) -> str:
         """Record and publish the start of a child (once: replay returns its id)."""
@@ -527,7 +577,10 @@ class InstanceRuntime:
     def _on_start(self, msg: StartWorkflow) -> None:
         if self.state.workflow:
             self._ignore(msg, f"instance already exists (status {self.state.status.value})")
-            if self.state.status.finished and self.state.parent_id:
+            asker = parse_child_command(msg.command_id)
+            if asker is not None and asker != (self.state.parent_id, self.state.parent_key):
+                self._refuse_child(msg, *asker)
+            elif self.state.status.finished and self.state.parent_id:
                 self._notify_parent()  # a parent's new owner asks again: answer again
             return
         assert self.definition is not None
@@ -589,19 +642,10 @@ class InstanceRuntime:
         if self.state.status.finished:
             self._ignore(msg, f"instance is {self.state.status.value}")
             return
-        for entry in self._waited_children():  # cancelling a parent cancels its children
-            assert entry.child_id is not None
-            self._out.commands.append(
-                (
-                    self.state.instance_id,
-                    CancelWorkflow(
-                        instance_id=entry.child_id,
-                        command_id=f"cancelchild:{entry.child_id}",
-                        time_ms=self.clock.now_ms(),
-                        reason=f"its parent {self.state.instance_id} was cancelled",
-                    ),
-                )
-            )
+        # Cancelling a parent cancels its children.
+        self._cancel_children(
+            self._waited_children(), f"its parent {self.state.instance_id} was cancelled"
+        )
         self._finish(WorkflowCancelled, reason=clip_message(msg.reason))
 
     def _on_pause(self, msg: PauseWorkflow) -> None:
@@ -1160,7 +1204,38 @@ class InstanceRuntime:
             if entry.timer_id is not None:
                 self._timer(TimerCancelled, timer_id=entry.timer_id)
         self._give_up_attempts(abandoned, prefixes)
+        # Taken before the record, which withdraws the losers' waits (their children's too).
+        children = [e for e in self._waited_children() if e.key.startswith(prefixes)]
         self._emit(RaceDecided, key=key, winner=winner, losers=losers)
+        self._cancel_children(children, self._race_lost_reason(key))
+
+    def _race_lost_reason(self, key: str) -> str:
+        return f"it was started in a losing branch of race {key!r} of {self.state.instance_id}"
+
+    def _children_of_lost_races(self) -> list[tuple[str, Entry]]:
+        """(race key, child) for the children started in the losing branches of decided
+        races whose outcome has not arrived."""
+        entries = self.state.entries
+        races = [
+            (e.key, tuple(e.losers))
+            for e in entries.values()
+            if e.kind is EntryKind.RACE and e.losers
+        ]
+        if not races:
+            return []
+        # The race withdrew the losers' waits, so an outcome that came after it was buffered.
+        arrived = {b.name for b in self.state.buffered}
+        running = [
+            e
+            for e in entries.values()
+            if e.kind is EntryKind.CHILD
+            and child_event(e.key) not in arrived
+            and (
+                (result := entries.get(_child_result_key(e.key))) is None
+                or result.state is EntryState.ABANDONED
+            )
+        ]
+        return [(key, c) for key, losers in races for c in running if c.key.startswith(losers)]
 
     def _give_up_attempts(self, entries: list[Entry], prefixes: tuple[str, ...] = ("",)) -> None:
         """Give up the running attempts of ``entries``, and of ephemeral steps whose keys

@@ -481,3 +481,28 @@ async def orphan_parent(ctx: Context, _: Any) -> Any:
         return await ctx.child("no-such-workflow", 1)
     except ChildFailed as exc:
         return [exc.status, exc.error_type]
+
+
+@workflow("adopter")
+async def adopter(ctx: Context, taken: str) -> Any:
+    """Starts a child under an id that another instance holds already."""
+    from stepstream import ChildFailed
+
+    try:
+        return await ctx.child("kid", {"n": 1}, instance_id=taken)
+    except ChildFailed as exc:
+        return [exc.status, exc.error_type, exc.child_id, str(exc)]
+
+
+@workflow("racing-parent")
+async def racing_parent(ctx: Context, _: Any) -> Any:
+    """A child that waits for an event races a short sleep, and loses."""
+
+    async def child(c: Context) -> Any:
+        return await c.child("kid", {"n": 1, "wait": True})
+
+    async def beat(c: Context) -> str:
+        await c.sleep("beat", 0.3)
+        return "beat"
+
+    return await ctx.race({"child": child, "beat": beat})

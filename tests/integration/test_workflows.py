@@ -539,3 +539,23 @@ async def test_a_child_whose_workflow_is_not_deployed_fails_in_its_parent(
 ) -> None:
     instance = await client.start("orphan-parent", None, instance_id=new_id("orphan"))
     assert await client.result(instance, timeout=20) == ["failed", "UnknownWorkflow"]
+
+
+async def test_a_child_id_that_exists_fails_the_parents_call_at_once(client: Client) -> None:
+    taken = await client.start("waiter", None, instance_id=new_id("taken"))
+    instance = await client.start("adopter", taken, instance_id=new_id("adopter"))
+    status, error_type, child_id, message = await client.result(instance, timeout=20)
+    assert (status, error_type, child_id) == ("failed", "InstanceExists", taken)
+    assert f"instance {taken} already exists (workflow waiter, status running)" in message
+    # The instance that held the id goes on untouched: the parent's start is ignored there.
+    assert (await client.status(taken)).status == "running"
+    assert "CommandIgnored" in await types_of(client, taken)
+
+
+async def test_a_race_cancels_the_children_of_its_losing_branches(client: Client) -> None:
+    instance = await client.start("racing-parent", None, instance_id=new_id("racer"))
+    assert await client.result(instance, timeout=20) == ["beat", "beat"]
+    (started,) = [h for h in await client.history(instance) if h.type == "ChildStarted"]
+    child = started.attributes["child_id"]
+    with pytest.raises(WorkflowCancelled, match="losing branch of race"):
+        await client.result(child, timeout=20)
