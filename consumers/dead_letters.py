@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from stepstream.engine.records import DeadLetter
 from stepstream.engine.seams import Append, Clock, LogEntry, PartitionBackend
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.topics import DEAD_LETTERS
+from stepstream.engine.wire.records import DeadLetter
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.topics import DEAD_LETTERS
 
 log = logging.getLogger("stepstream.dead_letters")
 

@@ -46,21 +46,21 @@ from typing import Any
 import orjson
 
 from stepstream.consumers import state_keys as keys
-from stepstream.engine.environ import env_int, env_seconds
+from stepstream.engine.api.hook_events import StatusChangeEvent, StepErrorEvent
+from stepstream.engine.api.workflow import Registry, WorkflowDefinition
+from stepstream.engine.config.environ import env_int, env_seconds
 from stepstream.engine.errors import UnknownWorkflow
-from stepstream.engine.hook_events import StatusChangeEvent, StepErrorEvent
-from stepstream.engine.records import (
+from stepstream.engine.replay.runtime import InstanceRuntime, Output
+from stepstream.engine.replay.state import InstanceState, Status
+from stepstream.engine.seams import CommitBatch, PartitionBackend, PartitionLost
+from stepstream.engine.wire.records import (
     HistoryRecord,
     StepFailed,
     WorkflowCancelled,
     WorkflowFailed,
     WorkflowStarted,
 )
-from stepstream.engine.runtime import InstanceRuntime, Output
-from stepstream.engine.seams import CommitBatch, PartitionBackend, PartitionLost
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.state import InstanceState, Status
-from stepstream.engine.workflow import Registry, WorkflowDefinition
+from stepstream.engine.wire.serde import RecordSerde
 
 log = logging.getLogger("stepstream.hooks")
 

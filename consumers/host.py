@@ -13,22 +13,22 @@ from stepstream.consumers.partition import Committed, PartitionProcessor, Proces
 from stepstream.consumers.steps import StepExecutor
 from stepstream.consumers.telemetry import Telemetry
 from stepstream.consumers.timers import TimerService
-from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.api.outbox import Outbox
+from stepstream.engine.api.workflow import Registry, WorkflowDefinition
 from stepstream.engine.errors import UnknownInstance
-from stepstream.engine.listing import (
+from stepstream.engine.reads.listing import (
     InstancePage,
     ListQuery,
     Overview,
     merge_overviews,
     merge_pages,
 )
-from stepstream.engine.outbox import Outbox
-from stepstream.engine.records import HistoryRecord, Payload
+from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.seams import Clock, PartitionBackend
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.state import InstanceState
-from stepstream.engine.topics import COMMANDS, partition_for
-from stepstream.engine.workflow import Registry, WorkflowDefinition
+from stepstream.engine.wire.codec import PayloadCodec
+from stepstream.engine.wire.records import HistoryRecord, Payload
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.topics import COMMANDS, partition_for
 
 log = logging.getLogger("stepstream.host")
 

@@ -9,12 +9,9 @@ from collections import deque
 import orjson
 
 from stepstream.consumers import state_keys as keys
-from stepstream.engine.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
-from stepstream.engine.records import CommandIgnored, HistoryRecord, Payload
-from stepstream.engine.seams import CommitBatch, StateStore
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.settle import recorded_reason
-from stepstream.engine.state import (
+from stepstream.engine.reads.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
+from stepstream.engine.reads.views import InstanceStatus
+from stepstream.engine.replay.state import (
     InstanceState,
     buffered_json,
     entry_json,
@@ -22,7 +19,10 @@ from stepstream.engine.state import (
     payload_bytes,
     payload_from_bytes,
 )
-from stepstream.engine.views import InstanceStatus
+from stepstream.engine.seams import CommitBatch, StateStore
+from stepstream.engine.wire.records import CommandIgnored, HistoryRecord, Payload
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.settle import recorded_reason
 
 _STATUS_MARK = b'"st":"'  # how the status sits in an instance's meta (compact JSON)
 

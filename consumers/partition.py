@@ -26,21 +26,39 @@ from stepstream.consumers.runtime_cache import RuntimeCache
 from stepstream.consumers.steps import StepExecutor
 from stepstream.consumers.telemetry import Telemetry
 from stepstream.consumers.timers import OwnFires, unindex
-from stepstream.engine.codec import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    PayloadCodec,
-    check_size,
-    decode_safely,
-    encode_safely,
-)
+from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import (
     HistoryDiverged,
     StepstreamError,
     UndecodableRecord,
     UnknownWorkflow,
 )
-from stepstream.engine.names import name_problem
-from stepstream.engine.records import (
+from stepstream.engine.replay.runtime import InstanceRuntime, Output, StepOutcome
+from stepstream.engine.replay.state import (
+    EntryState,
+    InstanceState,
+    Status,
+    child_event,
+    is_client_command,
+    parse_child_command,
+)
+from stepstream.engine.seams import (
+    Append,
+    Clock,
+    CommitBatch,
+    LogEntry,
+    PartitionBackend,
+    PartitionLost,
+)
+from stepstream.engine.wire.codec import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    PayloadCodec,
+    check_size,
+    decode_safely,
+    encode_safely,
+)
+from stepstream.engine.wire.names import name_problem
+from stepstream.engine.wire.records import (
     Command,
     PartitionFenced,
     Payload,
@@ -50,27 +68,9 @@ from stepstream.engine.records import (
     TimerFired,
     TimerScheduled,
 )
-from stepstream.engine.runtime import InstanceRuntime, Output, StepOutcome
-from stepstream.engine.seams import (
-    Append,
-    Clock,
-    CommitBatch,
-    LogEntry,
-    PartitionBackend,
-    PartitionLost,
-)
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.settle import UNKNOWN_INSTANCE, ignored_reason
-from stepstream.engine.state import (
-    EntryState,
-    InstanceState,
-    Status,
-    child_event,
-    is_client_command,
-    parse_child_command,
-)
-from stepstream.engine.topics import COMMANDS, HISTORY, TIMERS, partition_for
-from stepstream.engine.workflow import Registry
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.settle import UNKNOWN_INSTANCE, ignored_reason
+from stepstream.engine.wire.topics import COMMANDS, HISTORY, TIMERS, partition_for
 
 log = logging.getLogger("stepstream.partition")
 

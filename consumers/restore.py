@@ -15,15 +15,15 @@ import logging
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.instance_store import forget_instance, load_state, write_state
 from stepstream.engine.errors import UndecodableRecord
-from stepstream.engine.records import (
+from stepstream.engine.replay.state import InstanceState
+from stepstream.engine.seams import CommitBatch, StateStore
+from stepstream.engine.wire.records import (
     HistoryRecord,
     InstanceForgotten,
     PartitionFenced,
     WorkflowStarted,
 )
-from stepstream.engine.seams import CommitBatch, StateStore
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.state import InstanceState
+from stepstream.engine.wire.serde import RecordSerde
 
 log = logging.getLogger("stepstream.restore")
 

@@ -10,10 +10,10 @@ import logging
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.instance_store import forget_instance, load_state
 from stepstream.consumers.runtime_cache import RuntimeCache
-from stepstream.engine.records import InstanceForgotten
 from stepstream.engine.seams import Append, Clock, CommitBatch, PartitionBackend
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.topics import COMMANDS, HISTORY, TIMERS
+from stepstream.engine.wire.records import InstanceForgotten
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.topics import COMMANDS, HISTORY, TIMERS
 
 log = logging.getLogger("stepstream.partition")
 

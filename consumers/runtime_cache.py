@@ -13,12 +13,12 @@ from collections.abc import Iterator
 
 from stepstream.consumers.instance_store import load_state
 from stepstream.consumers.telemetry import Telemetry
-from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.api.workflow import Registry, WorkflowDefinition
 from stepstream.engine.errors import UnknownWorkflow
-from stepstream.engine.runtime import InstanceRuntime
+from stepstream.engine.replay.runtime import InstanceRuntime
+from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.seams import Clock, StateStore
-from stepstream.engine.state import InstanceState
-from stepstream.engine.workflow import Registry, WorkflowDefinition
+from stepstream.engine.wire.codec import PayloadCodec
 
 log = logging.getLogger("stepstream.partition")
 

@@ -1,9 +1,9 @@
 """Every reserved key of a partition's state store, in one place.
 
 Layout (all keys local to one partition; ``<id>`` is an instance id, escaped):
-  m\\0<id>                    instance meta (engine.state JSON)
+  m\\0<id>                    instance meta (engine.replay.state JSON)
   i\\0<id>\\0                  the instance's input, written once when it starts (a payload
-                              as ``engine.state.payload_bytes``; older metas hold it inline)
+                              as ``engine.replay.state.payload_bytes``; older metas hold it inline)
   e\\0<id>\\0<key>              one entry per replay key
   b\\0<id>\\0<seq:8>            an event or message buffered until the code takes it (the
                               seq of its EventBuffered; older metas held them inline)
@@ -22,7 +22,7 @@ Layout (all keys local to one partition; ``<id>`` is an instance id, escaped):
 An instance id is escaped so that no id's keys fall under another id's prefix, whatever
 bytes ids hold: 0x01 becomes 0x01 0x01 and 0x00 becomes 0x01 0x02, so an escaped id has no
 0x00 and the 0x00 after it ends it. Ids without those two bytes (every id clients may
-send: ``engine.names`` refuses control characters) are stored as they are. Timer ids are
+send: ``engine.wire.names`` refuses control characters) are stored as they are. Timer ids are
 unique within their instance only, so the timer index is keyed by both.
 """
 

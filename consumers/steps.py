@@ -18,11 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from stepstream.consumers.step_threads import StepThreads
-from stepstream.engine.attempts import AttemptFlag, current_flag
-from stepstream.engine.codec import PayloadCodec, check_size, encode_safely
+from stepstream.engine.api.attempts import AttemptFlag, current_flag
+from stepstream.engine.api.outbox import Outbox
 from stepstream.engine.errors import NonRetryableError, StepstreamError
-from stepstream.engine.outbox import Outbox
-from stepstream.engine.runtime import StepLaunch, StepOutcome
+from stepstream.engine.replay.runtime import StepLaunch, StepOutcome
+from stepstream.engine.wire.codec import PayloadCodec, check_size, encode_safely
 
 log = logging.getLogger("stepstream.steps")
 

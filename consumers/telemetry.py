@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol, cast, runtime_checkable
 
-from stepstream.engine.records import (
+from stepstream.engine.wire.records import (
     HistoryRecord,
     StepAttemptStarted,
     StepFailed,
@@ -31,7 +31,7 @@ from stepstream.engine.records import (
 )
 
 if TYPE_CHECKING:
-    from stepstream.engine.runtime import InstanceRuntime
+    from stepstream.engine.replay.runtime import InstanceRuntime
 
 LATENCY_BUCKETS_S = (
     0.001,

@@ -28,7 +28,6 @@ from typing import Protocol
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.dead_letters import dead_letter
 from stepstream.engine.errors import UndecodableRecord
-from stepstream.engine.records import TimerCancelled, TimerFired, TimerScheduled
 from stepstream.engine.seams import (
     Append,
     Clock,
@@ -37,8 +36,9 @@ from stepstream.engine.seams import (
     PartitionBackend,
     StateStore,
 )
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.topics import COMMANDS, TIMERS
+from stepstream.engine.wire.records import TimerCancelled, TimerFired, TimerScheduled
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.topics import COMMANDS, TIMERS
 
 log = logging.getLogger("stepstream.timers")
 

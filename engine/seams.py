@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from stepstream.engine.values import value
+from stepstream.engine.wire.values import value
 
 
 class Clock(Protocol):
@@ -44,7 +44,7 @@ class LogEntry:
 
 @value
 class Append:
-    """A record to append: ``kind`` is a topic kind from ``engine.topics``; the partition
+    """A record to append: ``kind`` is a topic kind from ``engine.wire.topics``; the partition
     is the instance's partition unless given (fence records, dead letters)."""
 
     kind: str

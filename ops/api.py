@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
-from stepstream.engine.codec import parse_json_text
 from stepstream.engine.errors import (
     ConnectionFailed,
     InstanceFinished,
@@ -32,8 +31,9 @@ from stepstream.engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from stepstream.engine.listing import ListQuery
-from stepstream.engine.state import Status
+from stepstream.engine.reads.listing import ListQuery
+from stepstream.engine.replay.state import Status
+from stepstream.engine.wire.codec import parse_json_text
 from stepstream.ops.api_security import ApiSecurity
 from stepstream.ops.api_session import CommandWaiter, Session, check_fields, string_field
 from stepstream.ops.ui.routes import TransportSource, add_ui_routes
@@ -63,7 +63,7 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
     ConnectionFailed: 503,
 }
 _STATUSES = tuple(s.value for s in Status)
-# Any of these asks ``GET /v1/instances`` for one page (``engine.listing``) rather than all.
+# Any of these asks ``GET /v1/instances`` for one page (``engine.reads.listing``) rather than all.
 _PAGE_PARAMS = frozenset({"limit", "after", "workflow", "prefix"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

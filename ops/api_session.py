@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 from aiohttp import WSCloseCode, web
 
-from stepstream.engine.codec import parse_json_text
 from stepstream.engine.errors import InvalidPayload, StepstreamError
-from stepstream.engine.settle import error_for, recorded_and_ignored
+from stepstream.engine.wire.codec import parse_json_text
+from stepstream.engine.wire.settle import error_for, recorded_and_ignored
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport
 from stepstream.producers.http import (

@@ -23,12 +23,12 @@ from typing import Any
 
 from aiohttp import web
 
-from stepstream.engine.codec import parse_json_text
+from stepstream.engine.api.workflow import Registry, WorkflowDefinition, definition_of
 from stepstream.engine.errors import InvalidPayload, StepstreamError
-from stepstream.engine.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
-from stepstream.engine.state import Status
-from stepstream.engine.views import InstanceStatus, Wait
-from stepstream.engine.workflow import Registry, WorkflowDefinition, definition_of
+from stepstream.engine.reads.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from stepstream.engine.reads.views import InstanceStatus, Wait
+from stepstream.engine.replay.state import Status
+from stepstream.engine.wire.codec import parse_json_text
 from stepstream.ops import event_loop, logs, tracing
 from stepstream.ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from stepstream.ops.api_security import ApiSecurity, InsecureBind
@@ -549,7 +549,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _kafka_settings(args: argparse.Namespace) -> Any:
-    from stepstream.engine.kafka_settings import KafkaSettings
+    from stepstream.engine.config.kafka import KafkaSettings
 
     return KafkaSettings.load(
         args.bootstrap, args.prefix, config_file=args.kafka_config, options=args.kafka_opt

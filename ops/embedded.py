@@ -23,17 +23,17 @@ from stepstream.consumers.partition import (
     SWEEP_INTERVAL_S,
     ProcessorConfig,
 )
-from stepstream.engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
-from stepstream.engine.environ import env_int, env_seconds
+from stepstream.engine.api.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
+from stepstream.engine.api.outbox import Outbox
+from stepstream.engine.api.workflow import Registry
+from stepstream.engine.config.environ import env_int, env_seconds
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
-from stepstream.engine.outbox import Outbox
-from stepstream.engine.records import Command
 from stepstream.engine.seams import Append, Clock, SystemClock
-from stepstream.engine.serde import RecordSerde, default_serde
-from stepstream.engine.topics import COMMANDS
-from stepstream.engine.workflow import Registry
+from stepstream.engine.wire.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from stepstream.engine.wire.records import Command
+from stepstream.engine.wire.serde import RecordSerde, default_serde
+from stepstream.engine.wire.topics import COMMANDS
 from stepstream.producers.client import Transport, register_transport
 from stepstream.producers.publisher import LogTransport
 

@@ -11,11 +11,11 @@ import os
 from collections.abc import Mapping
 
 from stepstream.consumers.sources import SourceConsumer, SourcesConfig
-from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.api.sources import declared_sources
+from stepstream.engine.api.workflow import Registry
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.seams import SystemClock
-from stepstream.engine.serde import default_serde
-from stepstream.engine.sources import declared_sources
-from stepstream.engine.workflow import Registry
+from stepstream.engine.wire.serde import default_serde
 from stepstream.ops.embedded import EmbeddedEngine
 
 log = logging.getLogger("stepstream.sources")

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
-from stepstream.engine.environ import ConfigError
+from stepstream.engine.config.environ import ConfigError
 
 log = logging.getLogger("stepstream.loop")
 

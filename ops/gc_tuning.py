@@ -19,7 +19,7 @@ import logging
 import os
 from collections.abc import Mapping
 
-from stepstream.engine.environ import ConfigError
+from stepstream.engine.config.environ import ConfigError
 
 log = logging.getLogger("stepstream.gc")
 

@@ -28,10 +28,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from stepstream.engine.codec import JSON, JsonCodec, PayloadCodec
 from stepstream.engine.errors import InvalidPayload, StepstreamError
-from stepstream.engine.records import HISTORY_TYPES, HistoryRecord, Payload, WorkflowStarted
-from stepstream.engine.views import HistoryEntry
+from stepstream.engine.reads.views import HistoryEntry
+from stepstream.engine.wire.codec import JSON, JsonCodec, PayloadCodec
+from stepstream.engine.wire.records import HISTORY_TYPES, HistoryRecord, Payload, WorkflowStarted
 
 FORMAT = "stepstream.history"
 FORMAT_VERSION = 1

@@ -40,17 +40,17 @@ from stepstream.consumers.partition import (
 )
 from stepstream.consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
 from stepstream.consumers.telemetry import SpanSink
-from stepstream.engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
-from stepstream.engine.environ import env_int, env_seconds
+from stepstream.engine.api.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
+from stepstream.engine.api.sources import Source, declared_sources
+from stepstream.engine.api.workflow import Registry
+from stepstream.engine.config.environ import env_int, env_seconds
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import ConnectionFailed, StepstreamError
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
-from stepstream.engine.records import Command
 from stepstream.engine.seams import Clock, SystemClock
-from stepstream.engine.serde import RecordSerde, default_serde
-from stepstream.engine.sources import Source, declared_sources
-from stepstream.engine.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
-from stepstream.engine.workflow import Registry
+from stepstream.engine.wire.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from stepstream.engine.wire.records import Command
+from stepstream.engine.wire.serde import RecordSerde, default_serde
+from stepstream.engine.wire.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
 from stepstream.ops import tracing
 from stepstream.ops.api import DEFAULT_MAX_BODY_BYTES, make_app
 from stepstream.ops.api_security import ApiSecurity

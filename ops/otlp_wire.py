@@ -29,7 +29,7 @@ from opentelemetry.proto.common.v1.common_pb2 import (
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from stepstream.consumers.telemetry import RunSpan, StepSpan
-from stepstream.engine.uvarint import uvarint
+from stepstream.engine.wire.uvarint import uvarint
 from stepstream.ops.tracing import run_span_id, trace_id_of_run, tracing_enabled
 from stepstream.producers.trace_context import ProducerSpan
 

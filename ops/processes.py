@@ -48,15 +48,15 @@ from stepstream.consumers.embedded.forwarding import (
     encode_batch,
 )
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.listing import (
+from stepstream.engine.reads.listing import (
     InstancePage,
     ListQuery,
     Overview,
     merge_overviews,
     merge_pages,
 )
-from stepstream.engine.topics import partition_for
-from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.wire.topics import partition_for
 from stepstream.ops.api_security import INTERNAL_PREFIX, RECORDS_TYPE, ApiSecurity
 from stepstream.ops.embedded import PROCESSES_FILE, EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.ops.metrics import CONTENT_TYPE, Health, Observability, observability_for

@@ -29,15 +29,18 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from stepstream.engine.codec import JsonCodec, PayloadCodec, decode_safely
+from stepstream.engine.api.workflow import Registry, WorkflowDefinition
 from stepstream.engine.errors import (
     HistoryDiverged,
     StepstreamError,
     UndecodableRecord,
     UnknownWorkflow,
 )
-from stepstream.engine.loop import ROOT_TASK, WorkflowLoop
-from stepstream.engine.records import (
+from stepstream.engine.replay.loop import ROOT_TASK, WorkflowLoop
+from stepstream.engine.replay.runtime import InstanceRuntime, Output
+from stepstream.engine.replay.state import Entry, EntryState, InstanceState
+from stepstream.engine.wire.codec import JsonCodec, PayloadCodec, decode_safely
+from stepstream.engine.wire.records import (
     HistoryRecord,
     InstanceForgotten,
     PartitionFenced,
@@ -51,11 +54,8 @@ from stepstream.engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from stepstream.engine.records import SleepStarted as SleepStartedRecord
-from stepstream.engine.runtime import InstanceRuntime, Output
-from stepstream.engine.serde import RecordSerde, default_serde
-from stepstream.engine.state import Entry, EntryState, InstanceState
-from stepstream.engine.workflow import Registry, WorkflowDefinition
+from stepstream.engine.wire.records import SleepStarted as SleepStartedRecord
+from stepstream.engine.wire.serde import RecordSerde, default_serde
 from stepstream.ops import event_loop
 
 DIVERGED_TYPE = "HistoryDiverged"
@@ -666,7 +666,7 @@ def read_kafka(settings: Any, *, from_offset: int = 0) -> tuple[list[History], i
     could not be read."""
     from stepstream.consumers.kafka.admin import existing_partitions
     from stepstream.consumers.kafka.restore import HistoryReader
-    from stepstream.engine.topics import HISTORY, TopicNames
+    from stepstream.engine.wire.topics import HISTORY, TopicNames
 
     topic = TopicNames(settings.prefix).name(HISTORY)
     partitions = existing_partitions(settings).get(topic)
@@ -809,7 +809,7 @@ def _histories(args: Any) -> tuple[Iterable[History], int | None]:
     if args.file is not None:
         found = read_files(args.file)
     elif args.bootstrap is not None:
-        from stepstream.engine.kafka_settings import KafkaSettings
+        from stepstream.engine.config.kafka import KafkaSettings
 
         settings = KafkaSettings.load(
             args.bootstrap, args.prefix, config_file=args.kafka_config, options=args.kafka_opt

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from stepstream.engine.views import HistoryEntry
+from stepstream.engine.reads.views import HistoryEntry
 
 # Open rows are keyed by (kind, key) so the record that ends a span finds its start.
 _SpanKey = tuple[str, str]

@@ -9,9 +9,9 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.workflow import Registry
+from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.producers.client import Client, Transport
 

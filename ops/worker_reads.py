@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 
 from stepstream.consumers.host import OverviewProgress, PartitionHost
+from stepstream.engine.api.workflow import WorkflowDefinition
 from stepstream.engine.errors import ConnectionFailed, ResultTimeout
-from stepstream.engine.listing import InstancePage, ListQuery, Overview
-from stepstream.engine.records import HistoryRecord, Payload
-from stepstream.engine.state import InstanceState
-from stepstream.engine.topics import partition_for
-from stepstream.engine.workflow import WorkflowDefinition
+from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview
+from stepstream.engine.replay.state import InstanceState
+from stepstream.engine.wire.records import HistoryRecord, Payload
+from stepstream.engine.wire.topics import partition_for
 
 
 class OwnedReader:

@@ -14,15 +14,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.listing import (
+from stepstream.engine.reads.listing import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
     InstancePage,
     ListQuery,
     Overview,
 )
-from stepstream.engine.names import check_name, event_id_problem, event_name_problem
-from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.wire.names import check_name, event_id_problem, event_name_problem
 
 DEFAULT_CONNECT = "http://127.0.0.1:8233"
 

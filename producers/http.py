@@ -27,7 +27,6 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from stepstream.engine.codec import dump_json_text
 from stepstream.engine.errors import (
     AccessDenied,
     ConnectionFailed,
@@ -44,8 +43,9 @@ from stepstream.engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from stepstream.engine.listing import InstancePage, ListQuery, Overview
-from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.wire.codec import dump_json_text
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport, register_transport
 

@@ -21,9 +21,9 @@ import aiohttp
 from yarl import URL
 
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.listing import InstancePage, ListQuery, Overview
-from stepstream.engine.topics import partition_for
-from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.wire.topics import partition_for
 
 log = logging.getLogger("stepstream.client")
 

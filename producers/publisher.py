@@ -14,13 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from stepstream.engine.codec import (
-    MAX_MESSAGE_CHARS,
-    PayloadCodec,
-    check_size,
-    decode_safely,
-    encode_safely,
-)
+from stepstream.engine.api.workflow import WorkflowDefinition
 from stepstream.engine.errors import (
     InvalidPayload,
     PayloadTooLarge,
@@ -28,9 +22,23 @@ from stepstream.engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from stepstream.engine.listing import InstancePage, ListQuery, Overview, merge_overviews
-from stepstream.engine.names import check_name, event_id_problem, event_name_problem, text_problem
-from stepstream.engine.records import (
+from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview, merge_overviews
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.replay.state import InstanceState, Status
+from stepstream.engine.wire.codec import (
+    MAX_MESSAGE_CHARS,
+    PayloadCodec,
+    check_size,
+    decode_safely,
+    encode_safely,
+)
+from stepstream.engine.wire.names import (
+    check_name,
+    event_id_problem,
+    event_name_problem,
+    text_problem,
+)
+from stepstream.engine.wire.records import (
     CancelWorkflow,
     Command,
     HistoryRecord,
@@ -40,10 +48,7 @@ from stepstream.engine.records import (
     SendEvent,
     StartWorkflow,
 )
-from stepstream.engine.settle import error_for
-from stepstream.engine.state import InstanceState, Status
-from stepstream.engine.views import HistoryEntry, InstanceStatus
-from stepstream.engine.workflow import WorkflowDefinition
+from stepstream.engine.wire.settle import error_for
 from stepstream.producers import trace_context
 
 # Instances one partition looks at per slice of a page (about a millisecond's work).

@@ -5,9 +5,14 @@ This is the one import path users need::
     from stepstream import workflow, Context, Client, Worker, RetryPolicy, NonRetryableError
 """
 
-from stepstream.engine.attempts import attempt_cancelled
-from stepstream.engine.codec import JsonCodec, PayloadCodec
-from stepstream.engine.context import ChildHandle, Context, StepFailure, StepResult
+from stepstream.engine.api.attempts import attempt_cancelled
+from stepstream.engine.api.context import ChildHandle, Context, StepFailure, StepResult
+from stepstream.engine.api.hook_events import StatusChangeEvent, StepErrorEvent
+from stepstream.engine.api.loops import Break, Continue
+from stepstream.engine.api.outbox import Published
+from stepstream.engine.api.retry import RetryPolicy
+from stepstream.engine.api.sources import Source
+from stepstream.engine.api.workflow import workflow
 from stepstream.engine.errors import (
     AccessDenied,
     ChildFailed,
@@ -32,14 +37,9 @@ from stepstream.engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from stepstream.engine.hook_events import StatusChangeEvent, StepErrorEvent
-from stepstream.engine.loops import Break, Continue
-from stepstream.engine.outbox import Published
-from stepstream.engine.records import Payload
-from stepstream.engine.retry import RetryPolicy
-from stepstream.engine.sources import Source
-from stepstream.engine.views import HistoryEntry, InstanceStatus
-from stepstream.engine.workflow import workflow
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.wire.codec import JsonCodec, PayloadCodec
+from stepstream.engine.wire.records import Payload
 from stepstream.ops.worker import Worker
 from stepstream.producers.client import Client
 

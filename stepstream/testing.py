@@ -33,14 +33,14 @@ from typing import Any, cast
 from stepstream.consumers import state_keys
 from stepstream.consumers.embedded.partition import EmbeddedPartition
 from stepstream.consumers.instance_store import load_state
-from stepstream.engine.codec import PayloadCodec
+from stepstream.engine.api.outbox import MemoryOutbox, OutboxRecord
+from stepstream.engine.api.workflow import Registry, WorkflowDefinition, definition_of
 from stepstream.engine.errors import ConnectionFailed, StepstreamError, UnknownWorkflow
-from stepstream.engine.outbox import MemoryOutbox, OutboxRecord
+from stepstream.engine.replay.state import EntryState
 from stepstream.engine.seams import Clock, SystemClock
-from stepstream.engine.state import EntryState
-from stepstream.engine.topics import COMMANDS, TIMERS
 from stepstream.engine.virtual_clock import VirtualClock
-from stepstream.engine.workflow import Registry, WorkflowDefinition, definition_of
+from stepstream.engine.wire.codec import PayloadCodec
+from stepstream.engine.wire.topics import COMMANDS, TIMERS
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.ops.history_export import ExportedHistory
 from stepstream.ops.replay import History, ReplayDiverged, ReplayResult, read_files, replay_history

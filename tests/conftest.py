@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 import pytest
 
 import stepstream.producers.kafka  # noqa: F401  (registers kafka:// with Client.connect)
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.workflow import Registry
+from stepstream.engine.api.workflow import Registry
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.kafka_broker import Broker, start_broker

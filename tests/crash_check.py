@@ -21,7 +21,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from stepstream.engine.records import (
+from stepstream.engine.replay.state import is_client_command
+from stepstream.engine.wire.records import (
     CancelWorkflow,
     Command,
     CommandIgnored,
@@ -50,8 +51,7 @@ from stepstream.engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from stepstream.engine.state import is_client_command
-from stepstream.engine.topics import partition_for
+from stepstream.engine.wire.topics import partition_for
 
 LOST = "AttemptLost"  # the error type of an attempt lost with its worker
 TERMINAL = (WorkflowCompleted, WorkflowFailed, WorkflowCancelled)

@@ -95,7 +95,7 @@ def _install_kill_points() -> None:
     if _kill_point() is None:
         return
     from stepstream.consumers.kafka.outbox import KafkaOutbox
-    from stepstream.engine.outbox import OutboxRecord
+    from stepstream.engine.api.outbox import OutboxRecord
 
     produce = KafkaOutbox.publish
 

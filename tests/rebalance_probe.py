@@ -30,16 +30,16 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from stepstream.consumers.kafka import create_topics
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.records import (
+from stepstream.engine.config.kafka import KafkaSettings
+from stepstream.engine.wire.records import (
     PartitionFenced,
     Record,
     StepAttemptStarted,
     StepFailed,
     StepSucceeded,
 )
-from stepstream.engine.serde import default_serde
-from stepstream.engine.topics import HISTORY, MEMBERS, TopicNames, partition_for
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import HISTORY, MEMBERS, TopicNames, partition_for
 from stepstream.producers.client import Client
 from stepstream.producers.kafka import aiokafka_options
 from stepstream.producers.kafka.members import MembersView

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stepstream.engine.workflow import Registry
+from stepstream.engine.api.workflow import Registry
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url

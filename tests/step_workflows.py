@@ -56,7 +56,7 @@ async def overrun_then_quick(ctx: Context, n: int) -> dict[str, object]:
 
 def polite(instance_id: str) -> str:
     """First attempt: runs until its attempt is given up, then stops early."""
-    from stepstream.engine.attempts import attempt_number
+    from stepstream.engine.api.attempts import attempt_number
 
     attempt = attempt_number()
     if attempt > 1:

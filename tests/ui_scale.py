@@ -28,7 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from stepstream.engine.workflow import Registry
+from stepstream.engine.api.workflow import Registry
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.browser import chromium_path

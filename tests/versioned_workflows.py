@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepstream.engine.context import Context
-from stepstream.engine.workflow import workflow
+from stepstream.engine.api.context import Context
+from stepstream.engine.api.workflow import workflow
 
 
 def quote(amount: int, rate: int) -> int:

@@ -318,7 +318,7 @@ async def drain_after_go(ctx: Context, n: int) -> list[Any]:
 async def cancelled_once(key: str) -> str:
     """Raises CancelledError of its own on its first attempt (as when an inner task it
     awaited was cancelled), then succeeds."""
-    from stepstream.engine.attempts import attempt_number
+    from stepstream.engine.api.attempts import attempt_number
 
     if attempt_number() == 1:
         raise asyncio.CancelledError(f"inner task of {key} cancelled")

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from stepstream.consumers.embedded import keys
 from stepstream.consumers.embedded.db import EmbeddedDB
 from stepstream.engine.seams import Append
-from stepstream.engine.topics import COMMANDS
+from stepstream.engine.wire.topics import COMMANDS
 
 log = logging.getLogger("stepstream.embedded.forwarding")
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import struct
 
-from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS
-from stepstream.engine.uvarint import uvarint
+from stepstream.engine.wire.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS
+from stepstream.engine.wire.uvarint import uvarint
 
 LOG_CF = "log"
 STATE_CF = "state"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepstream.consumers.embedded import keys
 from stepstream.engine.seams import Append, LogEntry
-from stepstream.engine.topics import murmur2
+from stepstream.engine.wire.topics import murmur2
 
 if TYPE_CHECKING:
     from stepstream.consumers.embedded.db import EmbeddedDB
@@ -41,7 +41,7 @@ class EmbeddedLog:
 
     def resolve(self, append: Append) -> Append:
         """``append`` with its partition set: the key's (Kafka's murmur2 partitioner, as
-        ``engine.topics.partition_for``) unless given. Rejects unknown kinds and partitions."""
+        ``engine.wire.topics.partition_for``) unless given. Rejects unknown kinds and partitions."""
         keys.kind_code(append.kind)
         if append.partition is None:
             partition = (murmur2(append.key) & 0x7FFFFFFF) % self.partitions

@@ -19,7 +19,7 @@ from stepstream.consumers.embedded import keys
 from stepstream.consumers.embedded.db import ROCKSDB_DIR
 from stepstream.consumers.embedded.errors import StorageFailed
 from stepstream.consumers.rocks import prefix_scan
-from stepstream.engine.topics import partition_for
+from stepstream.engine.wire.topics import partition_for
 
 _SEQ_SUFFIX = 1 + 8  # the separator after the instance id, and the sequence number
 

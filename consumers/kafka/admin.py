@@ -19,9 +19,9 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from stepstream.consumers.kafka.clients import make_client
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.topics import DEFINITIONS, MEMBERS, TOPIC_KINDS, TopicNames
+from stepstream.engine.wire.topics import DEFINITIONS, MEMBERS, TOPIC_KINDS, TopicNames
 
 ADMIN_REQUIRED: dict[str, object] = {"allow.auto.create.topics": False}
 _TOPIC_CONFIGS: dict[str, dict[str, str]] = {

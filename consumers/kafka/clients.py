@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaException
 
-from stepstream.engine.kafka_settings import KafkaSettingsError
+from stepstream.engine.config.kafka import KafkaSettingsError
 
 C = TypeVar("C")
 

@@ -40,9 +40,9 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from stepstream.consumers.kafka import keys
 from stepstream.consumers.kafka.clients import make_client
 from stepstream.consumers.kafka.source import KafkaSource
-from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.seams import LogEntry
-from stepstream.engine.topics import COMMANDS, TIMERS, TopicNames
+from stepstream.engine.wire.topics import COMMANDS, TIMERS, TopicNames
 
 log = logging.getLogger("stepstream.kafka.group")
 

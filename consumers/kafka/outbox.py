@@ -1,4 +1,4 @@
-"""The Kafka side of the outbox (``engine.outbox``): the producer ``ctx.publish`` bodies
+"""The Kafka side of the outbox (``engine.api.outbox``): the producer ``ctx.publish`` bodies
 share, one per process, made on the first publish.
 
 It is idempotent with acks=all, like the log's producer, but its own: a user topic that
@@ -24,9 +24,9 @@ from stepstream.consumers.kafka.producer import (
     OutRecord,
     ProduceFailed,
 )
+from stepstream.engine.api.outbox import ID_HEADER, OutboxRecord
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import NonRetryableError
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.outbox import ID_HEADER, OutboxRecord
 
 log = logging.getLogger("stepstream.outbox")
 
@@ -62,7 +62,7 @@ _MESSAGE_TIMEOUT = "message.timeout.ms"
 
 
 class KafkaOutbox:
-    """``engine.outbox.Outbox`` on a Kafka cluster; ``close()`` flushes and stops."""
+    """``engine.api.outbox.Outbox`` on a Kafka cluster; ``close()`` flushes and stops."""
 
     def __init__(self, settings: KafkaSettings, *, client_id: str = "stepstream-outbox") -> None:
         self._settings = settings

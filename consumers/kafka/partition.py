@@ -23,7 +23,7 @@ from stepstream.consumers.kafka.producer import LogProducer, OutRecord
 from stepstream.consumers.kafka.snapshots import Snapshotter
 from stepstream.consumers.kafka.source import KafkaSource
 from stepstream.engine.seams import CommitBatch, PartitionLost
-from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TopicNames, partition_for
+from stepstream.engine.wire.topics import COMMANDS, DEAD_LETTERS, HISTORY, TopicNames, partition_for
 
 Consumed = Callable[[str, int, int], None]
 # (partition, start, stop) -> the highest epoch of a fence in history[start:stop], or 0.

@@ -23,9 +23,9 @@ from functools import partial
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from stepstream.consumers.kafka.clients import make_client
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.values import value
+from stepstream.engine.wire.values import value
 
 log = logging.getLogger("stepstream.kafka.producer")
 

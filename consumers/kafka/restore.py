@@ -38,12 +38,12 @@ from stepstream.consumers.kafka.db import PartitionDB
 from stepstream.consumers.kafka.producer import LogProducer, OutRecord
 from stepstream.consumers.restore import Restorer
 from stepstream.consumers.timers import index_entries
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.records import PartitionFenced
 from stepstream.engine.seams import Clock
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.topics import COMMANDS, HISTORY, TIMERS, TopicNames
+from stepstream.engine.wire.records import PartitionFenced
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.topics import COMMANDS, HISTORY, TIMERS, TopicNames
 
 if TYPE_CHECKING:
     from stepstream.consumers.kafka.snapshots import SnapshotReader

@@ -32,12 +32,12 @@ from stepstream.consumers.kafka.restore import Headers, HistoryReader, restore_p
 from stepstream.consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY, SnapshotReader, Snapshotter
 from stepstream.consumers.kafka.source import KafkaSource
 from stepstream.consumers.kafka.state_dir import StateDir
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import UndecodableRecord
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.records import PartitionFenced
 from stepstream.engine.seams import Clock
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.topics import SNAPSHOTS, TopicNames
+from stepstream.engine.wire.records import PartitionFenced
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.topics import SNAPSHOTS, TopicNames
 
 log = logging.getLogger("stepstream.kafka.runner")
 

@@ -33,11 +33,11 @@ from stepstream.consumers.kafka.db import PartitionDB
 from stepstream.consumers.kafka.producer import LogProducer, OutRecord
 from stepstream.consumers.kafka.restore import Headers, HistoryReader
 from stepstream.engine.errors import UndecodableRecord
-from stepstream.engine.records import Record, SnapshotTaken, StateChunk
+from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.seams import Clock
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.state import InstanceState
-from stepstream.engine.topics import COMMANDS, HISTORY, TIMERS, TopicNames
+from stepstream.engine.wire.records import Record, SnapshotTaken, StateChunk
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.topics import COMMANDS, HISTORY, TIMERS, TopicNames
 
 log = logging.getLogger("stepstream.kafka.snapshots")
 

@@ -15,7 +15,7 @@ from typing import Any
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from stepstream.engine.sources import AvroSchema
+from stepstream.engine.api.sources import AvroSchema
 
 SINGLE_OBJECT_MARKER = b"\xc3\x01"
 CONFLUENT_MAGIC = 0

@@ -33,13 +33,13 @@ from stepstream.consumers.sources.translate import (
     Unreadable,
     dead_letter,
 )
-from stepstream.engine.codec import PayloadCodec
-from stepstream.engine.environ import env_int, env_seconds
-from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.api.sources import Source
+from stepstream.engine.config.environ import env_int, env_seconds
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.seams import Append, Clock
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.sources import Source
-from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, TopicNames, partition_for
+from stepstream.engine.wire.codec import PayloadCodec
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.topics import COMMANDS, DEAD_LETTERS, TopicNames, partition_for
 
 log = logging.getLogger("stepstream.sources")
 

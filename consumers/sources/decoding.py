@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from stepstream.consumers.sources.avro import AvroFormatError, AvroReader
-from stepstream.engine.sources import Source
+from stepstream.engine.api.sources import Source
 
 
 class UnreadableValue(ValueError):

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepstream.consumers.sources.decoding import UnreadableValue, ValueDecoder
-from stepstream.engine.codec import PayloadCodec, check_size, encode_safely
+from stepstream.engine.api.sources import Source
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.names import name_problem
-from stepstream.engine.records import Command, DeadLetter, SendEvent, StartWorkflow
-from stepstream.engine.sources import Source
+from stepstream.engine.wire.codec import PayloadCodec, check_size, encode_safely
+from stepstream.engine.wire.names import name_problem
+from stepstream.engine.wire.records import Command, DeadLetter, SendEvent, StartWorkflow
 
 TRACEPARENT_HEADER = "traceparent"
 

@@ -21,11 +21,11 @@ async def kafka_restore(bootstrap: str, prefix: str, partitions: int) -> dict[st
         restore_partition,
     )
     from stepstream.consumers.kafka.snapshots import SnapshotReader
-    from stepstream.engine.kafka_settings import KafkaSettings
-    from stepstream.engine.records import PartitionFenced
+    from stepstream.engine.config.kafka import KafkaSettings
     from stepstream.engine.seams import SystemClock
-    from stepstream.engine.serde import default_serde
-    from stepstream.engine.topics import SNAPSHOTS, TopicNames
+    from stepstream.engine.wire.records import PartitionFenced
+    from stepstream.engine.wire.serde import default_serde
+    from stepstream.engine.wire.topics import SNAPSHOTS, TopicNames
 
     settings = KafkaSettings(bootstrap=bootstrap, prefix=prefix)
     serde = default_serde()

@@ -27,8 +27,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.workflow import Registry
 from stepstream.ops import tracing
 from stepstream.ops.bench.workloads import WORKFLOWS
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
@@ -188,7 +188,7 @@ async def kafka(
     """``workers`` worker processes on fresh topics, and a ``kafka://`` client; yields
     once every partition has an owner and a probe ran end to end."""
     from stepstream.consumers.kafka import create_topics
-    from stepstream.engine.kafka_settings import KafkaSettings
+    from stepstream.engine.config.kafka import KafkaSettings
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     settings = KafkaSettings(bootstrap=bootstrap, prefix=prefix)
@@ -222,7 +222,7 @@ async def _until_spread(
 ) -> None:
     """Until the members topic shows ``workers`` workers owning all the partitions (the
     group has settled, so no rebalance lands inside the measurement)."""
-    from stepstream.engine.topics import MEMBERS, TopicNames
+    from stepstream.engine.wire.topics import MEMBERS, TopicNames
     from stepstream.producers.kafka.members import MembersView
     from stepstream.producers.kafka.settings import aiokafka_options
 

@@ -22,9 +22,9 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from stepstream.engine.context import Context
-from stepstream.engine.loops import Break, Continue
-from stepstream.engine.workflow import workflow
+from stepstream.engine.api.context import Context
+from stepstream.engine.api.loops import Break, Continue
+from stepstream.engine.api.workflow import workflow
 from stepstream.producers.client import Client
 
 DEFAULT_N = {"W1": 2000, "W2": 2000, "W3": 500, "buffer": 1000, "fanout": 4000, "loop": 1000}

@@ -13,8 +13,8 @@ import asyncio
 import contextlib
 import os
 
-from stepstream.engine.codec import PayloadCodec
-from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.config.kafka import KafkaSettings
+from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.producers.client import Transport
 from stepstream.producers.http import TLS_CA_ENV
 from stepstream.producers.kafka import open_kafka_transport

@@ -18,10 +18,10 @@ from typing import Any
 
 from aiohttp import web
 
-from stepstream.engine.codec import parse_json_text
 from stepstream.engine.errors import InvalidPayload
-from stepstream.engine.listing import ListQuery
-from stepstream.engine.views import HistoryEntry
+from stepstream.engine.reads.listing import ListQuery
+from stepstream.engine.reads.views import HistoryEntry
+from stepstream.engine.wire.codec import parse_json_text
 from stepstream.ops.timeline import timeline_rows
 from stepstream.producers.client import Transport
 

@@ -13,12 +13,12 @@ import aiohttp
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from stepstream.engine.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
-from stepstream.engine.environ import env_int
+from stepstream.engine.config.environ import env_int
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import ConnectionFailed, StepstreamError
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.serde import default_serde
-from stepstream.engine.topics import DEFINITIONS, MEMBERS, TopicNames
+from stepstream.engine.wire.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import DEFINITIONS, MEMBERS, TopicNames
 from stepstream.producers.client import Transport, register_transport
 from stepstream.producers.http import (
     DEFAULT_REQUEST_TIMEOUT_S,

@@ -1,6 +1,6 @@
 """Which workflows exist for a prefix: the ``<prefix>.definitions`` topic.
 
-Every worker writes one ``WorkflowRegistered`` record (Avro, ``engine.cluster_serde``) per
+Every worker writes one ``WorkflowRegistered`` record (Avro, ``engine.wire.cluster_serde``) per
 workflow version it loads when it starts, keyed by ``[name, version]`` as JSON, on a
 compacted topic of one partition. Records stay after the worker stops, so a client checks
 a workflow name without any worker running: a name no worker ever registered is refused
@@ -17,9 +17,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from stepstream.engine.cluster_serde import WORKFLOW_REGISTERED, cluster_serde
+from stepstream.engine.api.workflow import Registry, WorkflowDefinition, ordered_versions
 from stepstream.engine.errors import UndecodableRecord, UnknownWorkflow
-from stepstream.engine.workflow import Registry, WorkflowDefinition, ordered_versions
+from stepstream.engine.wire.cluster_serde import WORKFLOW_REGISTERED, cluster_serde
 from stepstream.producers.kafka.follower import TopicFollower
 
 log = logging.getLogger("stepstream.kafka.definitions")

@@ -1,6 +1,6 @@
 """Who owns which partition, at which address: the ``<prefix>.members`` topic.
 
-Every worker keeps one ``MemberAnnounced`` record there (Avro, ``engine.cluster_serde``),
+Every worker keeps one ``MemberAnnounced`` record there (Avro, ``engine.wire.cluster_serde``),
 keyed by its worker id, rewritten whenever its partitions change and deleted (a tombstone)
 when it stops cleanly. ``epoch`` is the highest fencing epoch the worker owns its
 partitions with; when two records claim a partition (a worker was killed and its record
@@ -19,8 +19,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stepstream.engine.cluster_serde import MEMBER_ANNOUNCED, cluster_serde
 from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.wire.cluster_serde import MEMBER_ANNOUNCED, cluster_serde
 from stepstream.producers.kafka.follower import TopicFollower
 
 log = logging.getLogger("stepstream.kafka.members")

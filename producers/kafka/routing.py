@@ -26,15 +26,15 @@ from typing import Any, TypeVar
 import aiohttp
 
 from stepstream.engine.errors import ConnectionFailed, StepstreamError
-from stepstream.engine.listing import (
+from stepstream.engine.reads.listing import (
     InstancePage,
     ListQuery,
     Overview,
     merge_overviews,
     merge_pages,
 )
-from stepstream.engine.topics import TopicNames
-from stepstream.engine.views import InstanceStatus
+from stepstream.engine.reads.views import InstanceStatus
+from stepstream.engine.wire.topics import TopicNames
 from stepstream.producers.kafka.members import Member, MembersView
 from stepstream.producers.kafka.session import WorkerSession
 

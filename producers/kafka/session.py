@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.producers.http import HttpTransport
 
 # A start a client published: its command id (None: any start up to the offset) and the

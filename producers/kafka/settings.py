@@ -13,13 +13,13 @@ from urllib.parse import parse_qs, urlsplit
 
 from aiokafka.helpers import create_ssl_context
 
-from stepstream.engine.errors import StepstreamError
-from stepstream.engine.kafka_settings import (
+from stepstream.engine.config.kafka import (
     BOOTSTRAP,
     CLIENT_KINDS,
     KafkaSettings,
     KafkaSettingsError,
 )
+from stepstream.engine.errors import StepstreamError
 
 log = logging.getLogger("stepstream.kafka.client")
 

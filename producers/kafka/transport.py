@@ -27,18 +27,18 @@ from typing import Any, TypeVar
 import aiohttp
 from aiokafka.errors import KafkaError
 
-from stepstream.engine.codec import PayloadCodec
 from stepstream.engine.errors import (
     ConnectionFailed,
     ResultTimeout,
     StepstreamError,
     UnknownInstance,
 )
-from stepstream.engine.listing import InstancePage, ListQuery, Overview
-from stepstream.engine.records import Command, StartWorkflow
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.topics import TopicNames, partition_for
-from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.wire.codec import PayloadCodec
+from stepstream.engine.wire.records import Command, StartWorkflow
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.topics import TopicNames, partition_for
 from stepstream.producers import trace_context
 from stepstream.producers.http import (
     DEFAULT_REQUEST_TIMEOUT_S,

@@ -1,6 +1,6 @@
 """A partition commit that fails once: the processor must not stop for good.
 
-engine/runtime.py promises: "If that commit fails, the processor drops the runtime and
+engine/replay/runtime.py promises: "If that commit fails, the processor drops the runtime and
 replays it later." A Kafka produce can fail transiently (ProduceFailed), and an ack can
 be lost after the write landed. Here the embedded partition is wrapped so that exactly
 one commit fails, either before anything was written or after the write was durable;
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from stepstream.consumers.embedded import EmbeddedPartition
+from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import ResultTimeout
 from stepstream.engine.seams import CommitBatch
-from stepstream.engine.workflow import Registry
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.producers.client import Client
 

@@ -55,6 +55,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from stepstream.consumers.embedded import EmbeddedDB
 from stepstream.consumers.kafka import create_topics
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import (
     ConnectionFailed,
     InstanceFinished,
@@ -62,8 +63,7 @@ from stepstream.engine.errors import (
     ResultTimeout,
     StepstreamError,
 )
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.records import (
+from stepstream.engine.wire.records import (
     CancelWorkflow,
     CommandIgnored,
     EventBuffered,
@@ -86,8 +86,15 @@ from stepstream.engine.records import (
     WorkflowPaused,
     WorkflowStarted,
 )
-from stepstream.engine.serde import default_serde
-from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, MEMBERS, SNAPSHOTS, TopicNames
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import (
+    COMMANDS,
+    DEAD_LETTERS,
+    HISTORY,
+    MEMBERS,
+    SNAPSHOTS,
+    TopicNames,
+)
 from stepstream.producers.client import Client
 from stepstream.producers.kafka import aiokafka_options
 from stepstream.producers.kafka.members import MembersView

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 
 from stepstream.consumers.embedded import EmbeddedDB
-from stepstream.engine.codec import JsonCodec
+from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import UndecodableRecord
-from stepstream.engine.records import (
+from stepstream.engine.seams import Append
+from stepstream.engine.wire.codec import JsonCodec
+from stepstream.engine.wire.records import (
     DeadLetter,
     Payload,
     SendEvent,
@@ -27,10 +29,8 @@ from stepstream.engine.records import (
     TimerScheduled,
     WorkflowStarted,
 )
-from stepstream.engine.seams import Append
-from stepstream.engine.serde import default_serde
-from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, TIMERS, partition_for
-from stepstream.engine.workflow import Registry
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import COMMANDS, DEAD_LETTERS, TIMERS, partition_for
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.producers.client import Client
 
@@ -421,7 +421,7 @@ async def test_an_internal_error_undoes_the_instance_s_whole_batch(
 
 def events_named_boom_hit_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     """An engine bug, injected: applying an event named "boom" raises."""
-    from stepstream.engine.runtime import InstanceRuntime
+    from stepstream.engine.replay.runtime import InstanceRuntime
 
     real = InstanceRuntime._on_event
 

@@ -34,7 +34,7 @@ import pytest
 
 from stepstream.consumers.kafka import create_topics
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.views import HistoryEntry
+from stepstream.engine.reads.views import HistoryEntry
 from stepstream.producers.client import Client
 from tests.conftest import (
     KAFKA_TEST_PARTITIONS,

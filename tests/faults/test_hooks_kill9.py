@@ -25,7 +25,7 @@ import pytest
 import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import ConnectionFailed, UnknownWorkflow
 from stepstream.consumers.kafka import create_topics
-from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_OPTIONS, KAFKA_TEST_PARTITIONS, kafka_settings, kafka_url
 from tests.dev_server import DevServer, clean_env, start_dev

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from stepstream.engine.records import TimerFired
-from stepstream.engine.runtime import InstanceRuntime, StepOutcome
+from stepstream.engine.replay.runtime import InstanceRuntime, StepOutcome
+from stepstream.engine.wire.records import TimerFired
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.conftest import test_registry as workflows_of_tests
@@ -106,7 +106,7 @@ async def test_the_list_shows_what_each_running_instance_waits_on(client: Client
 async def test_an_instance_whose_version_is_not_deployed_says_so_in_its_status(
     tmp_path: Path,
 ) -> None:
-    from stepstream.engine.workflow import Registry
+    from stepstream.engine.api.workflow import Registry
     from tests import workflows
 
     config = EmbeddedConfig(data_dir=str(tmp_path / "d"), partitions=1)

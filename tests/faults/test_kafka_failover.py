@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from stepstream.consumers.kafka import create_topics
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.topics import MEMBERS, TopicNames, partition_for
+from stepstream.engine.config.kafka import KafkaSettings
+from stepstream.engine.wire.topics import MEMBERS, TopicNames, partition_for
 from stepstream.producers.client import Client
 from stepstream.producers.kafka import aiokafka_options
 from stepstream.producers.kafka.members import MembersView

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from stepstream.consumers.kafka import create_topics, keys
-from stepstream.engine.topics import COMMANDS, MEMBERS, TIMERS, TopicNames
+from stepstream.engine.wire.topics import COMMANDS, MEMBERS, TIMERS, TopicNames
 from stepstream.producers.kafka import aiokafka_options
 from stepstream.producers.kafka.members import MembersView
 from tests.conftest import kafka_settings

@@ -34,17 +34,17 @@ from stepstream.consumers.kafka import (
     create_topics,
     restore_partition,
 )
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.records import (
+from stepstream.engine.config.kafka import KafkaSettings
+from stepstream.engine.seams import Append, CommitBatch, SystemClock
+from stepstream.engine.wire.records import (
     DeadLetter,
     PartitionFenced,
     Payload,
     StepSucceeded,
     WorkflowStarted,
 )
-from stepstream.engine.seams import Append, CommitBatch, SystemClock
-from stepstream.engine.serde import default_serde
-from stepstream.engine.topics import (
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import (
     COMMANDS,
     DEAD_LETTERS,
     HISTORY,

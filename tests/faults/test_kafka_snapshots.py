@@ -20,9 +20,9 @@ import pytest
 from stepstream import UnknownInstance
 from stepstream.consumers.kafka import create_topics
 from stepstream.consumers.partition import ProcessorConfig
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.records import SnapshotTaken, StateChunk
-from stepstream.engine.serde import default_serde
+from stepstream.engine.config.kafka import KafkaSettings
+from stepstream.engine.wire.records import SnapshotTaken, StateChunk
+from stepstream.engine.wire.serde import default_serde
 from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
 from tests.conftest import test_registry as workflows_registry

@@ -28,9 +28,9 @@ import pytest
 
 from stepstream import Client, HistoryEntry, WorkflowFailed
 from stepstream.consumers.embedded import EmbeddedDB
-from stepstream.engine.records import HistoryRecord, PartitionFenced, StepSucceeded
-from stepstream.engine.serde import default_serde
-from stepstream.engine.topics import DEAD_LETTERS, HISTORY
+from stepstream.engine.wire.records import HistoryRecord, PartitionFenced, StepSucceeded
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import DEAD_LETTERS, HISTORY
 from tests.workflows import ledger_count
 
 pytestmark = pytest.mark.slow

@@ -33,8 +33,8 @@ import pytest
 
 from stepstream import HistoryEntry, UnknownInstance, WorkflowCancelled
 from stepstream.consumers.partition import ProcessorConfig
-from stepstream.engine.runtime import InstanceRuntime
-from stepstream.engine.workflow import Registry
+from stepstream.engine.api.workflow import Registry
+from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.conftest import ThreadedWorker, kafka_settings, kafka_url

@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 
 from stepstream.consumers.kafka import create_topics
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.topics import MEMBERS, TopicNames
-from stepstream.engine.views import HistoryEntry, InstanceStatus
+from stepstream.engine.config.kafka import KafkaSettings
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.wire.topics import MEMBERS, TopicNames
 from stepstream.ops.broker import Broker, _free_port, _resolve_bin
 from stepstream.producers.client import Client
 from stepstream.producers.kafka import aiokafka_options

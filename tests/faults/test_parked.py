@@ -37,7 +37,7 @@ RENAMED = ORIGINAL.replace('"reserve"', '"hold"')
 async def test_a_diverged_instance_is_parked_and_goes_on_with_matching_code(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from stepstream.engine.workflow import Registry
+    from stepstream.engine.api.workflow import Registry
     from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 
     config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1)
@@ -107,7 +107,7 @@ async def order(ctx: Context, _):
 
 
 async def test_a_patched_deploy_keeps_old_instances_on_the_old_path(tmp_path: Path) -> None:
-    from stepstream.engine.workflow import Registry
+    from stepstream.engine.api.workflow import Registry
     from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 
     config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1)

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from stepstream.consumers.kafka import create_topics
-from stepstream.engine.serde import default_serde
-from stepstream.engine.topics import COMMANDS
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import COMMANDS
 from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_PARTITIONS, kafka_settings, kafka_url
 from tests.faults.test_kafka_failover import WorkerProcess, until

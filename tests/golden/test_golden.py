@@ -22,8 +22,11 @@ from typing import Any
 
 import pytest
 
-from stepstream.engine.codec import JSON, JsonCodec
-from stepstream.engine.records import (
+from stepstream.engine.api.workflow import Registry
+from stepstream.engine.replay.runtime import InstanceRuntime, Output, StepOutcome
+from stepstream.engine.replay.state import InstanceState, Status
+from stepstream.engine.wire.codec import JSON, JsonCodec
+from stepstream.engine.wire.records import (
     HISTORY_TYPES,
     HistoryRecord,
     Payload,
@@ -32,11 +35,8 @@ from stepstream.engine.records import (
     TimerFired,
     TimerScheduled,
 )
-from stepstream.engine.records import SendEvent as SendEventCommand
-from stepstream.engine.runtime import InstanceRuntime, Output, StepOutcome
-from stepstream.engine.serde import default_serde
-from stepstream.engine.state import InstanceState, Status
-from stepstream.engine.workflow import Registry
+from stepstream.engine.wire.records import SendEvent as SendEventCommand
+from stepstream.engine.wire.serde import default_serde
 
 HERE = Path(__file__).parent
 CODEC = JsonCodec()

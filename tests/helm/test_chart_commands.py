@@ -28,7 +28,7 @@ from confluent_kafka import Producer
 
 from stepstream import Client, ConnectionFailed
 from stepstream.consumers.kafka.admin import existing_partitions
-from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.config.kafka import KafkaSettings
 from tests.helm.chart import NAMESPACE, ROOT, Rendered, container, env_of, render
 from tests.kafka_broker import Broker
 

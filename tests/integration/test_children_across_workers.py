@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 
 from stepstream.consumers.kafka import create_topics
-from stepstream.engine.topics import partition_for
+from stepstream.engine.wire.topics import partition_for
 from stepstream.producers.client import Client
 from tests.conftest import (
     ThreadedWorker,

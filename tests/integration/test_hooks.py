@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from stepstream.engine.workflow import Registry
+from stepstream.engine.api.workflow import Registry
 from stepstream.producers.client import Client
 from tests.dev_server import run_cli
 from tests.hook_workflows import read_notes

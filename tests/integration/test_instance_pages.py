@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from stepstream.consumers.kafka import create_topics
-from stepstream.engine.listing import ListQuery
-from stepstream.engine.topics import partition_for
+from stepstream.engine.reads.listing import ListQuery
+from stepstream.engine.wire.topics import partition_for
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests import conftest

@@ -35,10 +35,10 @@ from stepstream import (
     UnknownWorkflow,
 )
 from stepstream.consumers.kafka import create_topics
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.records import DeadLetter, TimerFired
-from stepstream.engine.serde import default_serde
-from stepstream.engine.topics import TopicNames, partition_for
+from stepstream.engine.config.kafka import KafkaSettings
+from stepstream.engine.wire.records import DeadLetter, TimerFired
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import TopicNames, partition_for
 from stepstream.producers.client import Client
 from tests.conftest import (
     KAFKA_TEST_OPTIONS,

@@ -12,7 +12,7 @@ import pytest
 
 from stepstream.consumers.kafka import create_topics
 from stepstream.consumers.kafka.producer import LogProducer, OutRecord, ProduceFailed
-from stepstream.engine.topics import HISTORY, TopicNames
+from stepstream.engine.wire.topics import HISTORY, TopicNames
 from tests.conftest import kafka_settings
 from tests.kafka_broker import Broker
 

@@ -17,11 +17,11 @@ import aiohttp
 import pytest
 
 from stepstream import InvalidPayload, PayloadTooLarge, UnknownInstance
-from stepstream.engine.codec import JsonCodec
-from stepstream.engine.records import SendEvent, StartWorkflow
 from stepstream.engine.seams import Append
-from stepstream.engine.serde import default_serde
-from stepstream.engine.topics import COMMANDS, partition_for
+from stepstream.engine.wire.codec import JsonCodec
+from stepstream.engine.wire.records import SendEvent, StartWorkflow
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import COMMANDS, partition_for
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.conftest import test_registry as workflows_of_tests

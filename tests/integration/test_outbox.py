@@ -23,7 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from stepstream import Client, HistoryEntry, WorkflowFailed
-from stepstream.engine.workflow import Registry
+from stepstream.engine.api.workflow import Registry
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
 from tests.dev_server import clean_env, run_cli

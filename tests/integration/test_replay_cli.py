@@ -21,14 +21,14 @@ import pytest
 from stepstream.consumers import state_keys
 from stepstream.consumers.embedded.db import EmbeddedDB
 from stepstream.consumers.embedded.partition import EmbeddedPartition
-from stepstream.engine.codec import JsonCodec
-from stepstream.engine.records import HistoryRecord, SendEvent, StartWorkflow
-from stepstream.engine.runtime import InstanceRuntime, Output, StepOutcome
+from stepstream.engine.api.workflow import definition_of
+from stepstream.engine.replay.runtime import InstanceRuntime, Output, StepOutcome
+from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.seams import CommitBatch
-from stepstream.engine.serde import default_serde
-from stepstream.engine.state import InstanceState
-from stepstream.engine.topics import partition_for
-from stepstream.engine.workflow import definition_of
+from stepstream.engine.wire.codec import JsonCodec
+from stepstream.engine.wire.records import HistoryRecord, SendEvent, StartWorkflow
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import partition_for
 from tests.dev_server import clean_env, run_cli, start_dev
 
 SHOP = """

@@ -32,10 +32,10 @@ from examples import orders_source
 from stepstream import Client, ConnectionFailed, Source, UnknownInstance
 from stepstream.consumers.embedded import EmbeddedDB
 from stepstream.consumers.kafka import create_topics
-from stepstream.engine.kafka_settings import KafkaSettings
-from stepstream.engine.serde import default_serde
-from stepstream.engine.topics import DEAD_LETTERS
-from stepstream.engine.workflow import Registry
+from stepstream.engine.api.workflow import Registry
+from stepstream.engine.config.kafka import KafkaSettings
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import DEAD_LETTERS
 from tests.conftest import ThreadedWorker, kafka_settings, kafka_url
 from tests.integration.test_kafka_backend import decode, read_topic
 from tests.kafka_broker import Broker

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stepstream.engine.workflow import Registry
+from stepstream.engine.api.workflow import Registry
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests import step_workflows

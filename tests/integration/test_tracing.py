@@ -155,9 +155,9 @@ async def test_kafka_worker_spans_join_the_callers_trace(
 def _start_record(settings: Any, instance_id: str) -> tuple[dict[str, bytes], str]:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from stepstream.engine.records import StartWorkflow
-    from stepstream.engine.serde import default_serde
-    from stepstream.engine.topics import partition_for
+    from stepstream.engine.wire.records import StartWorkflow
+    from stepstream.engine.wire.serde import default_serde
+    from stepstream.engine.wire.topics import partition_for
 
     topic = f"{settings.prefix}.commands"
     consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "t-read"})

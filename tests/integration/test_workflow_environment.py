@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from stepstream import Context, workflow
+from stepstream.engine.api.retry import RetryPolicy
+from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import EventTimeout, StepstreamError
-from stepstream.engine.retry import RetryPolicy
-from stepstream.engine.workflow import Registry
 from stepstream.testing import VirtualClock, WorkflowEnvironment
 
 DAY = 86400

@@ -21,7 +21,7 @@ import pytest
 
 import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import InvalidPayload, UnknownWorkflow
-from stepstream.engine.workflow import Registry
+from stepstream.engine.api.workflow import Registry
 from stepstream.producers.client import Client
 from tests.dev_server import DevServer, run_cli, start_dev
 from tests.restartable import restartable_backend

@@ -12,8 +12,8 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from stepstream.engine.cluster_serde import ClusterSerde, cluster_serde
 from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.wire.cluster_serde import ClusterSerde, cluster_serde
 from stepstream.producers.kafka.definitions import Registration, registrations
 from stepstream.producers.kafka.members import Member
 from stepstream.schemas import schema_root

@@ -23,7 +23,7 @@ from stepstream.consumers.embedded import (
     StorageFailed,
 )
 from stepstream.engine.seams import Append, CommitBatch, LogEntry, PartitionBackend
-from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS, partition_for
+from stepstream.engine.wire.topics import COMMANDS, DEAD_LETTERS, HISTORY, TIMERS, partition_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -355,7 +355,7 @@ _CHILD = r"""
 import asyncio, sys
 from stepstream.consumers.embedded import Durability, EmbeddedDB, EmbeddedPartition
 from stepstream.engine.seams import Append, CommitBatch
-from stepstream.engine.topics import COMMANDS, HISTORY
+from stepstream.engine.wire.topics import COMMANDS, HISTORY
 
 async def main(path, durability):
     db = await EmbeddedDB.open(path, partitions=4, durability=Durability(durability))

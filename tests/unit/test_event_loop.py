@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from stepstream.engine.environ import ConfigError
+from stepstream.engine.config.environ import ConfigError
 from stepstream.ops import event_loop
 from tests.dev_server import clean_env
 

@@ -20,7 +20,7 @@ from stepstream.consumers.embedded.forwarding import (
     encode_batch,
 )
 from stepstream.engine.seams import Append
-from stepstream.engine.topics import COMMANDS
+from stepstream.engine.wire.topics import COMMANDS
 
 
 def commands(db: EmbeddedDB, partition: int) -> list[bytes]:

@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from stepstream.engine.environ import ConfigError
+from stepstream.engine.config.environ import ConfigError
 from stepstream.ops.gc_tuning import SERVING_THRESHOLDS, thresholds_from_env, tune_for_serving
 
 

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from stepstream.engine.codec import JSON, JsonCodec
-from stepstream.engine.records import (
+from stepstream.engine.reads.views import HistoryEntry
+from stepstream.engine.wire.codec import JSON, JsonCodec
+from stepstream.engine.wire.records import (
     CommandIgnored,
     HistoryRecord,
     Payload,
@@ -23,7 +24,6 @@ from stepstream.engine.records import (
     WorkflowCompleted,
     WorkflowStarted,
 )
-from stepstream.engine.views import HistoryEntry
 from stepstream.ops.history_export import (
     FORMAT,
     FORMAT_VERSION,

@@ -19,8 +19,12 @@ from hypothesis import strategies as st
 
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.hooks import HookConfig, HookRunner, HookTask
-from stepstream.engine.hook_events import StatusChangeEvent, StepErrorEvent
-from stepstream.engine.records import (
+from stepstream.engine.api.hook_events import StatusChangeEvent, StepErrorEvent
+from stepstream.engine.api.workflow import Registry, definition_of, workflow
+from stepstream.engine.replay.runtime import Output
+from stepstream.engine.replay.state import InstanceState, Status
+from stepstream.engine.seams import CommitBatch
+from stepstream.engine.wire.records import (
     HistoryRecord,
     Payload,
     StepAttemptStarted,
@@ -31,11 +35,7 @@ from stepstream.engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from stepstream.engine.runtime import Output
-from stepstream.engine.seams import CommitBatch
-from stepstream.engine.serde import default_serde
-from stepstream.engine.state import InstanceState, Status
-from stepstream.engine.workflow import Registry, definition_of, workflow
+from stepstream.engine.wire.serde import default_serde
 
 SERDE = default_serde()
 CALLS: list[tuple[str, Any]] = []

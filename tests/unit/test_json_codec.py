@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stepstream.engine.codec import JsonCodec, loads_json
 from stepstream.engine.errors import InvalidPayload
-from stepstream.engine.records import Payload
+from stepstream.engine.wire.codec import JsonCodec, loads_json
+from stepstream.engine.wire.records import Payload
 from tests.json_values import json_values
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from stepstream.consumers.kafka import admin, group, producer, restore
-from stepstream.engine.kafka_settings import KafkaSettings, KafkaSettingsError
+from stepstream.engine.config.kafka import KafkaSettings, KafkaSettingsError
 from stepstream.producers import kafka as kafka_client
 
 REPO = Path(__file__).resolve().parents[2]

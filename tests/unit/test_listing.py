@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stepstream.engine.listing import InstancePage, merge_pages
-from stepstream.engine.views import InstanceStatus
+from stepstream.engine.reads.listing import InstancePage, merge_pages
+from stepstream.engine.reads.views import InstanceStatus
 
 
 def _view(instance_id: str) -> InstanceStatus:

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from stepstream.engine.context import Context
+from stepstream.engine.api.context import Context
+from stepstream.engine.api.retry import RetryPolicy
 from stepstream.engine.errors import NonRetryableError
-from stepstream.engine.retry import RetryPolicy
-from stepstream.engine.state import Status
+from stepstream.engine.replay.state import Status
 from tests.unit.test_runtime import Harness, define, ident
 
 FAST = RetryPolicy(max_attempts=2, initial_interval=0)
@@ -206,7 +206,7 @@ async def _step_in_body(ctx: Context, _: Any) -> Any:
 
 
 def test_ctx_step_inside_a_step_body_is_refused_at_once() -> None:
-    from stepstream.engine.attempts import AttemptFlag, current_flag
+    from stepstream.engine.api.attempts import AttemptFlag, current_flag
 
     h = Harness(define("nested", _step_in_body))
     h.start(None)
@@ -274,7 +274,7 @@ async def _raced(ctx: Context, _: Any) -> Any:
 
 
 def test_race_records_the_winner_and_abandons_the_losers() -> None:
-    from stepstream.engine.records import RaceDecided
+    from stepstream.engine.wire.records import RaceDecided
 
     h = Harness(define("raced", _raced))
     h.start(None)
@@ -392,7 +392,7 @@ BODY_RUNS: list[int] = []
 
 
 async def _poll(ctx: Context, limit: int) -> Any:
-    from stepstream.engine.loops import Break, Continue
+    from stepstream.engine.api.loops import Break, Continue
 
     async def body(c: Context, total: int) -> Any:
         BODY_RUNS.append(total)
@@ -433,7 +433,7 @@ def test_a_loop_carries_state_and_replay_starts_at_the_last_iteration() -> None:
 
 
 async def _endless(ctx: Context, n: int) -> Any:
-    from stepstream.engine.loops import Break, Continue
+    from stepstream.engine.api.loops import Break, Continue
 
     async def body(c: Context, i: int) -> Any:
         await c.step("tick", ident, i)
@@ -497,7 +497,7 @@ async def _two_waits(ctx: Context, _: Any) -> Any:
 
 
 def test_events_sent_while_paused_wait_until_resume() -> None:
-    from stepstream.engine.records import PauseWorkflow, ResumeWorkflow
+    from stepstream.engine.wire.records import PauseWorkflow, ResumeWorkflow
 
     h = Harness(define("two-waits", _two_waits))
     h.start(None)

@@ -1,4 +1,4 @@
-"""What ``ctx.publish`` accepts and how it encodes it (``engine.outbox``), without a broker."""
+"""What ``ctx.publish`` accepts and how it encodes it (``engine.api.outbox``), without a broker."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from stepstream import InvalidPayload, InvalidWorkflowCall
-from stepstream.engine.codec import JsonCodec
-from stepstream.engine.outbox import outbox_record, topic_problem
+from stepstream.engine.api.outbox import outbox_record, topic_problem
+from stepstream.engine.wire.codec import JsonCodec
 
 
 @pytest.mark.parametrize("topic", ["orders", "shop.orders_v2-eu", "a" * 249, "..."])

@@ -4,8 +4,8 @@ second decode; the memo holding them is bounded and hands each record out once."
 from __future__ import annotations
 
 from stepstream.consumers.timers import OwnFires
-from stepstream.engine.records import TimerFired
-from stepstream.engine.serde import RecordSerde
+from stepstream.engine.wire.records import TimerFired
+from stepstream.engine.wire.serde import RecordSerde
 
 
 def fire(n: int) -> TimerFired:

@@ -18,9 +18,9 @@ from stepstream.consumers.kafka.db import (
 )
 from stepstream.consumers.kafka.runner import KafkaRunner, _open_sound
 from stepstream.consumers.kafka.state_dir import StateDir
-from stepstream.engine.kafka_settings import KafkaSettings
+from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.seams import SystemClock
-from stepstream.engine.serde import default_serde
+from stepstream.engine.wire.serde import default_serde
 
 
 def _filled(path: Path) -> None:

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from stepstream.engine.topics import murmur2, partition_for
+from stepstream.engine.wire.topics import murmur2, partition_for
 
 # Kafka's own test vectors for Utils.murmur2 (a Java int: signed).
 KAFKA_VECTORS = {

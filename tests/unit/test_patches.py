@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepstream.engine.context import Context
+from stepstream.engine.api.context import Context
 from tests.unit.test_runtime import Harness, define, ident
 
 

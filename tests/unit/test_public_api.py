@@ -16,11 +16,11 @@ from stepstream import (
     StepstreamError,
     Worker,
 )
-from stepstream.engine.records import SendEvent
+from stepstream.engine.api.workflow import Registry
 from stepstream.engine.seams import Append
-from stepstream.engine.serde import default_serde
-from stepstream.engine.topics import COMMANDS, DEAD_LETTERS, HISTORY
-from stepstream.engine.workflow import Registry
+from stepstream.engine.wire.records import SendEvent
+from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.topics import COMMANDS, DEAD_LETTERS, HISTORY
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from tests.workflows import arith
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from stepstream.engine.context import Context
+from stepstream.engine.api.context import Context
+from stepstream.engine.api.workflow import Registry, ordered_versions, workflow
 from stepstream.engine.errors import DuplicateWorkflow, StepstreamError, UnknownWorkflow
-from stepstream.engine.settle import error_for
-from stepstream.engine.workflow import Registry, ordered_versions, workflow
+from stepstream.engine.wire.settle import error_for
 from tests import versioned_workflows as vw
 
 

@@ -10,10 +10,13 @@ from typing import Any
 
 import pytest
 
-from stepstream.engine.codec import JsonCodec
-from stepstream.engine.context import Context
+from stepstream.engine.api.context import Context
+from stepstream.engine.api.workflow import Registry, workflow
 from stepstream.engine.errors import HistoryDiverged
-from stepstream.engine.records import (
+from stepstream.engine.replay.runtime import InstanceRuntime, Output, StepLaunch, StepOutcome
+from stepstream.engine.replay.state import InstanceState
+from stepstream.engine.wire.codec import JsonCodec
+from stepstream.engine.wire.records import (
     CancelWorkflow,
     Command,
     HistoryRecord,
@@ -28,10 +31,7 @@ from stepstream.engine.records import (
     TimerScheduled,
     WorkflowCompleted,
 )
-from stepstream.engine.runtime import InstanceRuntime, Output, StepLaunch, StepOutcome
-from stepstream.engine.serde import default_serde
-from stepstream.engine.state import InstanceState
-from stepstream.engine.workflow import Registry, workflow
+from stepstream.engine.wire.serde import default_serde
 from stepstream.ops.history_export import ExportedHistory
 from stepstream.ops.replay import (
     History,

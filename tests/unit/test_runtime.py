@@ -20,10 +20,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepstream.engine.codec import JsonCodec
-from stepstream.engine.context import Context
+from stepstream.engine.api.context import Context
+from stepstream.engine.api.retry import RetryPolicy
+from stepstream.engine.api.workflow import WorkflowDefinition
 from stepstream.engine.errors import EventTimeout, HistoryDiverged, StepFailed
-from stepstream.engine.records import (
+from stepstream.engine.replay.runtime import (
+    LOST_ATTEMPT,
+    InstanceRuntime,
+    Output,
+    StepLaunch,
+    StepOutcome,
+)
+from stepstream.engine.replay.state import EntryState, InstanceState, Status
+from stepstream.engine.wire.codec import JsonCodec
+from stepstream.engine.wire.records import (
     CancelWorkflow,
     Command,
     EventBuffered,
@@ -43,11 +53,7 @@ from stepstream.engine.records import (
     WaitSatisfied,
     WorkflowFailed,
 )
-from stepstream.engine.records import StepFailed as StepFailedRecord
-from stepstream.engine.retry import RetryPolicy
-from stepstream.engine.runtime import LOST_ATTEMPT, InstanceRuntime, Output, StepLaunch, StepOutcome
-from stepstream.engine.state import EntryState, InstanceState, Status
-from stepstream.engine.workflow import WorkflowDefinition
+from stepstream.engine.wire.records import StepFailed as StepFailedRecord
 
 CODEC = JsonCodec()
 T0 = 1_700_000_000_000

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stepstream.engine.errors import UndecodableRecord
-from stepstream.engine.records import (
+from stepstream.engine.wire.records import (
     ALL_TYPES,
     CancelWorkflow,
     ChildStarted,
@@ -61,7 +61,7 @@ from stepstream.engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from stepstream.engine.serde import CLUSTER_DOMAINS, RecordSerde, default_serde
+from stepstream.engine.wire.serde import CLUSTER_DOMAINS, RecordSerde, default_serde
 from stepstream.schemas import schema_root
 
 ROOT = schema_root()

@@ -12,7 +12,9 @@ from stepstream.consumers import state_keys
 from stepstream.consumers.instance_store import write_state
 from stepstream.consumers.kafka.db import PartitionDB
 from stepstream.consumers.kafka.snapshots import CHUNK_BYTES, _StateView
-from stepstream.engine.records import (
+from stepstream.engine.replay.state import InstanceState
+from stepstream.engine.seams import CommitBatch
+from stepstream.engine.wire.records import (
     EventBuffered,
     HistoryRecord,
     Payload,
@@ -21,8 +23,6 @@ from stepstream.engine.records import (
     WorkflowCompleted,
     WorkflowStarted,
 )
-from stepstream.engine.seams import CommitBatch
-from stepstream.engine.state import InstanceState
 
 T0 = 1_700_000_000_000
 

@@ -17,10 +17,10 @@ import pytest
 from stepstream import Context, Source, UnknownWorkflow
 from stepstream.consumers.sources import RecordTranslator, SourceRecord, Unreadable
 from stepstream.consumers.sources.avro import AvroReader
-from stepstream.engine.codec import JsonCodec
-from stepstream.engine.records import SendEvent, StartWorkflow
-from stepstream.engine.sources import declared_sources
-from stepstream.engine.workflow import Registry, workflow
+from stepstream.engine.api.sources import declared_sources
+from stepstream.engine.api.workflow import Registry, workflow
+from stepstream.engine.wire.codec import JsonCodec
+from stepstream.engine.wire.records import SendEvent, StartWorkflow
 from tests.integration.test_sources import PAYMENT, confluent, single_object
 from tests.source_workflows import src_order
 

@@ -11,7 +11,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stepstream.engine.records import (
+from stepstream.engine.reads.views import InstanceStatus
+from stepstream.engine.replay.state import (
+    RECENT_COMMANDS,
+    BufferedEvent,
+    Entry,
+    EntryKind,
+    EntryState,
+    InstanceState,
+    InvalidTransition,
+    Status,
+    buffered_json,
+    entry_json,
+    payload_bytes,
+    timer_id,
+)
+from stepstream.engine.wire.records import (
     CommandIgnored,
     EventBuffered,
     HistoryRecord,
@@ -36,21 +51,6 @@ from stepstream.engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from stepstream.engine.state import (
-    RECENT_COMMANDS,
-    BufferedEvent,
-    Entry,
-    EntryKind,
-    EntryState,
-    InstanceState,
-    InvalidTransition,
-    Status,
-    buffered_json,
-    entry_json,
-    payload_bytes,
-    timer_id,
-)
-from stepstream.engine.views import InstanceStatus
 
 ID = "inst-1"
 T0 = 1_700_000_000_000
@@ -712,7 +712,7 @@ def test_state_of_the_older_layout_is_moved_to_its_keys_at_the_next_write() -> N
 
 def test_the_settlement_of_a_recorded_ignore_is_rebuilt_from_its_record() -> None:
     """What a publisher is told about a command an earlier owner recorded as ignored."""
-    from stepstream.engine.settle import error_for, recorded_reason
+    from stepstream.engine.wire.settle import error_for, recorded_reason
 
     assert recorded_reason("SendEvent", "instance is completed") == "instance finished: completed"
     assert recorded_reason("ResumeWorkflow", "instance is cancelled, not paused") == (

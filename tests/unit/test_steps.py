@@ -14,9 +14,9 @@ import pytest
 
 import stepstream
 from stepstream.consumers.steps import StepExecutor
-from stepstream.engine.attempts import attempt_number
-from stepstream.engine.codec import JsonCodec
-from stepstream.engine.runtime import StepLaunch, StepOutcome
+from stepstream.engine.api.attempts import attempt_number
+from stepstream.engine.replay.runtime import StepLaunch, StepOutcome
+from stepstream.engine.wire.codec import JsonCodec
 
 # Long enough that a body waiting this long is clearly stuck; tests release them first.
 STUCK_S = 60.0

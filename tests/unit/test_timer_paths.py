@@ -14,11 +14,11 @@ import pytest
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.embedded import EmbeddedDB, EmbeddedPartition
 from stepstream.consumers.timers import WINDOW, TimerService
-from stepstream.engine.records import TimerCancelled, TimerFired, TimerScheduled
 from stepstream.engine.seams import Append, CommitBatch
-from stepstream.engine.serde import RecordSerde
-from stepstream.engine.topics import COMMANDS, TIMERS
 from stepstream.engine.virtual_clock import VirtualClock
+from stepstream.engine.wire.records import TimerCancelled, TimerFired, TimerScheduled
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.topics import COMMANDS, TIMERS
 
 START_MS = 1_000_000
 SERDE = RecordSerde()

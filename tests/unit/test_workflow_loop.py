@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from stepstream.engine.loop import WorkflowLoop
+from stepstream.engine.replay.loop import WorkflowLoop
 
 
 async def _wait(gate: asyncio.Future[Any]) -> Any:

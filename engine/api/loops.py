@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from stepstream.engine.errors import InvalidWorkflowCall
 
 if TYPE_CHECKING:
-    from stepstream.engine.context import Context
+    from stepstream.engine.api.context import Context
 
 S = TypeVar("S")
 V = TypeVar("V")
@@ -45,7 +45,7 @@ LoopBody = Callable[["Context", Any], Coroutine[Any, Any, "Continue[Any] | Break
 
 
 async def run_loop(ctx: Context, key: str, body: LoopBody, state: Any, keep: int) -> Any:
-    from stepstream.engine.context import current_scope
+    from stepstream.engine.api.context import current_scope
 
     rt = ctx._rt
     iteration, state = rt.loop_resume(key, state)

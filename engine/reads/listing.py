@@ -15,8 +15,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepstream.engine.errors import InvalidPayload
-from stepstream.engine.state import Status
-from stepstream.engine.views import InstanceStatus
+from stepstream.engine.reads.views import InstanceStatus
+from stepstream.engine.replay.state import Status
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from stepstream.engine.codec import decode_safely
 from stepstream.engine.errors import EventTimeout, InvalidWorkflowCall
-from stepstream.engine.records import Payload
+from stepstream.engine.wire.codec import decode_safely
+from stepstream.engine.wire.records import Payload
 
 if TYPE_CHECKING:
-    from stepstream.engine.codec import PayloadCodec
-    from stepstream.engine.context import WorkflowRuntime
+    from stepstream.engine.api.context import WorkflowRuntime
+    from stepstream.engine.wire.codec import PayloadCodec
 
 
 @dataclass(frozen=True, slots=True)

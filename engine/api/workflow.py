@@ -8,12 +8,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from stepstream.engine.api.hook_events import ErrorHook, StatusHook
 from stepstream.engine.errors import DuplicateWorkflow, UnknownWorkflow
-from stepstream.engine.hook_events import ErrorHook, StatusHook
-from stepstream.engine.names import name_problem
+from stepstream.engine.wire.names import name_problem
 
 if TYPE_CHECKING:
-    from stepstream.engine.context import Context
+    from stepstream.engine.api.context import Context
 
 WorkflowFn = Callable[["Context", Any], Awaitable[Any]]
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])

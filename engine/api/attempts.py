@@ -14,7 +14,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from stepstream.engine.outbox import Outbox
+    from stepstream.engine.api.outbox import Outbox
 
 
 class AttemptFlag:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Literal, cast
 
-from stepstream.engine.names import event_name_problem, name_problem
-from stepstream.engine.workflow import Registry, definition_of
+from stepstream.engine.api.workflow import Registry, definition_of
+from stepstream.engine.wire.names import event_name_problem, name_problem
 
 SourceFormat = Literal["json", "avro", "bytes"]
 FORMATS: tuple[SourceFormat, ...] = ("json", "avro", "bytes")

@@ -20,19 +20,10 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar, overload
 
-from stepstream.engine.attempts import attempt_number
-from stepstream.engine.codec import PayloadCodec
-from stepstream.engine.errors import (
-    ChildFailed,
-    InvalidWorkflowCall,
-    JoinError,
-    RaceError,
-    StepFailed,
-)
-from stepstream.engine.loops import LoopBody, run_loop
-from stepstream.engine.messages import Messages
-from stepstream.engine.names import step_name_problem
-from stepstream.engine.outbox import (
+from stepstream.engine.api.attempts import attempt_number
+from stepstream.engine.api.loops import LoopBody, run_loop
+from stepstream.engine.api.messages import Messages
+from stepstream.engine.api.outbox import (
     NAME_PREFIX,
     PUBLISH_RETRY,
     Published,
@@ -40,8 +31,17 @@ from stepstream.engine.outbox import (
     publish_body,
     published,
 )
-from stepstream.engine.retry import RetryPolicy
-from stepstream.engine.saga import SagaFrame, current_saga, register, roll_back
+from stepstream.engine.api.retry import RetryPolicy
+from stepstream.engine.api.saga import SagaFrame, current_saga, register, roll_back
+from stepstream.engine.errors import (
+    ChildFailed,
+    InvalidWorkflowCall,
+    JoinError,
+    RaceError,
+    StepFailed,
+)
+from stepstream.engine.wire.codec import PayloadCodec
+from stepstream.engine.wire.names import step_name_problem
 
 T = TypeVar("T")
 

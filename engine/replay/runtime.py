@@ -22,15 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepstream.engine.codec import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
-    PayloadCodec,
-    check_size,
-    clip_message,
-    decode_safely,
-    encode_safely,
-)
-from stepstream.engine.context import Context, current_scope
+from stepstream.engine.api.context import Context, current_scope
+from stepstream.engine.api.retry import DEFAULT_RETRY, RetryPolicy
+from stepstream.engine.api.workflow import WorkflowDefinition
 from stepstream.engine.errors import (
     EventTimeout,
     Evicted,
@@ -41,9 +35,33 @@ from stepstream.engine.errors import (
     StepFailed,
     StepstreamError,
 )
-from stepstream.engine.loop import ROOT_TASK, WorkflowLoop
-from stepstream.engine.names import event_name_problem, name_problem, step_name_problem
-from stepstream.engine.records import (
+from stepstream.engine.replay.loop import ROOT_TASK, WorkflowLoop
+from stepstream.engine.replay.state import (
+    Entry,
+    EntryKind,
+    EntryState,
+    InstanceState,
+    Status,
+    child_command,
+    child_event,
+    loop_prefixes,
+    message_command,
+    parse_child_command,
+    reply_key,
+    split_timer_id,
+)
+from stepstream.engine.replay.state import timer_id as make_timer_id
+from stepstream.engine.seams import Clock
+from stepstream.engine.wire.codec import (
+    DEFAULT_MAX_PAYLOAD_BYTES,
+    PayloadCodec,
+    check_size,
+    clip_message,
+    decode_safely,
+    encode_safely,
+)
+from stepstream.engine.wire.names import event_name_problem, name_problem, step_name_problem
+from stepstream.engine.wire.records import (
     CancelWorkflow,
     ChildStarted,
     Command,
@@ -79,26 +97,8 @@ from stepstream.engine.records import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from stepstream.engine.records import StepFailed as StepFailedRecord
-from stepstream.engine.records import StepSucceeded as StepSucceededRecord
-from stepstream.engine.retry import DEFAULT_RETRY, RetryPolicy
-from stepstream.engine.seams import Clock
-from stepstream.engine.state import (
-    Entry,
-    EntryKind,
-    EntryState,
-    InstanceState,
-    Status,
-    child_command,
-    child_event,
-    loop_prefixes,
-    message_command,
-    parse_child_command,
-    reply_key,
-    split_timer_id,
-)
-from stepstream.engine.state import timer_id as make_timer_id
-from stepstream.engine.workflow import WorkflowDefinition
+from stepstream.engine.wire.records import StepFailed as StepFailedRecord
+from stepstream.engine.wire.records import StepSucceeded as StepSucceededRecord
 
 log = logging.getLogger("stepstream.engine")
 
@@ -441,7 +441,7 @@ class InstanceRuntime:
         the event it sends when it finishes."""
         return self.wait_future(_child_result_key(key), child_event(key), None)
 
-    # ---- what Context reads (engine.context.WorkflowRuntime) ---------------------------
+    # ---- what Context reads (engine.api.context.WorkflowRuntime) ---------------------------
 
     @property
     def instance_id(self) -> str:

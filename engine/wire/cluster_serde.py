@@ -5,7 +5,7 @@ They are written like every other record (marker ``C3 01``, the 8-byte little-en
 CRC-64-AVRO fingerprint of the writer schema's Parsing Canonical Form, the Avro body),
 with the schemas in ``schemas/stepstream/{members,definitions}/v<N>/``, so any Kafka tool
 with those files reads them. They describe workers, not instances, so unlike the records
-of ``engine.serde`` they have no envelope and map to plain dicts, not record classes.
+of ``engine.wire.serde`` they have no envelope and map to plain dicts, not record classes.
 Decoding resolves any known writer version against the latest one of the record.
 """
 
@@ -22,7 +22,7 @@ import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from stepstream.engine.errors import UndecodableRecord
-from stepstream.engine.serde import CLUSTER_DOMAINS, HEADER_SIZE, MARKER
+from stepstream.engine.wire.serde import CLUSTER_DOMAINS, HEADER_SIZE, MARKER
 from stepstream.schemas import schema_root
 
 MEMBER_ANNOUNCED: Final = "MemberAnnounced"

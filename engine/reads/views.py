@@ -8,10 +8,10 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
-from stepstream.engine.codec import PayloadCodec, decode_safely
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.records import HistoryRecord, MessagesReceived, Payload
-from stepstream.engine.state import InstanceState
+from stepstream.engine.replay.state import InstanceState
+from stepstream.engine.wire.codec import PayloadCodec, decode_safely
+from stepstream.engine.wire.records import HistoryRecord, MessagesReceived, Payload
 
 
 def _known(cls: Any, raw: dict[str, Any]) -> dict[str, Any]:

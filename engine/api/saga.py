@@ -15,11 +15,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from stepstream.engine.api.retry import RetryPolicy
 from stepstream.engine.errors import RolledBack, StepFailed
-from stepstream.engine.retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from stepstream.engine.context import WorkflowRuntime
+    from stepstream.engine.api.context import WorkflowRuntime
 
 # Compensation steps retry far longer than ordinary ones: giving up leaves work undone.
 COMPENSATION_RETRY = RetryPolicy(max_attempts=10, initial_interval=1.0, max_interval=60.0)

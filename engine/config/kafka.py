@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Literal
 
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.topics import DEFAULT_PREFIX
+from stepstream.engine.wire.topics import DEFAULT_PREFIX
 
 ENV_PREFIX = "STEPSTREAM_KAFKA_"
 # Not a client property: the path of a config file.

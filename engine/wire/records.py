@@ -1,9 +1,9 @@
 """The record vocabulary: every command, history record, timer record and dead letter.
 
-Records are frozen values (``engine.values.record``: the type checker enforces it). Each
+Records are frozen values (``engine.wire.values.record``: the type checker enforces it). Each
 one carries the envelope of design.md (instance id, per-instance sequence, time, causing
 command id, writer epoch, W3C trace context) and the attributes of its type. Avro schemas
-in ``schemas/`` mirror these classes one to one (see ``engine.serde``); the class name is
+in ``schemas/`` mirror these classes one to one (see ``engine.wire.serde``); the class name is
 the Avro record name.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from stepstream.engine.values import record, value
+from stepstream.engine.wire.values import record, value
 
 
 @value

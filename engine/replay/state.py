@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 import orjson
 
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.records import (
+from stepstream.engine.wire.records import (
     ChildStarted,
     EventBuffered,
     HistoryRecord,

@@ -33,7 +33,7 @@ from fastavro.schema import fingerprint as _fastavro_fingerprint
 from fastavro.schema import to_parsing_canonical_form
 
 from stepstream.engine.errors import UndecodableRecord
-from stepstream.engine.records import ALL_TYPES, Payload, Record
+from stepstream.engine.wire.records import ALL_TYPES, Payload, Record
 from stepstream.schemas import schema_root
 
 MARKER: Final = b"\xc3\x01"
@@ -47,7 +47,7 @@ _DOMAIN_OF_TOPIC: Final = {
     "snapshots": "snapshots",
 }
 _COMMON: Final = "common"
-# Records of the compacted cluster topics (engine.cluster_serde): no envelope, no class.
+# Records of the compacted cluster topics (engine.wire.cluster_serde): no envelope, no class.
 CLUSTER_DOMAINS: Final = frozenset({"members", "definitions"})
 _DOMAINS: Final = frozenset({_COMMON, *_DOMAIN_OF_TOPIC.values(), *CLUSTER_DOMAINS})
 _HEADER: Final = "header"

@@ -10,7 +10,7 @@ backoff capped), so a record may be produced more than once; every copy carries 
 ids it has seen sees each publish once.
 
 The engine never imports Kafka: the step body finds the host's ``Outbox`` on its
-attempt (``engine.attempts.current_flag``), which the step executor sets around every
+attempt (``engine.api.attempts.current_flag``), which the step executor sets around every
 body. A host without one (an embedded engine started without
 ``STEPSTREAM_OUTBOX_BOOTSTRAP``) fails the publish at once with an error naming the
 variable.
@@ -22,10 +22,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from stepstream.engine.attempts import current_flag
-from stepstream.engine.codec import PayloadCodec, encode_safely
+from stepstream.engine.api.attempts import current_flag
+from stepstream.engine.api.retry import RetryPolicy
 from stepstream.engine.errors import InvalidPayload, InvalidWorkflowCall, OutboxNotConfigured
-from stepstream.engine.retry import RetryPolicy
+from stepstream.engine.wire.codec import PayloadCodec, encode_safely
 
 ID_HEADER = "stepstream-id"
 ENV_BOOTSTRAP = "STEPSTREAM_OUTBOX_BOOTSTRAP"

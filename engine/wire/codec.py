@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import orjson
 
 from stepstream.engine.errors import InvalidPayload, PayloadTooLarge
-from stepstream.engine.records import Payload
+from stepstream.engine.wire.records import Payload
 
 JSON = "application/json"
 DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024

@@ -16,7 +16,7 @@ from stepstream.engine.errors import (
     UnknownInstance,
     UnknownWorkflow,
 )
-from stepstream.engine.records import Command, PauseWorkflow, ResumeWorkflow
+from stepstream.engine.wire.records import Command, PauseWorkflow, ResumeWorkflow
 
 FINISHED = "instance finished:"
 NOT_PAUSED = "instance not paused:"

@@ -1,0 +1,1 @@
+"""Configuration shared by every component: ``STEPSTREAM_*`` variables, Kafka settings."""

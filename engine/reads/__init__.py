@@ -1,0 +1,1 @@
+"""Read models handed to users: an instance's status and history, and paged listings."""
