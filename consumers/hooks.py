@@ -50,7 +50,8 @@ from stepstream.engine.api.hook_events import StatusChangeEvent, StepErrorEvent
 from stepstream.engine.api.workflow import Registry, WorkflowDefinition
 from stepstream.engine.config.environ import env_int, env_seconds
 from stepstream.engine.errors import UnknownWorkflow
-from stepstream.engine.replay.runtime import InstanceRuntime, Output
+from stepstream.engine.replay.effects import Output
+from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.engine.replay.state import InstanceState, Status
 from stepstream.engine.seams import CommitBatch, PartitionBackend, PartitionLost
 from stepstream.engine.wire.records import (

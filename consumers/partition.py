@@ -33,7 +33,8 @@ from stepstream.engine.errors import (
     UndecodableRecord,
     UnknownWorkflow,
 )
-from stepstream.engine.replay.runtime import InstanceRuntime, Output, StepOutcome
+from stepstream.engine.replay.effects import Output, StepOutcome
+from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.engine.replay.state import (
     EntryState,
     InstanceState,

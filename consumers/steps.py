@@ -21,7 +21,7 @@ from stepstream.consumers.step_threads import StepThreads
 from stepstream.engine.api.attempts import AttemptFlag, current_flag
 from stepstream.engine.api.outbox import Outbox
 from stepstream.engine.errors import NonRetryableError, StepstreamError
-from stepstream.engine.replay.runtime import StepLaunch, StepOutcome
+from stepstream.engine.replay.effects import StepLaunch, StepOutcome
 from stepstream.engine.wire.codec import PayloadCodec, check_size, encode_safely
 
 log = logging.getLogger("stepstream.steps")

@@ -36,8 +36,9 @@ from stepstream.engine.errors import (
     UndecodableRecord,
     UnknownWorkflow,
 )
+from stepstream.engine.replay.effects import Output
 from stepstream.engine.replay.loop import ROOT_TASK, WorkflowLoop
-from stepstream.engine.replay.runtime import InstanceRuntime, Output
+from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.engine.replay.state import Entry, EntryState, InstanceState
 from stepstream.engine.wire.codec import JsonCodec, PayloadCodec, decode_safely
 from stepstream.engine.wire.records import (

@@ -421,16 +421,17 @@ async def test_an_internal_error_undoes_the_instance_s_whole_batch(
 
 def events_named_boom_hit_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
     """An engine bug, injected: applying an event named "boom" raises."""
+    from stepstream.engine.replay.inputs import HANDLERS
     from stepstream.engine.replay.runtime import InstanceRuntime
 
-    real = InstanceRuntime._on_event
+    real = HANDLERS[SendEvent]
 
-    def buggy(self: InstanceRuntime, msg: SendEvent) -> None:
+    def buggy(rt: InstanceRuntime, msg: SendEvent) -> None:
         if msg.name == "boom":
             raise RuntimeError("a bug in the engine")
-        real(self, msg)
+        real(rt, msg)
 
-    monkeypatch.setattr(InstanceRuntime, "_on_event", buggy)
+    monkeypatch.setitem(HANDLERS, SendEvent, buggy)
 
 
 async def wait_waiting(client: Client, instance: str) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from stepstream.engine.replay.inputs import HANDLERS
 from stepstream.engine.replay.runtime import InstanceRuntime, StepOutcome
 from stepstream.engine.wire.records import TimerFired
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
@@ -21,17 +22,17 @@ from stepstream.producers.client import Client
 from tests.conftest import test_registry as workflows_of_tests
 
 
-def _bug_once(monkeypatch: pytest.MonkeyPatch, method: str, hits: list[Any]) -> None:
-    """An engine bug, injected: the first call of ``InstanceRuntime.<method>`` raises."""
-    real = getattr(InstanceRuntime, method)
+def _bug_once(monkeypatch: pytest.MonkeyPatch, kind: type, hits: list[Any]) -> None:
+    """An engine bug, injected: the first input of ``kind`` the runtime handles raises."""
+    real = HANDLERS[kind]
 
-    def buggy(self: InstanceRuntime, msg: Any) -> None:
+    def buggy(rt: InstanceRuntime, msg: Any) -> None:
         if not hits:
             hits.append(msg)
             raise RuntimeError("a bug in the engine")
-        real(self, msg)
+        real(rt, msg)
 
-    monkeypatch.setattr(InstanceRuntime, method, buggy)
+    monkeypatch.setitem(HANDLERS, kind, buggy)
 
 
 async def _history(client: Client, instance: str) -> list[tuple[str, dict[str, Any]]]:
@@ -42,7 +43,7 @@ async def test_a_lone_step_outcome_that_hits_a_bug_is_recorded_as_lost_and_retri
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hits: list[Any] = []
-    _bug_once(monkeypatch, "_on_outcome", hits)
+    _bug_once(monkeypatch, StepOutcome, hits)
     engine = await open_embedded(
         workflows_of_tests(), EmbeddedConfig(data_dir=str(tmp_path / "d"), partitions=1)
     )
@@ -64,7 +65,7 @@ async def test_a_lone_timer_fire_that_hits_a_bug_fires_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hits: list[Any] = []
-    _bug_once(monkeypatch, "_on_timer", hits)
+    _bug_once(monkeypatch, TimerFired, hits)
     engine = await open_embedded(
         workflows_of_tests(), EmbeddedConfig(data_dir=str(tmp_path / "d"), partitions=1)
     )

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from stepstream.engine.api.workflow import Registry
-from stepstream.engine.replay.runtime import InstanceRuntime, Output, StepOutcome
+from stepstream.engine.replay.effects import Output, StepOutcome
+from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.engine.replay.state import InstanceState, Status
 from stepstream.engine.wire.codec import JSON, JsonCodec
 from stepstream.engine.wire.records import (

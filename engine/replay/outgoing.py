@@ -1,0 +1,173 @@
+"""Commands one instance sends others: child starts and cancels, a finished child's
+notice to its parent, the refusal of a start under a taken id, and messages."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stepstream.engine.errors import (
+    StepstreamError,
+)
+from stepstream.engine.replay.core import RuntimeCore, _child_result_key
+from stepstream.engine.replay.state import (
+    Entry,
+    EntryKind,
+    EntryState,
+    child_command,
+    child_event,
+    message_command,
+)
+from stepstream.engine.wire.codec import (
+    decode_safely,
+    encode_safely,
+)
+from stepstream.engine.wire.records import (
+    CancelWorkflow,
+    SendEvent,
+    StartWorkflow,
+)
+
+
+class OutgoingMixin(RuntimeCore):
+    """Commands this instance sends other instances: its children's starts and cancels,
+    the notice a child sends its parent, refusals of a start, and messages."""
+
+    def _waited_children(self) -> list[Entry]:
+        """Children whose outcome has not arrived yet."""
+        entries = self.state.entries
+        arrived = {b.name for b in self.state.buffered}
+        return [
+            e
+            for e in entries.values()
+            if e.kind is EntryKind.CHILD
+            and child_event(e.key) not in arrived
+            and (
+                (result := entries.get(_child_result_key(e.key))) is None or not result.state.final
+            )
+        ]
+
+    def _child_start(self, entry: Entry) -> StartWorkflow:
+        assert entry.child_id is not None and entry.result is not None
+        return StartWorkflow(
+            instance_id=entry.child_id,
+            command_id=child_command(self.state.instance_id, entry.key),
+            time_ms=self.clock.now_ms(),
+            workflow=entry.event_name or "",
+            input=entry.result,
+            traceparent=self._traceparent,
+            tracestate=self._tracestate,
+        )
+
+    def _notify_parent(self) -> None:
+        """A child that finished tells its parent how (an event only the parent's code
+        waits for), with a command id that makes a repeated notice apply once."""
+        state = self.state
+        outcome: dict[str, Any] = {"status": state.status.value}
+        if state.result is not None:
+            try:
+                outcome["result"] = decode_safely(self.codec, state.result)
+            except StepstreamError as exc:
+                outcome.update(status="failed", error_type="InvalidPayload", error=str(exc))
+        if state.error_type:
+            outcome.update(error_type=state.error_type, error=state.error_message)
+        if state.cancel_reason:
+            outcome["error"] = state.cancel_reason
+        self._out.commands.append(
+            (
+                state.instance_id,
+                SendEvent(
+                    instance_id=state.parent_id,
+                    command_id=f"childdone:{state.instance_id}",
+                    time_ms=self.clock.now_ms(),
+                    name=child_event(state.parent_key),
+                    payload=encode_safely(self.codec, outcome),
+                    traceparent=self._traceparent,
+                    tracestate=self._tracestate,
+                ),
+            )
+        )
+
+    def _refuse_child(self, msg: StartWorkflow, parent_id: str, key: str) -> None:
+        """A parent asked to start this instance as its child ``key``, but it exists
+        already and is not that child (a client or another parent took the id): the
+        parent's call fails at once rather than waiting for an outcome that is not its."""
+        state = self.state
+        outcome = {
+            "status": "failed",
+            "error_type": "InstanceExists",
+            "error": (
+                f"instance {state.instance_id} already exists (workflow {state.workflow}, "
+                f"status {state.status.value}); start the child with an id of its own "
+                "(instance_id=None names it after its parent)"
+            ),
+        }
+        self._out.commands.append(
+            (
+                state.instance_id,
+                SendEvent(
+                    instance_id=parent_id,
+                    # Its own id: the parent may meet this instance again under another key.
+                    command_id=f"childexists:{msg.command_id}",
+                    time_ms=self.clock.now_ms(),
+                    name=child_event(key),
+                    payload=encode_safely(self.codec, outcome),
+                    traceparent=msg.traceparent,
+                    tracestate=msg.tracestate,
+                ),
+            )
+        )
+
+    def _cancel_children(self, children: list[Entry], reason: str) -> None:
+        for entry in children:
+            assert entry.child_id is not None
+            self._out.commands.append(
+                (
+                    self.state.instance_id,
+                    CancelWorkflow(
+                        instance_id=entry.child_id,
+                        command_id=f"cancelchild:{entry.child_id}",
+                        time_ms=self.clock.now_ms(),
+                        reason=reason,
+                    ),
+                )
+            )
+
+    def _race_lost_reason(self, key: str) -> str:
+        return f"it was started in a losing branch of race {key!r} of {self.state.instance_id}"
+
+    def _children_of_lost_races(self) -> list[tuple[str, Entry]]:
+        """(race key, child) for the children started in the losing branches of decided
+        races whose outcome has not arrived."""
+        entries = self.state.entries
+        races = [
+            (e.key, tuple(e.losers))
+            for e in entries.values()
+            if e.kind is EntryKind.RACE and e.losers
+        ]
+        if not races:
+            return []
+        # The race withdrew the losers' waits, so an outcome that came after it was buffered.
+        arrived = {b.name for b in self.state.buffered}
+        running = [
+            e
+            for e in entries.values()
+            if e.kind is EntryKind.CHILD
+            and child_event(e.key) not in arrived
+            and (
+                (result := entries.get(_child_result_key(e.key))) is None
+                or result.state is EntryState.ABANDONED
+            )
+        ]
+        return [(key, c) for key, losers in races for c in running if c.key.startswith(losers)]
+
+    def _message(self, entry: Entry) -> SendEvent:
+        assert entry.child_id is not None and entry.result is not None
+        return SendEvent(
+            instance_id=entry.child_id,
+            command_id=message_command(self.state.instance_id, entry.key),
+            time_ms=self.clock.now_ms(),
+            name=entry.event_name or "",
+            payload=entry.result,
+            traceparent=self._traceparent,
+            tracestate=self._tracestate,
+        )
