@@ -1,4 +1,4 @@
-"""The README's screenshots of the web UI, taken in headless Chromium:
+"""The screenshots of the web UI in docs/ui.md, taken in headless Chromium:
 
     python -m tests.ui_screenshots          # writes docs/img/ui-list.png, ui-instance.png
 

@@ -21,9 +21,9 @@ def test_the_example_tests_of_the_order_workflow_pass() -> None:
     assert "4 passed" in run.stdout, run.stdout
 
 
-def test_the_readme_links_the_example_test_and_the_export_format() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert "(examples/test_order.py)" in readme
-    assert "(docs/history-export.md)" in readme
+def test_the_testing_page_links_the_example_test_and_the_export_format() -> None:
+    page = (REPO / "docs" / "testing.md").read_text()
+    assert "(../examples/test_order.py)" in page
+    assert "(history-export.md)" in page
     assert (REPO / "examples" / "test_order.py").is_file()
     assert (REPO / "docs" / "history-export.md").is_file()

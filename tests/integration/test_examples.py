@@ -1,9 +1,9 @@
-"""The README's workflow-language examples, run exactly as the README shows them.
+"""The workflow-language examples of docs/workflows.md, run exactly as the page shows them.
 
-Every ``stepstream run examples.X:func --input '...'`` line of the section "The
+Every ``stepstream run examples.X:func --input '...'`` line of its section "The
 workflow language" runs in a subprocess (``python -m ops.cli`` with the repository on
 ``PYTHONPATH``, from an empty directory) on a throwaway embedded engine; the printed
-result and the rows of the timeline are checked, so neither the examples nor the README
+result and the rows of the timeline are checked, so neither the examples nor the page
 can drift from what the engine does. The section's ``client.request`` snippet runs as
 written against the ``stepstream dev`` its first line names.
 """
@@ -30,6 +30,7 @@ import pytest
 from stepstream import Client
 
 REPO = Path(__file__).resolve().parents[2]
+PAGE = REPO / "docs" / "workflows.md"
 SECTION = "## The workflow language"
 
 
@@ -127,9 +128,9 @@ EXPECTED = {
 
 
 def _section() -> str:
-    readme = (REPO / "README.md").read_text()
-    assert SECTION in readme, f"README.md has no {SECTION!r} section"
-    return readme.split(SECTION, 1)[1].split("\n## ", 1)[0]
+    page = PAGE.read_text()
+    assert SECTION in page, f"{PAGE.relative_to(REPO)} has no {SECTION!r} section"
+    return page.split(SECTION, 1)[1].split("\n## ", 1)[0]
 
 
 def _commands() -> dict[str, str]:
@@ -184,18 +185,18 @@ def _row(stdout: str, kind: str, key: str, outcome: str, start: int) -> int:
 def test_the_section_runs_every_example_it_links() -> None:
     commands = _commands()
     assert sorted(commands) == sorted(EXPECTED)
-    linked = set(re.findall(r"\(examples/(\w+)\.py\)", _section()))
+    linked = set(re.findall(r"\(\.\./examples/(\w+)\.py\)", _section()))
     assert linked == {target.split(":")[0].removeprefix("examples.") for target in EXPECTED}
     for module in linked:
         assert (REPO / "examples" / f"{module}.py").is_file(), module
-    assert "(docs/seeds.md)" in (REPO / "README.md").read_text()
+    assert "(seeds.md)" in _section()
     assert (REPO / "docs" / "seeds.md").is_file()
 
 
 @pytest.mark.parametrize("target", sorted(EXPECTED))
-def test_the_readme_command_runs_to_the_documented_result(target: str, tmp_path: Path) -> None:
+def test_the_documented_command_runs_to_its_result(target: str, tmp_path: Path) -> None:
     command = _commands().get(target)
-    assert command is not None, f"the README section runs no {target}"
+    assert command is not None, f"the section runs no {target}"
     stdout, took = _cli(shlex.split(command), tmp_path)
     assert re.search(r"^status:\s+completed$", stdout, re.M), stdout
     expected = EXPECTED[target]
@@ -226,7 +227,7 @@ def test_the_saga_compensates_newest_first(tmp_path: Path) -> None:
 
 
 def _history(target: str, tmp_path: Path) -> tuple[str, list[dict[str, Any]]]:
-    """The README's command for ``target`` run with ``--json``: the id and history."""
+    """The page's command for ``target`` run with ``--json``: the id and history."""
     stdout, _ = _cli([*shlex.split(_commands()[target]), "--json"], tmp_path)
     out = json.loads(stdout)
     assert out["status"] == "completed", stdout
@@ -302,7 +303,7 @@ async def test_the_request_snippet_gets_its_answer_from_stepstream_dev(tmp_path:
     answers = [h.attributes["result"] for h in history if h.type == "MessageCompleted"]
     promised = re.search(r"client\.request\(.*#\s*(\{.*\})$", code, re.M)
     assert promised, code
-    assert answers == [json.loads(promised.group(1))]  # what the README's comment says
+    assert answers == [json.loads(promised.group(1))]  # what the page's comment says
 
 
 def _join_failed(r: Any) -> bool:
@@ -313,8 +314,8 @@ def _join_failed(r: Any) -> bool:
     )
 
 
-# Other inputs the README suggests for the same examples: (target, the input as the
-# README words it, the input, what the result must satisfy).
+# Other inputs the page suggests for the same examples: (target, the input as the
+# page words it, the input, what the result must satisfy).
 VARIANTS: list[tuple[str, str, Any, Callable[[Any], bool]]] = [
     ("examples.join:quote", '"AQ"', {"country": "AQ", "sku": "book"}, _join_failed),
     (
@@ -346,10 +347,10 @@ VARIANTS: list[tuple[str, str, Any, Callable[[Any], bool]]] = [
 @pytest.mark.parametrize(
     ("target", "words", "value", "check"), VARIANTS, ids=[v[0] for v in VARIANTS]
 )
-def test_the_variants_the_readme_mentions(
+def test_the_variants_the_page_mentions(
     target: str, words: str, value: Any, check: Callable[[Any], bool], tmp_path: Path
 ) -> None:
     assert target in _commands()
-    assert words in _section(), f"the README no longer suggests {words} for {target}"
+    assert words in _section(), f"the page no longer suggests {words} for {target}"
     stdout, _ = _cli(["stepstream", "run", target, "--input", json.dumps(value)], tmp_path)
     assert check(_result(stdout)), stdout

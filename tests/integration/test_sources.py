@@ -5,7 +5,7 @@ JSON records that start workflows by key, events correlated by a header and by a
 path, Avro in single-object encoding and in Confluent's wire format, raw bytes. Records
 that cannot be read land in ``<prefix>.dead-letters`` with their coordinates while the
 good records after them (and the other sources, one of them a topic that does not exist)
-still run; the lag of every source partition comes down to 0. The README's example
+still run; the lag of every source partition comes down to 0. The example of docs/kafka.md
 (examples/orders_source.py) runs on a `stepstream worker` that finds its ``Source``
 declarations by itself, and `stepstream dev` reads sources from the cluster that
 ``STEPSTREAM_SOURCES_BOOTSTRAP`` names.
@@ -288,14 +288,14 @@ async def test_unreadable_records_go_to_dead_letters_and_the_records_after_them_
         worker.stop()
 
 
-def readme_snippets() -> list[str]:
-    """The Python blocks of the README's section on event sources, in order."""
-    text = (REPO / "README.md").read_text()
-    section = text.split("### Kafka topics as event sources", 1)[1].split("\n## ", 1)[0]
+def doc_snippets() -> list[str]:
+    """The Python blocks of docs/kafka.md's section on event sources, in order."""
+    text = (REPO / "docs" / "kafka.md").read_text()
+    section = text.split("## Kafka topics as event sources", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
-async def test_the_readme_example_runs_on_a_worker_that_finds_its_sources(
+async def test_the_documented_example_runs_on_a_worker_that_finds_its_sources(
     kafka_broker: Broker, settings: KafkaSettings, tmp_path: Path
 ) -> None:
     from tests.faults.test_kafka_failover import WorkerProcess
@@ -304,7 +304,7 @@ async def test_the_readme_example_runs_on_a_worker_that_finds_its_sources(
     order_id = f"o-{uuid.uuid4().hex[:8]}"
     _declaration, order, payment = (
         block.replace("kafka:9092", kafka_broker.bootstrap).replace("o-17", order_id)
-        for block in readme_snippets()
+        for block in doc_snippets()
     )
     worker = WorkerProcess(
         settings,
