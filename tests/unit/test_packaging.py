@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -24,6 +25,18 @@ SUBPACKAGES = ("engine", "consumers", "producers", "ops", "schemas")
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of the files git tracks, built in a copy: a build/ folder left in the
+    checkout by an earlier build would otherwise leak stale modules into it."""
+    source = tmp_path_factory.mktemp("source")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60
+    ).stdout.decode()
+    for name in filter(None, tracked.split("\0")):
+        if not (ROOT / name).exists() and not (ROOT / name).is_symlink():
+            continue  # deleted in the working tree, not yet committed
+        target = source / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target, follow_symlinks=False)
     out = tmp_path_factory.mktemp("wheel")
     built = subprocess.run(
         [
@@ -36,7 +49,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "-q",
             "-w",
             str(out),
-            str(ROOT),
+            str(source),
         ],
         capture_output=True,
         text=True,
