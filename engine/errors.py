@@ -1,42 +1,12 @@
-"""The error hierarchy: everything a user can act on is a ``StepstreamError``.
+"""The core error classes: those of the client calls and of workflow code.
 
 Every class means one thing a user can act on, and says whether the same call may simply
-be made again (``retriable``)::
+be made again (``retriable``). The whole tree, with the classes that live beside the code
+raising them (storage, Kafka, configuration, tools), is drawn in ``stepstream.errors``,
+the one module every error can be imported from.
 
-    StepstreamError                  base; retriable = False unless noted
-    ├── from clients (start, send_event, cancel, request, result, ...)
-    │   ├── UnknownWorkflow          no worker has that workflow (or version)
-    │   ├── InvalidPayload           a bad id, name, or payload the codec cannot take
-    │   ├── PayloadTooLarge          over STEPSTREAM_MAX_PAYLOAD_BYTES
-    │   ├── UnknownInstance          no such instance (or forgotten after retention)
-    │   ├── InstanceFinished         the command came after the instance finished
-    │   ├── InstanceNotPaused        resume of an instance that is not paused
-    │   ├── WorkflowFailed           result(): the workflow raised or a step failed for good
-    │   ├── WorkflowCancelled        result(): the instance was cancelled
-    │   ├── ResultTimeout            result()/request() gave up waiting   (retriable)
-    │   ├── ConnectionFailed         the engine or worker could not be reached (retriable)
-    │   └── AccessDenied             the API refused the token, Origin or Host
-    ├── in workflow code (raised at the ctx call; the workflow may catch them)
-    │   ├── StepFailed               a step used up its attempts (.kind says how)
-    │   ├── StepTimeout              one attempt ran past its timeout (inside the step)
-    │   ├── EventTimeout             a wait or ctx.messages.next timed out
-    │   ├── JoinError                branches of ctx.join raised (.errors, .results)
-    │   ├── RaceError                every branch of ctx.race raised
-    │   ├── RolledBack               an exception left a ctx.saga (.cause)
-    │   ├── ChildFailed              a child workflow failed or was cancelled
-    │   └── InvalidWorkflowCall      a ctx call that cannot be replayed (fix the code)
-    ├── HistoryDiverged              the code no longer matches an instance's history
-    │                                (the instance is parked; deploy matching code)
-    ├── DuplicateWorkflow            two definitions of one name and version
-    └── UndecodableRecord            bytes on a topic that are no record of this version
-
-    NonRetryableError (an Exception, raised by step bodies: fail the step at once)
-    └── OutboxNotConfigured          ctx.publish on an engine with no Kafka cluster
-                                     (set STEPSTREAM_OUTBOX_BOOTSTRAP)
-    Evicted (a BaseException: internal control flow, never catch it)
-
-Internal control-flow signals derive from ``BaseException`` so that a workflow's
-``except Exception`` can never swallow them.
+Internal control-flow signals (``Evicted``) derive from ``BaseException`` so that a
+workflow's ``except Exception`` can never swallow them.
 """
 
 from __future__ import annotations

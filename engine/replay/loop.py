@@ -16,14 +16,17 @@ from collections.abc import Callable, Coroutine
 from contextvars import Context as _CtxVars
 from typing import Any, NoReturn
 
+from stepstream.engine.errors import StepstreamError
+
 log = logging.getLogger("stepstream.engine")
 
 ROOT_TASK = "main"
 _PRUNE_AT_LEAST = 64
 
 
-class NondeterministicCall(RuntimeError):
-    """Workflow code used a real-time asyncio API."""
+class NondeterministicCall(StepstreamError, RuntimeError):
+    """Workflow code used a real-time asyncio API (``asyncio.sleep``, ``loop.time``):
+    replay could not reproduce it. Use ``ctx.sleep`` and ``ctx.now``."""
 
 
 class WorkflowLoop(asyncio.AbstractEventLoop):

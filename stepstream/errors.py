@@ -1,0 +1,158 @@
+"""Every error a stepstream user or operator can meet, importable from this one module.
+
+Each class means one thing to act on and says whether the same call may simply be made
+again (``retriable``, False unless noted). The classes live beside the code that raises
+them; this module gathers them (``tests/unit/test_errors.py`` fails if one is missing)::
+
+    StepstreamError                  base of everything below
+    ├── from clients (start, send_event, cancel, request, result, ...)
+    │   ├── UnknownWorkflow          no worker has that workflow (or version)
+    │   ├── InvalidPayload           a bad id, name, or payload the codec cannot take
+    │   ├── PayloadTooLarge          over STEPSTREAM_MAX_PAYLOAD_BYTES
+    │   ├── UnknownInstance          no such instance (or forgotten after retention)
+    │   ├── InstanceFinished         the command came after the instance finished
+    │   ├── InstanceNotPaused        resume of an instance that is not paused
+    │   ├── WorkflowFailed           result(): the workflow raised or a step failed for good
+    │   ├── WorkflowCancelled        result(): the instance was cancelled
+    │   ├── ResultTimeout            result()/request() gave up waiting   (retriable)
+    │   ├── ConnectionFailed         the engine or worker could not be reached (retriable)
+    │   │   └── SessionUnavailable   the server opened no session websocket (an older
+    │   │                            server, or a proxy that drops upgrades)
+    │   └── AccessDenied             the API refused the token, Origin or Host
+    ├── in workflow code (raised at the ctx call; the workflow may catch them)
+    │   ├── StepFailed               a step used up its attempts (.kind says how)
+    │   ├── StepTimeout              one attempt ran past its timeout (inside the step)
+    │   ├── EventTimeout             a wait or ctx.messages.next timed out
+    │   ├── JoinError                branches of ctx.join raised (.errors, .results)
+    │   ├── RaceError                every branch of ctx.race raised
+    │   ├── RolledBack               an exception left a ctx.saga (.cause)
+    │   ├── ChildFailed              a child workflow failed or was cancelled
+    │   ├── InvalidWorkflowCall      a ctx call that cannot be replayed (fix the code)
+    │   └── NondeterministicCall     the code used a real-time asyncio API (asyncio.sleep,
+    │                                loop.time): use ctx.sleep, ctx.now
+    ├── HistoryDiverged              the code no longer matches an instance's history
+    │   │                            (the instance is parked; deploy matching code)
+    │   └── ReplayDiverged           stepstream.testing.replay found the same
+    ├── DuplicateWorkflow            two definitions of one name and version
+    ├── UndecodableRecord            bytes on a topic that are no record of this version
+    ├── InvalidHistoryFile           a history export that cannot be read
+    ├── InvalidTransition            a record asked for a status change the state machine
+    │                                refuses (a defect: report it)
+    └── starting and running an engine (operators)
+        ├── ConfigError              a flag or STEPSTREAM_* variable is not usable
+        ├── KafkaSettingsError       a Kafka setting is malformed or missing
+        ├── InsecureBind             serving beyond loopback without a token (--insecure)
+        ├── DataDirInUse             another process owns the embedded data directory
+        ├── PartitionCountMismatch   the data directory has another partition count
+        ├── StorageFailed            a durable write failed: reopen the directory
+        │   ├── DiskFull             no space left: free some, then start again
+        │   └── DataDirCorrupted     RocksDB found the directory damaged: restore it
+        ├── StateDirInUse            another worker holds this Kafka state directory
+        ├── StateWriteFailed         writing a partition's state failed (disk)
+        ├── TopicsMissing            a topic stepstream needs does not exist
+        ├── TopicsMismatch           topics with the wrong partition counts
+        ├── ProduceFailed            a record could not be written to Kafka
+        └── RestoreFailed            the history topic could not be read back
+
+    NonRetryableError (an Exception, raised by step bodies: fail the step at once)
+    └── OutboxNotConfigured          ctx.publish on an engine with no Kafka cluster
+                                     (set STEPSTREAM_OUTBOX_BOOTSTRAP)
+
+``Evicted`` is not here: it is internal control flow (a ``BaseException``) that workflow
+code must never catch.
+"""
+
+from stepstream.consumers.embedded.errors import (
+    DataDirCorrupted,
+    DataDirInUse,
+    DiskFull,
+    PartitionCountMismatch,
+    StorageFailed,
+)
+from stepstream.consumers.kafka.admin import TopicsMismatch, TopicsMissing
+from stepstream.consumers.kafka.db import StateWriteFailed
+from stepstream.consumers.kafka.producer import ProduceFailed
+from stepstream.consumers.kafka.restore import RestoreFailed
+from stepstream.consumers.kafka.state_dir import StateDirInUse
+from stepstream.engine.config.environ import ConfigError
+from stepstream.engine.config.kafka import KafkaSettingsError
+from stepstream.engine.errors import (
+    AccessDenied,
+    ChildFailed,
+    ConnectionFailed,
+    DuplicateWorkflow,
+    EventTimeout,
+    HistoryDiverged,
+    InstanceFinished,
+    InstanceNotPaused,
+    InvalidPayload,
+    InvalidWorkflowCall,
+    JoinError,
+    NonRetryableError,
+    OutboxNotConfigured,
+    PayloadTooLarge,
+    RaceError,
+    ResultTimeout,
+    RolledBack,
+    StepFailed,
+    StepstreamError,
+    StepTimeout,
+    UndecodableRecord,
+    UnknownInstance,
+    UnknownWorkflow,
+    WorkflowCancelled,
+    WorkflowFailed,
+)
+from stepstream.engine.replay.loop import NondeterministicCall
+from stepstream.engine.replay.state import InvalidTransition
+from stepstream.ops.api_security import InsecureBind
+from stepstream.ops.history_export import InvalidHistoryFile
+from stepstream.ops.replay import ReplayDiverged
+from stepstream.producers.http import SessionUnavailable
+
+__all__ = [
+    "AccessDenied",
+    "ChildFailed",
+    "ConfigError",
+    "ConnectionFailed",
+    "DataDirCorrupted",
+    "DataDirInUse",
+    "DiskFull",
+    "DuplicateWorkflow",
+    "EventTimeout",
+    "HistoryDiverged",
+    "InsecureBind",
+    "InstanceFinished",
+    "InstanceNotPaused",
+    "InvalidHistoryFile",
+    "InvalidPayload",
+    "InvalidTransition",
+    "InvalidWorkflowCall",
+    "JoinError",
+    "KafkaSettingsError",
+    "NonRetryableError",
+    "NondeterministicCall",
+    "OutboxNotConfigured",
+    "PartitionCountMismatch",
+    "PayloadTooLarge",
+    "ProduceFailed",
+    "RaceError",
+    "ReplayDiverged",
+    "RestoreFailed",
+    "ResultTimeout",
+    "RolledBack",
+    "SessionUnavailable",
+    "StateDirInUse",
+    "StateWriteFailed",
+    "StepFailed",
+    "StepTimeout",
+    "StepstreamError",
+    "StorageFailed",
+    "TopicsMismatch",
+    "TopicsMissing",
+    "UndecodableRecord",
+    "UnknownInstance",
+    "UnknownWorkflow",
+    "WorkflowCancelled",
+    "WorkflowFailed",
+]
