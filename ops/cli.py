@@ -607,6 +607,12 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _broker(args: argparse.Namespace) -> int:
+    from stepstream.ops.brokers.foreground import BrokerOptions, run
+
+    return run(BrokerOptions(args.apache, args.nodes, args.port, args.data, args.prepare))
+
+
 def _topics_create(args: argparse.Namespace) -> int:
     from stepstream.consumers.kafka import create_topics
 
@@ -1073,6 +1079,44 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="the API's URL as clients reach it (default: http://HOST:PORT as bound, "
         "https with --tls-cert); its host is allowed in Host headers",
+    )
+
+    broker = command(
+        "broker",
+        _broker,
+        "run a local Kafka broker in the foreground until Ctrl-C or SIGTERM; prints its "
+        "bootstrap servers on stdout once it serves (see docs/brokers.md)",
+    )
+    broker.add_argument(
+        "--apache",
+        action="store_true",
+        help="Apache Kafka (KRaft, from its Maven Central jars; needs Java 17+, and mvn "
+        "the first time) instead of the development broker (Tansu: one node, records in "
+        "memory only)",
+    )
+    broker.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --apache: a cluster of N nodes, each broker and controller, on client "
+        "ports PORT..PORT+N-1 and controller ports PORT+N..PORT+2N-1 (%(default)s)",
+    )
+    broker.add_argument(
+        "--port", type=int, default=9092, help="the (first) client port (%(default)s)"
+    )
+    broker.add_argument(
+        "--data",
+        metavar="DIR",
+        help="keep the broker's files in DIR (default: a temporary directory, removed on "
+        "stop). Apache Kafka keeps its topics and records there across starts; the "
+        "development broker only its log",
+    )
+    broker.add_argument(
+        "--prepare",
+        action="store_true",
+        help="with --apache: only check Java and fetch the jars into the cache "
+        "($STEPSTREAM_KAFKA_JARS, default ~/.cache/stepstream/kafka-VERSION), then exit",
     )
 
     topics = commands.add_parser("topics", help="manage the Kafka topics of a prefix")
