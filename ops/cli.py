@@ -617,7 +617,9 @@ def _topics_create(args: argparse.Namespace) -> int:
     from stepstream.consumers.kafka import create_topics
 
     settings = _kafka_settings(args)
-    states = create_topics(settings, args.partitions, replication=args.replication)
+    states = create_topics(
+        settings, args.partitions, replication=args.replication, min_insync=args.min_insync
+    )
     rows = [{"topic": t.name, "partitions": t.partitions, "created": t.created} for t in states]
     human = "\n".join(
         f"{'created' if t.created else 'exists '} {t.name} ({t.partitions} "
@@ -626,6 +628,18 @@ def _topics_create(args: argparse.Namespace) -> int:
     )
     _output(args, rows, human)
     return EXIT_OK
+
+
+def _topics_check(args: argparse.Namespace) -> int:
+    from stepstream.consumers.kafka.topic_rules import check_topics
+
+    settings = _kafka_settings(args)
+    findings = check_topics(settings)
+    human = "\n".join(f"{f.topic}: {f.problem}\n  fix: {f.fix}" for f in findings) or (
+        f"the topics of prefix {settings.prefix} keep every guarantee"
+    )
+    _output(args, [f.as_dict() for f in findings], human)
+    return EXIT_ERROR if findings else EXIT_OK
 
 
 _BENCH_DESCRIPTION = """\
@@ -1139,8 +1153,31 @@ def _parser() -> argparse.ArgumentParser:
         "partitions, more workers can share the load",
     )
     create.add_argument(
-        "--replication", type=int, default=1, metavar="R", help="replication factor (1)"
+        "--replication-factor",
+        "--replication",
+        dest="replication",
+        type=int,
+        default=1,
+        metavar="R",
+        help="copies of each partition, on R brokers; 3 in production (%(default)s)",
     )
+    create.add_argument(
+        "--min-insync",
+        type=int,
+        metavar="M",
+        help="min.insync.replicas of each topic: replicas that must have a write before it "
+        "is acknowledged (default: 2 with 3 or more replicas, else 1)",
+    )
+    check = topic_commands.add_parser(
+        "check",
+        help="list every topic of a prefix whose settings break a guarantee; exit 1 if any",
+        description="list every topic of a prefix whose settings break a guarantee (missing "
+        "topics, partition counts that differ, records deleted by age or compaction where "
+        "every record must stay, replication factor 1, min.insync.replicas below 2 with 3 "
+        "replicas...), each with what to run to fix it; exit status 1 if any, 0 if none",
+        parents=[common, kafka, as_json],
+    )
+    check.set_defaults(handler=_topics_check)
 
     bench = command("bench", _bench, "measure throughput and latency (see docs)", [as_json])
     bench.formatter_class = argparse.RawDescriptionHelpFormatter
