@@ -610,6 +610,11 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
 def _broker(args: argparse.Namespace) -> int:
     from stepstream.ops.brokers.foreground import BrokerOptions, run
 
+    if not args.apache and (args.nodes != 1 or args.prepare):
+        raise _UsageError(
+            "--nodes and --prepare need --apache (the development broker has "
+            "one node and downloads nothing)"
+        )
     return run(BrokerOptions(args.apache, args.nodes, args.port, args.data, args.prepare))
 
 
