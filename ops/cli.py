@@ -607,11 +607,24 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _broker(args: argparse.Namespace) -> int:
+    from stepstream.ops.brokers.foreground import BrokerOptions, run
+
+    if not args.apache and (args.nodes != 1 or args.prepare):
+        raise _UsageError(
+            "--nodes and --prepare need --apache (the development broker has "
+            "one node and downloads nothing)"
+        )
+    return run(BrokerOptions(args.apache, args.nodes, args.port, args.data, args.prepare))
+
+
 def _topics_create(args: argparse.Namespace) -> int:
     from stepstream.consumers.kafka import create_topics
 
     settings = _kafka_settings(args)
-    states = create_topics(settings, args.partitions, replication=args.replication)
+    states = create_topics(
+        settings, args.partitions, replication=args.replication, min_insync=args.min_insync
+    )
     rows = [{"topic": t.name, "partitions": t.partitions, "created": t.created} for t in states]
     human = "\n".join(
         f"{'created' if t.created else 'exists '} {t.name} ({t.partitions} "
@@ -620,6 +633,18 @@ def _topics_create(args: argparse.Namespace) -> int:
     )
     _output(args, rows, human)
     return EXIT_OK
+
+
+def _topics_check(args: argparse.Namespace) -> int:
+    from stepstream.consumers.kafka.topic_rules import check_topics
+
+    settings = _kafka_settings(args)
+    findings = check_topics(settings)
+    human = "\n".join(f"{f.topic}: {f.problem}\n  fix: {f.fix}" for f in findings) or (
+        f"the topics of prefix {settings.prefix} keep every guarantee"
+    )
+    _output(args, [f.as_dict() for f in findings], human)
+    return EXIT_ERROR if findings else EXIT_OK
 
 
 _BENCH_DESCRIPTION = """\
@@ -1075,6 +1100,44 @@ def _parser() -> argparse.ArgumentParser:
         "https with --tls-cert); its host is allowed in Host headers",
     )
 
+    broker = command(
+        "broker",
+        _broker,
+        "run a local Kafka broker in the foreground until Ctrl-C or SIGTERM; prints its "
+        "bootstrap servers on stdout once it serves (see docs/brokers.md)",
+    )
+    broker.add_argument(
+        "--apache",
+        action="store_true",
+        help="Apache Kafka (KRaft, from its Maven Central jars; needs Java 17+, and mvn "
+        "the first time) instead of the development broker (Tansu: one node, records in "
+        "memory only)",
+    )
+    broker.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --apache: a cluster of N nodes, each broker and controller, on client "
+        "ports PORT..PORT+N-1 and controller ports PORT+N..PORT+2N-1 (%(default)s)",
+    )
+    broker.add_argument(
+        "--port", type=int, default=9092, help="the (first) client port (%(default)s)"
+    )
+    broker.add_argument(
+        "--data",
+        metavar="DIR",
+        help="keep the broker's files in DIR (default: a temporary directory, removed on "
+        "stop). Apache Kafka keeps its topics and records there across starts; the "
+        "development broker only its log",
+    )
+    broker.add_argument(
+        "--prepare",
+        action="store_true",
+        help="with --apache: only check Java and fetch the jars into the cache "
+        "($STEPSTREAM_KAFKA_JARS, default ~/.cache/stepstream/kafka-VERSION), then exit",
+    )
+
     topics = commands.add_parser("topics", help="manage the Kafka topics of a prefix")
     topic_commands = topics.add_subparsers(dest="topics_command", required=True, metavar="ACTION")
     create = topic_commands.add_parser(
@@ -1095,8 +1158,31 @@ def _parser() -> argparse.ArgumentParser:
         "partitions, more workers can share the load",
     )
     create.add_argument(
-        "--replication", type=int, default=1, metavar="R", help="replication factor (1)"
+        "--replication-factor",
+        "--replication",
+        dest="replication",
+        type=int,
+        default=1,
+        metavar="R",
+        help="copies of each partition, on R brokers; 3 in production (%(default)s)",
     )
+    create.add_argument(
+        "--min-insync",
+        type=int,
+        metavar="M",
+        help="min.insync.replicas of each topic: replicas that must have a write before it "
+        "is acknowledged (default: 2 with 3 or more replicas, else 1)",
+    )
+    check = topic_commands.add_parser(
+        "check",
+        help="list every topic of a prefix whose settings break a guarantee; exit 1 if any",
+        description="list every topic of a prefix whose settings break a guarantee (missing "
+        "topics, partition counts that differ, records deleted by age or compaction where "
+        "every record must stay, replication factor 1, min.insync.replicas below 2 with 3 "
+        "replicas...), each with what to run to fix it; exit status 1 if any, 0 if none",
+        parents=[common, kafka, as_json],
+    )
+    check.set_defaults(handler=_topics_check)
 
     bench = command("bench", _bench, "measure throughput and latency (see docs)", [as_json])
     bench.formatter_class = argparse.RawDescriptionHelpFormatter

@@ -33,6 +33,7 @@ from stepstream.consumers.kafka import (
 )
 from stepstream.consumers.kafka.outbox import KafkaOutbox
 from stepstream.consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
+from stepstream.consumers.kafka.topic_rules import log_findings
 from stepstream.consumers.partition import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_RETENTION_S,
@@ -168,6 +169,9 @@ class KafkaWorker:
         self.config.api.check_bind(self.config.host)
         try:
             partitions = await asyncio.to_thread(topic_partitions, settings)
+            # Settings that break a guarantee (history deleted by age, one replica...) are
+            # logged as warnings, as `stepstream topics check` prints them; never fatal.
+            await asyncio.to_thread(log_findings, settings)
             self._state_dir = StateDir.claim(self.config.state_dir, settings.prefix)
             worker_id = self._state_dir.worker_id
             self._producer = await asyncio.to_thread(

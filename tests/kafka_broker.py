@@ -1,5 +1,5 @@
-"""The test broker lives in ``ops.broker`` (the Kafka bench starts it too)."""
+"""The test broker lives in ``ops.brokers.dev`` (the Kafka bench starts it too)."""
 
-from stepstream.ops.broker import Broker, start_broker
+from stepstream.ops.brokers.dev import Broker, start_broker
 
 __all__ = ["Broker", "start_broker"]

@@ -4,8 +4,8 @@
 partition count (they are co-partitioned: an instance lives on partition
 ``murmur2(id) % n`` of each); ``.members`` is a small compacted topic where workers
 announce what they own, ``.definitions`` one where they register the workflows they run.
-History is the journal, so it is kept forever. Partition counts
-cannot change later (the partition of an instance is a function of the count).
+The settings each topic is created with, and why, are in ``topic_rules``. Partition
+counts cannot change later (the partition of an instance is a function of the count).
 """
 
 from __future__ import annotations
@@ -19,24 +19,12 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from stepstream.consumers.kafka.clients import make_client
+from stepstream.consumers.kafka.topic_rules import CLUSTER_TOPICS, topic_config
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.wire.topics import DEFINITIONS, MEMBERS, TOPIC_KINDS, TopicNames
+from stepstream.engine.wire.topics import TOPIC_KINDS, TopicNames
 
 ADMIN_REQUIRED: dict[str, object] = {"allow.auto.create.topics": False}
-_TOPIC_CONFIGS: dict[str, dict[str, str]] = {
-    "history": {"retention.ms": "-1", "retention.bytes": "-1"},
-    # Only the newest snapshot of a partition is read; older ones may go.
-    # A chunk holds whole keys: one may hold a value of up to about 1.4x the payload
-    # limit (a payload inside an instance's JSON state).
-    # Kept like history: snapshots are taken ever more rarely as state grows, so they cost
-    # no more than the history they summarise.
-    "snapshots": {"retention.ms": "-1", "max.message.bytes": str(8 << 20)},
-    MEMBERS: {"cleanup.policy": "compact"},
-    DEFINITIONS: {"cleanup.policy": "compact"},
-}
-# One-partition compacted topics beside the co-partitioned ones.
-_CLUSTER_TOPICS = (MEMBERS, DEFINITIONS)
 
 
 class TopicsMismatch(StepstreamError):
@@ -68,7 +56,7 @@ def admin_client(settings: KafkaSettings) -> AdminClient:
 def existing_partitions(settings: KafkaSettings, timeout: float = 10.0) -> dict[str, int]:
     """Partition counts of the prefix's topics that exist. Never creates a topic."""
     names = TopicNames(settings.prefix)
-    wanted = {names.name(kind) for kind in (*TOPIC_KINDS, *_CLUSTER_TOPICS)}
+    wanted = {names.name(kind) for kind in (*TOPIC_KINDS, *CLUSTER_TOPICS)}
     client = admin_client(settings)
     try:
         metadata = client.list_topics(timeout=timeout)
@@ -85,15 +73,31 @@ def existing_partitions(settings: KafkaSettings, timeout: float = 10.0) -> dict[
 
 
 def create_topics(
-    settings: KafkaSettings, partitions: int, *, replication: int = 1, timeout: float = 30.0
+    settings: KafkaSettings,
+    partitions: int,
+    *,
+    replication: int = 1,
+    min_insync: int | None = None,
+    timeout: float = 30.0,
 ) -> list[TopicState]:
     """Create whatever is missing; idempotent. Raises ``TopicsMismatch`` if a topic
-    exists with another partition count."""
+    exists with another partition count. ``min_insync`` defaults to 2 from 3 replicas,
+    else 1 (set on the topic: a broker's own default of 2 would refuse every write to a
+    topic of one replica)."""
     if partitions < 1:
         raise StepstreamError(f"--partitions must be at least 1, got {partitions}")
+    if replication < 1:
+        raise StepstreamError(f"--replication-factor must be at least 1, got {replication}")
+    if min_insync is None:
+        min_insync = 2 if replication >= 3 else 1
+    if min_insync is not None and not 1 <= min_insync <= replication:
+        raise StepstreamError(
+            f"--min-insync {min_insync} must be between 1 and the replication factor "
+            f"({replication}): above it every write would be refused"
+        )
     names = TopicNames(settings.prefix)
     wanted = {names.name(kind): partitions for kind in TOPIC_KINDS}
-    wanted.update({names.name(kind): 1 for kind in _CLUSTER_TOPICS})
+    wanted.update({names.name(kind): 1 for kind in CLUSTER_TOPICS})
     existing = existing_partitions(settings)
     _check_counts(settings, existing, wanted)
     missing = [name for name in wanted if name not in existing]
@@ -105,7 +109,7 @@ def create_topics(
                 name,
                 wanted[name],
                 replication,
-                config=_TOPIC_CONFIGS.get(name.rsplit(".", 1)[-1], {}),
+                config=topic_config(name[len(settings.prefix) + 1 :], min_insync),
             )
             for name in missing
         ]
@@ -136,7 +140,7 @@ def topic_partitions(settings: KafkaSettings) -> int:
     existing = existing_partitions(settings)
     missing = [
         names.name(kind)
-        for kind in (*TOPIC_KINDS, *_CLUSTER_TOPICS)
+        for kind in (*TOPIC_KINDS, *CLUSTER_TOPICS)
         if names.name(kind) not in existing
     ]
     if missing:

