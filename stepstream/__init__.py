@@ -40,8 +40,12 @@ from stepstream.engine.retry import RetryPolicy
 from stepstream.engine.sources import Source
 from stepstream.engine.views import HistoryEntry, InstanceStatus
 from stepstream.engine.workflow import workflow
+from stepstream.ops.version import version as _version
 from stepstream.ops.worker import Worker
 from stepstream.producers.client import Client
+
+# The distribution's version (pyproject.toml's); ``stepstream --version`` says it too.
+__version__ = _version()
 
 __all__ = [
     "AccessDenied",
