@@ -4,4 +4,6 @@ import sys
 
 from stepstream.ops.cli.app import main
 
-sys.exit(main())
+# Guarded: walking the package (tests, tools) imports this module without running it.
+if __name__ == "__main__":
+    sys.exit(main())
