@@ -10,7 +10,6 @@ wrong and nothing was sent; 3 gave up waiting (``result --timeout``, ``start --w
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -31,8 +30,6 @@ from stepstream.ops.cli.table import (
     build_parser,
 )
 from stepstream.ops.version import version
-
-log = logging.getLogger("stepstream.cli")
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
