@@ -40,8 +40,12 @@ from stepstream.engine.errors import (
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.wire.codec import JsonCodec, PayloadCodec
 from stepstream.engine.wire.records import Payload
+from stepstream.ops.version import version as _version
 from stepstream.ops.worker import Worker
 from stepstream.producers.client import Client
+
+# The distribution's version (pyproject.toml's); ``stepstream --version`` says it too.
+__version__ = _version()
 
 __all__ = [
     "AccessDenied",

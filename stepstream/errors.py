@@ -42,6 +42,8 @@ them; this module gathers them (``tests/unit/test_errors.py`` fails if one is mi
         ├── ConfigError              a flag or STEPSTREAM_* variable is not usable
         ├── KafkaSettingsError       a Kafka setting is malformed or missing
         ├── InsecureBind             serving beyond loopback without a token (--insecure)
+        ├── BrokerError              a local broker cannot start: Java, Maven or a jar is
+        │                            missing (the message says what to install)
         ├── DataDirInUse             another process owns the embedded data directory
         ├── PartitionCountMismatch   the data directory has another partition count
         ├── StorageFailed            a durable write failed: reopen the directory
@@ -106,12 +108,14 @@ from stepstream.engine.errors import (
 from stepstream.engine.replay.loop import NondeterministicCall
 from stepstream.engine.replay.state import InvalidTransition
 from stepstream.ops.api_security import InsecureBind
+from stepstream.ops.brokers import BrokerError
 from stepstream.ops.history_export import InvalidHistoryFile
 from stepstream.ops.replay import ReplayDiverged
 from stepstream.producers.http import SessionUnavailable
 
 __all__ = [
     "AccessDenied",
+    "BrokerError",
     "ChildFailed",
     "ConfigError",
     "ConnectionFailed",

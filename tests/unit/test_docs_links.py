@@ -12,9 +12,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 README_MAX_LINES = 220
-# Pages other branches are writing; linked already, so a link may point at them before
-# they land here. Drop a name once its page exists.
-PENDING = {"docs/cli.md", "docs/brokers.md"}
 
 # [text](target) and ![alt](target), outside code; the target up to a space or ")".
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
@@ -42,15 +39,14 @@ def test_every_relative_link_names_a_file_that_exists(page: Path) -> None:
         if path is None:
             continue
         resolved = (page.parent / path).resolve()
-        name = resolved.relative_to(REPO).as_posix() if resolved.is_relative_to(REPO) else path
-        if not resolved.exists() and name not in PENDING:
+        if not resolved.exists():
             dead.append(target)
     assert not dead, f"{page.relative_to(REPO)} links to files that do not exist: {dead}"
 
 
 def test_the_readme_links_every_docs_page() -> None:
     linked = {_relative(t) for t in _links(REPO / "README.md")}
-    pages = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")} | PENDING
+    pages = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
     assert pages - linked == set(), "README.md does not link these pages"
 
 
@@ -59,10 +55,3 @@ def test_the_readme_stays_short() -> None:
     assert lines < README_MAX_LINES, (
         f"README.md has {lines} lines: move the manual part into a page of docs/"
     )
-
-
-def test_pending_pages_are_still_pending_or_linked() -> None:
-    """Once a pending page exists, its name can leave PENDING (the links are then checked
-    like any other); until then it must at least be linked from the README."""
-    linked = {_relative(t) for t in _links(REPO / "README.md")}
-    assert PENDING <= linked

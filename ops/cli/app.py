@@ -1,0 +1,109 @@
+"""``main``: the command table of every module of the CLI, parsed, logged and run, and
+what an error becomes (a message on stderr and an exit code).
+
+Exit codes: 0 done; 1 stepstream refused or failed (the message is on stderr: a failed
+workflow's ``result``, an unknown instance, an unreachable engine); 2 the command line is
+wrong and nothing was sent; 3 gave up waiting (``result --timeout``, ``start --wait
+--timeout``, ``run --timeout``); 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from stepstream.engine.errors import ResultTimeout, StepstreamError
+from stepstream.ops import logs
+from stepstream.ops.cli import bench, history, instances, kafka, listing, run, serve, tools
+from stepstream.ops.cli.options import LOGGING
+from stepstream.ops.cli.table import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    Command,
+    Handler,
+    UsageError,
+    arg,
+    build_parser,
+)
+from stepstream.ops.version import version
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+# In the order `stepstream --help` lists them.
+COMMANDS: tuple[Command, ...] = (
+    *run.COMMANDS,
+    *serve.COMMANDS,
+    *instances.COMMANDS,
+    *history.COMMANDS,
+    *listing.COMMANDS,
+    *tools.COMMANDS,
+    *kafka.COMMANDS,
+    *bench.COMMANDS,
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    return build_parser(
+        "stepstream",
+        "Durable workflows for Python, event-sourced on Kafka. Commands that talk to a "
+        "running engine take --connect URL (default $STEPSTREAM_CONNECT, else "
+        "http://127.0.0.1:8233); every command takes --json. `stepstream COMMAND --help` "
+        "says more; docs/cli.md has them all.",
+        COMMANDS,
+        everywhere=LOGGING,
+        top=(arg("--version", action="version", version=f"stepstream {version()}"),),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, extra = parser().parse_known_args(argv)
+    if extra:  # said with the usage of the command they were given to, not the top level's
+        args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    default_level = "INFO" if args.serves else "WARNING"
+    level = (args.log_level or os.environ.get("STEPSTREAM_LOG_LEVEL") or default_level).upper()
+    if level not in _LOG_LEVELS:
+        return _usage(args, f"log level {level!r} is not one of {', '.join(_LOG_LEVELS)}")
+    log_format = (args.log_format or os.environ.get("STEPSTREAM_LOG_FORMAT") or "text").lower()
+    if log_format not in logs.FORMATS:
+        return _usage(args, f"log format {log_format!r} is not one of {', '.join(logs.FORMATS)}")
+    logs.configure(level, log_format, process=_process_index(args))
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except UsageError as exc:
+        return _usage(args, str(exc))
+    except ResultTimeout as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_TIMEOUT
+    except StepstreamError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``stepstream history ID | head``): not an error of ours.
+        # Output still buffered would fail again at exit, so it goes nowhere instead.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_ERROR
+
+
+def _usage(args: argparse.Namespace, message: str) -> int:
+    """A usage error: what is wrong, then where the command's options are explained."""
+    print(f"error: {message} (see `stepstream {args.command_name} --help`)", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _process_index(args: argparse.Namespace) -> int | None:
+    """Which engine process of `stepstream dev --processes N` this is, if it is one."""
+    if args.command_name != "dev" or getattr(args, "processes", 1) <= 1:
+        return None
+    from stepstream.ops.processes import SPEC_ENV, Spec
+
+    spec = os.environ.get(SPEC_ENV)
+    return Spec.from_env(spec).process if spec else 0

@@ -1,0 +1,125 @@
+"""``stepstream bench``: throughput and latency through a real client path."""
+
+from __future__ import annotations
+
+import argparse
+
+from stepstream.ops.cli.options import JSON
+from stepstream.ops.cli.table import Command, arg
+from stepstream.ops.gc_tuning import tune_for_serving
+
+_BENCH_DESCRIPTION = """\
+measure throughput and latency through a real client path; prints one JSON object.
+
+clients:
+  inprocess  the embedded engine in the bench process, the in-process client
+  http       `stepstream dev` (embedded) as a subprocess, driven by an http:// client
+  kafka      `stepstream worker` subprocess(es) on fresh topics, driven by a kafka://
+             client (the test broker is started unless --bootstrap is given)
+
+workloads (all three unless --workload):
+  W1      N x 10 sequential steps started at once, results awaited (N=2000):
+          steps_per_s, workflows_per_s, latency_p50_ms, latency_p99_ms, and
+          burst_cpu_s (each process's CPU seconds during the timed burst: which one
+          bound it); with --input-bytes B each instance's input carries B more bytes
+  W2      N one-second sleepers started at once (N=2000): lateness_p50_ms,
+          lateness_p99_ms and early_fires (timers fired before due; must be 0)
+  W3      N instances waiting for an event a client sends (N=500)
+  timers  --pending N timers on one engine, due 1/--rate s apart (1,000,000 at
+          2,000/s): lateness and the engine's resident memory (rss_mb_*)
+  buffer  N events sent in turn to one instance that asks for none yet (N=1000),
+          then taken at once: events_per_s, send_first_tenth_p50_ms against
+          send_last_tenth_p50_ms (--input-bytes B: B more bytes per event)
+  fanout  one instance running N steps at once, one N sleeps, one N child
+          workflows (N=4000): steps_per_s, sleeps_elapsed_s, children_per_s
+  loop    one instance running a ctx.loop of N one-step iterations, one running
+          2N steps first (N=1000): iterations_per_s_alone against
+          iterations_per_s_after_steps (an iteration must not cost more later)
+
+examples:
+  stepstream bench --client http --workload W1 --json
+  stepstream bench --client kafka --workers 2 --workload W1
+  stepstream bench --workload timers --pending 100000 --rate 2000
+
+Every workload's JSON has cpu_s: the CPU seconds each process (client, engine or
+worker<i>, broker) used on it, follow-up measurements included.
+
+The bench and the servers it starts run on uvloop unless STEPSTREAM_EVENT_LOOP=asyncio
+(the standard library's loop, to compare); the JSON says which ("event_loop").
+"""
+
+
+def _bench(args: argparse.Namespace) -> int:
+    # Imported here: the benchmark registers its own workflows, which no other command needs.
+    from stepstream.ops import bench
+
+    tune_for_serving()
+    return bench.main(args)
+
+
+COMMANDS = (
+    Command(
+        "bench",
+        "measure throughput and latency (see docs)",
+        _bench,
+        shared=(JSON,),
+        description=_BENCH_DESCRIPTION,
+        verbatim=True,
+        args=(
+            arg(
+                "--client",
+                choices=("inprocess", "http", "kafka"),
+                help="the client path to measure (default: inprocess, or kafka with "
+                "--backend kafka)",
+            ),
+            arg(
+                "--backend",
+                choices=("embedded", "kafka"),
+                help="embedded (clients inprocess, http) or kafka (client kafka); implied by "
+                "--client",
+            ),
+            arg(
+                "--bootstrap",
+                metavar="H:P",
+                help="Kafka bootstrap servers (default: start the test broker)",
+            ),
+            arg(
+                "--workload",
+                choices=("W1", "W2", "W3", "timers", "buffer", "fanout", "loop"),
+                help="run only this one",
+            ),
+            arg("--n", type=int, metavar="N", help="instances per workload"),
+            arg("--data", metavar="DIR", help="where the engines keep their state (default: temp)"),
+            arg(
+                "--sync-steps",
+                action="store_true",
+                help="W1 with sync step functions (thread pool)",
+            ),
+            arg(
+                "--input-bytes",
+                type=int,
+                metavar="B",
+                help="a string of B bytes in each W1 instance's input and each buffer event (0)",
+            ),
+            arg("--partitions", type=int, metavar="N", help="partitions of the Kafka topics (4)"),
+            arg(
+                "--workers",
+                type=int,
+                metavar="K",
+                help="engine processes sharing the partitions: workers with --client kafka, "
+                "`stepstream dev --processes K` with --client http (1)",
+            ),
+            arg(
+                "--pending", type=int, metavar="N", help="timers pending at once, --workload timers"
+            ),
+            arg(
+                "--rate", type=float, metavar="R", help="timers fired per second, --workload timers"
+            ),
+            arg(
+                "--profile",
+                metavar="DIR",
+                help="sample every bench process with py-spy into DIR (collapsed stacks)",
+            ),
+        ),
+    ),
+)

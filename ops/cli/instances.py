@@ -1,0 +1,242 @@
+"""The commands on one instance of a running engine: ``start``, ``send``, ``cancel``,
+``pause``, ``resume`` (each returns once the command is durable), ``status`` and
+``result`` (which waits for the outcome). ``history`` and ``list`` are in ``history``
+and ``listing``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from stepstream.engine.errors import (
+    ResultTimeout,
+    StepstreamError,
+    WorkflowCancelled,
+    WorkflowFailed,
+)
+from stepstream.ops.cli import render
+from stepstream.ops.cli.options import CONNECT, JSON, json_flag, timeout_flag, with_client
+from stepstream.ops.cli.table import EXIT_OK, Command, UsageError, arg
+from stepstream.producers import http as _http
+from stepstream.producers.client import Client
+
+_ID = arg("id", metavar="ID", help="the instance's id")
+# Every command here talks to a running engine and can print JSON.
+_SHARED = (CONNECT, JSON)
+
+
+def _start(args: argparse.Namespace) -> int:
+    value = json_flag(args.input, "--input")
+    if args.id is not None and not args.id.strip():
+        raise UsageError("--id is empty; give an instance id, or leave --id out for a new uuid")
+    if args.version is not None and not args.version.strip():
+        raise UsageError("--version is empty; give a deployed version, or leave it out")
+    if args.timeout is not None and not args.wait:
+        raise UsageError("--timeout only applies with --wait")
+    timeout_flag(args.timeout)
+
+    async def command(client: Client) -> int:
+        instance_id = await client.start(
+            args.workflow, value, instance_id=args.id, version=args.version
+        )
+        if not args.wait:
+            render.output(args, {"instance_id": instance_id}, instance_id)
+            return EXIT_OK
+        result = await client.result(instance_id, timeout=args.timeout)
+        out = {"instance_id": instance_id, "status": "completed", "result": result}
+        render.output(
+            args, out, render.key_values([(k, render.compact(v)) for k, v in out.items()])
+        )
+        return EXIT_OK
+
+    return with_client(args, command)
+
+
+def _send(args: argparse.Namespace) -> int:
+    value = json_flag(args.payload, "--payload")
+
+    async def command(client: Client) -> int:
+        await client.send_event(args.id, args.event, value, event_id=args.event_id)
+        done = {"instance_id": args.id, "command": "send", "event": args.event}
+        if args.event_id is not None:
+            done["event_id"] = args.event_id
+        render.output(args, done, f"sent {args.event} to {args.id}")
+        return EXIT_OK
+
+    return with_client(args, command)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    async def command(client: Client) -> int:
+        await client.cancel(args.id, reason=args.reason)
+        done = {"instance_id": args.id, "command": "cancel", "reason": args.reason}
+        render.output(args, done, f"cancelled {args.id}")
+        return EXIT_OK
+
+    return with_client(args, command)
+
+
+def _control(action: str, past: str) -> Any:
+    """``pause`` or ``resume``: the command, said in the past tense once durable."""
+
+    def handler(args: argparse.Namespace) -> int:
+        async def command(client: Client) -> int:
+            await getattr(client, action)(args.id)
+            render.output(args, {"instance_id": args.id, "command": action}, f"{past} {args.id}")
+            return EXIT_OK
+
+        return with_client(args, command)
+
+    return handler
+
+
+def _status(args: argparse.Namespace) -> int:
+    async def command(client: Client) -> int:
+        status = await client.status(args.id)
+        render.output(args, status.to_json(), render.describe_status(status))
+        return EXIT_OK
+
+    return with_client(args, command)
+
+
+def _result(args: argparse.Namespace) -> int:
+    timeout_flag(args.timeout)
+
+    async def command(client: Client) -> int:
+        try:
+            value = await client.result(args.id, timeout=args.timeout)
+        except (WorkflowFailed, WorkflowCancelled) as exc:
+            status = "failed" if isinstance(exc, WorkflowFailed) else "cancelled"
+            _say_json(args, status, exc)
+            raise
+        except ResultTimeout as exc:
+            # The status it is in now says why it has not finished (paused, waiting...).
+            status = (await client.status(args.id)).status
+            timeout = ResultTimeout(f"{exc} (status now: {status})")
+            _say_json(args, status, timeout)
+            raise timeout from None
+        if args.json:
+            render.print_json({"instance_id": args.id, "status": "completed", "result": value})
+        else:
+            print(render.compact(value))
+        return EXIT_OK
+
+    return with_client(args, command)
+
+
+def _say_json(args: argparse.Namespace, status: str, error: StepstreamError) -> None:
+    """With ``--json``, how it ended on stdout too (the message also goes to stderr)."""
+    if args.json:
+        render.print_json({"instance_id": args.id, "status": status, **_http.error_to_wire(error)})
+
+
+_START_HELP = (
+    "start an instance; returns once the command is durable (with kafka:// no worker needs "
+    "to be running: the workflow name is checked against the workflows workers registered, "
+    "and it runs when a worker owns its partition). Prints the instance id"
+)
+
+COMMANDS = (
+    Command(
+        "start",
+        _START_HELP,
+        _start,
+        shared=_SHARED,
+        epilog='example: stepstream start order --input \'{"card": "x"}\' --id o-1 --wait',
+        args=(
+            arg("workflow", help="the workflow's name"),
+            arg("--input", metavar="JSON", help="the workflow's input (default: null)"),
+            arg(
+                "--id",
+                metavar="ID",
+                help="instance id (default: a new uuid); starting an existing id does nothing",
+            ),
+            arg(
+                "--version",
+                metavar="V",
+                help="run this version of the workflow, one the engine still has (default: "
+                "the latest: the highest when versions are whole numbers, else the last "
+                "declared)",
+            ),
+            arg("--wait", action="store_true", help="wait for the result and print it"),
+            arg(
+                "--timeout",
+                type=float,
+                metavar="S",
+                help="with --wait, give up after S seconds (exit 3; default: no limit)",
+            ),
+        ),
+    ),
+    Command(
+        "send",
+        "send an event to an instance; returns once the command is durable (kafka://: "
+        "without waiting for a worker); buffered if nothing waits for it yet",
+        _send,
+        shared=_SHARED,
+        epilog='example: stepstream send o-1 approval --payload \'{"by": "ada"}\'',
+        args=(
+            _ID,
+            arg(
+                "event", metavar="EVENT", help="the event's name (what ctx.wait_for_event waits on)"
+            ),
+            arg("--payload", metavar="JSON", help="the event's payload (default: null)"),
+            arg(
+                "--event-id",
+                metavar="ID",
+                help="an id of your choosing: sending again with the same id applies the event "
+                "once (for retries); no ':' in it",
+            ),
+        ),
+    ),
+    Command(
+        "cancel",
+        "cancel an instance: what it runs and waits for is abandoned, and result() raises "
+        "WorkflowCancelled",
+        _cancel,
+        shared=_SHARED,
+        epilog="example: stepstream cancel o-1 --reason 'ordered twice'",
+        args=(_ID, arg("--reason", default="", help="recorded with the cancellation")),
+    ),
+    Command(
+        "pause",
+        "pause an instance: it takes no further steps until resumed",
+        _control("pause", "paused"),
+        shared=_SHARED,
+        epilog="example: stepstream pause o-1",
+        args=(_ID,),
+    ),
+    Command(
+        "resume",
+        "resume a paused instance",
+        _control("resume", "resumed"),
+        shared=_SHARED,
+        epilog="example: stepstream resume o-1",
+        args=(_ID,),
+    ),
+    Command(
+        "status",
+        "show an instance's status and what it waits for",
+        _status,
+        shared=_SHARED,
+        epilog="example: stepstream status o-1 --json",
+        args=(_ID,),
+    ),
+    Command(
+        "result",
+        "wait for an instance to finish and print its result: exit 0 with the value, 1 if "
+        "it failed or was cancelled (with the error's type and message), 3 if --timeout "
+        "passed first (it is still running)",
+        _result,
+        shared=_SHARED,
+        epilog="example: stepstream result o-1 --timeout 30",
+        args=(
+            _ID,
+            arg(
+                "--timeout",
+                type=float,
+                metavar="S",
+                help="give up after S seconds (default: no limit)",
+            ),
+        ),
+    ),
+)

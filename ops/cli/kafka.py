@@ -1,0 +1,150 @@
+"""The Kafka side of the command line: ``stepstream broker`` (a local broker) and
+``stepstream topics create|check`` (the topics of a prefix and their settings)."""
+
+from __future__ import annotations
+
+import argparse
+
+from stepstream.ops.cli import render
+from stepstream.ops.cli.options import JSON, KAFKA, kafka_settings
+from stepstream.ops.cli.table import EXIT_ERROR, EXIT_OK, Command, UsageError, arg
+
+
+def _topics_create(args: argparse.Namespace) -> int:
+    from stepstream.consumers.kafka import create_topics
+
+    settings = kafka_settings(args)
+    states = create_topics(
+        settings, args.partitions, replication=args.replication, min_insync=args.min_insync
+    )
+    rows = [{"topic": t.name, "partitions": t.partitions, "created": t.created} for t in states]
+    human = "\n".join(
+        f"{'created' if t.created else 'exists '} {t.name} ({t.partitions} "
+        f"partition{'' if t.partitions == 1 else 's'})"
+        for t in states
+    )
+    render.output(args, rows, human)
+    return EXIT_OK
+
+
+def _topics_check(args: argparse.Namespace) -> int:
+    from stepstream.consumers.kafka.topic_rules import check_topics
+
+    settings = kafka_settings(args)
+    findings = check_topics(settings)
+    human = "\n".join(f"{f.topic}: {f.problem}\n  fix: {f.fix}" for f in findings) or (
+        f"the topics of prefix {settings.prefix} keep every guarantee"
+    )
+    render.output(args, [f.as_dict() for f in findings], human)
+    return EXIT_ERROR if findings else EXIT_OK
+
+
+def _broker(args: argparse.Namespace) -> int:
+    from stepstream.ops.brokers.foreground import BrokerOptions, run
+
+    if not args.apache and (args.nodes != 1 or args.prepare):
+        raise UsageError(
+            "--nodes and --prepare need --apache (the development broker has "
+            "one node and downloads nothing)"
+        )
+    options = BrokerOptions(args.apache, args.nodes, args.port, args.data, args.prepare, args.json)
+    return run(options)
+
+
+TOPIC_ACTIONS = (
+    Command(
+        "create",
+        "create the topics of a prefix (idempotent); says what exists",
+        _topics_create,
+        shared=(KAFKA, JSON),
+        description="create the topics of a prefix (idempotent; run it again after an "
+        "upgrade that adds topics, such as <prefix>.definitions); says what exists",
+        epilog="example: stepstream topics create --bootstrap kafka:9092 --partitions 12 "
+        "--replication 3",
+        args=(
+            arg(
+                "--partitions",
+                type=int,
+                required=True,
+                metavar="N",
+                help="partitions of each topic; every topic of a prefix has as many, and "
+                "workers refuse topics whose counts differ. Instances are spread over them: "
+                "more partitions, more workers can share the load",
+            ),
+            arg(
+                "--replication-factor",
+                "--replication",
+                dest="replication",
+                type=int,
+                default=1,
+                metavar="R",
+                help="copies of each partition, on R brokers; 3 in production (%(default)s)",
+            ),
+            arg(
+                "--min-insync",
+                type=int,
+                metavar="M",
+                help="min.insync.replicas of each topic: replicas that must have a write "
+                "before it is acknowledged (default: 2 with 3 or more replicas, else 1)",
+            ),
+        ),
+    ),
+    Command(
+        "check",
+        "list every topic of a prefix whose settings break a guarantee; exit 1 if any",
+        _topics_check,
+        shared=(KAFKA, JSON),
+        description="list every topic of a prefix whose settings break a guarantee (missing "
+        "topics, partition counts that differ, records deleted by age or compaction where "
+        "every record must stay, replication factor 1, min.insync.replicas below 2 with 3 "
+        "replicas...), each with what to run to fix it; exit status 1 if any, 0 if none",
+        epilog="example: stepstream topics check --bootstrap kafka:9092 --prefix stepstream",
+    ),
+)
+
+BROKER = Command(
+    "broker",
+    "run a local Kafka broker in the foreground until Ctrl-C or SIGTERM",
+    _broker,
+    shared=(JSON,),
+    description="run a local Kafka broker in the foreground until Ctrl-C or SIGTERM; prints "
+    "its bootstrap servers on stdout once every node serves (see docs/brokers.md)",
+    epilog="examples: stepstream broker --apache --data ./kafka-data; "
+    "stepstream broker --apache --nodes 3 --port 19092",
+    args=(
+        arg(
+            "--apache",
+            action="store_true",
+            help="Apache Kafka (KRaft, from its Maven Central jars; needs Java 17+, and mvn "
+            "the first time) instead of the development broker (Tansu: one node, records in "
+            "memory only)",
+        ),
+        arg(
+            "--nodes",
+            type=int,
+            default=1,
+            metavar="N",
+            help="with --apache: a cluster of N nodes, each broker and controller, on client "
+            "ports PORT..PORT+N-1 and controller ports PORT+N..PORT+2N-1 (%(default)s)",
+        ),
+        arg("--port", type=int, default=9092, help="the (first) client port (%(default)s)"),
+        arg(
+            "--data",
+            metavar="DIR",
+            help="keep the broker's files in DIR (default: a temporary directory, removed on "
+            "stop). Apache Kafka keeps its topics and records there across starts; the "
+            "development broker only its log",
+        ),
+        arg(
+            "--prepare",
+            action="store_true",
+            help="with --apache: only check Java and fetch the jars into the cache "
+            "($STEPSTREAM_KAFKA_JARS, default ~/.cache/stepstream/kafka-VERSION), then exit",
+        ),
+    ),
+)
+
+COMMANDS = (
+    BROKER,
+    Command("topics", "manage the Kafka topics of a prefix", subcommands=TOPIC_ACTIONS),
+)

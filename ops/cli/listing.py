@@ -1,0 +1,182 @@
+"""``stepstream list``: instances, filtered, newest first (or oldest first, or in id
+order), a page at a time with the cursor of the next.
+
+The engine pages instances in id order (``engine.reads.listing``: each partition reads its
+state from the cursor on). Created-time order has no index there, so ``--order newest``
+and ``oldest`` read the summaries of every instance of the filters (one listing, as
+``stepstream list`` always did) and sort them here; their cursor is the created time
+and id of the last row shown, so a page does not shift when instances start meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from stepstream.engine.reads.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from stepstream.engine.reads.views import InstanceStatus
+from stepstream.engine.replay.state import Status
+from stepstream.ops.cli import render
+from stepstream.ops.cli.options import CONNECT, JSON, with_client
+from stepstream.ops.cli.table import EXIT_OK, Command, UsageError, arg
+from stepstream.producers.client import Client
+
+ORDERS = ("newest", "oldest", "id")
+
+
+def _list(args: argparse.Namespace) -> int:
+    limit = DEFAULT_PAGE_SIZE if args.limit is None else args.limit
+    if limit < 0:
+        raise UsageError(f"--limit must be 0 (all) or more, got {limit}")
+    order = args.order or "newest"
+    after = _created_cursor(args.after) if args.after and order != "id" else None
+    # A command line that asks for a page gets the page's cursor with it; the plain
+    # `stepstream list --json` keeps printing an array, as it always did.
+    paged = any(
+        given is not None and given != ""
+        for given in (args.limit, args.after, args.workflow, args.prefix, args.order)
+    )
+
+    async def command(client: Client) -> int:
+        if order == "id":
+            instances, cursor = await _by_id(client, args, limit)
+        else:
+            instances, cursor = await _by_created(client, args, order, after, limit)
+        text = render.instance_table(instances)
+        if cursor is not None:
+            text += (
+                f"\nmore instances than the {len(instances)} shown (--limit 0 lists them all); "
+                f"next page: --after {shlex.quote(cursor)}"
+            )
+        rows: Any = [i.to_json() for i in instances]
+        if paged:
+            rows = {"instances": rows, "next": cursor, "order": order}
+        elif args.json and cursor is not None:
+            print(
+                f"stepstream list: {len(instances)} instances shown, more exist; "
+                f"next page: --after {shlex.quote(cursor)} (or --limit 0 for all)",
+                file=sys.stderr,
+            )
+        render.output(args, rows, text)
+        return EXIT_OK
+
+    return with_client(args, command)
+
+
+async def _by_id(
+    client: Client, args: argparse.Namespace, limit: int
+) -> tuple[list[InstanceStatus], str | None]:
+    """Up to ``limit`` instances (0: all) in id order from the cursor on, a page of the
+    engine at a time, and the cursor after them (None: there are no more)."""
+    found: list[InstanceStatus] = []
+    cursor = args.after or None
+    while True:
+        want = MAX_PAGE_SIZE if limit == 0 else min(MAX_PAGE_SIZE, limit - len(found))
+        page = await client.list_page(
+            status=args.status,
+            workflow=args.workflow,
+            prefix=args.prefix or "",
+            after=cursor,
+            limit=want,
+        )
+        found += [i for i in page.instances if i.diverged or not args.diverged]
+        cursor = page.next
+        # A partition may answer a short page (it reads a bounded number of keys per
+        # call); its cursor says where to go on.
+        if cursor is None or (limit and len(found) >= limit):
+            return found, cursor
+
+
+async def _by_created(
+    client: Client,
+    args: argparse.Namespace,
+    order: str,
+    after: tuple[str, str] | None,
+    limit: int,
+) -> tuple[list[InstanceStatus], str | None]:
+    """Up to ``limit`` instances (0: all) by created time, after the cursor, and the
+    cursor of the next page (None: there are no more)."""
+    everything = await client.list(status=args.status)
+    chosen = [
+        i
+        for i in everything
+        if (args.workflow is None or i.workflow == args.workflow)
+        and i.instance_id.startswith(args.prefix or "")
+        and (i.diverged or not args.diverged)
+    ]
+    newest = order == "newest"
+    chosen.sort(key=_created_key, reverse=newest)
+    if after is not None:
+        chosen = [
+            i for i in chosen if (_created_key(i) < after if newest else _created_key(i) > after)
+        ]
+    if limit == 0 or len(chosen) <= limit:
+        return chosen, None
+    shown = chosen[:limit]
+    last = shown[-1]
+    return shown, f"{last.created_at}/{last.instance_id}"
+
+
+def _created_key(instance: InstanceStatus) -> tuple[str, str]:
+    return (instance.created_at, instance.instance_id)
+
+
+def _created_cursor(text: str) -> tuple[str, str]:
+    """The created time and id a ``--order newest|oldest`` page printed as its cursor."""
+    created, slash, instance_id = text.partition("/")
+    if not slash or not instance_id or not created[:4].isdigit():
+        raise UsageError(
+            f"--after {text!r} is not a cursor of --order newest/oldest (CREATED/ID); pass "
+            "the one the previous page printed, or add --order id for an instance id"
+        )
+    return created, instance_id
+
+
+_STATUSES: Sequence[str] = [s.value for s in Status]
+
+COMMANDS = (
+    Command(
+        "list",
+        f"list instances, newest first, {DEFAULT_PAGE_SIZE} at a time; says when there "
+        "are more and how to get the next page",
+        _list,
+        shared=(CONNECT, JSON),
+        epilog="examples: stepstream list; stepstream list --status failed --limit 0; "
+        "stepstream list --order oldest --after CURSOR. With --json it prints an array of "
+        "instances; once any of --limit, --after, --order, --workflow, --prefix is given, "
+        'an object {"instances": [...], "next": CURSOR or null, "order": ...}',
+        args=(
+            arg("--status", choices=_STATUSES, help="only instances in this status"),
+            arg("--workflow", metavar="NAME", help="only instances of this workflow"),
+            arg("--prefix", metavar="TEXT", help="only instances whose id starts so"),
+            arg(
+                "--limit",
+                type=int,
+                metavar="N",
+                help=f"at most N instances (default {DEFAULT_PAGE_SIZE}; 0 for all)",
+            ),
+            arg(
+                "--order",
+                choices=ORDERS,
+                help="newest first by created time (the default), oldest first, or in id "
+                "order (the engine's own: it pages without reading every instance, fastest "
+                "for very many)",
+            ),
+            arg(
+                "--after",
+                metavar="CURSOR",
+                help="the page after this cursor, as the previous page printed it (an "
+                "instance id with --order id)",
+            ),
+            arg(
+                "--diverged",
+                action="store_true",
+                help="only instances parked because their history no longer matches the "
+                "deployed code (they stay running; deploy matching code and they go on)",
+            ),
+        ),
+    ),
+)

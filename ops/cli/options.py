@@ -1,0 +1,196 @@
+"""The options several commands share, and how the commands read them: logging, the
+engine to talk to (``--connect``), the API a server offers, Kafka's settings, JSON
+flags and the working directory on the import path."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from stepstream.engine.errors import InvalidPayload
+from stepstream.engine.wire.codec import parse_json_text
+from stepstream.ops import event_loop, logs
+from stepstream.ops.api_security import ApiSecurity, InsecureBind
+from stepstream.ops.cli.table import UsageError, arg
+from stepstream.producers.client import DEFAULT_CONNECT, Client
+
+# Transports that live outside producers.http and are imported only when asked for:
+# the embedded one opens RocksDB, which a client talking HTTP never needs.
+_TRANSPORT_MODULES = {"embedded": "stepstream.ops.embedded", "kafka": "stepstream.producers.kafka"}
+
+LOGGING = (
+    arg(
+        "--log-level",
+        help="DEBUG, INFO, WARNING or ERROR (default: $STEPSTREAM_LOG_LEVEL, "
+        "else INFO for dev and worker, WARNING otherwise)",
+    ),
+    arg(
+        "--log-format",
+        choices=logs.FORMATS,
+        help="text (key=value) or json: one object per line with instance_id, workflow, "
+        "step, attempt, partition and trace_id as fields when a line concerns them "
+        "(default: $STEPSTREAM_LOG_FORMAT, else text)",
+    ),
+)
+
+JSON = (arg("--json", action="store_true", help="print JSON only (machine-readable)"),)
+
+
+CONNECT = (
+    arg(
+        "--connect",
+        metavar="URL",
+        help="engine to talk to: http://HOST:PORT, https://HOST:PORT, embedded:PATH or "
+        f"kafka://HOST:PORT (default: $STEPSTREAM_CONNECT, else {DEFAULT_CONNECT})",
+    ),
+    arg(
+        "--token",
+        metavar="TOKEN",
+        help="the API's bearer token, for servers started with one "
+        "(default: $STEPSTREAM_API_TOKEN)",
+    ),
+    arg(
+        "--tls-ca",
+        metavar="FILE",
+        help="a CA certificate (PEM) to trust for https:// besides the system's "
+        "(default: $STEPSTREAM_TLS_CA)",
+    ),
+)
+
+SERVING = (
+    arg(
+        "--api-token",
+        "--token",
+        dest="api_token",
+        metavar="TOKEN",
+        help="bearer token every API request must carry (default: $STEPSTREAM_API_TOKEN; "
+        "prefer the variable: flags show in ps). Required to serve beyond loopback",
+    ),
+    arg(
+        "--insecure",
+        action="store_true",
+        help="serve beyond loopback without a token (a trusted network only; also "
+        "STEPSTREAM_INSECURE=1)",
+    ),
+    arg(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name clients reach the API by, besides loopback, IP addresses, --host "
+        "and the advertised URL (repeatable; also $STEPSTREAM_ALLOWED_HOSTS, comma-separated; "
+        "* for any). Requests for other names are refused (DNS rebinding)",
+    ),
+    arg(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve https with this certificate chain, PEM (default: $STEPSTREAM_TLS_CERT)",
+    ),
+    arg(
+        "--tls-key",
+        metavar="FILE",
+        help="the certificate's private key, PEM (default: $STEPSTREAM_TLS_KEY)",
+    ),
+)
+
+KAFKA = (
+    arg(
+        "--bootstrap",
+        metavar="H:P",
+        help="Kafka bootstrap servers (default: $STEPSTREAM_KAFKA_BOOTSTRAP_SERVERS)",
+    ),
+    arg("--prefix", help="topic prefix (default: $STEPSTREAM_PREFIX or stepstream)"),
+    arg(
+        "--kafka-config",
+        metavar="FILE",
+        help="client properties, key=value lines with librdkafka names "
+        "(default: $STEPSTREAM_KAFKA_CONFIG)",
+    ),
+    arg(
+        "--kafka-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a client property, e.g. security.protocol=SASL_SSL (repeatable; also "
+        "STEPSTREAM_KAFKA_<NAME> variables, e.g. STEPSTREAM_KAFKA_SASL_MECHANISM)",
+    ),
+)
+
+
+def with_client(args: argparse.Namespace, command: Callable[[Client], Awaitable[int]]) -> int:
+    """Runs ``command`` with a client of ``--connect`` on the servers' event loop."""
+    url = connect_url(args)
+    scheme = url.split(":", 1)[0]
+    module = _TRANSPORT_MODULES.get(scheme)
+    if module is not None:
+        importlib.import_module(module)
+    options: dict[str, Any] = {}
+    if scheme in ("http", "https", "kafka"):
+        # Without the flags the transports read STEPSTREAM_API_TOKEN / STEPSTREAM_TLS_CA.
+        options = {"token": args.token, "tls_ca": args.tls_ca}
+
+    async def go() -> int:
+        async with Client.connect(url, **options) as client:
+            return await command(client)
+
+    return event_loop.run(go())
+
+
+def connect_url(args: argparse.Namespace) -> str:
+    """``--connect``, else STEPSTREAM_CONNECT, else the local ``stepstream dev``."""
+    return str(args.connect or os.environ.get("STEPSTREAM_CONNECT") or DEFAULT_CONNECT)
+
+
+def kafka_settings(args: argparse.Namespace) -> Any:
+    from stepstream.engine.config.kafka import KafkaSettings
+
+    return KafkaSettings.load(
+        args.bootstrap, args.prefix, config_file=args.kafka_config, options=args.kafka_opt
+    )
+
+
+def api_security(args: argparse.Namespace) -> ApiSecurity:
+    """The API's access settings from the server flags and STEPSTREAM_* variables;
+    refused (exit 2) when they would open the API to anyone."""
+    security = ApiSecurity.from_env(
+        token=args.api_token,
+        insecure=True if args.insecure else None,
+        allowed_hosts=args.allowed_host,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+    )
+    try:
+        security.check_bind(args.host)
+    except InsecureBind as exc:
+        raise UsageError(str(exc)) from None
+    return security
+
+
+def json_flag(text: str | None, flag: str) -> Any:
+    """The JSON value of ``flag`` (None if not given); a usage error saying how to quote."""
+    if text is None:
+        return None
+    try:
+        return parse_json_text(text, what=flag)
+    except InvalidPayload as exc:
+        raise UsageError(
+            f'{exc}; pass JSON quoted for the shell, e.g. {flag} \'{{"key": "value"}}\''
+        ) from None
+
+
+def timeout_flag(value: float | None, flag: str = "--timeout") -> float | None:
+    if value is not None and value <= 0:
+        raise UsageError(f"{flag} must be a positive number of seconds, got {value:g}")
+    return value
+
+
+def put_cwd_on_path() -> None:
+    # `stepstream run mymod:fn` from a project directory must find mymod, as `python -m`
+    # would; a console script does not put the working directory on sys.path by itself.
+    cwd = os.getcwd()
+    if "" not in sys.path and cwd not in sys.path:
+        sys.path.insert(0, cwd)

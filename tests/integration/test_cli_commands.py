@@ -1,0 +1,256 @@
+"""The CLI as a user runs it, against a `stepstream dev` subprocess: `--version`, `--json`
+on the commands that change an instance, `result` (value, failure, timeout), `list`
+(default limit, cursors, order) and `history --follow`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import stepstream
+from stepstream.producers.client import Client
+from tests.dev_server import REPO, DevServer, clean_env, run_cli, start_dev
+
+WORKFLOWS = "from tests.workflows import *  # noqa: F403\n"
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevServer]:
+    server = start_dev(tmp_path_factory.mktemp("cli"), "cli_flows", WORKFLOWS)
+    yield server
+    server.stop()
+
+
+def ok(dev: DevServer, *args: str) -> str:
+    done = dev.cli(*args)
+    assert done.returncode == 0, f"stepstream {' '.join(args)}: {done.stderr}\n{done.stdout}"
+    assert done.stderr == "", done.stderr
+    return done.stdout
+
+
+def as_json(dev: DevServer, *args: str) -> Any:
+    return json.loads(ok(dev, *args, "--json"))
+
+
+def _history_types(dev: DevServer, instance_id: str) -> list[str]:
+    return [h["type"] for h in as_json(dev, "history", instance_id)]
+
+
+def _until(predicate: Any, what: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+# ---- --version ------------------------------------------------------------------------
+
+
+def test_version_is_pyprojects(tmp_path: Path) -> None:
+    with open(Path(REPO) / "pyproject.toml", "rb") as f:
+        expected = tomllib.load(f)["project"]["version"]
+    assert stepstream.__version__ == expected
+    done = run_cli(tmp_path, "--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"stepstream {expected}"
+
+
+# ---- --json on the commands that change an instance -------------------------------------
+
+
+def test_send_cancel_pause_resume_print_json(dev: DevServer) -> None:
+    ok(dev, "start", "waiter", "--id", "j-1")
+    sent = as_json(dev, "send", "j-1", "approval", "--payload", '{"by": "ada"}', "--event-id", "e1")
+    assert sent == {"instance_id": "j-1", "command": "send", "event": "approval", "event_id": "e1"}
+    assert json.loads(ok(dev, "result", "j-1", "--timeout", "20")) == {"by": "ada"}
+
+    ok(dev, "start", "waiter", "--id", "j-2")
+    _until(lambda: "WaitStarted" in _history_types(dev, "j-2"), "j-2 to wait")
+    assert as_json(dev, "pause", "j-2") == {"instance_id": "j-2", "command": "pause"}
+    assert as_json(dev, "status", "j-2")["status"] == "paused"
+    assert as_json(dev, "resume", "j-2") == {"instance_id": "j-2", "command": "resume"}
+    assert as_json(dev, "status", "j-2")["status"] == "running"
+    cancelled = as_json(dev, "cancel", "j-2", "--reason", "not needed")
+    assert cancelled == {"instance_id": "j-2", "command": "cancel", "reason": "not needed"}
+    # Without --json the text is what it always was.
+    ok(dev, "start", "waiter", "--id", "j-3")
+    assert ok(dev, "pause", "j-3").strip() == "paused j-3"
+
+
+# ---- result ---------------------------------------------------------------------------
+
+
+def test_result_prints_the_value_the_failure_or_the_timeout(dev: DevServer) -> None:
+    ok(dev, "start", "arith", "--input", "2", "--id", "r-ok")
+    assert json.loads(ok(dev, "result", "r-ok")) == {"total": 3, "doubled": 6}
+    assert as_json(dev, "result", "r-ok") == {
+        "instance_id": "r-ok",
+        "status": "completed",
+        "result": {"total": 3, "doubled": 6},
+    }
+
+    ok(dev, "start", "fatal", "--id", "r-failed")
+    failed = dev.cli("result", "r-failed")
+    assert failed.returncode == 1, failed
+    assert failed.stdout == ""
+    assert failed.stderr.startswith("error: instance r-failed failed: "), failed.stderr
+    assert "card declined" in failed.stderr and "Traceback" not in failed.stderr
+    failed = dev.cli("result", "r-failed", "--json")
+    assert failed.returncode == 1, failed
+    said = json.loads(failed.stdout)
+    assert said["status"] == "failed" and said["error"]["type"] == "WorkflowFailed"
+    assert said["error"]["error_type"] and "card declined" in said["error"]["message"]
+
+    ok(dev, "start", "waiter", "--id", "r-waits")
+    began = time.monotonic()
+    waited = dev.cli("result", "r-waits", "--timeout", "0.5")
+    assert waited.returncode == 3, waited
+    assert time.monotonic() - began < 15
+    assert "did not finish within" in waited.stderr and "status now: running" in waited.stderr
+    waited = dev.cli("result", "r-waits", "--timeout", "0.5", "--json")
+    assert waited.returncode == 3, waited
+    assert json.loads(waited.stdout)["error"]["type"] == "ResultTimeout"
+
+    wrong = dev.cli("result", "r-waits", "--timeout", "0")
+    assert wrong.returncode == 2, wrong
+    assert "--timeout must be a positive number" in wrong.stderr
+    assert "stepstream result --help" in wrong.stderr
+    unknown = dev.cli("result", "r-nobody")
+    assert unknown.returncode == 1 and "r-nobody" in unknown.stderr, unknown
+
+
+# ---- list ----------------------------------------------------------------------------
+
+
+async def _start_many(url: str, ids: list[str]) -> None:
+    async with Client.connect(url) as client:
+        for instance_id in ids:  # one at a time: their created times are in this order
+            await client.start("waiter", None, instance_id=instance_id)
+
+
+def test_list_newest_first_paged_with_a_cursor(dev: DevServer) -> None:
+    ids = [f"l-{n:02d}" for n in range(53)]
+    asyncio.run(_start_many(dev.url, ids))
+    newest_first = list(reversed(ids))
+
+    # The default: the newest 50, and a last line saying how to get the rest.
+    text = ok(dev, "list", "--prefix", "l-").splitlines()
+    assert text[0].split()[:4] == ["INSTANCE", "WORKFLOW", "VERSION", "STATUS"]
+    assert [line.split()[0] for line in text[1:51]] == newest_first[:50]
+    assert text[51].startswith("more instances than the 50 shown (--limit 0 lists them all)")
+    cursor = text[51].rsplit("next page: --after ", 1)[1]
+    rest = as_json(dev, "list", "--prefix", "l-", "--after", cursor)
+    assert [i["instance_id"] for i in rest["instances"]] == newest_first[50:]
+    assert rest["next"] is None and rest["order"] == "newest"
+
+    # Page by page with --json: every instance once, in order.
+    seen: list[str] = []
+    after: list[str] = []
+    for _ in range(20):
+        page = as_json(dev, "list", "--prefix", "l-", "--limit", "20", *after)
+        seen += [i["instance_id"] for i in page["instances"]]
+        if page["next"] is None:
+            break
+        after = ["--after", page["next"]]
+    assert seen == newest_first
+
+    oldest = as_json(dev, "list", "--prefix", "l-", "--order", "oldest", "--limit", "3")
+    assert [i["instance_id"] for i in oldest["instances"]] == ids[:3]
+    by_id = as_json(dev, "list", "--prefix", "l-", "--order", "id", "--limit", "2")
+    assert [i["instance_id"] for i in by_id["instances"]] == sorted(ids)[:2]
+    assert by_id["next"] == sorted(ids)[1]
+    everything = as_json(dev, "list", "--prefix", "l-", "--limit", "0")
+    assert len(everything["instances"]) == 53 and everything["next"] is None
+
+    # The plain `list --json` is an array as it always was, cut at the default limit,
+    # and says on stderr that there is more.
+    plain = dev.cli("list", "--json")
+    assert plain.returncode == 0, plain.stderr
+    assert isinstance(json.loads(plain.stdout), list) and len(json.loads(plain.stdout)) == 50
+    assert "more exist; next page: --after " in plain.stderr
+
+    bad = dev.cli("list", "--after", "l-01")
+    assert bad.returncode == 2 and "is not a cursor of --order newest/oldest" in bad.stderr
+    assert "stepstream list --help" in bad.stderr
+
+
+# ---- history --follow ----------------------------------------------------------------
+
+
+def _follow(dev: DevServer, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "stepstream.ops.cli", "history", *args, "--follow"],
+        cwd=dev.root,
+        env=clean_env(dev.root, STEPSTREAM_CONNECT=dev.url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _lines(proc: subprocess.Popen[str]) -> tuple[queue.Queue[str], threading.Thread]:
+    """The lines the process prints, as they come, read by the thread (it ends with
+    the output)."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return lines, reader
+
+
+def test_history_follow_prints_new_records_until_the_end(dev: DevServer) -> None:
+    ok(dev, "start", "waiter", "--id", "f-1")
+    proc = _follow(dev, "f-1")
+    printed, reader = _lines(proc)
+    try:
+        lines = [printed.get(timeout=20)]
+        while "WaitStarted" not in lines[-1]:
+            lines.append(printed.get(timeout=20))
+        time.sleep(1.5)  # longer than it waits between reads: still there
+        assert proc.poll() is None, "it must keep following a running instance"
+        assert printed.empty(), "nothing new was appended"
+        ok(dev, "send", "f-1", "approval", "--payload", '"yes"')
+        code = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.stderr is not None
+    assert code == 0, proc.stderr.read()
+    reader.join(timeout=10)
+    while not printed.empty():
+        lines.append(printed.get())
+    types = [line.split()[2] for line in lines]
+    assert types[0] == "WorkflowStarted" and types[-1] == "WorkflowCompleted", lines
+    assert "WaitSatisfied" in types[types.index("WaitStarted") :], lines
+    seqs = [int(line.split()[0]) for line in lines]
+    assert seqs == sorted(set(seqs)), "each record once, in order"
+
+
+def test_history_follow_as_json_lines_and_of_a_finished_instance(dev: DevServer) -> None:
+    ok(dev, "start", "arith", "--input", "1", "--id", "f-2", "--wait")
+    proc = _follow(dev, "f-2", "--json")
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert records == as_json(dev, "history", "f-2")
+
+    refused = dev.cli("history", "f-2", "--follow", "--export", os.devnull)
+    assert refused.returncode == 2 and "stepstream history --help" in refused.stderr
