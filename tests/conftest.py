@@ -1,7 +1,8 @@
 """Shared fixtures: a client over each backend, with the test workflows registered.
 
-The Kafka backend runs against one real broker per session (Tansu, over TCP; if it cannot
-start, every Kafka test fails with the reason). Each Kafka test gets its own topic
+The Kafka backend runs against one real broker per session: Apache Kafka (one KRaft node
+from its Maven Central jars, over TCP; if it cannot start, every Kafka test fails with
+the reason). Each Kafka test gets its own topic
 prefix and its own worker, run in this process on a thread with its own event loop (so
 step bodies see the test's environment), reached through a ``kafka://`` client.
 """
@@ -23,11 +24,11 @@ from stepstream.engine.api.workflow import Registry
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
-from tests.kafka_broker import Broker, start_broker
+from tests.kafka_broker import Broker, start_test_kafka
 
 T = TypeVar("T")
 
-# Group joins take about half of session.timeout.ms on the test broker (2000 -> 1 s).
+# A worker that dies is noticed by the group coordinator after session.timeout.ms.
 KAFKA_TEST_OPTIONS = ("session.timeout.ms=2000", "heartbeat.interval.ms=300")
 KAFKA_TEST_PARTITIONS = 2
 
@@ -48,7 +49,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture(scope="session")
 def kafka_broker() -> Iterator[Broker]:
-    broker = start_broker()  # raises with the reason and the broker's log: never a skip
+    broker = start_test_kafka()  # raises with the reason and the broker's log: never a skip
     yield broker
     broker.stop()
 

@@ -45,7 +45,7 @@ from stepstream.producers.kafka import aiokafka_options
 from stepstream.producers.kafka.members import MembersView
 from tests.conftest import kafka_settings, kafka_url
 from tests.faults.test_kafka_failover import WorkerProcess, owned_by
-from tests.kafka_broker import Broker, start_broker
+from tests.kafka_broker import Broker, start_test_kafka
 
 PARTITIONS = 12
 PER_PARTITION = 2  # ticker instances on each partition
@@ -383,7 +383,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     args = parser.parse_args()
-    broker: Broker = start_broker()
+    broker: Broker = start_test_kafka()
     try:
         for run in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:
