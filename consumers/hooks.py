@@ -53,6 +53,7 @@ from stepstream.engine.errors import UnknownWorkflow
 from stepstream.engine.replay.effects import Output
 from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.engine.replay.state import InstanceState, Status
+from stepstream.engine.replay.state_json import state_from_storage
 from stepstream.engine.seams import CommitBatch, PartitionBackend, PartitionLost
 from stepstream.engine.wire.records import (
     HistoryRecord,
@@ -354,7 +355,7 @@ class HookRunner:
         meta = self._backend.store.get(keys.meta(record.instance_id))
         if meta is None:
             return None
-        return InstanceState.from_storage(record.instance_id, meta, []).status
+        return state_from_storage(record.instance_id, meta, []).status
 
     def _remember(self, instance_id: str, status: Status) -> None:
         self._status[instance_id] = status

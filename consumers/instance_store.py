@@ -11,13 +11,15 @@ import orjson
 from stepstream.consumers import state_keys as keys
 from stepstream.engine.reads.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
 from stepstream.engine.reads.views import InstanceStatus
-from stepstream.engine.replay.state import (
-    InstanceState,
+from stepstream.engine.replay.ids import is_client_command
+from stepstream.engine.replay.state import InstanceState
+from stepstream.engine.replay.state_json import (
     buffered_json,
     entry_json,
-    is_client_command,
+    meta_json,
     payload_bytes,
     payload_from_bytes,
+    state_from_storage,
 )
 from stepstream.engine.seams import CommitBatch, StateStore
 from stepstream.engine.wire.records import CommandIgnored, HistoryRecord, Payload
@@ -37,11 +39,11 @@ def load_state(
     if meta is None:
         return None
     if not entries:
-        return InstanceState.from_storage(instance_id, meta, [])
+        return state_from_storage(instance_id, meta, [])
     prefix = keys.entry_prefix(instance_id)
     found = [(k[len(prefix) :].decode(), v) for k, v in store.scan(prefix)]
     buffered = [v for _, v in store.scan(keys.buffered_prefix(instance_id))]
-    return InstanceState.from_storage(
+    return state_from_storage(
         instance_id, meta, found, store.get(keys.input_key(instance_id)), buffered
     )
 
@@ -59,7 +61,7 @@ def write_state(state: InstanceState, batch: CommitBatch) -> None:
     for seq in state.taken_buffered:  # after the puts: one taken in the same batch goes
         batch.delete(keys.buffered(instance_id, seq))
     state.taken_buffered.clear()
-    batch.put(keys.meta(instance_id), state.meta_json())
+    batch.put(keys.meta(instance_id), meta_json(state))
     for key in state.dirty_entries:
         batch.put(keys.entry(instance_id, key), entry_json(state.entries[key]))
     state.dirty_entries.clear()
@@ -168,7 +170,7 @@ class InstanceReads:
                 found.append(state)
         for key, meta in self._store.scan(keys.META):
             instance_id = keys.split_meta(key)
-            state = InstanceState.from_storage(instance_id, meta, [])
+            state = state_from_storage(instance_id, meta, [])
             if state.status.finished:
                 found.append(state)
         return found
@@ -193,7 +195,7 @@ class InstanceReads:
         for key, meta in self._store.scan(scope, start):
             looked += 1
             if all(mark in meta for mark in marks):
-                view = InstanceStatus.of(InstanceState.from_storage(keys.split_meta(key), meta, []))
+                view = InstanceStatus.of(state_from_storage(keys.split_meta(key), meta, []))
                 if query.matches(view):
                     found.append(view)
                     if len(found) >= query.limit:
@@ -239,7 +241,7 @@ class InstanceReads:
             status = _status_in(raw)
             finished[status] = finished.get(status, 0) + 1
             if status == "failed":
-                state = InstanceState.from_storage(instance_id, raw, [])
+                state = state_from_storage(instance_id, raw, [])
                 failures.append(InstanceStatus.of(state))
         return partial(), None
 

@@ -34,15 +34,10 @@ from stepstream.engine.errors import (
     UnknownWorkflow,
 )
 from stepstream.engine.replay.effects import Output, StepOutcome
+from stepstream.engine.replay.ids import child_event, is_client_command, parse_child_command
 from stepstream.engine.replay.runtime import InstanceRuntime
-from stepstream.engine.replay.state import (
-    EntryState,
-    InstanceState,
-    Status,
-    child_event,
-    is_client_command,
-    parse_child_command,
-)
+from stepstream.engine.replay.state import EntryState, InstanceState, Status
+from stepstream.engine.replay.state_json import state_from_storage
 from stepstream.engine.seams import (
     Append,
     Clock,
@@ -239,7 +234,7 @@ class PartitionProcessor:
         if store.get(keys.FINISHED_INDEXED) is not None:
             return
         for key, meta in store.scan(keys.META):
-            state = InstanceState.from_storage(keys.split_meta(key), meta, [])
+            state = state_from_storage(keys.split_meta(key), meta, [])
             if state.status.finished:
                 batch.put(keys.finished(state.finished_ms, state.instance_id), b"")
         batch.put(keys.FINISHED_INDEXED, b"")

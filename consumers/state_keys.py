@@ -1,9 +1,10 @@
 """Every reserved key of a partition's state store, in one place.
 
 Layout (all keys local to one partition; ``<id>`` is an instance id, escaped):
-  m\\0<id>                    instance meta (engine.replay.state JSON)
+  m\\0<id>                    instance meta (JSON, engine.replay.state_json)
   i\\0<id>\\0                  the instance's input, written once when it starts (a payload
-                              as ``engine.replay.state.payload_bytes``; older metas hold it inline)
+                              as ``engine.replay.state_json.payload_bytes``; older metas hold it
+                              inline)
   e\\0<id>\\0<key>              one entry per replay key
   b\\0<id>\\0<seq:8>            an event or message buffered until the code takes it (the
                               seq of its EventBuffered; older metas held them inline)

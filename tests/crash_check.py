@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from stepstream.engine.replay.state import is_client_command
+from stepstream.engine.replay.ids import is_client_command
 from stepstream.engine.wire.records import (
     CancelWorkflow,
     Command,

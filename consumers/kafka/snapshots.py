@@ -33,7 +33,7 @@ from stepstream.consumers.kafka.db import PartitionDB
 from stepstream.consumers.kafka.producer import LogProducer, OutRecord
 from stepstream.consumers.kafka.restore import Headers, HistoryReader
 from stepstream.engine.errors import UndecodableRecord
-from stepstream.engine.replay.state import InstanceState
+from stepstream.engine.replay.state_json import state_from_storage
 from stepstream.engine.seams import Clock
 from stepstream.engine.wire.records import Record, SnapshotTaken, StateChunk
 from stepstream.engine.wire.serde import RecordSerde
@@ -237,7 +237,7 @@ class _StateView:
                 yield active
             else:
                 instance_id = state_keys.split_meta(meta_key)
-                state = InstanceState.from_storage(instance_id, meta, [])
+                state = state_from_storage(instance_id, meta, [])
                 yield state_keys.finished(state.finished_ms, instance_id), b""
         for family in self._families:
             yield from family

@@ -16,14 +16,9 @@ from stepstream.engine.errors import (
 from stepstream.engine.replay.core import _child_result_key
 from stepstream.engine.replay.driving import DrivingMixin
 from stepstream.engine.replay.effects import FORGET_AT_LEAST, PATCH_PREFIX, Phase, StepIntent
+from stepstream.engine.replay.ids import child_event, loop_prefixes, reply_key
 from stepstream.engine.replay.loop import ROOT_TASK, WorkflowLoop
-from stepstream.engine.replay.state import (
-    EntryKind,
-    EntryState,
-    child_event,
-    loop_prefixes,
-    reply_key,
-)
+from stepstream.engine.replay.state import EntryKind, EntryState
 from stepstream.engine.wire.codec import (
     check_size,
     decode_safely,

@@ -22,12 +22,7 @@ from stepstream.engine.replay.effects import (
     StepIntent,
 )
 from stepstream.engine.replay.loop import WorkflowLoop
-from stepstream.engine.replay.state import (
-    Entry,
-    EntryKind,
-    EntryState,
-    InstanceState,
-)
+from stepstream.engine.replay.state import Entry, EntryKind, EntryState, InstanceState
 from stepstream.engine.seams import Clock
 from stepstream.engine.wire.codec import (
     DEFAULT_MAX_PAYLOAD_BYTES,

@@ -25,16 +25,11 @@ from stepstream.engine.replay.effects import (
     StepIntent,
     StepLaunch,
 )
+from stepstream.engine.replay.ids import loop_prefixes
+from stepstream.engine.replay.ids import timer_id as make_timer_id
 from stepstream.engine.replay.loop import WorkflowLoop
 from stepstream.engine.replay.outgoing import OutgoingMixin
-from stepstream.engine.replay.state import (
-    Entry,
-    EntryKind,
-    EntryState,
-    Status,
-    loop_prefixes,
-)
-from stepstream.engine.replay.state import timer_id as make_timer_id
+from stepstream.engine.replay.state import Entry, EntryKind, EntryState, Status
 from stepstream.engine.wire.codec import (
     check_size,
     clip_message,

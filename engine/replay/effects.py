@@ -10,9 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepstream.engine.api.retry import RetryPolicy
-from stepstream.engine.replay.state import (
-    EntryState,
-)
+from stepstream.engine.replay.state import EntryState
 from stepstream.engine.wire.records import (
     Command,
     HistoryRecord,

@@ -7,12 +7,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stepstream.engine.replay.effects import LOST_PURPOSE, StepOutcome
-from stepstream.engine.replay.state import (
-    EntryState,
-    Status,
-    parse_child_command,
-    split_timer_id,
-)
+from stepstream.engine.replay.ids import parse_child_command, split_timer_id
+from stepstream.engine.replay.state import EntryState, Status
 from stepstream.engine.wire.codec import (
     clip_message,
 )

@@ -9,14 +9,8 @@ from stepstream.engine.errors import (
     StepstreamError,
 )
 from stepstream.engine.replay.core import RuntimeCore, _child_result_key
-from stepstream.engine.replay.state import (
-    Entry,
-    EntryKind,
-    EntryState,
-    child_command,
-    child_event,
-    message_command,
-)
+from stepstream.engine.replay.ids import child_command, child_event, message_command
+from stepstream.engine.replay.state import Entry, EntryKind, EntryState
 from stepstream.engine.wire.codec import (
     decode_safely,
     encode_safely,

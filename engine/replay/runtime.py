@@ -27,9 +27,7 @@ from stepstream.engine.replay.effects import (
     StepOutcome,
 )
 from stepstream.engine.replay.inputs import HANDLERS
-from stepstream.engine.replay.state import (
-    EntryKind,
-)
+from stepstream.engine.replay.state import EntryKind
 from stepstream.engine.wire.records import (
     Command,
 )

@@ -1,26 +1,29 @@
-"""Instance state: the fold of an instance's history records, and how it is stored.
+"""Instance state: the fold of an instance's history records into ``InstanceState``.
 
 ``InstanceState.apply`` is the only way state changes, both on the hot path (records the
 runtime just decided) and on restore (records read back from the history topic), so a
-restored instance is exactly the instance that was lost. State is stored as one small
-meta value plus one value per entry (replay key), so a step rewrites O(1) bytes however
-long the workflow is.
+restored instance is exactly the instance that was lost. How the state is stored and read
+back is ``engine.replay.state_json``'s; the ids it derives (timers, child starts, message
+answers) are ``engine.replay.ids``'s.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar, cast
-
-import orjson
 
 from stepstream.engine.errors import StepstreamError
+from stepstream.engine.replay.ids import (
+    is_client_command,
+    loop_prefixes,
+    parse_child_command,
+    reply_key,
+    split_timer_id,
+    timer_id,
+)
 from stepstream.engine.wire.records import (
     ChildStarted,
     EventBuffered,
@@ -114,73 +117,6 @@ _OPEN_ENTRY_STATES = frozenset(
 )
 
 
-def reply_key(message_id: str) -> str:
-    """The replay key of the answer to a message (``msg.complete``)."""
-    return f"~reply/{message_id}"
-
-
-def message_command(sender_id: str, key: str) -> str:
-    """The command id of a message one instance sends another: applied once however
-    often it is published."""
-    return f"msg:{len(sender_id)}:{sender_id}/{key}"
-
-
-CHILD_COMMAND = "child:"
-
-
-def child_command(parent_id: str, key: str) -> str:
-    """The command id of a child's start: names its parent and its key there."""
-    return f"{CHILD_COMMAND}{len(parent_id)}:{parent_id}/{key}"
-
-
-def parse_child_command(command_id: str) -> tuple[str, str] | None:
-    """(parent id, key) from a child's start command id, or None for other commands."""
-    if not command_id.startswith(CHILD_COMMAND):
-        return None
-    size, sep, rest = command_id[len(CHILD_COMMAND) :].partition(":")
-    if not sep or not size.isdigit() or rest[int(size) : int(size) + 1] != "/":
-        return None
-    return rest[: int(size)], rest[int(size) + 1 :]
-
-
-def child_event(key: str) -> str:
-    """The event a child sends its parent when it finishes (``~`` is not for clients)."""
-    return f"~child/{key}"
-
-
-def loop_prefixes(key: str, iteration: int) -> tuple[str, str]:
-    """The key prefixes of one loop iteration: its scope, and the tasks it ran in (the
-    keys of values read there start with the task's name)."""
-    return f"{key}/{iteration}/", f"{key}/{iteration}."
-
-
-def timer_id(instance_id: str, purpose: str, key: str, n: int) -> str:
-    return f"{instance_id}/{purpose}/{n}/{key}"
-
-
-def split_timer_id(instance_id: str, fired: str) -> tuple[str, str] | None:
-    """(purpose, entry key) of one of the instance's timer ids; None for any other id.
-    Instance ids and keys may hold "/": the instance id is known, the key is the rest."""
-    prefix = f"{instance_id}/"
-    if not fired.startswith(prefix):
-        return None
-    parts = fired[len(prefix) :].split("/", 2)
-    return (parts[0], parts[2]) if len(parts) == 3 else None
-
-
-_E = TypeVar("_E", bound=StrEnum)
-_MEMBERS: dict[type[StrEnum], dict[str, StrEnum]] = {
-    enum: {member.value: member for member in enum} for enum in (Status, EntryKind, EntryState)
-}
-
-
-def _member(enum: type[_E], value: str) -> _E:
-    """``enum(value)`` by a dict look-up (an enum's own look-up by value is about 20
-    times slower); an unknown value raises the enum's own ValueError."""
-    member = _MEMBERS[enum].get(value)
-    return cast(_E, member) if member is not None else enum(value)
-
-
 @dataclass(slots=True)
 class Entry:
     """What the history says about one replay key."""
@@ -207,64 +143,6 @@ class Entry:
     names: list[str] | None = None
     messages: list[tuple[str, str, Payload, int]] | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        # The enums as they are: orjson writes a StrEnum member as its value.
-        out: dict[str, Any] = {"k": self.kind, "s": self.state, "q": self.seq}
-        if self.attempt:
-            out["a"] = self.attempt
-            out["m"] = self.max_attempts
-        if self.result is not None:
-            out["r"] = _payload_json(self.result)
-        if self.error_type:
-            out["et"] = self.error_type
-            out["em"] = self.error_message
-        if self.timer_id is not None:
-            out["t"] = self.timer_id
-            out["f"] = self.fire_at_ms
-        if self.event_name is not None:
-            out["e"] = self.event_name
-        if self.winner is not None:
-            out["w"] = self.winner
-            out["l"] = self.losers
-        if self.marks is not None:
-            out["mk"] = [[i, q] for i, q in self.marks.items()]
-        if self.child_id is not None:
-            out["ch"] = self.child_id
-        if self.names is not None:
-            out["nm"] = self.names
-        if self.messages is not None:
-            out["ms"] = [[i, n, _payload_json(p), t] for i, n, p, t in self.messages]
-        return out
-
-    @classmethod
-    def from_json(cls, key: str, raw: dict[str, Any]) -> Entry:
-        # The mirror of ``to_json``, which writes fields in pairs and only when set: an
-        # instance reloaded after eviction reads every entry it has, so this is quick
-        # for the usual entry (kind, state and seq, and a field or two).
-        entry = cls(key, _member(EntryKind, raw["k"]), _member(EntryState, raw["s"]), raw["q"])
-        if "a" in raw:
-            entry.attempt = raw["a"]
-            entry.max_attempts = raw.get("m", 0)
-        if "r" in raw:
-            entry.result = _payload_from(raw["r"])
-        if "et" in raw:
-            entry.error_type = raw["et"]
-            entry.error_message = raw.get("em", "")
-        if "t" in raw:
-            entry.timer_id = raw["t"]
-            entry.fire_at_ms = raw.get("f")
-        if len(raw) > 3:  # more than kind, state and seq: the rarer fields
-            entry.event_name = raw.get("e")
-            entry.winner = raw.get("w")
-            entry.losers = raw.get("l")
-            if "mk" in raw:
-                entry.marks = {i: q for i, q in raw["mk"]}
-            entry.child_id = raw.get("ch")
-            entry.names = raw.get("nm")
-            if "ms" in raw:
-                entry.messages = [(i, n, _payload_req(p), t) for i, n, p, t in raw["ms"]]
-        return entry
-
 
 @dataclass(slots=True)
 class BufferedEvent:
@@ -276,14 +154,6 @@ class BufferedEvent:
 
 
 RECENT_COMMANDS = 64
-# Ids of commands the engine makes itself. Each is applied at most once by construction
-# (a step outcome names its attempt, a timer fire its timer); every other command id is
-# a client's, kept for good so that a re-delivered command is never applied twice.
-INTERNAL_COMMAND_PREFIXES = ("step:", "recover:", "fire:", "fence:", "forget:", "snapshot:")
-
-
-def is_client_command(command_id: str) -> bool:
-    return bool(command_id) and not command_id.startswith(INTERNAL_COMMAND_PREFIXES)
 
 
 @dataclass(slots=True)
@@ -385,7 +255,7 @@ class InstanceState:
                 self._running()
                 entry = self._entry(record.key, EntryKind.WAIT, EntryState.WAITING, record.seq)
                 entry.names = list(record.names)
-                self._open_wait(entry)
+                self.open_wait(entry)
                 entry.max_attempts = record.max
                 if record.timeout_at_ms is not None:
                     entry.timer_id = timer_id(self.instance_id, "wait", record.key, record.seq)
@@ -452,7 +322,7 @@ class InstanceState:
                 self._running()
                 entry = self._entry(record.key, EntryKind.WAIT, EntryState.WAITING, record.seq)
                 entry.event_name = record.event_name
-                self._open_wait(entry)
+                self.open_wait(entry)
                 if record.timeout_at_ms is not None:
                     entry.timer_id = timer_id(self.instance_id, "wait", record.key, record.seq)
                     entry.fire_at_ms = record.timeout_at_ms
@@ -620,7 +490,8 @@ class InstanceState:
             del self.open_waits[name]
         return found
 
-    def _open_wait(self, entry: Entry) -> None:
+    def open_wait(self, entry: Entry) -> None:
+        """Index a waiting entry under each name it waits for (see ``open_waits``)."""
         names = entry.names if entry.names is not None else [entry.event_name or ""]
         for name in names:
             self.open_waits.setdefault(name, {})[entry.key] = entry
@@ -642,124 +513,6 @@ class InstanceState:
         # Only the entry the id names can hold it (a late or duplicate fire: none).
         return entry if entry.timer_id == fired and not entry.state.final else None
 
-    # ---- storage --------------------------------------------------------------------
-
-    def meta_json(self) -> bytes:
-        raw: dict[str, Any] = {
-            "w": self.workflow,
-            "v": self.version,
-            "st": self.status,
-            "c": self.created_ms,
-            "u": self.updated_ms,
-            "q": self.seq,
-            "r": _payload_json(self.result),
-            "et": self.error_type,
-            "em": self.error_message,
-            "cr": self.cancel_reason,
-            "fm": self.finished_ms,
-            "pk": self.parked,
-            "pi": [self.parent_id, self.parent_key] if self.parent_id else None,
-            "tp": [self.traceparent, self.tracestate] if self.traceparent else None,
-            "bn": len(self.buffered) + self.unread_buffered,
-            "rc": list(self.recent_commands),
-        }
-        return orjson.dumps(raw)
-
-    @classmethod
-    def from_storage(
-        cls,
-        instance_id: str,
-        meta: bytes,
-        entries: list[tuple[str, bytes]],
-        input: bytes | None = None,
-        buffered: list[bytes] | None = None,
-    ) -> InstanceState:
-        """``input``: the value of the instance's input key; ``buffered``: the values of
-        its buffered events' keys, in order (None: not read). A meta written before they
-        had keys of their own holds them."""
-        raw = orjson.loads(meta)
-        inline = raw.get("i")
-        inline_buffered = raw.get("b")
-        rows = (
-            inline_buffered
-            if inline_buffered is not None
-            else [orjson.loads(value) for value in buffered or ()]
-        )
-        status = _member(Status, raw["st"])
-        state = cls(
-            instance_id=instance_id,
-            workflow=raw["w"],
-            version=raw["v"],
-            status=status,
-            created_ms=raw["c"],
-            updated_ms=raw["u"],
-            seq=raw["q"],
-            input=_payload_from(inline) if input is None else payload_from_bytes(input),
-            result=_payload_from(raw["r"]),
-            error_type=raw["et"],
-            error_message=raw["em"],
-            cancel_reason=raw["cr"],
-            # State written before finish times were kept: the last update is the finish.
-            finished_ms=raw.get("fm") or (raw["u"] if status.finished else 0),
-            parked=raw.get("pk", ""),
-            parent_id=(raw.get("pi") or ["", ""])[0],
-            parent_key=(raw.get("pi") or ["", ""])[1],
-            traceparent=(raw.get("tp") or [None, None])[0],
-            tracestate=(raw.get("tp") or [None, None])[1],
-            buffered=[
-                BufferedEvent(b[0], _payload_req(b[1]), b[2], b[3], b[4] if len(b) > 4 else 0)
-                for b in rows
-            ],
-        )
-        state.recent_commands.extend(raw["rc"])
-        # What an older meta held inline moves to keys of its own at the next write.
-        state.new_input = inline is not None
-        if inline_buffered is not None:
-            state.new_buffered = list(state.buffered)
-        elif buffered is None:
-            state.unread_buffered = raw.get("bn", 0)
-        for key, value in entries:
-            entry = state.entries[key] = Entry.from_json(key, orjson.loads(value))
-            if entry.state is EntryState.WAITING:
-                state._open_wait(entry)
-        return state
-
 
 def _by_seq(entry: Entry) -> int:
     return entry.seq
-
-
-def entry_json(entry: Entry) -> bytes:
-    return orjson.dumps(entry.to_json())
-
-
-def _payload_json(payload: Payload | None) -> list[str] | None:
-    if payload is None:
-        return None
-    return [payload.content_type, base64.b64encode(payload.data).decode()]
-
-
-def _payload_from(raw: list[str] | None) -> Payload | None:
-    return None if raw is None else _payload_req(raw)
-
-
-def _payload_req(raw: list[str]) -> Payload:
-    # binascii directly: base64.b64decode checks and converts its argument first, which
-    # made it 2.4 times slower for the same answer.
-    return Payload(raw[0], binascii.a2b_base64(raw[1]))
-
-
-def buffered_json(event: BufferedEvent) -> bytes:
-    """A buffered event as stored under its own key."""
-    return orjson.dumps(
-        [event.name, _payload_json(event.payload), event.command_id, event.seq, event.time_ms]
-    )
-
-
-def payload_bytes(payload: Payload) -> bytes:
-    """A payload as stored on its own (an answer to a message)."""
-    return orjson.dumps(_payload_json(payload))
-
-
-def payload_from_bytes(raw: bytes) -> Payload:
-    return _payload_req(orjson.loads(raw))

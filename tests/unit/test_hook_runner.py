@@ -23,6 +23,7 @@ from stepstream.engine.api.hook_events import StatusChangeEvent, StepErrorEvent
 from stepstream.engine.api.workflow import Registry, definition_of, workflow
 from stepstream.engine.replay.runtime import Output
 from stepstream.engine.replay.state import InstanceState, Status
+from stepstream.engine.replay.state_json import meta_json
 from stepstream.engine.seams import CommitBatch
 from stepstream.engine.wire.records import (
     HistoryRecord,
@@ -179,7 +180,7 @@ async def test_workflows_without_hooks_owe_nothing() -> None:
 async def test_the_status_before_a_batch_comes_from_the_stored_state() -> None:
     backend = FakeBackend()
     stored = InstanceState("i-1", workflow="hooked", version="1", status=Status.PAUSED)
-    backend.store.data[keys.meta("i-1")] = stored.meta_json()
+    backend.store.data[keys.meta("i-1")] = meta_json(stored)
     runner = _runner(backend)
     records: list[HistoryRecord] = [
         WorkflowResumed(instance_id="i-1", seq=7, time_ms=1),

@@ -32,6 +32,7 @@ from stepstream.engine.replay.runtime import (
     StepOutcome,
 )
 from stepstream.engine.replay.state import EntryState, InstanceState, Status
+from stepstream.engine.replay.state_json import meta_json
 from stepstream.engine.wire.codec import JsonCodec
 from stepstream.engine.wire.records import (
     CancelWorkflow,
@@ -424,7 +425,7 @@ def test_fold_of_emitted_records_equals_live_state() -> None:
     h.start(None)
     h.run_all()
     rebuilt = fold("inst-1", h.records)
-    assert rebuilt.meta_json() == h.state.meta_json()
+    assert meta_json(rebuilt) == meta_json(h.state)
     assert rebuilt.entries == h.state.entries
 
 
@@ -958,7 +959,7 @@ def _expected_result(ops: list[tuple[str, Any]], h: Harness) -> list[Any]:
 
 
 def _equal_states(a: InstanceState, b: InstanceState) -> bool:
-    return a.meta_json() == b.meta_json() and a.entries == b.entries
+    return meta_json(a) == meta_json(b) and a.entries == b.entries
 
 
 @settings(

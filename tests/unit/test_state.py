@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stepstream.engine.reads.views import InstanceStatus
+from stepstream.engine.replay.ids import timer_id
 from stepstream.engine.replay.state import (
     RECENT_COMMANDS,
     BufferedEvent,
@@ -21,10 +22,14 @@ from stepstream.engine.replay.state import (
     InstanceState,
     InvalidTransition,
     Status,
+)
+from stepstream.engine.replay.state_json import (
     buffered_json,
+    entry_from_json,
     entry_json,
+    meta_json,
     payload_bytes,
-    timer_id,
+    state_from_storage,
 )
 from stepstream.engine.wire.records import (
     CommandIgnored,
@@ -346,7 +351,7 @@ def _history() -> list[HistoryRecord]:
 
 
 def _snapshot(state: InstanceState) -> tuple[bytes, dict[str, Entry]]:
-    return state.meta_json(), copy.deepcopy(state.entries)
+    return meta_json(state), copy.deepcopy(state.entries)
 
 
 def test_applying_a_history_twice_changes_nothing() -> None:
@@ -405,9 +410,7 @@ def _stored(state: InstanceState) -> InstanceState:
     entries = [(key, entry_json(entry)) for key, entry in state.entries.items()]
     stored_input = None if state.input is None else payload_bytes(state.input)
     buffered = [buffered_json(event) for event in state.buffered]
-    return InstanceState.from_storage(
-        state.instance_id, state.meta_json(), entries, stored_input, buffered
-    )
+    return state_from_storage(state.instance_id, meta_json(state), entries, stored_input, buffered)
 
 
 def _same(a: InstanceState, b: InstanceState) -> None:
@@ -516,7 +519,7 @@ def test_entry_json_round_trip(entry: Entry) -> None:
         entry.fire_at_ms = None  # the fire time is stored with its timer
     if entry.winner is None:
         entry.losers = None  # a race's losers are stored with its winner
-    restored = Entry.from_json(entry.key, json.loads(entry_json(entry)))
+    restored = entry_from_json(entry.key, json.loads(entry_json(entry)))
     assert restored == entry
 
 
@@ -524,12 +527,12 @@ def test_meta_is_small_and_does_not_grow_with_entries() -> None:
     rec = Recorder()
     records: list[HistoryRecord] = [started(rec)]
     state = fold(records)
-    small = len(state.meta_json())
+    small = len(meta_json(state))
     for i in range(200):
         state.apply(rec(StepAttemptStarted, f"c{i}", key=f"s{i}", attempt=1, max_attempts=1))
         state.apply(rec(StepSucceeded, f"c{i}", key=f"s{i}", attempt=1, result=pj("1")))
     # recent_commands is bounded, entries are stored apart: meta stays O(1).
-    assert len(state.meta_json()) < small + RECENT_COMMANDS * 8 + 200
+    assert len(meta_json(state)) < small + RECENT_COMMANDS * 8 + 200
 
 
 def test_the_meta_leaves_the_input_out_whatever_its_size() -> None:
@@ -542,7 +545,7 @@ def test_the_meta_leaves_the_input_out_whatever_its_size() -> None:
         state = fold([rec(WorkflowStarted, "start", workflow="wf", version="2", input=big)])
         assert state.new_input  # to be stored once, with the start
         state.apply(rec(StepAttemptStarted, "c1", key="s", attempt=1, max_attempts=1))
-        metas.append(state.meta_json())
+        metas.append(meta_json(state))
     assert len(metas[0]) == len(metas[1]) < 1_000
 
 
@@ -551,16 +554,16 @@ def test_a_meta_that_holds_its_input_is_read_and_its_input_moved_out() -> None:
     meta, and the next write stores it under its key."""
     rec = Recorder()
     state = fold([started(rec), rec(StepAttemptStarted, "c1", key="s", attempt=1, max_attempts=1)])
-    older = json.loads(state.meta_json())
+    older = json.loads(meta_json(state))
     older["i"] = [state.input.content_type, "MQ=="]  # "1", base64, as the older layout had it
-    restored = InstanceState.from_storage(ID, json.dumps(older).encode(), [])
+    restored = state_from_storage(ID, json.dumps(older).encode(), [])
     assert restored.input == pj("1")
     assert restored.new_input
-    assert b'"i"' not in restored.meta_json()
+    assert b'"i"' not in meta_json(restored)
     # The current layout: the meta has none, the caller reads the input key.
-    current = InstanceState.from_storage(ID, state.meta_json(), [], payload_bytes(pj("1")))
+    current = state_from_storage(ID, meta_json(state), [], payload_bytes(pj("1")))
     assert current.input == pj("1") and not current.new_input
-    assert InstanceState.from_storage(ID, state.meta_json(), []).input is None  # not read
+    assert state_from_storage(ID, meta_json(state), []).input is None  # not read
 
 
 def test_buffered_events_are_stored_one_key_each_as_they_come_and_go() -> None:
@@ -573,7 +576,7 @@ def test_buffered_events_are_stored_one_key_each_as_they_come_and_go() -> None:
     for i in range(50):
         state.apply(rec(EventBuffered, f"ev-{i}", event_name="other", payload=big))
     assert [e.seq for e in state.new_buffered] == list(range(2, 52))
-    meta = state.meta_json()
+    meta = meta_json(state)
     assert len(meta) < 3_000 and json.loads(meta)["bn"] == 50
     state.new_buffered.clear()  # written
     state.apply(rec(WaitStarted, "c1", key="w", event_name="other", timeout_at_ms=None))
@@ -584,10 +587,10 @@ def test_buffered_events_are_stored_one_key_each_as_they_come_and_go() -> None:
     )
     assert state.taken_buffered == [5] and len(state.buffered) == 49
     # Read for a status only (no buffered keys read): the count comes from the meta.
-    status_only = InstanceState.from_storage(ID, state.meta_json(), [])
+    status_only = state_from_storage(ID, meta_json(state), [])
     assert status_only.buffered == [] and status_only.unread_buffered == 49
     assert InstanceStatus.of(status_only).buffered_events == 49
-    assert json.loads(status_only.meta_json())["bn"] == 49  # written back, still counted
+    assert json.loads(meta_json(status_only))["bn"] == 49  # written back, still counted
 
 
 def test_taking_buffered_events_keeps_the_others_in_order() -> None:
@@ -669,13 +672,13 @@ def test_a_timer_fire_finds_its_entry_by_the_key_its_id_names() -> None:
 def test_a_meta_that_holds_buffered_events_is_read_and_they_move_out() -> None:
     rec = Recorder()
     state = fold([started(rec), rec(EventBuffered, "ev-1", event_name="e", payload=pj("7"))])
-    older = json.loads(state.meta_json())
+    older = json.loads(meta_json(state))
     del older["bn"]
     older["b"] = [["e", ["application/json", "Nw=="], "ev-1", 2]]  # no time: older still
-    restored = InstanceState.from_storage(ID, json.dumps(older).encode(), [])
+    restored = state_from_storage(ID, json.dumps(older).encode(), [])
     assert restored.buffered == [BufferedEvent("e", pj("7"), "ev-1", 2, 0)]
     assert restored.new_buffered == restored.buffered  # stored under their keys next
-    assert "b" not in json.loads(restored.meta_json())
+    assert "b" not in json.loads(meta_json(restored))
 
 
 def test_state_of_the_older_layout_is_moved_to_its_keys_at_the_next_write() -> None:
@@ -688,18 +691,18 @@ def test_state_of_the_older_layout_is_moved_to_its_keys_at_the_next_write() -> N
 
     rec = Recorder()
     state = fold([started(rec), rec(EventBuffered, "ev-1", event_name="e", payload=pj("7"))])
-    older = json.loads(state.meta_json())
+    older = json.loads(meta_json(state))
     del older["bn"]
     older["i"] = ["application/json", "MQ=="]
     older["b"] = [["e", ["application/json", "Nw=="], "ev-1", 2, T0 + 2]]
-    restored = InstanceState.from_storage(ID, json.dumps(older).encode(), [])
+    restored = state_from_storage(ID, json.dumps(older).encode(), [])
     batch = CommitBatch()
     write_state(restored, batch)
     meta = json.loads(batch.puts[state_keys.meta(ID)])
     assert "i" not in meta and "b" not in meta and meta["bn"] == 1
     stored_input = batch.puts[state_keys.input_key(ID)]
     stored_event = batch.puts[state_keys.buffered(ID, 2)]
-    current = InstanceState.from_storage(
+    current = state_from_storage(
         ID, batch.puts[state_keys.meta(ID)], [], stored_input, [stored_event]
     )
     _same(current, state)

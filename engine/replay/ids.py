@@ -1,0 +1,73 @@
+"""The ids and keys the engine makes from names: command ids of messages and child starts,
+the events and replay keys of answers, loop iteration prefixes, timer ids, and which
+command ids are the engine's own rather than a client's.
+
+Instance ids and keys may hold "/": a command id that holds an instance id prefixes it
+with its length, and a timer id is split by one who knows its instance id.
+"""
+
+from __future__ import annotations
+
+
+def reply_key(message_id: str) -> str:
+    """The replay key of the answer to a message (``msg.complete``)."""
+    return f"~reply/{message_id}"
+
+
+def message_command(sender_id: str, key: str) -> str:
+    """The command id of a message one instance sends another: applied once however
+    often it is published."""
+    return f"msg:{len(sender_id)}:{sender_id}/{key}"
+
+
+CHILD_COMMAND = "child:"
+
+
+def child_command(parent_id: str, key: str) -> str:
+    """The command id of a child's start: names its parent and its key there."""
+    return f"{CHILD_COMMAND}{len(parent_id)}:{parent_id}/{key}"
+
+
+def parse_child_command(command_id: str) -> tuple[str, str] | None:
+    """(parent id, key) from a child's start command id, or None for other commands."""
+    if not command_id.startswith(CHILD_COMMAND):
+        return None
+    size, sep, rest = command_id[len(CHILD_COMMAND) :].partition(":")
+    if not sep or not size.isdigit() or rest[int(size) : int(size) + 1] != "/":
+        return None
+    return rest[: int(size)], rest[int(size) + 1 :]
+
+
+def child_event(key: str) -> str:
+    """The event a child sends its parent when it finishes (``~`` is not for clients)."""
+    return f"~child/{key}"
+
+
+def loop_prefixes(key: str, iteration: int) -> tuple[str, str]:
+    """The key prefixes of one loop iteration: its scope, and the tasks it ran in (the
+    keys of values read there start with the task's name)."""
+    return f"{key}/{iteration}/", f"{key}/{iteration}."
+
+
+def timer_id(instance_id: str, purpose: str, key: str, n: int) -> str:
+    return f"{instance_id}/{purpose}/{n}/{key}"
+
+
+def split_timer_id(instance_id: str, fired: str) -> tuple[str, str] | None:
+    """(purpose, entry key) of one of the instance's timer ids; None for any other id.
+    Instance ids and keys may hold "/": the instance id is known, the key is the rest."""
+    prefix = f"{instance_id}/"
+    if not fired.startswith(prefix):
+        return None
+    parts = fired[len(prefix) :].split("/", 2)
+    return (parts[0], parts[2]) if len(parts) == 3 else None
+
+
+# Ids of commands the engine makes itself. Each is applied at most once by construction
+# (a step outcome names its attempt, a timer fire its timer); every other command id is
+# a client's, kept for good so that a re-delivered command is never applied twice.
+INTERNAL_COMMAND_PREFIXES = ("step:", "recover:", "fire:", "fence:", "forget:", "snapshot:")
+
+
+def is_client_command(command_id: str) -> bool:
+    return bool(command_id) and not command_id.startswith(INTERNAL_COMMAND_PREFIXES)
