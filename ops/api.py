@@ -2,8 +2,8 @@
 
 Every route maps onto one transport call; this module owns only the HTTP side of it:
 request validation, status codes and the error body
-``{"error": {"type": "<ClassName>", "message": ...}}`` (see ``producers.http`` for the
-wire form both sides share). Request bodies are parsed as JSON and nothing else; who may
+``{"error": {"type": "<ClassName>", "message": ...}}`` (see ``producers.http.wire`` for
+the wire form both sides share). Request bodies are parsed as JSON and nothing else; who may
 call at all is ``ops.api_security``'s concern.
 """
 
@@ -39,7 +39,7 @@ from stepstream.ops.api_session import CommandWaiter, Session, check_fields, str
 from stepstream.ops.ui.routes import TransportSource, add_ui_routes
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport
-from stepstream.producers.http import error_to_wire, wire_error_class
+from stepstream.producers.http.wire import SESSION_PATH, error_to_wire, wire_error_class
 
 if TYPE_CHECKING:
     from stepstream.ops.metrics import Observability
@@ -120,7 +120,7 @@ def make_app(
         app.router.add_get("/v1/commands/{id}", api.command)
     session = Session(transport, commands, max_body_bytes)
     app[SESSIONS] = session
-    app.router.add_get("/v1/session", session.serve)
+    app.router.add_get(SESSION_PATH, session.serve)
     app.on_shutdown.append(session.close_all)
     # The overview and the web UI (ops.ui), kept in one block.
     app.router.add_get("/v1/overview", api.overview)

@@ -38,8 +38,8 @@ from stepstream.ops.serving import address, api_runner, reachable
 from stepstream.ops.serving import listen as _listen
 from stepstream.ops.serving import stop_on_signals as _stop_on_signals
 from stepstream.ops.timeline import render_timeline
-from stepstream.producers import http as _http  # registers http:// and https:// with Client.connect
 from stepstream.producers.client import DEFAULT_CONNECT, Client
+from stepstream.producers.http import wire as _http  # registers http(s):// with Client.connect
 
 log = logging.getLogger("stepstream.cli")
 

@@ -61,8 +61,9 @@ from stepstream.ops.api_security import INTERNAL_PREFIX, RECORDS_TYPE, ApiSecuri
 from stepstream.ops.embedded import PROCESSES_FILE, EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.ops.metrics import CONTENT_TYPE, Health, Observability, observability_for
 from stepstream.producers.client import Transport
-from stepstream.producers.http import HttpTransport, client_headers
-from stepstream.producers.http_routing import PROCESSES_PATH
+from stepstream.producers.http.security import client_headers
+from stepstream.producers.http.transport import HttpTransport
+from stepstream.producers.http.wire import PROCESSES_PATH
 
 log = logging.getLogger("stepstream.processes")
 
@@ -234,7 +235,7 @@ def remote_transport(url: str, token: str) -> HttpTransport:
 def add_processes_route(app: web.Application, layout: ProcessLayout, ports: Sequence[int]) -> None:
     """``GET /v1/processes``: where each process serves its own partitions' API, so a
     client can send each instance's calls straight to its owner
-    (``producers/http_routing.py``)."""
+    (``producers/http/routing.py``)."""
     answer = {
         "partitions": layout.partitions,
         "processes": [{"process": g, "port": port} for g, port in enumerate(ports)],

@@ -68,7 +68,7 @@ class Worker:
 
     async def _start_kafka(self) -> None:
         from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
-        from stepstream.producers.http import TLS_CA_ENV
+        from stepstream.producers.http.security import TLS_CA_ENV
         from stepstream.producers.kafka import open_kafka_transport, settings_from_url
 
         options = dict(self._options)

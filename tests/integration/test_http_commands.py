@@ -25,7 +25,7 @@ from stepstream.engine.errors import (
 from stepstream.ops.api import make_app
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.producers.client import Client
-from stepstream.producers.http import SESSION_COMMAND_BYTES
+from stepstream.producers.http.wire import SESSION_COMMAND_BYTES
 from tests import conftest
 
 
