@@ -57,7 +57,7 @@ from stepstream.engine.reads.listing import (
 )
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.wire.topics import partition_for
-from stepstream.ops.api_security import INTERNAL_PREFIX, RECORDS_TYPE, ApiSecurity
+from stepstream.ops.api.security import INTERNAL_PREFIX, RECORDS_TYPE, ApiSecurity
 from stepstream.ops.embedded import PROCESSES_FILE, EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.ops.metrics import CONTENT_TYPE, Health, Observability, observability_for
 from stepstream.producers.client import Transport
@@ -549,7 +549,7 @@ async def wait_ready(urls: Sequence[str], token: str, children: Children) -> Non
 
 def loopback_sockets(count: int) -> list[socket.socket]:
     """Listening loopback sockets, one for each process's internal API."""
-    from stepstream.ops.serving import listen
+    from stepstream.ops.api.serving import listen
 
     return [listen("127.0.0.1", 0) for _ in range(count)]
 
@@ -579,7 +579,7 @@ async def serve_child(
     one, behind their token; the clients' one, as the server's), forwarding; until
     SIGTERM, its parent is gone, or its data directory fails."""
     from stepstream.ops import tracing
-    from stepstream.ops.serving import api_runner, stop_on_signals
+    from stepstream.ops.api.serving import api_runner, stop_on_signals
 
     parent = os.getppid()
     layout = ProcessLayout(spec.processes, spec.partitions)
@@ -630,7 +630,7 @@ def internal_app(
 ) -> web.Application:
     """A process's API for the other processes: its own partitions, forwarding, /metrics
     and /readyz, behind their token, on loopback."""
-    from stepstream.ops.api import DEFAULT_MAX_BODY_BYTES, make_app
+    from stepstream.ops.api.routes import DEFAULT_MAX_BODY_BYTES, make_app
 
     app = make_app(
         engine.transport,
@@ -687,8 +687,8 @@ async def serve_parent(
     """Process 0: starts the others, runs its partitions, serves the public API over all
     of them on ``public``; until SIGTERM or its data directory fails."""
     from stepstream.ops import tracing
+    from stepstream.ops.api.serving import address, api_runner, listen, stop_on_signals
     from stepstream.ops.embedded_sources import start_embedded_sources
-    from stepstream.ops.serving import address, api_runner, listen, stop_on_signals
 
     layout = prepare_layout(config.data_dir, processes, config.partitions)
     token = secrets.token_urlsafe(32)

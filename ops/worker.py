@@ -28,7 +28,7 @@ class Worker:
 
     With ``connect="kafka://HOST:PORT?prefix=P"`` the options are those of
     ``ops.kafka_worker.KafkaWorkerConfig`` (``state_dir``, ``host``, ``port``,
-    ``advertise``, ``max_payload_bytes``, ``api``: an ``ops.api_security.ApiSecurity``)
+    ``advertise``, ``max_payload_bytes``, ``api``: an ``ops.api.security.ApiSecurity``)
     plus ``kafka`` (a dict of client properties), ``kafka_config`` (a properties file) and
     ``tls_ca`` (a CA file its client trusts for the workers' https APIs); ``start()``
     returns once the group has given this worker its first partitions.

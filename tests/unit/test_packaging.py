@@ -57,7 +57,7 @@ def test_the_wheel_installs_one_top_level_name_with_its_data(wheel: Path) -> Non
     assert any(
         n.startswith("stepstream/schemas/stepstream/") and n.endswith(".avsc") for n in names
     )
-    assert any(n.startswith("stepstream/ops/ui/static/") for n in names)
+    assert any(n.startswith("stepstream/ops/api/ui/static/") for n in names)
     assert not any(n.startswith(("examples/", "tests/", "stepstream/examples/")) for n in names)
     (top_level,) = (n for n in names if n.endswith(".dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["stepstream"]
