@@ -29,14 +29,15 @@ from stepstream.engine.reads.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 from stepstream.engine.reads.views import InstanceStatus, Wait
 from stepstream.engine.replay.state import Status
 from stepstream.engine.wire.codec import parse_json_text
-from stepstream.ops import event_loop, logs, tracing
+from stepstream.ops import event_loop
 from stepstream.ops.api.routes import DEFAULT_MAX_BODY_BYTES, make_app
 from stepstream.ops.api.security import ApiSecurity, InsecureBind
 from stepstream.ops.api.serving import address, api_runner, reachable
 from stepstream.ops.api.serving import listen as _listen
 from stepstream.ops.api.serving import stop_on_signals as _stop_on_signals
 from stepstream.ops.gc_tuning import tune_for_serving
-from stepstream.ops.metrics import Health, observability_for
+from stepstream.ops.telemetry import logs, tracing
+from stepstream.ops.telemetry.metrics import Health, observability_for
 from stepstream.ops.timeline import render_timeline
 from stepstream.producers.client import DEFAULT_CONNECT, Client
 from stepstream.producers.http import wire as _http  # registers http(s):// with Client.connect

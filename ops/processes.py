@@ -59,7 +59,7 @@ from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.wire.topics import partition_for
 from stepstream.ops.api.security import INTERNAL_PREFIX, RECORDS_TYPE, ApiSecurity
 from stepstream.ops.embedded import PROCESSES_FILE, EmbeddedConfig, EmbeddedEngine, open_embedded
-from stepstream.ops.metrics import CONTENT_TYPE, Health, Observability, observability_for
+from stepstream.ops.telemetry.metrics import CONTENT_TYPE, Health, Observability, observability_for
 from stepstream.producers.client import Transport
 from stepstream.producers.http.security import client_headers
 from stepstream.producers.http.transport import HttpTransport
@@ -578,8 +578,8 @@ async def serve_child(
     """A child: its partitions, their API on the sockets it was handed (the processes'
     one, behind their token; the clients' one, as the server's), forwarding; until
     SIGTERM, its parent is gone, or its data directory fails."""
-    from stepstream.ops import tracing
     from stepstream.ops.api.serving import api_runner, stop_on_signals
+    from stepstream.ops.telemetry import tracing
 
     parent = os.getppid()
     layout = ProcessLayout(spec.processes, spec.partitions)
@@ -686,9 +686,9 @@ async def serve_parent(
 ) -> int:
     """Process 0: starts the others, runs its partitions, serves the public API over all
     of them on ``public``; until SIGTERM or its data directory fails."""
-    from stepstream.ops import tracing
     from stepstream.ops.api.serving import address, api_runner, listen, stop_on_signals
     from stepstream.ops.embedded_sources import start_embedded_sources
+    from stepstream.ops.telemetry import tracing
 
     layout = prepare_layout(config.data_dir, processes, config.partitions)
     token = secrets.token_urlsafe(32)

@@ -42,7 +42,7 @@ from stepstream.producers.client import Transport
 from stepstream.producers.http.wire import SESSION_PATH, error_to_wire, wire_error_class
 
 if TYPE_CHECKING:
-    from stepstream.ops.metrics import Observability
+    from stepstream.ops.telemetry.metrics import Observability
 
 log = logging.getLogger("stepstream.api")
 
