@@ -38,7 +38,7 @@ from stepstream.ops.api.serving import stop_on_signals as _stop_on_signals
 from stepstream.ops.gc_tuning import tune_for_serving
 from stepstream.ops.telemetry import logs, tracing
 from stepstream.ops.telemetry.metrics import Health, observability_for
-from stepstream.ops.timeline import render_timeline
+from stepstream.ops.tools.timeline import render_timeline
 from stepstream.producers.client import DEFAULT_CONNECT, Client
 from stepstream.producers.http import wire as _http  # registers http(s):// with Client.connect
 
@@ -478,7 +478,7 @@ def _history(args: argparse.Namespace) -> int:
     async def command(client: Client) -> int:
         history = await client.history(args.id)
         if args.export is not None:
-            from stepstream.ops.history_export import records_from_entries, write_export
+            from stepstream.ops.tools.history_export import records_from_entries, write_export
 
             records = records_from_entries(args.id, history)
             write_export(args.export, args.id, records)
@@ -540,7 +540,7 @@ def _replay(args: argparse.Namespace) -> int:
             "replay reads an embedded data directory read-only with --data DIR; "
             "--connect embedded: would open it for writing"
         )
-    from stepstream.ops import replay
+    from stepstream.ops.tools import replay
 
     _put_cwd_on_path()
     return replay.main(args)

@@ -22,7 +22,7 @@ from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.reads.views import HistoryEntry
 from stepstream.engine.wire.codec import parse_json_text
-from stepstream.ops.timeline import timeline_rows
+from stepstream.ops.tools.timeline import timeline_rows
 from stepstream.producers.client import Transport
 
 UI_PATHS = ("/ui", "/ui/")

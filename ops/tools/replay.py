@@ -12,7 +12,7 @@ A finished history replays without its last record, and the code must end the sa
 
 Histories come from an embedded data directory (opened read-only), from a client
 (``Client.list`` + ``Client.history``), from a Kafka history topic (folded by the reader
-rules of ``schemas/README.md``) or from export files (``ops.history_export``).
+rules of ``schemas/README.md``) or from export files (``ops.tools.history_export``).
 """
 
 from __future__ import annotations
@@ -704,8 +704,8 @@ async def read_client(
     concurrency: int = 16,
 ) -> list[History]:
     """Histories through a client: ``Client.list`` and ``Client.history``, rebuilt into
-    records (``ops.history_export.records_from_entries``)."""
-    from stepstream.ops.history_export import records_from_entries
+    records (``ops.tools.history_export.records_from_entries``)."""
+    from stepstream.ops.tools.history_export import records_from_entries
 
     if instance_id is not None:
         ids = [instance_id]
@@ -724,7 +724,7 @@ async def read_client(
 
 
 def read_files(paths: Sequence[str | os.PathLike[str]]) -> list[History]:
-    from stepstream.ops.history_export import read_export
+    from stepstream.ops.tools.history_export import read_export
 
     out = []
     for path in paths:
