@@ -33,13 +33,9 @@ from stepstream.engine.wire.records import (
 )
 from stepstream.engine.wire.serde import default_serde
 from stepstream.ops.tools.history_export import ExportedHistory
-from stepstream.ops.tools.replay import (
-    History,
-    ReplayDiverged,
-    fold_history_log,
-    replay_all,
-    replay_history,
-)
+from stepstream.ops.tools.replay.replayer import replay_all, replay_history
+from stepstream.ops.tools.replay.results import ReplayDiverged
+from stepstream.ops.tools.replay.sources import History, fold_history_log
 from stepstream.testing import replay
 
 CODEC = JsonCodec()
