@@ -2,8 +2,8 @@
 
 One ``Telemetry`` per process (the host's), shared by every partition it owns, so its
 counters stay monotonic across rebalances. The hot path only bumps plain counters and
-bucket arrays here; ``ops/metrics.py`` turns them into Prometheus families when scraped,
-and an optional ``SpanSink`` (``ops/tracing.py``) turns finished work into spans. Both are
+bucket arrays here; ``ops/telemetry/metrics.py`` turns them into Prometheus families when scraped,
+and an optional ``SpanSink`` (``ops/telemetry/tracing.py``) turns finished work into spans. Both are
 fed from records once they are durable, so they count what happened, once, whichever
 worker saw it happen.
 

@@ -14,7 +14,7 @@ import pytest
 
 from examples import order
 from stepstream import WorkflowFailed
-from stepstream.ops.history_export import records_from_entries, write_export
+from stepstream.ops.tools.history_export import records_from_entries, write_export
 from stepstream.testing import WorkflowEnvironment, replay
 
 DAY = 86400.0

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from stepstream.consumers.kafka.outbox import KafkaOutbox
 
 DEFAULT_DATA_DIR = "./.stepstream"
-# Written in a data directory whose partitions several processes share (ops/processes.py).
+# Written in a data directory whose partitions several processes share (ops/processes/).
 PROCESSES_FILE = "processes.json"
 
 
@@ -171,7 +171,7 @@ async def open_embedded(
 ) -> EmbeddedEngine:
     """``outbox``: what ``ctx.publish`` produces with, instead of the Kafka cluster of
     ``config.outbox_bootstrap``. ``owned``: which partitions this process runs (all by
-    default; one of several engine processes runs its share, ``ops/processes.py``)."""
+    default; one of several engine processes runs its share, ``ops/processes/``)."""
     config = config or EmbeddedConfig()
     if owned is None:
         _refuse_split(config.data_dir)

@@ -52,11 +52,11 @@ from stepstream.engine.wire.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, P
 from stepstream.engine.wire.records import Command
 from stepstream.engine.wire.serde import RecordSerde, default_serde
 from stepstream.engine.wire.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
-from stepstream.ops import tracing
-from stepstream.ops.api import DEFAULT_MAX_BODY_BYTES, make_app
-from stepstream.ops.api_security import ApiSecurity
-from stepstream.ops.metrics import Health, observability_for
-from stepstream.ops.ui.cluster import ClusterView
+from stepstream.ops.api.routes import DEFAULT_MAX_BODY_BYTES, make_app
+from stepstream.ops.api.security import ApiSecurity
+from stepstream.ops.api.ui.cluster import ClusterView
+from stepstream.ops.telemetry import tracing
+from stepstream.ops.telemetry.metrics import Health, observability_for
 from stepstream.ops.worker_reads import OwnedReader
 from stepstream.producers import trace_context
 from stepstream.producers.kafka.definitions import registrations

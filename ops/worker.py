@@ -28,7 +28,7 @@ class Worker:
 
     With ``connect="kafka://HOST:PORT?prefix=P"`` the options are those of
     ``ops.kafka_worker.KafkaWorkerConfig`` (``state_dir``, ``host``, ``port``,
-    ``advertise``, ``max_payload_bytes``, ``api``: an ``ops.api_security.ApiSecurity``)
+    ``advertise``, ``max_payload_bytes``, ``api``: an ``ops.api.security.ApiSecurity``)
     plus ``kafka`` (a dict of client properties), ``kafka_config`` (a properties file) and
     ``tls_ca`` (a CA file its client trusts for the workers' https APIs); ``start()``
     returns once the group has given this worker its first partitions.
@@ -68,7 +68,7 @@ class Worker:
 
     async def _start_kafka(self) -> None:
         from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
-        from stepstream.producers.http import TLS_CA_ENV
+        from stepstream.producers.http.security import TLS_CA_ENV
         from stepstream.producers.kafka import open_kafka_transport, settings_from_url
 
         options = dict(self._options)

@@ -107,11 +107,11 @@ from stepstream.engine.errors import (
 )
 from stepstream.engine.replay.loop import NondeterministicCall
 from stepstream.engine.replay.state import InvalidTransition
-from stepstream.ops.api_security import InsecureBind
+from stepstream.ops.api.security import InsecureBind
 from stepstream.ops.brokers import BrokerError
-from stepstream.ops.history_export import InvalidHistoryFile
-from stepstream.ops.replay import ReplayDiverged
-from stepstream.producers.http import SessionUnavailable
+from stepstream.ops.tools.history_export import InvalidHistoryFile
+from stepstream.ops.tools.replay.results import ReplayDiverged
+from stepstream.producers.http.session import SessionUnavailable
 
 __all__ = [
     "AccessDenied",

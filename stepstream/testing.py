@@ -42,8 +42,10 @@ from stepstream.engine.virtual_clock import VirtualClock
 from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.engine.wire.topics import COMMANDS, TIMERS
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
-from stepstream.ops.history_export import ExportedHistory
-from stepstream.ops.replay import History, ReplayDiverged, ReplayResult, read_files, replay_history
+from stepstream.ops.tools.history_export import ExportedHistory
+from stepstream.ops.tools.replay.replayer import replay_history
+from stepstream.ops.tools.replay.results import ReplayDiverged, ReplayResult
+from stepstream.ops.tools.replay.sources import History, read_files
 from stepstream.producers.client import Client, Transport
 
 __all__ = [

@@ -29,10 +29,10 @@ from typing import IO, Any
 
 from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import StepstreamError
-from stepstream.ops import tracing
 from stepstream.ops.bench.workloads import WORKFLOWS
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
-from stepstream.ops.gc_pauses import GcPauses
+from stepstream.ops.telemetry import tracing
+from stepstream.ops.telemetry.gc_pauses import GcPauses
 from stepstream.producers.client import Client
 
 CLIENTS = ("inprocess", "http", "kafka")

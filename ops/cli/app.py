@@ -15,7 +15,6 @@ import sys
 from collections.abc import Sequence
 
 from stepstream.engine.errors import ResultTimeout, StepstreamError
-from stepstream.ops import logs
 from stepstream.ops.cli import bench, history, instances, kafka, listing, run, serve, tools
 from stepstream.ops.cli.options import LOGGING
 from stepstream.ops.cli.table import (
@@ -29,6 +28,7 @@ from stepstream.ops.cli.table import (
     arg,
     build_parser,
 )
+from stepstream.ops.telemetry import logs
 from stepstream.ops.version import version
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -27,7 +27,7 @@ def _history(args: argparse.Namespace) -> int:
             return await _follow(client, args)
         history = await client.history(args.id)
         if args.export is not None:
-            from stepstream.ops.history_export import records_from_entries, write_export
+            from stepstream.ops.tools.history_export import records_from_entries, write_export
 
             records = records_from_entries(args.id, history)
             write_export(args.export, args.id, records)

@@ -17,8 +17,8 @@ from stepstream.engine.errors import (
 from stepstream.ops.cli import render
 from stepstream.ops.cli.options import CONNECT, JSON, json_flag, timeout_flag, with_client
 from stepstream.ops.cli.table import EXIT_OK, Command, UsageError, arg
-from stepstream.producers import http as _http
 from stepstream.producers.client import Client
+from stepstream.producers.http.wire import error_to_wire
 
 _ID = arg("id", metavar="ID", help="the instance's id")
 # Every command here talks to a running engine and can print JSON.
@@ -127,7 +127,7 @@ def _result(args: argparse.Namespace) -> int:
 def _say_json(args: argparse.Namespace, status: str, error: StepstreamError) -> None:
     """With ``--json``, how it ended on stdout too (the message also goes to stderr)."""
     if args.json:
-        render.print_json({"instance_id": args.id, "status": status, **_http.error_to_wire(error)})
+        render.print_json({"instance_id": args.id, "status": status, **error_to_wire(error)})
 
 
 _START_HELP = (

@@ -13,9 +13,10 @@ from typing import Any
 
 from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.wire.codec import parse_json_text
-from stepstream.ops import event_loop, logs
-from stepstream.ops.api_security import ApiSecurity, InsecureBind
+from stepstream.ops import event_loop
+from stepstream.ops.api.security import ApiSecurity, InsecureBind
 from stepstream.ops.cli.table import UsageError, arg
+from stepstream.ops.telemetry import logs
 from stepstream.producers.client import DEFAULT_CONNECT, Client
 
 # Transports that live outside producers.http and are imported only when asked for:

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus, Wait
-from stepstream.ops.timeline import render_timeline
+from stepstream.ops.tools.timeline import render_timeline
 
 __all__ = [
     "compact",

@@ -15,8 +15,8 @@ from stepstream.ops import event_loop
 from stepstream.ops.cli import render
 from stepstream.ops.cli.options import JSON, json_flag, put_cwd_on_path, timeout_flag
 from stepstream.ops.cli.table import EXIT_OK, Command, UsageError, arg
-from stepstream.producers import http as _http
 from stepstream.producers.client import Client
+from stepstream.producers.http.wire import error_to_wire
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -63,7 +63,7 @@ async def _run_once(definition: WorkflowDefinition, value: Any, args: argparse.N
         if error is None:
             out["result"] = result
         else:
-            out.update(_http.error_to_wire(error))
+            out.update(error_to_wire(error))
         out["history"] = [entry.to_json() for entry in history]
         render.print_json(out)
     else:

@@ -14,18 +14,19 @@ from aiohttp import web
 
 from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import StepstreamError
-from stepstream.ops import event_loop, tracing
-from stepstream.ops.api import DEFAULT_MAX_BODY_BYTES, make_app
-from stepstream.ops.api_security import ApiSecurity
+from stepstream.ops import event_loop
+from stepstream.ops.api.routes import DEFAULT_MAX_BODY_BYTES, make_app
+from stepstream.ops.api.security import ApiSecurity
+from stepstream.ops.api.serving import address, api_runner, reachable
+from stepstream.ops.api.serving import listen as _listen
+from stepstream.ops.api.serving import stop_on_signals as _stop_on_signals
 from stepstream.ops.cli import render
 from stepstream.ops.cli.options import JSON, KAFKA, SERVING, api_security, kafka_settings
 from stepstream.ops.cli.options import put_cwd_on_path as _put_cwd_on_path
 from stepstream.ops.cli.table import EXIT_OK, Command, UsageError, arg
 from stepstream.ops.gc_tuning import tune_for_serving
-from stepstream.ops.metrics import Health, observability_for
-from stepstream.ops.serving import address, api_runner, reachable
-from stepstream.ops.serving import listen as _listen
-from stepstream.ops.serving import stop_on_signals as _stop_on_signals
+from stepstream.ops.telemetry import tracing
+from stepstream.ops.telemetry.metrics import Health, observability_for
 
 log = logging.getLogger("stepstream.cli")
 

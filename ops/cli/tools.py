@@ -25,7 +25,7 @@ def _replay(args: argparse.Namespace) -> int:
             "replay reads an embedded data directory read-only with --data DIR; "
             "--connect embedded: would open it for writing"
         )
-    from stepstream.ops import replay
+    from stepstream.ops.tools.replay import command as replay
 
     put_cwd_on_path()
     return replay.main(args)

@@ -20,12 +20,8 @@ from stepstream.engine.wire.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, P
 from stepstream.engine.wire.serde import default_serde
 from stepstream.engine.wire.topics import DEFINITIONS, MEMBERS, TopicNames
 from stepstream.producers.client import Transport, register_transport
-from stepstream.producers.http import (
-    DEFAULT_REQUEST_TIMEOUT_S,
-    client_headers,
-    client_security,
-    client_ssl,
-)
+from stepstream.producers.http.security import client_headers, client_security, client_ssl
+from stepstream.producers.http.transport import DEFAULT_REQUEST_TIMEOUT_S
 from stepstream.producers.kafka.definitions import DefinitionsView
 from stepstream.producers.kafka.members import MembersView
 from stepstream.producers.kafka.settings import (
@@ -75,7 +71,7 @@ async def open_kafka_transport(
     token: str | None = None,
     tls_ca: str | None = None,
 ) -> KafkaTransport:
-    """``token`` and ``tls_ca``: for the workers' HTTP APIs (see ``producers.http``)."""
+    """``token`` and ``tls_ca``: for the workers' HTTP APIs (see ``producers.http.security``)."""
     check_properties(settings)
     topics = TopicNames(settings.prefix)
     headers = client_headers(token)

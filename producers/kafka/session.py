@@ -1,13 +1,13 @@
 """One worker's API as a ``kafka://`` client sees it: reads and waits as calls on the
 worker's session websocket (many in flight, batched both ways), listing over plain HTTP.
-The HTTP session underneath is shared by every worker's API (see ``producers.http``)."""
+The HTTP session underneath is shared by every worker's API (see ``producers.http.session``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
-from stepstream.producers.http import HttpTransport
+from stepstream.producers.http.transport import HttpTransport
 
 # A start a client published: its command id (None: any start up to the offset) and the
 # offset the broker gave it on the commands topic.

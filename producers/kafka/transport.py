@@ -40,9 +40,7 @@ from stepstream.engine.wire.records import Command, StartWorkflow
 from stepstream.engine.wire.serde import RecordSerde
 from stepstream.engine.wire.topics import TopicNames, partition_for
 from stepstream.producers import trace_context
-from stepstream.producers.http import (
-    DEFAULT_REQUEST_TIMEOUT_S,
-)
+from stepstream.producers.http.transport import DEFAULT_REQUEST_TIMEOUT_S
 from stepstream.producers.kafka.definitions import DefinitionsView, RemoteWorkflow
 from stepstream.producers.kafka.members import MembersView
 from stepstream.producers.kafka.routing import Router

@@ -27,7 +27,12 @@ import pytest
 from stepstream import Context, workflow
 from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import HistoryDiverged
-from stepstream.ops.history_export import dumps, read_export, records_from_entries, to_document
+from stepstream.ops.tools.history_export import (
+    dumps,
+    read_export,
+    records_from_entries,
+    to_document,
+)
 from stepstream.testing import ReplayDiverged, WorkflowEnvironment, replay
 from tests.golden import replay_workflows as today
 

@@ -22,10 +22,10 @@ from stepstream.engine.errors import (
     UnknownWorkflow,
     WorkflowCancelled,
 )
-from stepstream.ops.api import make_app
+from stepstream.ops.api.routes import make_app
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.producers.client import Client
-from stepstream.producers.http import SESSION_COMMAND_BYTES
+from stepstream.producers.http.wire import SESSION_COMMAND_BYTES
 from tests import conftest
 
 
@@ -278,7 +278,7 @@ async def test_an_unknown_path_is_told_what_the_server_serves(tmp_path: Path) ->
 
 
 def test_a_url_on_every_interface_is_printed_with_this_machines_name() -> None:
-    from stepstream.ops.serving import reachable
+    from stepstream.ops.api.serving import reachable
 
     host = socket.gethostname()
     assert reachable("http://0.0.0.0:8233") == f"http://{host}:8233"

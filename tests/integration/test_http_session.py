@@ -21,10 +21,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from stepstream.ops.api import SESSIONS, make_app
+from stepstream.ops.api.routes import SESSIONS, make_app
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.producers.client import Client, Transport
-from stepstream.producers.http import SESSION_FRAME_CALLS, SESSION_MAX_CALLS
+from stepstream.producers.http.wire import SESSION_FRAME_CALLS, SESSION_MAX_CALLS
 from tests import conftest
 
 

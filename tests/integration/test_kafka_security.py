@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from stepstream import AccessDenied, Client
-from stepstream.ops.api_security import ApiSecurity, InsecureBind
+from stepstream.ops.api.security import ApiSecurity, InsecureBind
 from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
 from tests.conftest import (
     KAFKA_TEST_PARTITIONS,

@@ -84,7 +84,7 @@ async def test_event_names_and_cancel_reasons_are_checked(client: Client) -> Non
 
 async def test_ids_refused_over_http_get_a_400(tmp_path: Path) -> None:
     """Through the HTTP API: the JSON body's id is checked before anything is written."""
-    from stepstream.ops.api import make_app
+    from stepstream.ops.api.routes import make_app
 
     engine = await open_embedded(
         workflows_of_tests(), EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1)

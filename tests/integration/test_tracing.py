@@ -19,8 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from stepstream.consumers.kafka import create_topics
-from stepstream.ops import tracing
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from stepstream.ops.telemetry import tracing
 from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_PARTITIONS, ThreadedWorker, kafka_settings, kafka_url
 from tests.conftest import test_registry as registry

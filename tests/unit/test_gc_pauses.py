@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from stepstream.ops.gc_pauses import GC_BUCKETS_S, recording
+from stepstream.ops.telemetry.gc_pauses import GC_BUCKETS_S, recording
 
 
 def test_a_full_collection_is_counted_timed_and_kept_as_the_longest() -> None:

@@ -24,7 +24,7 @@ from stepstream.engine.wire.records import (
     WorkflowCompleted,
     WorkflowStarted,
 )
-from stepstream.ops.history_export import (
+from stepstream.ops.tools.history_export import (
     FORMAT,
     FORMAT_VERSION,
     InvalidHistoryFile,

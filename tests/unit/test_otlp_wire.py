@@ -1,4 +1,4 @@
-"""The hand-encoded OTLP requests (``ops/otlp_wire.py``) say what the SDK's encoder says
+"""The hand-encoded OTLP requests (``ops/telemetry/otlp_wire.py``) say what the SDK's encoder says
 for the same runs and attempts: decoded with the OTLP protobuf classes, they match."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, TraceIdRatioBased
 
 from stepstream.consumers.telemetry import RunSpan, StepSpan
-from stepstream.ops.otlp_wire import SpanEncoder, parse_traceparent
-from stepstream.ops.span_direct import DirectSpans
+from stepstream.ops.telemetry.otlp_wire import SpanEncoder, parse_traceparent
+from stepstream.ops.telemetry.span_direct import DirectSpans
 from stepstream.producers import trace_context
 from stepstream.producers.trace_context import ProducerSpan
 
@@ -149,7 +149,7 @@ def test_a_malformed_traceparent_is_no_parent() -> None:
 def test_the_exporter_process_takes_the_hand_encoded_path_for_otlp_over_http() -> None:
     """The fast path leans on the OTLP exporter's HTTP client: with the version the
     project installs, it is taken; anything but OTLP over HTTP goes the SDK's way."""
-    from stepstream.ops.otlp_wire import WireExport, wire_from_env
+    from stepstream.ops.telemetry.otlp_wire import WireExport, wire_from_env
 
     endpoint = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
     assert isinstance(wire_from_env(endpoint, service="s"), WireExport)
@@ -164,7 +164,7 @@ def test_a_flushed_batch_reads_back_whole_and_in_order() -> None:
     batch) is what that process reads back: every span, its kind, every field, in order."""
     import marshal
 
-    from stepstream.ops import span_export
+    from stepstream.ops.telemetry import span_export
 
     exporter = span_export.SpanExportProcess("s")  # tracing off here: the child just ends
     put: list[bytes] = []
@@ -191,7 +191,7 @@ def test_a_flushed_batch_reads_back_whole_and_in_order() -> None:
 
 
 def test_the_exporter_process_says_it_is_ready_even_with_tracing_off() -> None:
-    from stepstream.ops import span_export
+    from stepstream.ops.telemetry import span_export
 
     exporter = span_export.SpanExportProcess("s")
     try:
@@ -203,7 +203,7 @@ def test_the_exporter_process_says_it_is_ready_even_with_tracing_off() -> None:
 def test_an_exporter_that_falls_behind_drops_whole_batches_and_says_so(
     caplog: Any,
 ) -> None:
-    from stepstream.ops import span_export
+    from stepstream.ops.telemetry import span_export
 
     exporter = span_export.SpanExportProcess("s")  # tracing off here: the child just ends
     try:

@@ -70,7 +70,7 @@ def test_the_wheel_installs_one_top_level_name_with_its_data(wheel: Path) -> Non
     assert any(
         n.startswith("stepstream/schemas/stepstream/") and n.endswith(".avsc") for n in names
     )
-    assert any(n.startswith("stepstream/ops/ui/static/") for n in names)
+    assert any(n.startswith("stepstream/ops/api/ui/static/") for n in names)
     # `stepstream broker --apache` resolves its jars from this pom and logs with this config.
     assert "stepstream/ops/brokers/apache-kafka.pom.xml" in names
     assert "stepstream/ops/brokers/apache-log4j2.properties" in names

@@ -1,4 +1,4 @@
-"""``ops.replay`` on its own: histories made by driving ``InstanceRuntime`` directly (no
+"""``ops.tools.replay`` on its own: histories made by driving ``InstanceRuntime`` directly (no
 backend, a fake clock), then replayed against the same code and against changed code."""
 
 from __future__ import annotations
@@ -32,14 +32,10 @@ from stepstream.engine.wire.records import (
     WorkflowCompleted,
 )
 from stepstream.engine.wire.serde import default_serde
-from stepstream.ops.history_export import ExportedHistory
-from stepstream.ops.replay import (
-    History,
-    ReplayDiverged,
-    fold_history_log,
-    replay_all,
-    replay_history,
-)
+from stepstream.ops.tools.history_export import ExportedHistory
+from stepstream.ops.tools.replay.replayer import replay_all, replay_history
+from stepstream.ops.tools.replay.results import ReplayDiverged
+from stepstream.ops.tools.replay.sources import History, fold_history_log
 from stepstream.testing import replay
 
 CODEC = JsonCodec()

@@ -1,11 +1,11 @@
 """Spans made as finished ``ReadableSpan``s and handed to the batch processor: how the
-exporter process (``ops/span_export.py``) makes them for exporters other than OTLP over
-HTTP (which ``ops/otlp_wire.py`` serves without SDK spans).
+exporter process (``ops/telemetry/span_export.py``) makes them for exporters other than OTLP over
+HTTP (which ``ops/telemetry/otlp_wire.py`` serves without SDK spans).
 
 Everything about a run's or an attempt's span is known when it is made (its ids, times,
 parent, status), so the SDK's tracer would only spend time (about 25 µs a span against
 under 2 here) starting and ending a span for it. The same ids, names and attributes as
-``ops.tracing.OtelSpans``; the sampler the ``OTEL_*`` variables configure still decides.
+``ops.telemetry.tracing.OtelSpans``; the sampler the ``OTEL_*`` variables configure still decides.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from stepstream.consumers.telemetry import RunSpan, StepSpan
-from stepstream.ops.tracing import (
+from stepstream.ops.telemetry.tracing import (
     client_context,
     exporter_from_env,
     run_attributes,

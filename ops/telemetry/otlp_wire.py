@@ -30,7 +30,7 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
 from stepstream.consumers.telemetry import RunSpan, StepSpan
 from stepstream.engine.wire.uvarint import uvarint
-from stepstream.ops.tracing import run_span_id, trace_id_of_run, tracing_enabled
+from stepstream.ops.telemetry.tracing import run_span_id, trace_id_of_run, tracing_enabled
 from stepstream.producers.trace_context import ProducerSpan
 
 log = logging.getLogger("stepstream.tracing")
@@ -444,7 +444,7 @@ class WireExport:
 def wire_from_env(env: Mapping[str, str], *, service: str) -> WireExport | None:
     """The hand-encoded OTLP/HTTP export the ``OTEL_*`` variables configure; None when
     tracing is off, or exports elsewhere than OTLP over HTTP with protobuf (the SDK's
-    path then serves, ``ops.span_direct``), or the exporter's client is not the one
+    path then serves, ``ops.telemetry.span_direct``), or the exporter's client is not the one
     this was written against."""
     if not tracing_enabled(env):
         return None

@@ -2,9 +2,9 @@
 
 Every route maps onto one transport call; this module owns only the HTTP side of it:
 request validation, status codes and the error body
-``{"error": {"type": "<ClassName>", "message": ...}}`` (see ``producers.http`` for the
-wire form both sides share). Request bodies are parsed as JSON and nothing else; who may
-call at all is ``ops.api_security``'s concern.
+``{"error": {"type": "<ClassName>", "message": ...}}`` (see ``producers.http.wire`` for
+the wire form both sides share). Request bodies are parsed as JSON and nothing else; who may
+call at all is ``ops.api.security``'s concern.
 """
 
 from __future__ import annotations
@@ -34,15 +34,15 @@ from stepstream.engine.errors import (
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.replay.state import Status
 from stepstream.engine.wire.codec import parse_json_text
-from stepstream.ops.api_security import ApiSecurity
-from stepstream.ops.api_session import CommandWaiter, Session, check_fields, string_field
-from stepstream.ops.ui.routes import TransportSource, add_ui_routes
+from stepstream.ops.api.security import ApiSecurity
+from stepstream.ops.api.session import CommandWaiter, Session, check_fields, string_field
+from stepstream.ops.api.ui.routes import TransportSource, add_ui_routes
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport
-from stepstream.producers.http import error_to_wire, wire_error_class
+from stepstream.producers.http.wire import SESSION_PATH, error_to_wire, wire_error_class
 
 if TYPE_CHECKING:
-    from stepstream.ops.metrics import Observability
+    from stepstream.ops.telemetry.metrics import Observability
 
 log = logging.getLogger("stepstream.api")
 
@@ -92,7 +92,7 @@ def make_app(
 ) -> web.Application:
     """The API over ``transport``. ``registry_names`` answers ``GET /v1/workflows``;
     ``commands`` (if given) ``GET /v1/commands/{id}?instance=ID&timeout=S``. ``security``
-    (token, allowed hosts; see ``ops.api_security``) guards every route, and
+    (token, allowed hosts; see ``ops.api.security``) guards every route, and
     ``served_hosts`` are the names the server is reached by (bound host, advertised
     host). ``observability`` adds ``/metrics`` and ``/readyz``. ``app[SESSIONS]`` counts
     the websocket sessions and their calls. ``ui_transport`` gives the transport the web
@@ -120,9 +120,9 @@ def make_app(
         app.router.add_get("/v1/commands/{id}", api.command)
     session = Session(transport, commands, max_body_bytes)
     app[SESSIONS] = session
-    app.router.add_get("/v1/session", session.serve)
+    app.router.add_get(SESSION_PATH, session.serve)
     app.on_shutdown.append(session.close_all)
-    # The overview and the web UI (ops.ui), kept in one block.
+    # The overview and the web UI (ops.api.ui), kept in one block.
     app.router.add_get("/v1/overview", api.overview)
     add_ui_routes(app, ui_transport or functools.partial(_ready, transport), registry_names)
     return app

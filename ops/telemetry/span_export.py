@@ -4,10 +4,10 @@ event loop almost nothing.
 The engine's loop only appends each finished run and step attempt (named tuples) to a
 batch; a ``multiprocessing`` queue carries the batches to a child process, which
 exports them as configured by the ``OTEL_*`` variables it inherits. To OTLP over HTTP
-(the usual case) it writes each batch's request bytes itself (``ops/otlp_wire.py``,
+(the usual case) it writes each batch's request bytes itself (``ops/telemetry/otlp_wire.py``,
 about 5 µs a span against the SDK's 60: the child shares the second core with the
 WAL's fsyncs and the clients); to anything else it makes finished SDK spans
-(``ops/span_direct.py``) for the SDK's exporter. It exits when told to (flushing what it
+(``ops/telemetry/span_direct.py``) for the SDK's exporter. It exits when told to (flushing what it
 holds) or when its parent is gone. If it falls behind (an OTLP endpoint that does not
 answer), the engine drops whole batches beyond ``MAX_BACKLOG`` rather than hold them.
 """
@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from stepstream.consumers.telemetry import RunSpan, StepSpan
-from stepstream.ops import logs
+from stepstream.ops.telemetry import logs
 from stepstream.producers.trace_context import ProducerSpan
 
 log = logging.getLogger("stepstream.tracing")
@@ -175,8 +175,8 @@ def _export(
         logs.configure(level, log_format, process=process)
     with contextlib.suppress(OSError):
         os.nice(NICENESS)
-    from stepstream.ops.otlp_wire import wire_from_env
-    from stepstream.ops.span_direct import direct_from_env
+    from stepstream.ops.telemetry.otlp_wire import wire_from_env
+    from stepstream.ops.telemetry.span_direct import direct_from_env
 
     try:
         sink = wire_from_env(os.environ, service=service) or direct_from_env(

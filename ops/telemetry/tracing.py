@@ -43,7 +43,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from stepstream.consumers.host import PartitionHost
 from stepstream.consumers.telemetry import RunSpan, StepSpan
-from stepstream.ops.span_export import SpanExportProcess
+from stepstream.ops.telemetry.span_export import SpanExportProcess
 from stepstream.producers import trace_context
 
 log = logging.getLogger("stepstream.tracing")

@@ -29,7 +29,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from stepstream.engine.errors import StepstreamError
-from stepstream.ops.ui.routes import STATIC_PREFIX, UI_FILES, UI_PATHS
+from stepstream.ops.api.ui.routes import STATIC_PREFIX, UI_FILES, UI_PATHS
 
 # Forwarded log records, between the engine processes of ``stepstream dev --processes``:
 # taken only on their internal routes.

@@ -26,9 +26,9 @@ from prometheus_client.registry import Collector
 
 from stepstream.consumers.host import PartitionHost
 from stepstream.consumers.telemetry import DEAD_LETTER_REASONS, Histogram
-from stepstream.ops import gc_pauses
-from stepstream.ops.gc_pauses import GcPauses
-from stepstream.ops.span_export import DROP_REASONS, SpanExportProcess
+from stepstream.ops.telemetry import gc_pauses
+from stepstream.ops.telemetry.gc_pauses import GcPauses
+from stepstream.ops.telemetry.span_export import DROP_REASONS, SpanExportProcess
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -16,7 +16,7 @@ import os
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.producers.client import Transport
-from stepstream.producers.http import TLS_CA_ENV
+from stepstream.producers.http.security import TLS_CA_ENV
 from stepstream.producers.kafka import open_kafka_transport
 
 

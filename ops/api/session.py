@@ -1,5 +1,5 @@
 """The API's ``/v1/session`` websocket: many calls of one client over one connection,
-batched both ways (see ``producers.http.ApiSession`` for the client side).
+batched both ways (see ``producers.http.session`` for the client side).
 
 A text frame is a JSON array of calls ``{"id": n, "op": ..., <arguments>}``; replies come
 back as arrays of ``{"id": n, "ok": <value>}`` or ``{"id": n, "error": {...}}``, in any
@@ -28,7 +28,7 @@ from stepstream.engine.wire.codec import parse_json_text
 from stepstream.engine.wire.settle import error_for, recorded_and_ignored
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport
-from stepstream.producers.http import (
+from stepstream.producers.http.wire import (
     SESSION_FRAME_BYTES,
     SESSION_FRAME_CALLS,
     SESSION_MAX_CALLS,

@@ -24,10 +24,11 @@ from stepstream.engine.errors import StepstreamError
 from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.wire.topics import partition_for
+from stepstream.producers.http.transport import HttpTransport
+from stepstream.producers.http.wire import PROCESSES_PATH
 
 log = logging.getLogger("stepstream.client")
 
-PROCESSES_PATH = "/v1/processes"
 _DISCOVERY_TIMEOUT_S = 5.0  # for the list, and for the processes' ports to answer
 
 
@@ -36,7 +37,7 @@ class RoutedHttpTransport:
     once it has said where they are."""
 
     def __init__(self, server: Any) -> None:
-        self._server = server  # producers.http.HttpTransport
+        self._server = server  # an HttpTransport
         self._owners: list[Any] | None = None  # by process; None until asked
         self._partitions = 0
         self._asking = asyncio.Lock()
@@ -147,7 +148,5 @@ async def _processes(http: aiohttp.ClientSession, base_url: str) -> tuple[int, l
 
 def _sibling(server: Any, port: int) -> Any:
     """An ``HttpTransport`` to the same host on ``port``, sharing the connection pool."""
-    from stepstream.producers.http import HttpTransport
-
     url = str(URL(server.base_url).with_port(port))
     return HttpTransport(url, server.http, request_timeout=server.request_timeout)

@@ -1,5 +1,5 @@
 // The step timeline drawn to time scale (CSS bars over a shared axis), from the rows
-// of ops/timeline.py: attempts, their backoff until the next attempt, sleeps, waits,
+// of ops/tools/timeline.py: attempts, their backoff until the next attempt, sleeps, waits,
 // children, compensations (steps named ".../undo") and points in time.
 import { h } from "./dom.js";
 

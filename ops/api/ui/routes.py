@@ -6,7 +6,7 @@ The JSON goes through a ``Transport`` that covers the whole deployment: on
 worker's cluster (opened on first use), so a worker's UI lists every worker's partitions
 and controls instances wherever they run. The page and its files hold no data and are
 served without a token; every ``/ui/api`` call needs the API's bearer token when one is
-set (``ops.api_security``), which the page asks for and keeps for the browser tab.
+set (``ops.api.security``), which the page asks for and keeps for the browser tab.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.reads.views import HistoryEntry
 from stepstream.engine.wire.codec import parse_json_text
-from stepstream.ops.timeline import timeline_rows
+from stepstream.ops.tools.timeline import timeline_rows
 from stepstream.producers.client import Transport
 
 UI_PATHS = ("/ui", "/ui/")
 STATIC_PREFIX = "/ui/static/"
 TransportSource = Callable[[], Awaitable[Transport]]
-_STATIC = resources.files("stepstream.ops.ui") / "static"
+_STATIC = resources.files("stepstream.ops.api.ui") / "static"
 UI_FILES = frozenset(
     {"app.js", "api.js", "dom.js", "timeline.js", "pages.js", "style.css", "index.html"}
 )

@@ -1,0 +1,156 @@
+"""Processes 1..N-1, the children of ``stepstream dev``: what each is told (``Spec``),
+starting them and starting one again when it dies, waiting until they are ready, and the
+loopback sockets their internal APIs listen on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from stepstream.engine.errors import StepstreamError
+from stepstream.ops.processes.observability import not_ready
+from stepstream.producers.http.security import client_headers
+
+log = logging.getLogger("stepstream.processes")
+
+SPEC_ENV = "STEPSTREAM_PROCESS_SPEC"  # set for a child: which process it is, and its peers
+PARENT_POLL_S = 0.5  # how often a child looks whether its parent is still there
+READY_TIMEOUT_S = 120.0  # the longest the parent waits for a child to restore and serve
+RESTART_DELAY_S = 1.0
+STOP_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Spec:
+    """What a child is told: which process it is and how to reach the others."""
+
+    process: int
+    processes: int
+    partitions: int
+    urls: list[str]  # every process's internal API URL, by process
+    token: str
+    fd: int  # the listening socket the parent opened for this child's internal API
+    public_fd: int  # and the one for its own partitions' public API
+
+    def to_env(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_env(cls, text: str) -> Spec:
+        return cls(**json.loads(text))
+
+
+class Children:
+    """Processes 1..N-1: started, started again when one dies, stopped at the end."""
+
+    def __init__(self, specs: Sequence[Spec]) -> None:
+        self._specs = specs
+        self._procs: dict[int, asyncio.subprocess.Process] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self.restarts: dict[int, int] = {}  # process -> times started again
+        self.exits: dict[int, int] = {}  # process -> the status it last exited with
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._keep(spec)) for spec in self._specs]
+
+    async def _keep(self, spec: Spec) -> None:
+        while not self._stopping:
+            env = {**os.environ, SPEC_ENV: spec.to_env()}
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "stepstream.ops.cli",
+                *sys.argv[1:],
+                env=env,
+                pass_fds=(spec.fd, spec.public_fd),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                # Out of the terminal's process group: Ctrl-C stops the server, which
+                # stops its children, rather than racing it to them (and a restart).
+                start_new_session=True,
+            )
+            self._procs[spec.process] = proc
+            code = await proc.wait()
+            if self._stopping:
+                return
+            self.restarts[spec.process] = self.restarts.get(spec.process, 0) + 1
+            self.exits[spec.process] = code
+            log.error(
+                "engine process %d (pid %d) exited with status %d; starting it again (its "
+                "partitions wait until it is back, nothing is lost)",
+                spec.process,
+                proc.pid,
+                code,
+            )
+            await asyncio.sleep(RESTART_DELAY_S)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for proc in self._procs.values():
+            if proc.returncode is None:
+                proc.terminate()
+        for process, proc in self._procs.items():
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
+            except TimeoutError:
+                log.warning(
+                    "engine process %d did not stop in %.0f s; killing it", process, STOP_TIMEOUT_S
+                )
+                proc.kill()
+                await proc.wait()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+async def wait_ready(urls: Sequence[str], token: str, children: Children) -> None:
+    """Until every child's ``/readyz`` says ready; says which one did not, and why."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + READY_TIMEOUT_S
+    async with aiohttp.ClientSession(headers=client_headers(token)) as http:
+        for process, url in enumerate(urls[1:], start=1):
+            reason = "not started"
+            while loop.time() < deadline:
+                reason = await not_ready(http, url)
+                if not reason:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                exited = children.exits.get(process)
+                said = "" if exited is None else f", and it exited with status {exited}"
+                raise StepstreamError(
+                    f"engine process {process} was not ready in {READY_TIMEOUT_S:.0f} s "
+                    f"({reason}{said}); its log lines above say why"
+                )
+
+
+def loopback_sockets(count: int) -> list[socket.socket]:
+    """Listening loopback sockets, one for each process's internal API."""
+    from stepstream.ops.api.serving import listen
+
+    return [listen("127.0.0.1", 0) for _ in range(count)]
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{host}:{port}"
+
+
+async def parent_gone(parent: int) -> None:
+    """Returns once the process that started this one is gone (killed with -9, say)."""
+    while os.getppid() == parent:
+        await asyncio.sleep(PARENT_POLL_S)

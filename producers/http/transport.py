@@ -1,0 +1,286 @@
+"""``HttpTransport``: a ``Transport`` over one stepstream HTTP API (a ``stepstream dev``
+process, the API service, a Kafka worker's API).
+
+Commands and short reads are requests on a pool of connections; waits (``result``,
+``reply``) are calls on one websocket session (``producers.http.session``), so any
+number of waits never starves the pool. Commands go on the session too (many share a
+frame), unless they are big or the server does not take them there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from yarl import URL
+
+from stepstream.engine.errors import ConnectionFailed, InvalidPayload, StepstreamError
+from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.wire.codec import dump_json_text
+from stepstream.producers import trace_context
+from stepstream.producers.http.security import untrusted
+from stepstream.producers.http.session import ApiSession, SessionUnavailable
+from stepstream.producers.http.wire import SESSION_COMMAND_BYTES, error_from_wire
+
+# How much longer than the server-side wait a result request may take before the client
+# gives up on the server itself.
+_RESULT_MARGIN_S = 10.0
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
+POOL_CONNECTIONS = 100  # the pool for commands and reads (waits use the session instead)
+
+
+class HttpTransport:
+    """One ``aiohttp.ClientSession`` for every request and one ``ApiSession`` for the
+    waits; ``close()`` closes both."""
+
+    def __init__(
+        self,
+        base_url: str,
+        session: aiohttp.ClientSession,
+        *,
+        request_timeout: float = DEFAULT_REQUEST_TIMEOUT_S,
+    ) -> None:
+        self._base = base_url.rstrip("/")
+        self._session = session
+        self._request_timeout = request_timeout
+        self._calls = ApiSession(session, self._base)
+        # Commands go on the session unless the server turned out not to take them there.
+        self._session_commands = True
+        # Requests take the pool's connections in the order they were made. aiohttp
+        # hands a freed connection to whichever request asks next, so under a steady
+        # load of more than POOL_CONNECTIONS requests the ones already waiting could starve
+        # until their timeout (measured: 400 of 500 concurrent starts failed after 30 s
+        # while the other 100 went on); asyncio's semaphore is first come, first served.
+        self._slots = asyncio.Semaphore(POOL_CONNECTIONS)
+
+    # Commands go as calls on the session (many share a frame: the server parses one
+    # frame, not one request, for each of them); a big one goes as its own request.
+    async def start(
+        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+    ) -> str:
+        body = {"workflow": workflow, "input": input, "instance_id": instance_id}
+        if version is not None:
+            body["version"] = version
+        data = _encode(body, f"input of workflow {workflow!r}")
+        answer = await self._command("start", data, "/v1/instances")
+        return str(answer["instance_id"])
+
+    async def send_event(
+        self, instance_id: str, name: str, payload: Any, event_id: str | None = None
+    ) -> None:
+        body: dict[str, Any] = {"name": name, "payload": payload}
+        if event_id is not None:
+            body["event_id"] = event_id
+        data = _encode(body, f"payload of event {name!r} for instance {instance_id}")
+        await self._command("send_event", data, f"{_path(instance_id)}/events", instance_id)
+
+    async def cancel(self, instance_id: str, reason: str) -> None:
+        data = _encode({"reason": reason}, "cancel reason")
+        await self._command("cancel_workflow", data, f"{_path(instance_id)}/cancel", instance_id)
+
+    async def pause(self, instance_id: str) -> None:
+        await self._command("pause", b"{}", f"{_path(instance_id)}/pause", instance_id)
+
+    async def resume(self, instance_id: str) -> None:
+        await self._command("resume", b"{}", f"{_path(instance_id)}/resume", instance_id)
+
+    async def _command(
+        self, op: str, body: bytes, path: str, instance_id: str | None = None
+    ) -> Any:
+        """``body`` (a JSON object, checked) as a session call, or POSTed to ``path``
+        when it is big."""
+        if len(body) > SESSION_COMMAND_BYTES or not self._session_commands:
+            return await self._call("POST", path, data=body)
+        extra = dict(trace_context.headers())  # the caller's trace, as headers would carry
+        if instance_id is not None:
+            extra["instance_id"] = instance_id
+        args = body.decode()
+        if extra:
+            more = json.dumps(extra, separators=(",", ":"))[1:-1]
+            args = "{" + more + "}" if args == "{}" else args[:-1] + "," + more + "}"
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                return await self._calls.call_json(op, args)
+        except SessionUnavailable:
+            self._session_commands = False  # nothing was sent: as a request, from now on
+            return await self._call("POST", path, data=body)
+        except InvalidPayload as exc:
+            if not str(exc).startswith("unknown session call"):
+                raise
+            self._session_commands = False  # an older server: it applied nothing
+            return await self._call("POST", path, data=body)
+        except TimeoutError as exc:
+            if isinstance(exc, StepstreamError):
+                raise
+            raise ConnectionFailed(
+                f"stepstream at {self._base} did not answer {op} within "
+                f"{self._request_timeout} s; check the server log, then retry"
+            ) from None
+
+    async def status(self, instance_id: str) -> InstanceStatus:
+        return InstanceStatus.from_json(await self._call("GET", _path(instance_id)))
+
+    async def result(self, instance_id: str, timeout: float | None) -> Any:
+        # A call on the session: the server waits for the instance to finish (woken by
+        # the commit, it does not poll) and answers at the latest after ``timeout``;
+        # waiting holds no connection of the pool.
+        limit = None if timeout is None else timeout + _RESULT_MARGIN_S
+        try:
+            async with asyncio.timeout(limit):
+                return await self._calls.call("result", instance_id=instance_id, timeout=timeout)
+        except TimeoutError as exc:
+            if isinstance(exc, StepstreamError):
+                raise
+            raise ConnectionFailed(
+                f"stepstream at {self._base} did not answer the wait for {instance_id} within "
+                f"{limit} s; check the server log, then retry"
+            ) from None
+
+    async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
+        # Like result(): a call on the session, answered when the answer is durable.
+        limit = None if timeout is None else timeout + _RESULT_MARGIN_S
+        try:
+            async with asyncio.timeout(limit):
+                return await self._calls.call(
+                    "reply", instance_id=instance_id, message_id=message_id, timeout=timeout
+                )
+        except TimeoutError as exc:
+            if isinstance(exc, StepstreamError):
+                raise
+            raise ConnectionFailed(
+                f"stepstream at {self._base} did not answer the wait for a reply of "
+                f"{instance_id} within {limit} s; check the server log, then retry"
+            ) from None
+
+    async def history(self, instance_id: str) -> list[HistoryEntry]:
+        answer = await self._call("GET", f"{_path(instance_id)}/history")
+        return [HistoryEntry.from_json(raw) for raw in answer["history"]]
+
+    async def list(self, status: str | None) -> list[InstanceStatus]:
+        params = {} if status is None else {"status": status}
+        answer = await self._call("GET", "/v1/instances", params=params)
+        return [InstanceStatus.from_json(raw) for raw in answer["instances"]]
+
+    async def list_page(self, query: ListQuery) -> InstancePage:
+        answer = await self._call("GET", "/v1/instances", params=query.params())
+        return InstancePage.from_json(answer)
+
+    async def overview(self) -> Overview:
+        return Overview.from_json(await self._call("GET", "/v1/overview"))
+
+    async def close(self) -> None:
+        await self._calls.close()
+        await self._session.close()
+
+    async def close_session_only(self) -> None:
+        """Close the websocket session, not the connection pool (another owns it)."""
+        await self._calls.close()
+
+    async def probe(self) -> None:
+        """Open the websocket session now; ``ConnectionFailed`` if the server is not
+        reachable."""
+        await self._calls.open()
+
+    @property
+    def base_url(self) -> str:
+        return self._base
+
+    @property
+    def request_timeout(self) -> float:
+        return self._request_timeout
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        return self._session
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        data: bytes | None = None,
+        params: dict[str, str] | None = None,
+    ) -> Any:
+        return await self._send(method, path, data, params, self._request_timeout)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        data: bytes | None,
+        params: dict[str, str] | None,
+        timeout: float | None,
+    ) -> Any:
+        url = URL(self._base + path, encoded=True)
+        try:
+            async with (
+                asyncio.timeout(timeout),
+                self._slots,
+                self._session.request(
+                    method,
+                    url,
+                    data=data,
+                    params=params,
+                    headers=(
+                        {"Content-Type": "application/json", **trace_context.headers()}
+                        if data is not None
+                        else None
+                    ),
+                    timeout=aiohttp.ClientTimeout(total=timeout),
+                ) as response,
+            ):
+                status = response.status
+                raw = await response.read()
+        except aiohttp.ClientConnectorCertificateError as exc:
+            raise untrusted(self._base, exc) from None
+        except aiohttp.ClientConnectorSSLError as exc:
+            raise ConnectionFailed(
+                f"TLS with stepstream at {self._base} failed ({exc.os_error}); is it serving "
+                "https (--tls-cert), and http:// vs https:// right?"
+            ) from None
+        except aiohttp.ClientConnectorError as exc:
+            raise ConnectionFailed(
+                f"cannot reach stepstream at {self._base}: is `stepstream dev` running? "
+                f"({exc.os_error.strerror or exc}); start it, or pass --connect / "
+                "STEPSTREAM_CONNECT with the right address"
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise ConnectionFailed(
+                f"lost the connection to stepstream at {self._base} during {method} {path}: "
+                f"{str(exc) or type(exc).__name__}; check the server log, then retry"
+            ) from None
+        except TimeoutError:
+            raise ConnectionFailed(
+                f"stepstream at {self._base} did not answer {method} {path} within {timeout} s "
+                f"(counting any wait for one of this client's {POOL_CONNECTIONS} connections); "
+                "check the server log, then retry"
+            ) from None
+        return self._decode(method, path, status, raw)
+
+    def _decode(self, method: str, path: str, status: int, raw: bytes) -> Any:
+        try:
+            body = json.loads(raw) if raw else {}
+        except ValueError:
+            body = None
+        if status < 400 and isinstance(body, dict):
+            return body
+        if isinstance(body, dict) and isinstance(body.get("error"), dict):
+            raise error_from_wire(body["error"])
+        snippet = raw[:200].decode("utf-8", "replace")
+        raise StepstreamError(
+            f"unexpected answer from {self._base} to {method} {path}: HTTP {status} {snippet!r}; "
+            "is this the address of a stepstream API?"
+        )
+
+
+def _path(instance_id: str) -> str:
+    return f"/v1/instances/{quote(instance_id, safe='')}"
+
+
+def _encode(body: dict[str, Any], what: str) -> bytes:
+    """Check the user's value here, before anything is sent."""
+    return dump_json_text(body, what=what).encode()
