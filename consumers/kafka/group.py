@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from stepstream.consumers.kafka import keys
-from stepstream.consumers.kafka.clients import make_client
+from stepstream.consumers.kafka.clients import make_client, through_elections
 from stepstream.consumers.kafka.source import KafkaSource
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.seams import LogEntry
@@ -380,7 +380,11 @@ class GroupConsumer:
                 TopicPartition(self._topics.name(kind), p) for p in partitions for kind in KINDS
             ]
             committed: dict[Position, int | None] = {}
-            for tp in consumer.committed(wanted, timeout=30):
+            offsets = through_elections(
+                lambda: consumer.committed(wanted, timeout=30),
+                f"reading the group's offsets of partitions {partitions}",
+            )
+            for tp in offsets:
                 kind = self._kind_of[tp.topic]
                 committed[(kind, tp.partition)] = tp.offset if tp.offset >= 0 else None
         except BaseException as exc:

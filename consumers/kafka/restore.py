@@ -33,7 +33,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from stepstream.consumers import state_keys
 from stepstream.consumers.instance_store import load_state
 from stepstream.consumers.kafka import keys
-from stepstream.consumers.kafka.clients import make_client
+from stepstream.consumers.kafka.clients import make_client, through_elections
 from stepstream.consumers.kafka.db import PartitionDB
 from stepstream.consumers.kafka.producer import LogProducer, OutRecord
 from stepstream.consumers.restore import Restorer
@@ -100,8 +100,11 @@ class HistoryReader:
 
     def tail(self, partition: int) -> tuple[int, int, bytes | None]:
         """The first and the next offset of the partition, and its last record's value."""
-        low, high = self._consumer.get_watermark_offsets(
-            TopicPartition(self._topic, partition), timeout=10, cached=False
+        low, high = through_elections(
+            lambda: self._consumer.get_watermark_offsets(
+                TopicPartition(self._topic, partition), timeout=10, cached=False
+            ),
+            f"reading the ends of {self._topic}[{partition}]",
         )
         last: list[bytes] = []
 
@@ -136,6 +139,8 @@ class HistoryReader:
                         if stop_at is None:
                             return max(position, msg.offset() or 0)
                         continue
+                    if err.retriable():
+                        continue  # librdkafka fetches again once the partition has a leader
                     raise RestoreFailed(f"reading {self._topic}[{partition}] failed: {err.str()}")
                 offset = msg.offset() or 0
                 on_record(offset, msg.value() or b"", msg.headers())
