@@ -57,9 +57,9 @@ from stepstream.engine.replay.state_json import state_from_storage
 from stepstream.engine.seams import CommitBatch, PartitionBackend, PartitionLost
 from stepstream.engine.wire.records import (
     HistoryRecord,
-    StepFailed,
-    WorkflowCancelled,
-    WorkflowFailed,
+    StepFailedRecord,
+    WorkflowCancelledRecord,
+    WorkflowFailedRecord,
     WorkflowStarted,
 )
 from stepstream.engine.wire.serde import RecordSerde
@@ -308,7 +308,7 @@ class HookRunner:
     ) -> HookTask | None:
         instance_id = record.instance_id
         event: StepErrorEvent | StatusChangeEvent
-        if isinstance(record, StepFailed):
+        if isinstance(record, StepFailedRecord):
             if definition.on_error is None:
                 return None
             retry_at = record.next_attempt_at_ms
@@ -542,8 +542,8 @@ def _status_after(old: Status | None, record: HistoryRecord) -> Status:
 
 
 def _error_of(record: HistoryRecord) -> str | None:
-    if isinstance(record, WorkflowFailed):
+    if isinstance(record, WorkflowFailedRecord):
         return f"{record.error_type}: {record.error_message}"
-    if isinstance(record, WorkflowCancelled) and record.reason:
+    if isinstance(record, WorkflowCancelledRecord) and record.reason:
         return f"cancelled: {record.reason}"
     return None

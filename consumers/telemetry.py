@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol, cast, runtime_checkable
 from stepstream.engine.wire.records import (
     HistoryRecord,
     StepAttemptStarted,
-    StepFailed,
+    StepFailedRecord,
     StepSucceeded,
-    WorkflowCancelled,
+    WorkflowCancelledRecord,
     WorkflowCompleted,
-    WorkflowFailed,
+    WorkflowFailedRecord,
     WorkflowStarted,
 )
 
@@ -133,7 +133,7 @@ class FlatStepSink(Protocol):
     def step_flat(self, fields: tuple[object, ...]) -> None: ...
 
 
-_RUN_ENDS = frozenset((WorkflowCompleted, WorkflowFailed, WorkflowCancelled))
+_RUN_ENDS = frozenset((WorkflowCompleted, WorkflowFailedRecord, WorkflowCancelledRecord))
 _LABELS: dict[str, str] = {}  # step key -> label, for the keys seen most recently
 _LABELS_KEPT = 10_000
 
@@ -156,7 +156,7 @@ def _step_label(key: str) -> str:
     return parts[-1].split("#", 1)[0]
 
 
-def step_outcome(record: StepSucceeded | StepFailed) -> str:
+def step_outcome(record: StepSucceeded | StepFailedRecord) -> str:
     if isinstance(record, StepSucceeded):
         return "succeeded"
     if record.error_type == "StepTimeout":
@@ -266,22 +266,24 @@ class Telemetry:
                 if attempts is None:
                     attempts = started[record.instance_id] = {}
                 attempts[attempt.key] = (attempt.attempt, record.time_ms)
-            elif kind is StepSucceeded or kind is StepFailed:
-                ended = cast("StepSucceeded | StepFailed", record)
+            elif kind is StepSucceeded or kind is StepFailedRecord:
+                ended = cast("StepSucceeded | StepFailedRecord", record)
                 attempts = started.get(record.instance_id)
                 began = attempts.pop(ended.key, None) if attempts is not None else None
                 self._step_ended(partition, ended, touched.get(record.instance_id), began)
             elif kind is WorkflowStarted:
                 self.workflows[(cast(WorkflowStarted, record).workflow, "started")] += 1
             elif kind in _RUN_ENDS:
-                end = cast("WorkflowCompleted | WorkflowFailed | WorkflowCancelled", record)
+                end = cast(
+                    "WorkflowCompleted | WorkflowFailedRecord | WorkflowCancelledRecord", record
+                )
                 started.pop(record.instance_id, None)
                 self._run_ended(partition, end, touched.get(record.instance_id))
 
     def _step_ended(
         self,
         partition: int,
-        record: StepSucceeded | StepFailed,
+        record: StepSucceeded | StepFailedRecord,
         runtime: InstanceRuntime | None,
         started: tuple[int, int] | None,
     ) -> None:
@@ -308,8 +310,8 @@ class Telemetry:
                 started[1],
                 record.time_ms,
                 outcome,
-                record.error_type if isinstance(record, StepFailed) else "",
-                record.error_message if isinstance(record, StepFailed) else "",
+                record.error_type if isinstance(record, StepFailedRecord) else "",
+                record.error_message if isinstance(record, StepFailedRecord) else "",
                 state.traceparent,
                 state.tracestate,
                 state.created_ms,
@@ -322,7 +324,7 @@ class Telemetry:
     def _run_ended(
         self,
         partition: int,
-        record: WorkflowCompleted | WorkflowFailed | WorkflowCancelled,
+        record: WorkflowCompleted | WorkflowFailedRecord | WorkflowCancelledRecord,
         runtime: InstanceRuntime | None,
     ) -> None:
         if runtime is None:
@@ -330,8 +332,8 @@ class Telemetry:
         state = runtime.state
         outcome = {
             WorkflowCompleted: "completed",
-            WorkflowFailed: "failed",
-            WorkflowCancelled: "cancelled",
+            WorkflowFailedRecord: "failed",
+            WorkflowCancelledRecord: "cancelled",
         }[type(record)]
         self.workflows[(state.workflow, outcome)] += 1
         seconds = max(0.0, (record.time_ms - state.created_ms) / 1000)

@@ -39,14 +39,14 @@ from stepstream.engine.wire.records import (
     SleepStarted,
     StartWorkflow,
     StepAttemptStarted,
-    StepFailed,
+    StepFailedRecord,
     StepSucceeded,
     WaitSatisfied,
     WaitStarted,
     WaitTimedOut,
-    WorkflowCancelled,
+    WorkflowCancelledRecord,
     WorkflowCompleted,
-    WorkflowFailed,
+    WorkflowFailedRecord,
     WorkflowPaused,
     WorkflowResumed,
     WorkflowStarted,
@@ -54,7 +54,7 @@ from stepstream.engine.wire.records import (
 from stepstream.engine.wire.topics import partition_for
 
 LOST = "AttemptLost"  # the error type of an attempt lost with its worker
-TERMINAL = (WorkflowCompleted, WorkflowFailed, WorkflowCancelled)
+TERMINAL = (WorkflowCompleted, WorkflowFailedRecord, WorkflowCancelledRecord)
 # Records only running workflow code makes: none while an instance is paused. (What
 # happens to it meanwhile is recorded: a running attempt's outcome, a timer, an event
 # that a pending wait claims; the code moves on only once resumed.)
@@ -64,7 +64,7 @@ APPLIES: dict[type[HistoryRecord], str] = {
     WorkflowStarted: StartWorkflow.__name__,
     EventBuffered: SendEvent.__name__,
     WaitSatisfied: SendEvent.__name__,
-    WorkflowCancelled: CancelWorkflow.__name__,
+    WorkflowCancelledRecord: CancelWorkflow.__name__,
     WorkflowPaused: PauseWorkflow.__name__,
     WorkflowResumed: ResumeWorkflow.__name__,
 }
@@ -255,7 +255,7 @@ def check_run(run: Run) -> Verdict:
         verdict.body_runs += sum(1 for line in check.ledger if line[3] == "start")
         verdict.crossed += len({r.epoch for r in story}) > 1
         verdict.lost_attempts += sum(
-            1 for r in story if isinstance(r, StepFailed) and r.error_type == LOST
+            1 for r in story if isinstance(r, StepFailedRecord) and r.error_type == LOST
         )
         served = run.served.get(instance)
         folded = [(r.seq, r.type, r.command_id) for r in story]
@@ -328,7 +328,7 @@ class _InstanceCheck:
             after = [r.type for r in self.story[ends[0] + 1 :] if not isinstance(r, CommandIgnored)]
             if after:
                 self.bad(f"transitions after the end: {after}")
-        failed = [r for r in self.story if isinstance(r, WorkflowFailed)]
+        failed = [r for r in self.story if isinstance(r, WorkflowFailedRecord)]
         if failed:
             self.bad(f"the workflow failed: {attrs(failed[0])}")
 
@@ -336,7 +336,7 @@ class _InstanceCheck:
         plan_steps = step_ops(self.plan)
         by_key: dict[str, list[HistoryRecord]] = defaultdict(list)
         for r in self.story:
-            if isinstance(r, (StepAttemptStarted, StepSucceeded, StepFailed)):
+            if isinstance(r, (StepAttemptStarted, StepSucceeded, StepFailedRecord)):
                 by_key[r.key].append(r)
         for key, records in by_key.items():
             op = plan_steps.get(key)
@@ -383,7 +383,7 @@ class _InstanceCheck:
                     self.bad(f"step {key}: attempt {r.attempt} succeeded, its body always fails")
                 if plain(r.result) != {"key": key, "attempt": r.attempt}:
                     self.bad(f"step {key}: attempt {r.attempt} recorded {plain(r.result)}")
-            elif isinstance(r, StepFailed):
+            elif isinstance(r, StepFailedRecord):
                 if r.error_type != LOST and not (
                     r.error_type == "RuntimeError" and r.attempt <= fail
                 ):
@@ -592,7 +592,8 @@ class _InstanceCheck:
                 last_seq = records[0].seq
             elif s.kind == "cancel":
                 if not any(
-                    isinstance(r, WorkflowCancelled) and r.reason == s.ident for r in self.story
+                    isinstance(r, WorkflowCancelledRecord) and r.reason == s.ident
+                    for r in self.story
                 ):
                     self.bad(f"acknowledged cancel {s.ident!r} not applied")
             elif s.kind == "start" and not isinstance(self.story[0], WorkflowStarted):
@@ -627,9 +628,13 @@ class _InstanceCheck:
     def outcome(self) -> None:
         end = next((r for r in self.story if isinstance(r, TERMINAL)), None)
         acked_cancel = any(s.kind == "cancel" and s.acked for s in self.sent)
-        if acked_cancel and not isinstance(end, WorkflowCancelled) and not self._ended_first(end):
+        if (
+            acked_cancel
+            and not isinstance(end, WorkflowCancelledRecord)
+            and not self._ended_first(end)
+        ):
             self.bad(f"a cancel was acknowledged, but it ended with {end and end.type}")
-        if isinstance(end, WorkflowCancelled) or acked_cancel:
+        if isinstance(end, WorkflowCancelledRecord) or acked_cancel:
             return
         forever = bool(self.plan["ops"]) and self.plan["ops"][-1].get("event") == "never"
         if forever:
@@ -695,7 +700,7 @@ class _InstanceCheck:
         for r in records:
             if isinstance(r, StepSucceeded):
                 return plain(r.result)
-        failed = [r for r in records if isinstance(r, StepFailed)]
+        failed = [r for r in records if isinstance(r, StepFailedRecord)]
         return {"failed": failed[-1].attempt if failed else 0}
 
     def final_status(self, status: str, waits: list[tuple[str, str]]) -> None:
@@ -703,8 +708,8 @@ class _InstanceCheck:
         expected = {
             None: "running",
             WorkflowCompleted: "completed",
-            WorkflowCancelled: "cancelled",
-            WorkflowFailed: "failed",
+            WorkflowCancelledRecord: "cancelled",
+            WorkflowFailedRecord: "failed",
         }[type(end) if end is not None else None]
         if status != expected:
             self.bad(f"status {status}, its story says {expected}")

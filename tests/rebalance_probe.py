@@ -35,7 +35,7 @@ from stepstream.engine.wire.records import (
     PartitionFenced,
     Record,
     StepAttemptStarted,
-    StepFailed,
+    StepFailedRecord,
     StepSucceeded,
 )
 from stepstream.engine.wire.serde import default_serde
@@ -249,7 +249,7 @@ def analyse(
             1
             for s in seen
             if start_ms <= s.time_ms <= end_ms
-            and isinstance(s.record, StepFailed)
+            and isinstance(s.record, StepFailedRecord)
             and s.record.error_type == "AttemptLost"
         ),
         seconds=(end_ms - start_ms) / 1000,

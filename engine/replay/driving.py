@@ -42,13 +42,13 @@ from stepstream.engine.wire.records import (
     Payload,
     SleepElapsed,
     StepAttemptStarted,
+    StepFailedRecord,
     TimerCancelled,
     TimerScheduled,
     WaitSatisfied,
     WorkflowCompleted,
-    WorkflowFailed,
+    WorkflowFailedRecord,
 )
-from stepstream.engine.wire.records import StepFailed as StepFailedRecord
 
 
 class DrivingMixin(OutgoingMixin):
@@ -331,7 +331,9 @@ class DrivingMixin(OutgoingMixin):
         self._finish(WorkflowCompleted, result=result)
 
     def _fail_workflow(self, error_type: str, message: str) -> None:
-        self._finish(WorkflowFailed, error_type=error_type, error_message=clip_message(message))
+        self._finish(
+            WorkflowFailedRecord, error_type=error_type, error_message=clip_message(message)
+        )
 
     def _finish(self, cls: type[HistoryRecord], **attrs: Any) -> None:
         for entry in self.state.pending_timers():

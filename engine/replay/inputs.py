@@ -22,7 +22,7 @@ from stepstream.engine.wire.records import (
     StartWorkflow,
     TimerFired,
     WaitTimedOut,
-    WorkflowCancelled,
+    WorkflowCancelledRecord,
     WorkflowPaused,
     WorkflowResumed,
     WorkflowStarted,
@@ -77,7 +77,7 @@ def on_cancel(rt: InstanceRuntime, msg: CancelWorkflow) -> None:
         return
     # Cancelling a parent cancels its children.
     rt._cancel_children(rt._waited_children(), f"its parent {rt.state.instance_id} was cancelled")
-    rt._finish(WorkflowCancelled, reason=clip_message(msg.reason))
+    rt._finish(WorkflowCancelledRecord, reason=clip_message(msg.reason))
 
 
 def on_pause(rt: InstanceRuntime, msg: PauseWorkflow) -> None:

@@ -38,15 +38,15 @@ from stepstream.engine.wire.records import (
     SleepElapsed,
     SleepStarted,
     StepAttemptStarted,
-    StepFailed,
+    StepFailedRecord,
     StepSucceeded,
     ValueRecorded,
     WaitSatisfied,
     WaitStarted,
     WaitTimedOut,
-    WorkflowCancelled,
+    WorkflowCancelledRecord,
     WorkflowCompleted,
-    WorkflowFailed,
+    WorkflowFailedRecord,
     WorkflowPaused,
     WorkflowResumed,
     WorkflowStarted,
@@ -299,7 +299,7 @@ class InstanceState:
                 entry.attempt = entry.attempt or record.attempt
                 entry.state = EntryState.SUCCEEDED
                 entry.result = record.result
-            case StepFailed():
+            case StepFailedRecord():
                 entry = self._touch(record.key)
                 entry.error_type = record.error_type
                 entry.error_message = record.error_message
@@ -369,12 +369,12 @@ class InstanceState:
                 self._transition_to(Status.COMPLETED)
                 self.finished_ms = record.time_ms
                 self.result = record.result
-            case WorkflowFailed():
+            case WorkflowFailedRecord():
                 self._transition_to(Status.FAILED)
                 self.finished_ms = record.time_ms
                 self.error_type = record.error_type
                 self.error_message = record.error_message
-            case WorkflowCancelled():
+            case WorkflowCancelledRecord():
                 self._transition_to(Status.CANCELLED)
                 self.finished_ms = record.time_ms
                 self.cancel_reason = record.reason

@@ -35,9 +35,20 @@ class Record:
     traceparent: str | None = None
     tracestate: str | None = None
 
+    # The record's type on the wire: its Avro record name, and ``type`` in every reader.
+    # The class name unless a class says otherwise (three history records whose names the
+    # errors of the same name would shadow: ``StepFailedRecord`` is a ``StepFailed``).
+    type_name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        # Not super(): the slotted copy @record makes has no __class__ cell to match.
+        super(Record, cls).__init_subclass__(**kwargs)  # noqa: UP008
+        if "type_name" not in cls.__dict__:
+            cls.type_name = cls.__name__
+
     @property
     def type(self) -> str:
-        return type(self).__name__
+        return self.type_name
 
 
 # ---- commands -------------------------------------------------------------------------
@@ -113,10 +124,11 @@ class StepSucceeded(HistoryRecord):
 
 
 @record
-class StepFailed(HistoryRecord):
+class StepFailedRecord(HistoryRecord):
     """An attempt failed. ``next_attempt_at_ms`` is set when another attempt will run;
     None means the step failed for good and ``StepFailed`` is raised into the workflow."""
 
+    type_name: ClassVar[str] = "StepFailed"
     key: str
     attempt: int
     error_type: str
@@ -261,13 +273,15 @@ class WorkflowCompleted(HistoryRecord):
 
 
 @record
-class WorkflowFailed(HistoryRecord):
+class WorkflowFailedRecord(HistoryRecord):
+    type_name: ClassVar[str] = "WorkflowFailed"
     error_type: str
     error_message: str
 
 
 @record
-class WorkflowCancelled(HistoryRecord):
+class WorkflowCancelledRecord(HistoryRecord):
+    type_name: ClassVar[str] = "WorkflowCancelled"
     reason: str = ""
 
 
@@ -377,7 +391,7 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     WorkflowStarted,
     StepAttemptStarted,
     StepSucceeded,
-    StepFailed,
+    StepFailedRecord,
     SleepStarted,
     SleepElapsed,
     WaitStarted,
@@ -395,8 +409,8 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     WorkflowPaused,
     WorkflowResumed,
     WorkflowCompleted,
-    WorkflowFailed,
-    WorkflowCancelled,
+    WorkflowFailedRecord,
+    WorkflowCancelledRecord,
     CommandIgnored,
     PartitionFenced,
     InstanceForgotten,

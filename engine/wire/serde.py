@@ -132,13 +132,13 @@ class RecordSerde:
             versions = [
                 s
                 for s in self._schemas.values()
-                if s.record_name == cls.__name__ and s.file.domain == domain
+                if s.record_name == cls.type_name and s.file.domain == domain
             ]
             readers = [s for s in versions if s.full_name in readable]
             if not readers:
                 raise ValueError(
-                    f"no schema for {cls.__name__}: expected "
-                    f"stepstream/{domain}/v1/{cls.__name__}.avsc under {reader_roots}"
+                    f"no schema for {cls.type_name}: expected "
+                    f"stepstream/{domain}/v1/{cls.type_name}.avsc under {reader_roots}"
                 )
             latest = max(readers, key=lambda s: s.file.version)
             plan = record_plan(latest, cls)
@@ -299,7 +299,7 @@ def _decode_failure(data: bytes, decoder: _Decoder, exc: Exception) -> str:
     else:
         reason = f"{type(exc).__name__}: {exc}"
     return (
-        f"{len(data)}-byte {decoder.cls.__name__} record written with "
+        f"{len(data)}-byte {decoder.cls.type_name} record written with "
         f"{decoder.writer.full_name} (fingerprint 0x{decoder.writer.fingerprint:016x}) "
         f"is corrupt: {reason}"
     )

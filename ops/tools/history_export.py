@@ -38,7 +38,7 @@ FORMAT_VERSION = 1
 _ENVELOPE = ("seq", "time_ms", "command_id", "epoch")
 _OPTIONAL_ENVELOPE = ("traceparent", "tracestate")
 _NOT_ATTRIBUTES = frozenset({"instance_id", *_ENVELOPE, *_OPTIONAL_ENVELOPE})
-_CLASSES: dict[str, type[HistoryRecord]] = {cls.__name__: cls for cls in HISTORY_TYPES}
+_CLASSES: dict[str, type[HistoryRecord]] = {cls.type_name: cls for cls in HISTORY_TYPES}
 _CODEC = JsonCodec()
 
 

@@ -77,7 +77,7 @@ from stepstream.engine.wire.records import (
     SnapshotTaken,
     StartWorkflow,
     StepAttemptStarted,
-    StepFailed,
+    StepFailedRecord,
     StepSucceeded,
     TimerFired,
     WaitSatisfied,
@@ -900,7 +900,7 @@ def _clean_run() -> Run:
         StepAttemptStarted(
             **env, seq=2, time_ms=t, command_id="c-start", key="s0", attempt=1, max_attempts=2
         ),
-        StepFailed(
+        StepFailedRecord(
             **env,
             seq=3,
             time_ms=t + 5,

@@ -42,7 +42,7 @@ from stepstream.engine.wire.serde import default_serde
 HERE = Path(__file__).parent
 CODEC = JsonCodec()
 T0 = 1_700_000_000_000
-_CLASSES: dict[str, type[HistoryRecord]] = {cls.__name__: cls for cls in HISTORY_TYPES}
+_CLASSES: dict[str, type[HistoryRecord]] = {cls.type_name: cls for cls in HISTORY_TYPES}
 _ENVELOPE = ("seq", "time_ms", "command_id", "epoch")
 
 

@@ -50,3 +50,15 @@ def test_the_tree_is_drawn_in_the_module_and_in_the_docs() -> None:
         if name in stepstream.errors.__all__ and cls is not StepstreamError:
             parent = cls.__mro__[1].__name__
             assert parent in stepstream.errors.__all__ or parent == "Exception", (name, parent)
+
+
+def test_no_class_name_is_both_an_error_and_a_record() -> None:
+    from stepstream.engine.wire.records import ALL_TYPES, StepFailedRecord
+
+    clashes = sorted({t.__name__ for t in ALL_TYPES} & set(stepstream.errors.__all__))
+    assert not clashes, clashes
+    # The wire keeps its names: the record class StepFailedRecord is a "StepFailed".
+    record = StepFailedRecord(
+        instance_id="o-1", key="k", attempt=1, error_type="E", error_message=""
+    )
+    assert record.type == "StepFailed"

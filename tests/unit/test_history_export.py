@@ -17,7 +17,7 @@ from stepstream.engine.wire.records import (
     Payload,
     RaceDecided,
     StepAttemptStarted,
-    StepFailed,
+    StepFailedRecord,
     StepSucceeded,
     ValueRecorded,
     WaitSatisfied,
@@ -52,7 +52,7 @@ def sample(instance_id: str = "o-1") -> list[HistoryRecord]:
             input=CODEC.encode({"card": "4242", "note": "naïve ✓", "n": [1, 2.5, None]}),
         ),
         StepAttemptStarted(**env(2, command_id="start-1"), key="charge", attempt=1, max_attempts=0),
-        StepFailed(
+        StepFailedRecord(
             **env(3, command_id="step:o-1/charge/1"),
             key="charge",
             attempt=1,

@@ -29,7 +29,7 @@ from stepstream.engine.wire.records import (
     HistoryRecord,
     Payload,
     StepAttemptStarted,
-    StepFailed,
+    StepFailedRecord,
     StepSucceeded,
     WorkflowCompleted,
     WorkflowPaused,
@@ -118,7 +118,7 @@ def _records(instance_id: str = "i-1") -> list[HistoryRecord]:
             **common, seq=1, time_ms=1000, workflow="hooked", version="1", input=Payload("a", b"")
         ),
         StepAttemptStarted(**common, seq=2, time_ms=1001, key="s", attempt=1, max_attempts=3),
-        StepFailed(
+        StepFailedRecord(
             **common,
             seq=3,
             time_ms=1002,

@@ -46,15 +46,15 @@ from stepstream.engine.wire.records import (
     SleepStarted,
     StartWorkflow,
     StepAttemptStarted,
+    StepFailedRecord,
     StepSucceeded,
     TimerCancelled,
     TimerFired,
     TimerScheduled,
     ValueRecorded,
     WaitSatisfied,
-    WorkflowFailed,
+    WorkflowFailedRecord,
 )
-from stepstream.engine.wire.records import StepFailed as StepFailedRecord
 
 CODEC = JsonCodec()
 T0 = 1_700_000_000_000
@@ -560,7 +560,7 @@ def test_crashes_use_up_attempts_and_the_step_fails_for_good() -> None:
     assert final.attempt == 2 and final.next_attempt_at_ms is None
     assert final.error_type == LOST_ATTEMPT
     failed = out.history[1]
-    assert isinstance(failed, WorkflowFailed)
+    assert isinstance(failed, WorkflowFailedRecord)
     assert failed.error_type == "StepFailed" and LOST_ATTEMPT in failed.error_message
     assert out.launches == []
     assert len(h.of_type(StepAttemptStarted, "long")) == 2

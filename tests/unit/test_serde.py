@@ -45,7 +45,7 @@ from stepstream.engine.wire.records import (
     StartWorkflow,
     StateChunk,
     StepAttemptStarted,
-    StepFailed,
+    StepFailedRecord,
     StepSucceeded,
     TimerCancelled,
     TimerFired,
@@ -54,9 +54,9 @@ from stepstream.engine.wire.records import (
     WaitSatisfied,
     WaitStarted,
     WaitTimedOut,
-    WorkflowCancelled,
+    WorkflowCancelledRecord,
     WorkflowCompleted,
-    WorkflowFailed,
+    WorkflowFailedRecord,
     WorkflowPaused,
     WorkflowResumed,
     WorkflowStarted,
@@ -102,7 +102,7 @@ SAMPLES: list[Record] = [
     StepAttemptStarted(**env(2), key="charge", attempt=1, max_attempts=5, deadline_ms=T0 + 30_000),
     StepAttemptStarted(**env(3), key="charge", attempt=2, max_attempts=5),
     StepSucceeded(**env(4), key="charge", attempt=2, result=pl('{"receipt":"r-1"}')),
-    StepFailed(
+    StepFailedRecord(
         **env(5),
         key="ship",
         attempt=1,
@@ -110,7 +110,9 @@ SAMPLES: list[Record] = [
         error_message="carrier API unreachable",
         next_attempt_at_ms=T0 + 2_000,
     ),
-    StepFailed(**env(6), key="ship", attempt=5, error_type="ValueError", error_message="bad zip"),
+    StepFailedRecord(
+        **env(6), key="ship", attempt=5, error_type="ValueError", error_message="bad zip"
+    ),
     SleepStarted(**env(7), key="nap", wake_at_ms=T0 + 86_400_000),
     SleepElapsed(**env(8), key="nap"),
     WaitStarted(**env(9), key="approval", event_name="approved", timeout_at_ms=T0 + 3_600_000),
@@ -143,8 +145,8 @@ SAMPLES: list[Record] = [
     WorkflowPaused(**env(15)),
     WorkflowResumed(**env(16)),
     WorkflowCompleted(**env(17), result=pl('{"ok":true,"name":"Zoë ✓"}')),
-    WorkflowFailed(**env(17), error_type="StepFailed", error_message="step 'ship' failed"),
-    WorkflowCancelled(**env(17), reason=""),
+    WorkflowFailedRecord(**env(17), error_type="StepFailed", error_message="step 'ship' failed"),
+    WorkflowCancelledRecord(**env(17), reason=""),
     CommandIgnored(**env(18), command_type="ResumeWorkflow", reason="instance is running"),
     PartitionFenced(**env(0, instance_id="", command_id="fence:4", epoch=4), partition=11),
     TimerScheduled(**env(7), timer_id="order-7f3a/sleep/7/nap", fire_at_ms=T0, purpose="sleep"),
@@ -291,7 +293,7 @@ def test_crc64_oracle_matches_the_avro_published_vectors() -> None:
 def test_every_record_type_has_one_documented_schema_file() -> None:
     files = sorted(ROOT.rglob("*.avsc"))
     records = [p for p in files if p.parts[-3] not in ("common", *CLUSTER_DOMAINS)]
-    assert {p.stem for p in records} == {cls.__name__ for cls in ALL_TYPES}
+    assert {p.stem for p in records} == {cls.type_name for cls in ALL_TYPES}
     # The cluster topics' records (members, definitions) describe workers: no envelope.
     assert {p.stem for p in files if p.parts[-3] in CLUSTER_DOMAINS} == {
         "MemberAnnounced",
@@ -315,7 +317,7 @@ def test_every_record_type_has_one_documented_schema_file() -> None:
 
 def test_released_schemas_keep_their_fingerprints() -> None:
     serde = default_serde()
-    assert {cls.__name__: serde.fingerprint(cls) for cls in ALL_TYPES} == RELEASED_FINGERPRINTS
+    assert {cls.type_name: serde.fingerprint(cls) for cls in ALL_TYPES} == RELEASED_FINGERPRINTS
 
 
 def test_samples_cover_every_record_type() -> None:
@@ -420,7 +422,7 @@ arbitrary_records = st.one_of(
         input=payloads,
     ),
     st.builds(
-        StepFailed,
+        StepFailedRecord,
         **envelopes,
         key=texts,
         attempt=longs,

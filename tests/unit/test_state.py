@@ -43,15 +43,15 @@ from stepstream.engine.wire.records import (
     SleepElapsed,
     SleepStarted,
     StepAttemptStarted,
-    StepFailed,
+    StepFailedRecord,
     StepSucceeded,
     ValueRecorded,
     WaitSatisfied,
     WaitStarted,
     WaitTimedOut,
-    WorkflowCancelled,
+    WorkflowCancelledRecord,
     WorkflowCompleted,
-    WorkflowFailed,
+    WorkflowFailedRecord,
     WorkflowPaused,
     WorkflowResumed,
     WorkflowStarted,
@@ -165,7 +165,7 @@ def test_lifecycle_through_records() -> None:
     assert state.status is Status.PAUSED
     state.apply(rec(WorkflowResumed))
     assert state.status is Status.RUNNING
-    state.apply(rec(WorkflowFailed, error_type="ValueError", error_message="bad"))
+    state.apply(rec(WorkflowFailedRecord, error_type="ValueError", error_message="bad"))
     assert state.status is Status.FAILED
     assert (state.error_type, state.error_message) == ("ValueError", "bad")
     assert state.updated_ms == T0 + 5
@@ -173,7 +173,7 @@ def test_lifecycle_through_records() -> None:
 
 def test_cancel_keeps_the_reason() -> None:
     rec = Recorder()
-    state = fold([started(rec), rec(WorkflowCancelled, reason="changed my mind")])
+    state = fold([started(rec), rec(WorkflowCancelledRecord, reason="changed my mind")])
     assert state.status is Status.CANCELLED
     assert state.cancel_reason == "changed my mind"
 
@@ -188,7 +188,7 @@ def test_step_attempts_backoff_and_success() -> None:
             started(rec),
             rec(StepAttemptStarted, key="a", attempt=1, max_attempts=3),
             rec(
-                StepFailed,
+                StepFailedRecord,
                 key="a",
                 attempt=1,
                 error_type="E",
@@ -222,7 +222,7 @@ def test_final_step_failure() -> None:
         [
             started(rec),
             rec(StepAttemptStarted, key="a", attempt=1, max_attempts=1),
-            rec(StepFailed, key="a", attempt=1, error_type="E", error_message="m"),
+            rec(StepFailedRecord, key="a", attempt=1, error_type="E", error_message="m"),
         ]
     )
     entry = state.entries["a"]
@@ -323,7 +323,7 @@ def _history() -> list[HistoryRecord]:
         started(rec),
         rec(StepAttemptStarted, "start", key="a", attempt=1, max_attempts=2),
         rec(
-            StepFailed,
+            StepFailedRecord,
             "step:a/1",
             key="a",
             attempt=1,
@@ -385,7 +385,9 @@ def test_a_different_record_with_an_old_seq_is_ignored() -> None:
     state = fold(history[:5])
     before = _snapshot(state)
     state.apply(
-        WorkflowFailed(instance_id=ID, seq=5, command_id="x", error_type="E", error_message="m")
+        WorkflowFailedRecord(
+            instance_id=ID, seq=5, command_id="x", error_type="E", error_message="m"
+        )
     )
     assert _snapshot(state) == before and state.status is Status.RUNNING
 
@@ -476,7 +478,7 @@ def test_storage_keeps_binary_payloads_and_failures() -> None:
         [
             rec(WorkflowStarted, workflow="wf", version="1", input=odd),
             rec(EventBuffered, "ev", event_name="e", payload=odd),
-            rec(WorkflowFailed, error_type="Boom", error_message="ünïcode\n\x00"),
+            rec(WorkflowFailedRecord, error_type="Boom", error_message="ünïcode\n\x00"),
         ]
     )
     restored = _stored(state)

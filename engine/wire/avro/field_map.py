@@ -78,7 +78,7 @@ def _check_covered(schema: Schema, plan: list[Field], cls: type[Any]) -> None:
     missing = [f.name for f in fields(cls) if f.init and f.name not in covered]
     if missing:
         raise ValueError(
-            f"{schema.file.path}: {cls.__name__} attributes {missing} have no field in the "
+            f"{schema.file.path}: {cls.type_name} attributes {missing} have no field in the "
             "schema and would be lost; add them to a new schema version"
         )
 

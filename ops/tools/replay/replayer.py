@@ -20,9 +20,9 @@ from stepstream.engine.wire.records import (
     StepAttemptStarted,
     ValueRecorded,
     WaitStarted,
-    WorkflowCancelled,
+    WorkflowCancelledRecord,
     WorkflowCompleted,
-    WorkflowFailed,
+    WorkflowFailedRecord,
     WorkflowPaused,
     WorkflowResumed,
 )
@@ -33,7 +33,7 @@ from stepstream.ops.tools.replay.sources import History
 
 DIVERGED_TYPE = "HistoryDiverged"
 PROGRESS_EVERY = 1000
-_TERMINAL = (WorkflowCompleted, WorkflowFailed, WorkflowCancelled)
+_TERMINAL = (WorkflowCompleted, WorkflowFailedRecord, WorkflowCancelledRecord)
 # Records that open a new replay key: the code made a call the history does not have.
 _NEW_CALLS: dict[type[HistoryRecord], str] = {
     StepAttemptStarted: "step",
@@ -162,12 +162,12 @@ def _divergence(
 
 def _diverged_message(runtime: ReplayRuntime, out: Output) -> str | None:
     """The runtime's verdict, however it gives it: the HistoryDiverged it keeps, a
-    WorkflowFailed(HistoryDiverged) it decided, or the instance parked with a reason."""
+    WorkflowFailedRecord(HistoryDiverged) it decided, or the instance parked with a reason."""
     found = _diverged_error(runtime)
     if found is not None:
         return str(found)
     for record in out.history:
-        if isinstance(record, WorkflowFailed) and record.error_type == DIVERGED_TYPE:
+        if isinstance(record, WorkflowFailedRecord) and record.error_type == DIVERGED_TYPE:
             return record.error_message
     if runtime.state.parked and not runtime.state.status.finished:
         return runtime.state.parked
@@ -209,9 +209,9 @@ def _ending_differs(
     end: HistoryRecord | None, out: Output, calls: Sequence[NotedCall]
 ) -> tuple[str, str, str, str] | None:
     """A finished history whose code now ends otherwise, or makes new calls first."""
-    if not isinstance(end, WorkflowCompleted | WorkflowFailed):
+    if not isinstance(end, WorkflowCompleted | WorkflowFailedRecord):
         return None  # cancelled (or not finished): where the code stands is enough
-    if isinstance(end, WorkflowFailed) and end.error_type == DIVERGED_TYPE:
+    if isinstance(end, WorkflowFailedRecord) and end.error_type == DIVERGED_TYPE:
         return None
     was = "completed" if isinstance(end, WorkflowCompleted) else "failed"
     new = next((r for r in out.history if type(r) in _NEW_CALLS), None)
@@ -238,7 +238,7 @@ def _ending_differs(
         )
     if isinstance(end, WorkflowCompleted) and not isinstance(finished, WorkflowCompleted):
         got = _ended(finished)
-    elif isinstance(end, WorkflowFailed) and not isinstance(finished, WorkflowFailed):
+    elif isinstance(end, WorkflowFailedRecord) and not isinstance(finished, WorkflowFailedRecord):
         got = _ended(finished)
     else:
         return None
@@ -246,7 +246,7 @@ def _ending_differs(
 
 
 def _ended(record: HistoryRecord) -> str:
-    if isinstance(record, WorkflowFailed):
+    if isinstance(record, WorkflowFailedRecord):
         return f"failed:{record.error_type}"
     return "completed" if isinstance(record, WorkflowCompleted) else record.type
 
