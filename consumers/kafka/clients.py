@@ -70,5 +70,8 @@ _ALSO_TRANSIENT = frozenset(
         KafkaError._TRANSPORT,
         KafkaError._TIMED_OUT,
         KafkaError._ALL_BROKERS_DOWN,
+        # A request in flight to a broker that left the cluster's metadata (it died):
+        # librdkafka drops that broker's handle; the next try goes to the new leader.
+        KafkaError._DESTROY_BROKER,
     }
 )
