@@ -34,7 +34,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +73,10 @@ def _cluster_id() -> str:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not text.startswith("-"):  # Kafka avoids ids that read as a command-line flag
             return text
+
+
+# A node's extra or changed server.properties, from its index and its defaults.
+NodeOverrides = Callable[[int, Mapping[str, str]], Mapping[str, str]]
 
 
 def node_properties(index: int, nodes: int, port: int, log_dir: Path) -> dict[str, str]:
@@ -181,8 +185,10 @@ class ApacheCluster:
         owns_data: bool,
         jvm_options: Sequence[str],
         version: str,
+        overrides: NodeOverrides | None = None,
     ) -> None:
         self.version = version
+        self._overrides = overrides
         self.data = data
         self.port = port
         self._java = java
@@ -243,6 +249,8 @@ class ApacheCluster:
         for node in self._nodes:
             node.directory.mkdir(parents=True, exist_ok=True)
             properties = node_properties(node.index, self.nodes, self.port, node.log_dir)
+            if self._overrides is not None:
+                properties.update(self._overrides(node.index, properties))
             (node.directory / "server.properties").write_text(
                 "".join(f"{key}={value}\n" for key, value in properties.items())
             )
@@ -413,12 +421,15 @@ def start_apache(
     timeout: float = START_TIMEOUT_S,
     jvm_options: Sequence[str] | None = None,
     progress: Progress | None = None,
+    overrides: NodeOverrides | None = None,
 ) -> ApacheCluster:
     """Start ``nodes`` Apache Kafka nodes on loopback and return once every one serves
     metadata listing all of them.
 
     ``port`` is node 0's client port (free ports when None); ``data`` keeps the cluster
-    across starts (a temporary directory, removed by ``stop()``, when None). The jars are
+    across starts (a temporary directory, removed by ``stop()``, when None). ``overrides``
+    gives a node's extra or changed ``server.properties`` from its index and its defaults
+    (another listener, SASL or TLS settings). The jars are
     resolved first if they are not cached (``progress`` hears about it). Raises
     ``BrokerError`` with the reason and the nodes' log tails if the cluster cannot start.
     """
@@ -434,7 +445,7 @@ def start_apache(
     for attempt in range(attempts):
         chosen = port if port is not None else _free_base(2 * nodes)
         try:
-            return _start(java, jars, nodes, chosen, data, version, jvm_options, timeout)
+            return _start(java, jars, nodes, chosen, data, version, jvm_options, timeout, overrides)
         except BrokerError as exc:
             # A free port taken by someone else between the probe and the bind.
             if "Address already in use" not in str(exc) or attempt == attempts - 1:
@@ -451,6 +462,7 @@ def _start(
     version: str,
     jvm_options: Sequence[str],
     timeout: float,
+    overrides: NodeOverrides | None,
 ) -> ApacheCluster:
     owns_data = data is None
     directory = Path(tempfile.mkdtemp(prefix="stepstream-kafka-")) if data is None else Path(data)
@@ -465,6 +477,7 @@ def _start(
         owns_data=owns_data,
         jvm_options=jvm_options,
         version=version,
+        overrides=overrides,
     )
     try:
         cluster.prepare(cluster_id)
