@@ -15,6 +15,7 @@ naming the directory and the way out, not a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -28,13 +29,18 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
+from stepstream.consumers.embedded import DiskFull, EmbeddedPartition
 from stepstream.consumers.kafka import create_topics
 from stepstream.engine.errors import StepstreamError
+from stepstream.engine.seams import CommitBatch
 from stepstream.engine.views import HistoryEntry
+from stepstream.engine.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.conftest import (
     KAFKA_TEST_PARTITIONS,
@@ -455,3 +461,93 @@ async def test_a_damaged_partition_directory_is_quarantined_and_rebuilt(
     assert f"partition=0 state in {partition_dir} is damaged" in said, said
     assert f"moved it to {partition_dir.parent / aside[0]}" in said, said
     print(f"{what} ({damaged}) -> {aside[0]}")
+
+
+# ---- the processor: a full disk stops its partition, whichever write meets it ---------
+
+
+class Hiccup(Exception):
+    """A failure the processor recovers from by reloading (a lost acknowledgement)."""
+
+
+class DiskFillsAtCommit:
+    """An embedded partition whose disk fills at its ``fill_at``-th commit: from then on
+    every RocksDB write of the directory fails with ENOSPC, as a full disk makes it fail.
+    ``hiccup_first``: that commit fails with a ``Hiccup`` instead, so the first write to
+    meet the full disk is the processor's reload after it."""
+
+    def __init__(self, inner: EmbeddedPartition, fill_at: int, *, hiccup_first: bool) -> None:
+        self._inner = inner
+        self.partition = inner.partition
+        self.partitions = inner.partitions
+        self.epoch = inner.epoch
+        self.store = inner.store
+        self.source = inner.source
+        self.committed_offset = inner.committed_offset
+        self._fill_at = fill_at
+        self._hiccup_first = hiccup_first
+        self.commits = 0
+        self.refused: list[BaseException] = []  # the commits made once the disk was full
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def commit(self, batch: CommitBatch) -> None:
+        self.commits += 1
+        if self.commits == self._fill_at:
+            db = self._inner._db
+
+            def full_disk(batch: object) -> None:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            db._write_durably = full_disk  # type: ignore[method-assign]
+            if self._hiccup_first:
+                raise Hiccup("the write's acknowledgement was lost")
+        try:
+            await self._inner.commit(batch)
+        except BaseException as exc:
+            self.refused.append(exc)
+            raise
+
+
+@pytest.mark.parametrize("where", ["commit", "reload"])
+async def test_a_full_disk_stops_the_partition_at_once_also_in_its_reload(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    """A DiskFull says "stepstream stops": the processor must stop its partition then,
+    never reload and retry with growing backoff, wherever the write that met it was."""
+    caplog.set_level(logging.INFO)
+    registry = Registry()
+    registry.add_module("tests.workflows")
+    engine = await open_embedded(registry, EmbeddedConfig(data_dir=str(tmp_path), partitions=1))
+    starting: asyncio.Future[str] | None = None
+    try:
+        await engine.host.revoke(0)
+        # Commit 1 fences the partition as it is assigned; 2 applies the start.
+        partition = DiskFillsAtCommit(
+            EmbeddedPartition(engine.db, 0), 2, hiccup_first=where == "reload"
+        )
+        await engine.host.assign(partition)
+        client = Client(engine.make_transport())
+        starting = asyncio.ensure_future(client.start("chain", 3, instance_id="full"))
+        processor = engine.host.processor(0)
+        try:
+            await asyncio.wait_for(processor.join(), 30)
+        except TimeoutError:
+            pytest.fail(
+                f"the partition still runs 30 s after its disk filled ({where}): "
+                f"{len(partition.refused)} commits refused since\n{caplog.text}"
+            )
+        assert isinstance(engine.db.failure, DiskFull), engine.db.failure
+        assert [type(exc) for exc in partition.refused] == [DiskFull], partition.refused
+        said = [r.getMessage() for r in caplog.records if r.name == "stepstream.partition"]
+        stopped = [m for m in said if "stopped processing" in m]
+        assert len(stopped) == 1 and "is full" in stopped[0], said
+        reloads = [m for m in said if "reloading" in m]
+        assert len(reloads) == (1 if where == "reload" else 0), said
+    finally:
+        if starting is not None:
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
+        await engine.close()
