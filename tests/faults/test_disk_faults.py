@@ -29,7 +29,6 @@ from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
@@ -49,6 +48,7 @@ from tests.conftest import (
     kafka_url,
 )
 from tests.conftest import test_registry as registry_of_test_workflows
+from tests.fakes import CommitFaults
 from tests.kafka_broker import Broker
 from tests.workflows import ledger_count
 
@@ -485,41 +485,31 @@ class Hiccup(Exception):
     """A failure the processor recovers from by reloading (a lost acknowledgement)."""
 
 
-class DiskFillsAtCommit:
+class DiskFillsAtCommit(CommitFaults):
     """An embedded partition whose disk fills at its ``fill_at``-th commit: from then on
     every RocksDB write of the directory fails with ENOSPC, as a full disk makes it fail.
     ``hiccup_first``: that commit fails with a ``Hiccup`` instead, so the first write to
     meet the full disk is the processor's reload after it."""
 
     def __init__(self, inner: EmbeddedPartition, fill_at: int, *, hiccup_first: bool) -> None:
-        self._inner = inner
-        self.partition = inner.partition
-        self.partitions = inner.partitions
-        self.epoch = inner.epoch
-        self.store = inner.store
-        self.source = inner.source
-        self.committed_offset = inner.committed_offset
+        super().__init__(inner)
+        self._db = inner._db
         self._fill_at = fill_at
         self._hiccup_first = hiccup_first
-        self.commits = 0
         self.refused: list[BaseException] = []  # the commits made once the disk was full
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
     async def commit(self, batch: CommitBatch) -> None:
         self.commits += 1
         if self.commits == self._fill_at:
-            db = self._inner._db
 
             def full_disk(batch: object) -> None:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-            db._write_durably = full_disk  # type: ignore[method-assign]
+            self._db._write_durably = full_disk  # type: ignore[method-assign]
             if self._hiccup_first:
                 raise Hiccup("the write's acknowledgement was lost")
         try:
-            await self._inner.commit(batch)
+            await self.inner.commit(batch)
         except BaseException as exc:
             self.refused.append(exc)
             raise

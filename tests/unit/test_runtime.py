@@ -48,23 +48,9 @@ from stepstream.engine.retry import RetryPolicy
 from stepstream.engine.runtime import LOST_ATTEMPT, InstanceRuntime, Output, StepLaunch, StepOutcome
 from stepstream.engine.state import EntryState, InstanceState, Status
 from stepstream.engine.workflow import WorkflowDefinition
+from tests.fakes import T0, FakeClock
 
 CODEC = JsonCodec()
-T0 = 1_700_000_000_000
-
-
-class FakeClock:
-    def __init__(self, ms: int = T0) -> None:
-        self.ms = ms
-
-    def now_ms(self) -> int:
-        return self.ms
-
-    async def sleep(self, seconds: float) -> None:
-        self.ms += round(seconds * 1000)
-
-    def advance(self, seconds: float) -> None:
-        self.ms += round(seconds * 1000)
 
 
 _OPEN: list[Harness] = []
