@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import itertools
 import json
 import os
@@ -81,6 +82,8 @@ _ERROR_FIELDS: dict[type[StepstreamError], tuple[str, ...]] = {
 _RESULT_MARGIN_S = 10.0
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 _CONNECTIONS = 100  # the pool for commands and reads (waits use the session instead)
+# Bodies over this are streamed (aiohttp's own limit for bytes, TOO_LARGE_BYTES_BODY).
+_STREAMED_BODY_BYTES = 1 << 20
 
 # ``json.dumps(..., separators=...)`` builds an encoder per call; a call's arguments
 # are made often enough for that to show.
@@ -451,6 +454,12 @@ class HttpTransport:
         timeout: float | None,
     ) -> Any:
         url = URL(self._base + path, encoded=True)
+        # A body this large, given as bytes, is written to the socket in one go while the
+        # event loop waits (aiohttp warns so); as a stream it goes out a chunk at a time.
+        # Smaller ones stay bytes: a stream costs a thread hand-off per chunk.
+        body: bytes | io.BytesIO | None = data
+        if data is not None and len(data) > _STREAMED_BODY_BYTES:
+            body = io.BytesIO(data)
         try:
             async with (
                 asyncio.timeout(timeout),
@@ -458,7 +467,7 @@ class HttpTransport:
                 self._session.request(
                     method,
                     url,
-                    data=data,
+                    data=body,
                     params=params,
                     headers=(
                         {"Content-Type": "application/json", **trace_context.headers()}
