@@ -174,6 +174,10 @@ class PartitionHost:
             )
         return out
 
+    def processor(self, partition: int) -> PartitionProcessor:
+        """The processor of an owned partition (``KeyError`` if it is not owned here)."""
+        return self._owned[partition].processor
+
     def owns(self, instance_id: str) -> bool:
         return partition_for(instance_id, self.partitions) in self._owned
 

@@ -318,35 +318,46 @@ class PartitionProcessor:
 
     # ---- the loop -------------------------------------------------------------------
 
+    async def join(self) -> None:
+        """Until the processing loop ends: after ``stop``, or by itself once the backend
+        gave the partition up (``PartitionLost``: revoked, or a disk that takes no more
+        writes)."""
+        if self._task is not None:
+            await asyncio.wait({self._task})
+
     async def _run(self) -> None:
         backoff = RESTART_BACKOFF_S
+        reload = False
         while True:
             try:
+                if reload:
+                    await self._reset()
+                    reload = False
+                    backoff = RESTART_BACKOFF_S
                 await self._consume()
             except PartitionLost as exc:
+                # Retrying cannot help (the next owner, or the next start, goes on from
+                # what is durable), also when it is the reload after another failure
+                # that meets it.
                 log.warning("partition=%d: stopped processing: %s", self.partition, exc)
                 self._hooks.halt()
                 return
             except Exception as exc:
                 # A commit failed (or a bug escaped). Memory may be ahead of what is
-                # durable: forget it, go back to the last commit and resume from there.
-                # An error that says what went wrong (a full disk) needs no traceback.
+                # durable: forget it, go back to the last commit and resume from there;
+                # a reload that fails is tried again, never skipped.
                 log.log(
                     logging.ERROR,
-                    "partition=%d: processing failed; reloading from the last commit in %.1f s%s",
+                    "partition=%d: %s failed; reloading from the last commit in %.1f s%s",
                     self.partition,
+                    "reload" if reload else "processing",
                     backoff,
                     f": {exc}" if isinstance(exc, StepstreamError) else "",
                     exc_info=not isinstance(exc, StepstreamError),
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_RESTART_BACKOFF_S)
-                try:
-                    await self._reset()
-                except Exception:
-                    log.exception("partition=%d: reload failed; retrying", self.partition)
-                    continue
-                backoff = RESTART_BACKOFF_S
+                reload = True
 
     async def _reset(self) -> None:
         if self._fetch is not None:

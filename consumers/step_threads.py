@@ -65,6 +65,16 @@ class StepThreads:
     def workers(self) -> int:
         return self._workers
 
+    @property
+    def busy(self) -> int:
+        """Threads running a body (held ones included)."""
+        return self._busy
+
+    @property
+    def queued(self) -> int:
+        """Bodies waiting for a thread."""
+        return len(self._queue)
+
     def submit(self, fn: Callable[[], Any], settle: Settle, *, label: str) -> Job:
         job = Job(fn, settle, label)
         with self._cond:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import shutil
 import signal
 import ssl
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.processes import first_line
 
 REPO = str(Path(__file__).resolve().parents[1])
 # Settings of the server and the clients that the tests set themselves.
@@ -108,9 +109,7 @@ def spawn_dev(
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 20)
-    line = proc.stdout.readline().decode() if ready else ""
+    line = first_line(proc, 20)
     found = re.search(r"listening on (https?://\S+)", line)
     if found is None:
         proc.kill()

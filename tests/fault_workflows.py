@@ -27,3 +27,10 @@ async def ticker(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
         if i % 5 == 4:
             await ctx.sleep(f"z{i}", args["seconds"])
     return {"id": ctx.instance_id, "ticks": value}
+
+
+@workflow("gate")
+async def gate(ctx: Context, _: Any) -> Any:
+    """Waits for its ``open`` event and returns what it carries: a result nobody can get
+    before the test sends it, however slow the machine."""
+    return await ctx.wait_for_event("open")

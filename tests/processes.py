@@ -9,8 +9,10 @@ import re
 import select
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -27,6 +29,26 @@ def worker_command(
     for option in options:
         args += ["--kafka-opt", option]
     return args
+
+
+def first_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The first line ``proc`` writes to its stdout (a pipe), or "" if none comes within
+    ``timeout`` seconds. A thread reads on and drops what follows, and closes the pipe
+    once the process has closed its end (it exited): left open, the pipe would be closed
+    by the garbage collector with a ResourceWarning, and a process writing more to a full
+    pipe would block."""
+    stdout = proc.stdout
+    assert stdout is not None, "start the process with stdout=subprocess.PIPE"
+    ready, _, _ = select.select([stdout], [], [], timeout)
+    line = stdout.readline().decode() if ready else ""
+    threading.Thread(target=_drain, args=(stdout,), daemon=True).start()
+    return line
+
+
+def _drain(stdout: IO[bytes]) -> None:
+    with stdout:
+        while stdout.read(1 << 16):
+            pass
 
 
 def repo_env(**extra: str) -> dict[str, str]:
@@ -57,9 +79,7 @@ def launch(
             stderr=out,
             stdin=subprocess.DEVNULL,
         )
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    line = proc.stdout.readline().decode() if ready else ""
+    line = first_line(proc, timeout)
     found = re.search(r"listening on (https?://\S+)", line)
     if found is None:
         proc.kill()

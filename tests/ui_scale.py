@@ -33,6 +33,7 @@ from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.browser import chromium_path
 from tests.dev_server import DevServer, clean_env
+from tests.processes import first_line
 
 RUNS = 5
 
@@ -113,8 +114,7 @@ def _serve(root: Path) -> DevServer:
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
-    assert proc.stdout is not None
-    found = re.search(r"listening on (https?://\S+)", proc.stdout.readline().decode())
+    found = re.search(r"listening on (https?://\S+)", first_line(proc, 600))
     if found is None:
         proc.kill()
         raise SystemExit(f"stepstream dev did not start:\n{log.read_text()}")

@@ -10,6 +10,7 @@ frame), unless they are big or the server does not take them there.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from typing import Any
 from urllib.parse import quote
@@ -31,6 +32,8 @@ from stepstream.producers.http.wire import SESSION_COMMAND_BYTES, error_from_wir
 _RESULT_MARGIN_S = 10.0
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
 POOL_CONNECTIONS = 100  # the pool for commands and reads (waits use the session instead)
+# Bodies over this are streamed (aiohttp's own limit for bytes, TOO_LARGE_BYTES_BODY).
+_STREAMED_BODY_BYTES = 1 << 20
 
 
 class HttpTransport:
@@ -216,6 +219,12 @@ class HttpTransport:
         timeout: float | None,
     ) -> Any:
         url = URL(self._base + path, encoded=True)
+        # A body this large, given as bytes, is written to the socket in one go while the
+        # event loop waits (aiohttp warns so); as a stream it goes out a chunk at a time.
+        # Smaller ones stay bytes: a stream costs a thread hand-off per chunk.
+        body: bytes | io.BytesIO | None = data
+        if data is not None and len(data) > _STREAMED_BODY_BYTES:
+            body = io.BytesIO(data)
         try:
             async with (
                 asyncio.timeout(timeout),
@@ -223,7 +232,7 @@ class HttpTransport:
                 self._session.request(
                     method,
                     url,
-                    data=data,
+                    data=body,
                     params=params,
                     headers=(
                         {"Content-Type": "application/json", **trace_context.headers()}

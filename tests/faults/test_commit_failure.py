@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -21,39 +20,30 @@ from stepstream.engine.errors import ResultTimeout
 from stepstream.engine.seams import CommitBatch
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.producers.client import Client
+from tests.fakes import CommitFaults
 
 
 class CommitFailed(Exception):
     """What a transport error looks like to the processor."""
 
 
-class FlakyPartition:
+class FlakyPartition(CommitFaults):
     """An embedded partition whose ``fail_at``-th commit raises, once."""
 
     def __init__(self, inner: EmbeddedPartition, fail_at: int, *, after_write: bool) -> None:
-        self._inner = inner
-        self.partition = inner.partition
-        self.partitions = inner.partitions
-        self.epoch = inner.epoch
-        self.store = inner.store
-        self.source = inner.source
-        self.committed_offset = inner.committed_offset
+        super().__init__(inner)
         self._fail_at = fail_at
         self._after_write = after_write
-        self.commits = 0
         self.failed = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)  # the rest of the partition, as it is
 
     async def commit(self, batch: CommitBatch) -> None:
         self.commits += 1
         if self.commits != self._fail_at:
-            await self._inner.commit(batch)
+            await self.inner.commit(batch)
             return
         self.failed = True
         if self._after_write:
-            await self._inner.commit(batch)
+            await self.inner.commit(batch)
             raise CommitFailed("the write landed but its acknowledgement was lost")
         raise CommitFailed("the write failed; nothing was written")
 

@@ -15,6 +15,7 @@ naming the directory and the way out, not a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -32,9 +33,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from stepstream.consumers.embedded import DiskFull, EmbeddedPartition
 from stepstream.consumers.kafka import create_topics
+from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import StepstreamError
 from stepstream.engine.reads.views import HistoryEntry
+from stepstream.engine.seams import CommitBatch
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.conftest import (
     KAFKA_TEST_PARTITIONS,
@@ -43,6 +48,7 @@ from tests.conftest import (
     kafka_url,
 )
 from tests.conftest import test_registry as registry_of_test_workflows
+from tests.fakes import CommitFaults
 from tests.kafka_broker import Broker
 from tests.workflows import ledger_count
 
@@ -51,6 +57,10 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 2
 DISK_MB = 48
+# Generous deadlines: they bound waits for conditions (started, stopped, finished), so a
+# loaded machine is slower to meet them but only a broken engine misses them.
+STOP_DEADLINE_S = 60
+RESULT_TIMEOUT_S = 120
 
 
 def _free_port() -> int:
@@ -168,7 +178,7 @@ class Dev:
 
     async def start(self) -> None:
         proc = self.spawn()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + STOP_DEADLINE_S
         async with aiohttp.ClientSession() as http:
             while True:
                 if proc.poll() is not None:
@@ -234,6 +244,15 @@ STEPS = 30
 DISK_FULL_WORDS = ("full", "free space")
 
 
+async def until_stepping(client: Client, instance: str) -> None:
+    """Until ``instance`` has recorded a step: commits are under way."""
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
+    while not any(h.type == "StepSucceeded" for h in await client.history(instance)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{instance} recorded no step in {RESULT_TIMEOUT_S} s")
+        await asyncio.sleep(0.05)
+
+
 async def test_full_disk_stops_the_engine_clearly_and_nothing_acknowledged_is_lost(
     small_disk: Path,
 ) -> None:
@@ -242,30 +261,32 @@ async def test_full_disk_stops_the_engine_clearly_and_nothing_acknowledged_is_lo
     acknowledged: list[str] = []
     refused: list[str] = []
     filler: Path | None = None
+    held = "held"  # waits for an event: its result cannot come before the disk fills
     try:
         async with dev.client() as client:
+            await client.start("gate", None, instance_id=held)
             for i in range(8):
                 acknowledged.append(
                     await client.start(
                         "ticker", {"steps": STEPS, "seconds": 0.05}, instance_id=f"before-{i}"
                     )
                 )
-            # Mid-flight: steps have been recorded and more are running.
-            await asyncio.sleep(0.5)
-            status = await client.status(acknowledged[0])
-            assert status.status == "running" and status.waits, status
+            await until_stepping(client, acknowledged[0])
             # Clients waiting for a result when the disk fills (over the session
             # websocket, and a plain HTTP long poll): they must not be kept waiting, nor
             # keep the engine from stopping, until some timeout.
-            waiting = asyncio.ensure_future(client.result(acknowledged[0], timeout=300))
+            waiting = asyncio.ensure_future(client.result(held, timeout=300))
             polling = asyncio.ensure_future(
-                long_poll(f"{dev.url}/v1/instances/{acknowledged[0]}/result?timeout=300")
+                long_poll(f"{dev.url}/v1/instances/{held}/result?timeout=300")
             )
-            filled_at = time.monotonic()
             filler = await asyncio.to_thread(fill, small_disk)
-            # Keep starting instances while the disk is full: each one is either
-            # acknowledged (then it must not be lost) or refused with the reason.
-            for i in range(40):
+            # Keep starting instances while the disk is full, until the engine has
+            # stopped: each one is either acknowledged (then it must not be lost) or
+            # refused with the reason.
+            assert dev.proc is not None
+            deadline = time.monotonic() + STOP_DEADLINE_S
+            i = 0
+            while dev.proc.poll() is None and time.monotonic() < deadline:
                 try:
                     acknowledged.append(
                         await client.start(
@@ -274,30 +295,28 @@ async def test_full_disk_stops_the_engine_clearly_and_nothing_acknowledged_is_lo
                     )
                 except StepstreamError as exc:
                     refused.append(str(exc))
-                    if dev.proc is not None and dev.proc.poll() is not None:
-                        break
-                await asyncio.sleep(0.05)
-            code = await dev.exited(30)
-            stopped_after = time.monotonic() - filled_at
+                i += 1
+                await asyncio.sleep(0.05)  # pacing only: the loop ends on the exit
+            code = await dev.exited(STOP_DEADLINE_S)
             with pytest.raises(
                 StepstreamError, match=r"lost the (connection|session)|cannot reach"
             ):
-                await asyncio.wait_for(waiting, 5)
+                await asyncio.wait_for(waiting, STOP_DEADLINE_S)
             with pytest.raises(aiohttp.ClientError):
-                await asyncio.wait_for(polling, 5)
-        print(f"stopped {stopped_after:.1f} s after the disk filled")
-        assert stopped_after < 15, dev.tail()
+                await asyncio.wait_for(polling, STOP_DEADLINE_S)
         said = dev.run_of(1)
         assert code != 0, said
         assert str(dev.data) in said and all(w in said for w in DISK_FULL_WORDS), said
         assert "Traceback" not in said.split("error:")[-1], said
+        # It stopped because the disk is full, not after retries with growing backoff.
+        assert "reloading from the last commit" not in said, said
         # Refused with the reason while it stops, then it is gone.
         for reason in refused:
             assert re.search("is full|cannot reach|lost the (connection|session)", reason), reason
 
         # Started while the disk is still full: it refuses, with the same advice.
         dev.spawn()
-        assert await dev.exited(30) != 0
+        assert await dev.exited(STOP_DEADLINE_S) != 0
         said = dev.run_of(2)
         assert "Traceback" not in said, said
         assert str(dev.data) in said and all(w in said for w in DISK_FULL_WORDS), said
@@ -307,8 +326,10 @@ async def test_full_disk_stops_the_engine_clearly_and_nothing_acknowledged_is_lo
         filler = None
         await dev.start()
         async with dev.client() as client:
+            await client.send_event(held, "open", "at last")
+            assert await client.result(held, timeout=RESULT_TIMEOUT_S) == "at last"
             for instance in acknowledged:
-                result = await client.result(instance, timeout=60)
+                result = await client.result(instance, timeout=RESULT_TIMEOUT_S)
                 assert result == {"id": instance, "ticks": STEPS}
                 check_ticker(instance, await client.history(instance), STEPS)
     finally:
@@ -455,3 +476,83 @@ async def test_a_damaged_partition_directory_is_quarantined_and_rebuilt(
     assert f"partition=0 state in {partition_dir} is damaged" in said, said
     assert f"moved it to {partition_dir.parent / aside[0]}" in said, said
     print(f"{what} ({damaged}) -> {aside[0]}")
+
+
+# ---- the processor: a full disk stops its partition, whichever write meets it ---------
+
+
+class Hiccup(Exception):
+    """A failure the processor recovers from by reloading (a lost acknowledgement)."""
+
+
+class DiskFillsAtCommit(CommitFaults):
+    """An embedded partition whose disk fills at its ``fill_at``-th commit: from then on
+    every RocksDB write of the directory fails with ENOSPC, as a full disk makes it fail.
+    ``hiccup_first``: that commit fails with a ``Hiccup`` instead, so the first write to
+    meet the full disk is the processor's reload after it."""
+
+    def __init__(self, inner: EmbeddedPartition, fill_at: int, *, hiccup_first: bool) -> None:
+        super().__init__(inner)
+        self._db = inner._db
+        self._fill_at = fill_at
+        self._hiccup_first = hiccup_first
+        self.refused: list[BaseException] = []  # the commits made once the disk was full
+
+    async def commit(self, batch: CommitBatch) -> None:
+        self.commits += 1
+        if self.commits == self._fill_at:
+
+            def full_disk(batch: object) -> None:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            self._db._write_durably = full_disk  # type: ignore[method-assign]
+            if self._hiccup_first:
+                raise Hiccup("the write's acknowledgement was lost")
+        try:
+            await self.inner.commit(batch)
+        except BaseException as exc:
+            self.refused.append(exc)
+            raise
+
+
+@pytest.mark.parametrize("where", ["commit", "reload"])
+async def test_a_full_disk_stops_the_partition_at_once_also_in_its_reload(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    """A DiskFull says "stepstream stops": the processor must stop its partition then,
+    never reload and retry with growing backoff, wherever the write that met it was."""
+    caplog.set_level(logging.INFO)
+    registry = Registry()
+    registry.add_module("tests.workflows")
+    engine = await open_embedded(registry, EmbeddedConfig(data_dir=str(tmp_path), partitions=1))
+    starting: asyncio.Future[str] | None = None
+    try:
+        await engine.host.revoke(0)
+        # Commit 1 fences the partition as it is assigned; 2 applies the start.
+        partition = DiskFillsAtCommit(
+            EmbeddedPartition(engine.db, 0), 2, hiccup_first=where == "reload"
+        )
+        await engine.host.assign(partition)
+        client = Client(engine.make_transport())
+        starting = asyncio.ensure_future(client.start("chain", 3, instance_id="full"))
+        processor = engine.host.processor(0)
+        try:
+            await asyncio.wait_for(processor.join(), 30)
+        except TimeoutError:
+            pytest.fail(
+                f"the partition still runs 30 s after its disk filled ({where}): "
+                f"{len(partition.refused)} commits refused since\n{caplog.text}"
+            )
+        assert isinstance(engine.db.failure, DiskFull), engine.db.failure
+        assert [type(exc) for exc in partition.refused] == [DiskFull], partition.refused
+        said = [r.getMessage() for r in caplog.records if r.name == "stepstream.partition"]
+        stopped = [m for m in said if "stopped processing" in m]
+        assert len(stopped) == 1 and "is full" in stopped[0], said
+        reloads = [m for m in said if "reloading" in m]
+        assert len(reloads) == (1 if where == "reload" else 0), said
+    finally:
+        if starting is not None:
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
+        await engine.close()

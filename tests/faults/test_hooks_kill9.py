@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from tests.conftest import KAFKA_TEST_OPTIONS, KAFKA_TEST_PARTITIONS, kafka_sett
 from tests.dev_server import DevServer, clean_env, start_dev
 from tests.hook_workflows import read_notes
 from tests.kafka_broker import Broker
+from tests.processes import first_line
 
 pytestmark = pytest.mark.slow
 
@@ -187,9 +187,7 @@ class _Worker:
                 stderr=log,
                 stdin=subprocess.DEVNULL,
             )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-        line = self.proc.stdout.readline().decode() if ready else ""
+        line = first_line(self.proc, 30)
         if re.search(r"listening on (http://\S+)", line) is None:
             self.kill()
             pytest.fail(f"worker did not start: {line!r}\n{self.log.read_text()[-3000:]}")

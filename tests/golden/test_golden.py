@@ -23,8 +23,7 @@ from typing import Any
 import pytest
 
 from stepstream.engine.api.workflow import Registry
-from stepstream.engine.replay.effects import Output, StepOutcome
-from stepstream.engine.replay.runtime import InstanceRuntime
+from stepstream.engine.replay.runtime import InstanceRuntime, Output, StepOutcome
 from stepstream.engine.replay.state import InstanceState, Status
 from stepstream.engine.wire.codec import JSON, JsonCodec
 from stepstream.engine.wire.records import (
@@ -38,23 +37,12 @@ from stepstream.engine.wire.records import (
 )
 from stepstream.engine.wire.records import SendEvent as SendEventCommand
 from stepstream.engine.wire.serde import default_serde
+from tests.fakes import FakeClock
 
 HERE = Path(__file__).parent
 CODEC = JsonCodec()
-T0 = 1_700_000_000_000
 _CLASSES: dict[str, type[HistoryRecord]] = {cls.type_name: cls for cls in HISTORY_TYPES}
 _ENVELOPE = ("seq", "time_ms", "command_id", "epoch")
-
-
-class _Clock:
-    def __init__(self) -> None:
-        self.ms = T0
-
-    def now_ms(self) -> int:
-        return self.ms
-
-    async def sleep(self, seconds: float) -> None:
-        self.ms += round(seconds * 1000)
 
 
 def _registry() -> Registry:
@@ -128,7 +116,7 @@ SCENARIOS: dict[str, tuple[str, Any, list[Any]]] = {
 def _produce(name: str) -> dict[str, Any]:
     workflow, value, inputs = SCENARIOS[name]
     instance_id = f"golden-{name}"
-    clock = _Clock()
+    clock = FakeClock()
     state = InstanceState(instance_id)
     runtime = InstanceRuntime(
         state, _registry().resolve(workflow), codec=CODEC, clock=clock, epoch=1
@@ -229,7 +217,7 @@ def test_golden_history_replays_to_its_recorded_end(path: Path) -> None:
     state = InstanceState(golden["instance_id"])
     for record in before:
         state.apply(record)
-    clock = _Clock()
+    clock = FakeClock()
     clock.ms = records[-1].time_ms + 3_600_000  # replay happens later; nothing may read it
     runtime = InstanceRuntime(
         state,

@@ -12,7 +12,6 @@ import asyncio
 import base64
 import os
 import re
-import select
 import signal
 import socket
 import subprocess
@@ -31,6 +30,7 @@ from stepstream.consumers.kafka.admin import existing_partitions
 from stepstream.engine.config.kafka import KafkaSettings
 from tests.helm.chart import NAMESPACE, ROOT, Rendered, container, env_of, render
 from tests.kafka_broker import Broker
+from tests.processes import first_line
 
 pytestmark = pytest.mark.kafka
 
@@ -117,9 +117,7 @@ def worker_process(chart_release: Rendered, tmp_path: Path) -> Iterator[subproce
             stderr=stderr,
         )
     try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 60)
-        line = proc.stdout.readline().decode() if ready else ""
+        line = first_line(proc, 60)
         assert "listening on" in line, f"worker did not start: {line!r}\n{log.read_text()[-3000:]}"
         yield proc
     finally:

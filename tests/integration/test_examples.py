@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import shlex
 import signal
 import subprocess
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 
 from stepstream import Client
+from tests.processes import first_line
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "workflows.md"
@@ -278,9 +278,7 @@ async def test_the_request_snippet_gets_its_answer_from_stepstream_dev(tmp_path:
             stderr=stderr,
         )
     try:
-        assert server.stdout is not None
-        ready, _, _ = select.select([server.stdout], [], [], 20)
-        line = server.stdout.readline().decode() if ready else ""
+        line = first_line(server, 20)
         found = re.search(r"listening on (http://\S+)", line)
         assert found, f"{shlex.join(argv)} did not start: {line!r}\n{log.read_text()}"
         url = found.group(1)

@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import re
-import select
 import shlex
 import shutil
 import signal
@@ -41,6 +40,7 @@ from stepstream import (
     WorkflowFailed,
 )
 from tests.dev_server import clean_env, spawn_dev
+from tests.processes import first_line
 
 REPO = str(Path(__file__).resolve().parents[2])
 MODULE = "ss_http_cli_flows"
@@ -107,9 +107,7 @@ def _start_dev(root: Path) -> tuple[subprocess.Popen[bytes], Dev]:
             stdout=subprocess.PIPE,
             stderr=stderr,
         )
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], 20)
-    line = proc.stdout.readline().decode() if ready else ""
+    line = first_line(proc, 20)
     found = re.search(r"listening on (http://\S+)", line)
     if found is None:
         proc.kill()

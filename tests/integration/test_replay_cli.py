@@ -30,6 +30,7 @@ from stepstream.engine.wire.records import HistoryRecord, SendEvent, StartWorkfl
 from stepstream.engine.wire.serde import default_serde
 from stepstream.engine.wire.topics import partition_for
 from tests.dev_server import clean_env, run_cli, start_dev
+from tests.fakes import FakeClock
 
 SHOP = """
 from stepstream import Context, workflow
@@ -233,14 +234,8 @@ def _template(module: ModuleType) -> list[HistoryRecord]:
     definition = definition_of(module.order)
     assert definition is not None
 
-    class Clock:
-        def now_ms(self) -> int:
-            return 1_700_000_000_000
-
-        async def sleep(self, seconds: float) -> None:
-            return None
-
-    runtime = InstanceRuntime(InstanceState("t"), definition, codec=codec, clock=Clock(), epoch=1)
+    clock = FakeClock()
+    runtime = InstanceRuntime(InstanceState("t"), definition, codec=codec, clock=clock, epoch=1)
     records: list[HistoryRecord] = []
 
     def feed(msg: Any) -> Output:

@@ -210,6 +210,11 @@ class _Collector:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    def close(self) -> None:
+        """Stop serving and close the listening socket."""
+        self.server.shutdown()
+        self.server.server_close()
+
 
 async def test_dev_exports_run_and_step_spans_over_otlp_in_the_callers_trace(
     tmp_path: Path, provider: TracerProvider
@@ -234,6 +239,7 @@ async def test_dev_exports_run_and_step_spans_over_otlp_in_the_callers_trace(
             assert await client.result(instance_id, timeout=30) == {"total": 2, "doubled": 4}
     finally:
         server.stop()  # the exporter process flushes on the way out
+        collector.close()
     # The log names the service the spans are exported under: OTEL_SERVICE_NAME's.
     assert "tracing on: spans for workflow runs and step attempts (service shop)" in (
         server.log.read_text()
@@ -278,7 +284,7 @@ async def test_spans_an_endpoint_refuses_are_counted_on_metrics(tmp_path: Path) 
                 await asyncio.sleep(0.1)
     finally:
         server.stop()
-        collector.server.shutdown()
+        collector.close()
     # The run and its two steps at least (the start's producer span may share a batch).
     assert dropped["export_failed"] >= 3, dropped
     # Logging as JSON, every line on stderr is one JSON object, the exporter process's

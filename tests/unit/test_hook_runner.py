@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -24,7 +22,6 @@ from stepstream.engine.api.workflow import Registry, definition_of, workflow
 from stepstream.engine.replay.runtime import Output
 from stepstream.engine.replay.state import InstanceState, Status
 from stepstream.engine.replay.state_json import meta_json
-from stepstream.engine.seams import CommitBatch
 from stepstream.engine.wire.records import (
     HistoryRecord,
     Payload,
@@ -37,6 +34,7 @@ from stepstream.engine.wire.records import (
     WorkflowStarted,
 )
 from stepstream.engine.wire.serde import default_serde
+from tests.fakes import FakeBackend
 
 SERDE = default_serde()
 CALLS: list[tuple[str, Any]] = []
@@ -62,36 +60,6 @@ async def hooked(ctx: Any, _: Any) -> None:
 @workflow("plain")
 async def plain(ctx: Any, _: Any) -> None:
     pass
-
-
-@dataclass
-class FakeStore:
-    data: dict[bytes, bytes] = field(default_factory=dict)
-
-    def get(self, key: bytes) -> bytes | None:
-        return self.data.get(key)
-
-    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        for key in sorted(self.data):
-            if key.startswith(prefix) and (start is None or key >= start):
-                yield key, self.data[key]
-
-
-@dataclass
-class FakeBackend:
-    """A partition whose commits apply to a dict (appends are not kept)."""
-
-    partition: int = 0
-    partitions: int = 1
-    epoch: int = 1
-    store: FakeStore = field(default_factory=FakeStore)
-    commits: list[CommitBatch] = field(default_factory=list)
-
-    async def commit(self, batch: CommitBatch) -> None:
-        self.commits.append(batch)
-        for key in batch.deletes:
-            self.store.data.pop(key, None)
-        self.store.data.update(batch.puts)
 
 
 @pytest.fixture(autouse=True)

@@ -37,9 +37,9 @@ from stepstream.ops.tools.replay.replayer import replay_all, replay_history
 from stepstream.ops.tools.replay.results import ReplayDiverged
 from stepstream.ops.tools.replay.sources import History, fold_history_log
 from stepstream.testing import replay
+from tests.fakes import FakeClock
 
 CODEC = JsonCodec()
-T0 = 1_700_000_000_000
 RUNS: dict[str, int] = {}
 
 
@@ -121,23 +121,12 @@ def registry(*fns: Any) -> Registry:
 # ---- making histories ------------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.ms = T0
-
-    def now_ms(self) -> int:
-        return self.ms
-
-    async def sleep(self, seconds: float) -> None:
-        self.ms += round(seconds * 1000)
-
-
 class Recorder:
     """Drives one instance the way the partition processor does and keeps its history."""
 
     def __init__(self, fn: Any, instance_id: str = "i-1") -> None:
         self.instance_id = instance_id
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.definition = Registry([fn]).resolve(fn.__stepstream_workflow__.name)
         self.runtime = InstanceRuntime(
             InstanceState(instance_id),

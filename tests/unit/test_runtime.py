@@ -55,23 +55,9 @@ from stepstream.engine.wire.records import (
     WaitSatisfied,
     WorkflowFailedRecord,
 )
+from tests.fakes import T0, FakeClock
 
 CODEC = JsonCodec()
-T0 = 1_700_000_000_000
-
-
-class FakeClock:
-    def __init__(self, ms: int = T0) -> None:
-        self.ms = ms
-
-    def now_ms(self) -> int:
-        return self.ms
-
-    async def sleep(self, seconds: float) -> None:
-        self.ms += round(seconds * 1000)
-
-    def advance(self, seconds: float) -> None:
-        self.ms += round(seconds * 1000)
 
 
 _OPEN: list[Harness] = []

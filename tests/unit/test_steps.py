@@ -4,6 +4,7 @@ threads that stay free for fresh attempts however many bodies overrun theirs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -20,6 +21,9 @@ from stepstream.engine.wire.codec import JsonCodec
 
 # Long enough that a body waiting this long is clearly stuck; tests release them first.
 STUCK_S = 60.0
+# The most a condition may take to come true: only a broken executor needs this long (a
+# loaded machine is slower, never this slow).
+WAIT_S = 30.0
 
 
 def _launch(
@@ -48,7 +52,7 @@ def release() -> Iterator[threading.Event]:
     event.set()
 
 
-async def _until(check: Callable[[], bool], timeout: float = 5.0) -> None:
+async def _until(check: Callable[[], bool], timeout: float = WAIT_S) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
@@ -218,71 +222,135 @@ async def test_a_late_sync_result_is_discarded_and_its_thread_let_go(
     assert any("returned after its attempt was given up" in r.getMessage() for r in caplog.records)
 
 
+class Gauge:
+    """Counts the step bodies running at once, and the most there ever were."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = 0
+        self.peak = 0
+        self.started: list[str] = []
+
+    @contextlib.contextmanager
+    def running(self, name: str) -> Iterator[None]:
+        with self._lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+            self.started.append(name)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.now -= 1
+
+
+async def _overrun(
+    executor: StepExecutor, gauge: Gauge, body: Callable[[str], Any], keys: list[str]
+) -> None:
+    """Launch ``body`` under each key, wait until every one that got a thread is running,
+    then give all of them up: each running one keeps its thread (held), the others are
+    dropped from the queue unstarted. No timeout decides which is which."""
+    delivered: dict[str, asyncio.Future[StepOutcome]] = {}
+    loop = asyncio.get_running_loop()
+    for key in keys:
+        delivered[key] = loop.create_future()
+        executor.launch(_launch(body, key, key=key), delivered[key].set_result)
+    threads = executor.threads
+
+    def settled() -> bool:  # no body between the queue and its first line, no idle thread
+        started = len(set(keys) & set(gauge.started))
+        idle = threads.workers - threads.busy
+        return started + threads.queued == len(keys) and (idle == 0 or threads.queued == 0)
+
+    await _until(settled)
+    started = set(gauge.started)
+    # Queued ones first: giving up a running one grows the pool, which would start them.
+    for key in sorted(keys, key=lambda k: k in started):
+        assert executor.cancel("i-1", key, 1)
+    for key in keys:
+        outcome = await asyncio.wait_for(delivered[key], WAIT_S)
+        assert outcome.error_type == "AttemptCancelled", outcome
+
+
 async def test_overrunning_sync_bodies_never_starve_fresh_attempts(
     executor: StepExecutor, release: threading.Event
 ) -> None:
-    assert executor.threads.threads == 32
+    threads = executor.threads
+    assert threads.threads == 32
+    gauge = Gauge()
 
-    running: list[int] = []
+    def stuck(key: str) -> str:
+        with gauge.running(key):
+            release.wait(STUCK_S)
+        return key
 
-    def stuck(n: int) -> int:
-        running.append(n)
-        release.wait(STUCK_S)
-        return n
+    await _overrun(executor, gauge, stuck, [f"stuck-{n}" for n in range(40)])
+    # The 32 that got a thread keep it; the 8 queued behind them never started.
+    assert threads.held == len(gauge.started) == 32
 
-    outcomes = await asyncio.gather(
-        *(executor.run(_launch(stuck, n, timeout=0.3, key=f"stuck-{n}")) for n in range(40))
-    )
-    assert {o.error_type for o in outcomes} == {"StepTimeout"}
-    # Every body that got a thread keeps it (on a loaded machine one may still have been
-    # queued when its timeout passed: it never starts).
-    assert executor.threads.held == len(running) >= 32
-
-    started = time.monotonic()
-    quick = await executor.run(_launch(lambda: "quick", timeout=5, key="quick"))
+    # A fresh attempt still gets a thread (starved, it would wait here for ever)...
+    quick = await asyncio.wait_for(executor.run(_launch(lambda: "quick", key="quick")), WAIT_S)
     assert _value(quick) == "quick"
-    assert time.monotonic() - started < 1.0
-    # Many fresh attempts at once: all of them start at once too (32 free threads).
-    gate = threading.Barrier(32, timeout=5)
-    many = await asyncio.gather(
-        *(executor.run(_launch(gate.wait, timeout=10, key=f"m{n}")) for n in range(32))
-    )
+    # ...and so do many at once: all 32 run together (32 free threads).
+    gate = threading.Barrier(32, timeout=WAIT_S)
+    many = await asyncio.gather(*(executor.run(_launch(gate.wait, key=f"m{n}")) for n in range(32)))
     assert all(o.result is not None for o in many), [o.error_message for o in many]
 
     release.set()
-    await _until(lambda: executor.threads.held == 0)
-    await _until(lambda: executor.threads.workers <= 32)  # back to its size
+    await _until(lambda: threads.held == 0)
+    await _until(lambda: threads.workers <= 32)  # back to its size
 
 
 async def test_the_thread_cap_holds_and_a_returning_body_frees_a_thread(
     release: threading.Event, caplog: pytest.LogCaptureFixture
 ) -> None:
     executor = StepExecutor(JsonCodec(), max_payload_bytes=1 << 20, threads=2, max_threads=3)
+    threads = executor.threads
+    gauge = Gauge()
     try:
         first_release = threading.Event()
 
-        def stuck(gate: str) -> str:
-            (first_release if gate == "first" else release).wait(STUCK_S)
-            return gate
+        def stuck(key: str) -> str:
+            with gauge.running(key):
+                (first_release if key == "a" else release).wait(STUCK_S)
+            return key
 
-        outcomes = await asyncio.gather(
-            executor.run(_launch(stuck, "first", timeout=0.05, key="a")),
-            executor.run(_launch(stuck, "other", timeout=0.05, key="b")),
-        )
-        assert [o.error_type for o in outcomes] == ["StepTimeout", "StepTimeout"]
-        assert executor.threads.held == 2
+        await _overrun(executor, gauge, stuck, ["a", "b"])
+        assert threads.held == 2
         assert any("at their cap (3)" in r.getMessage() for r in caplog.records)
         # One thread is left under the cap: a quick step runs on it...
-        assert _value(await executor.run(_launch(lambda: 1, timeout=5, key="c"))) == 1
-        # ...and a third overrunning body takes it; the next step waits for a thread.
-        third = await executor.run(_launch(stuck, "other", timeout=0.05, key="d"))
-        assert third.error_type == "StepTimeout"
-        waiting = asyncio.ensure_future(executor.run(_launch(lambda: 2, key="e")))
-        await asyncio.sleep(0.2)
-        assert not waiting.done()
+        assert (
+            _value(await asyncio.wait_for(executor.run(_launch(lambda: 1, key="c")), WAIT_S)) == 1
+        )
+        # ...and a third overrunning body takes it: three threads busy, the cap.
+        await _overrun(executor, gauge, stuck, ["d"])
+        assert threads.held == 3
+
+        # Steps launched now wait for a thread: none of them starts, however long one
+        # looks, as long as the three bodies keep their threads.
+        go = threading.Event()
+
+        def counted(key: str) -> str:
+            with gauge.running(key):
+                go.wait(STUCK_S)
+            return key
+
+        waiting = [
+            asyncio.ensure_future(executor.run(_launch(counted, f"e{n}", key=f"e{n}")))
+            for n in range(4)
+        ]
+        await _until(lambda: threads.queued == 4)
+        assert (threads.workers, threads.busy, gauge.now) == (3, 3, 3)
+        assert not any(name.startswith("e") for name in gauge.started)
+
         first_release.set()  # one overrunning body returns: its thread serves the queue
-        assert _value(await asyncio.wait_for(waiting, 5)) == 2
-        assert executor.threads.workers <= 3
+        go.set()
+        outcomes = await asyncio.wait_for(asyncio.gather(*waiting), WAIT_S)
+        assert [_value(o) for o in outcomes] == ["e0", "e1", "e2", "e3"]
+        # Never more bodies at once than the cap, and the queue went through the one
+        # thread that was freed (two stay held).
+        assert gauge.peak == 3
+        assert threads.held == 2 and threads.workers <= 3
     finally:
         release.set()
         executor.shutdown()
