@@ -73,5 +73,8 @@ _ALSO_TRANSIENT = frozenset(
         # A request in flight to a broker that left the cluster's metadata (it died):
         # librdkafka drops that broker's handle; the next try goes to the new leader.
         KafkaError._DESTROY_BROKER,
+        # A partition the client's metadata does not know yet: the cluster is starting.
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
     }
 )

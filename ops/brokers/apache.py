@@ -141,6 +141,22 @@ def _free(port: int) -> bool:
             return False
 
 
+def _errors(path: Path, lines: int = 12) -> str:
+    """The first ERROR and FATAL lines of a node's log (and the exception after each): why
+    it stopped, which its shutdown's last lines bury."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"<no log: {exc}>"
+    found: list[str] = []
+    for index, line in enumerate(text):
+        if " ERROR " in line or " FATAL " in line:
+            found += text[index : index + 2]
+        if len(found) >= lines:
+            break
+    return "\n".join(found[:lines]) or "<none logged>"
+
+
 def _tail(path: Path, lines: int) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
@@ -329,7 +345,8 @@ class ApacheCluster:
                     code = node.proc.returncode if node.proc else None
                     raise BrokerError(
                         f"Apache Kafka node {i} exited with code {code} while starting "
-                        f"(log {node.log_path}):\n{self.log_tail(i)}"
+                        f"(log {node.log_path}); its errors:\n{_errors(node.log_path)}\n"
+                        f"its last lines:\n{self.log_tail(i)}"
                     )
                 try:
                     metadata = admins[i].list_topics(timeout=1)

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from aiohttp import web
@@ -23,7 +25,7 @@ from stepstream.ops.api.serving import stop_on_signals as _stop_on_signals
 from stepstream.ops.cli import render
 from stepstream.ops.cli.options import JSON, KAFKA, SERVING, api_security, kafka_settings
 from stepstream.ops.cli.options import put_cwd_on_path as _put_cwd_on_path
-from stepstream.ops.cli.table import EXIT_OK, Command, UsageError, arg
+from stepstream.ops.cli.table import EXIT_ERROR, EXIT_OK, Command, UsageError, arg
 from stepstream.ops.gc_tuning import tune_for_serving
 from stepstream.ops.telemetry import tracing
 from stepstream.ops.telemetry.metrics import Health, observability_for
@@ -260,10 +262,41 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
                 raise StepstreamError(str(failed.exception()))
             log.info("shutting down url=%s", worker.url)
         finally:
-            await worker.stop()
+            with _exit_if_stuck(config.processor.drain_timeout_s + STOP_GRACE_S):
+                await worker.stop()
             if traced is not None:
                 traced.close()  # exports the spans still batched
     return EXIT_OK
+
+
+# How long a worker's stop may take beyond draining its step attempts: leaving the group,
+# withdrawing its announcement and flushing the producer need the brokers.
+STOP_GRACE_S = 20.0
+
+
+@contextlib.contextmanager
+def _exit_if_stuck(seconds: float) -> Iterator[None]:
+    """Exit the process if the block has not finished after ``seconds``: a stop that
+    waits for brokers that are gone would otherwise wait for the producer's message
+    timeout (minutes). Exiting then is what kill -9 does, which the engine is built to
+    survive: the next owner restores from the topics, nothing acknowledged is lost."""
+
+    def give_up() -> None:
+        log.error(
+            "stopping did not finish within %.0f s (are the Kafka brokers reachable?); "
+            "exiting without it: the next owner of the partitions recovers from the topics",
+            seconds,
+        )
+        logging.shutdown()
+        os._exit(EXIT_ERROR)
+
+    watchdog = threading.Timer(seconds, give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
 
 
 _HOST_HELP = "beyond loopback it needs --api-token or --insecure"

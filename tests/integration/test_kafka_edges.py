@@ -12,8 +12,11 @@ import asyncio
 import logging
 import os
 import re
+import shutil
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -146,29 +149,38 @@ def _quick_start() -> str:
     return section.split("```bash\n", 1)[1].split("```", 1)[0]
 
 
-def test_the_readme_kafka_quick_start_works_typed_line_after_line(
-    kafka_broker: Broker, tmp_path: Path
-) -> None:
+_STOP_JOBS_NEWEST_FIRST = "for j in $(jobs -p | tac); do kill $j 2>/dev/null; wait $j; done"
+
+
+def test_the_readme_kafka_quick_start_works_typed_line_after_line(tmp_path: Path) -> None:
+    """From the broker on: Apache Kafka, its topics, a worker and a workflow, as typed.
+    Only the ports change (tests run side by side) and the examples are copied in."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     prefix = f"qs{uuid.uuid4().hex[:8]}"
     script = (
         _quick_start()
-        .replace("kafka:9092", kafka_broker.bootstrap)
+        .replace("stepstream broker --apache", f"stepstream broker --apache --port {port}")
+        .replace("127.0.0.1:9092", f"127.0.0.1:{port}")
         .replace("prefix shop", f"prefix {prefix}")
         .replace("prefix=shop", f"prefix={prefix}")
-        .replace("--port 8233", "--port 0")  # tests run side by side
+        .replace("--port 8233", "--port 0")
     )
+    assert script.startswith("stepstream broker --apache"), script
     assert "stepstream worker" in script and "&\n" in script, script
+    shutil.copytree(REPO / "examples", tmp_path / "examples")
     bin_dir = Path(sys.executable).parent
     done = subprocess.run(
-        ["bash", "-c", f"set -e\ntrap 'kill $(jobs -p) 2>/dev/null; wait' EXIT\n{script}"],
+        # On exit the worker stops first, then the broker (the newest job first).
+        ["bash", "-c", f"set -e\ntrap '{_STOP_JOBS_NEWEST_FIRST}' EXIT\n{script}"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
         cwd=tmp_path,
         env={
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
             "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-            "PYTHONPATH": str(REPO),
         },
     )
     assert done.returncode == 0, (script, done.stdout, done.stderr[-3000:])
@@ -192,3 +204,44 @@ def test_topics_create_without_a_reachable_cluster_says_so_in_one_line(tmp_path:
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("error: cannot reach Kafka at 127.0.0.1:1"), lines
     assert "check --bootstrap and the security settings" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_a_worker_whose_brokers_are_gone_stops_within_its_bound(tmp_path: Path) -> None:
+    """SIGTERM with no broker left to leave the group or flush to: the worker exits once
+    its drain timeout plus 20 s have passed, saying why, instead of waiting minutes for
+    the producer's message timeout."""
+    from stepstream.ops.brokers.apache import start_apache
+
+    cluster = start_apache(1)
+    try:
+        settings = kafka_settings(cluster)
+        create_topics(settings, 2)
+        command = [sys.executable, "-m", "stepstream.ops.cli", "worker"]
+        command += ["--workflows", "examples.order", "--port", "0"]
+        command += ["--bootstrap", settings.bootstrap, "--prefix", settings.prefix]
+        command += ["--state-dir", str(tmp_path / "state")]
+        worker = subprocess.Popen(
+            command,
+            cwd=REPO,
+            env={**os.environ, "STEPSTREAM_DRAIN_TIMEOUT_S": "1", "PYTHONPATH": str(REPO)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert worker.stdout is not None
+            assert "listening on" in worker.stdout.readline()
+            cluster.kill_node(0)
+            began = time.monotonic()
+            worker.terminate()
+            _, err = worker.communicate(timeout=60)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.communicate()
+        print(f"the worker exited {time.monotonic() - began:.1f} s after SIGTERM")
+        assert worker.returncode == 1, err[-2000:]
+        assert "stopping did not finish within 21 s" in err, err[-2000:]
+    finally:
+        cluster.stop()
