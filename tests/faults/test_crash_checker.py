@@ -315,6 +315,8 @@ class Backend:
     """What the workload needs of a backend's processes."""
 
     name = ""
+    # The run's workload, set by run_checker: a fault may add probe instances to it.
+    workload: Workload | None = None
     partitions = 2
     summary = ""  # what else the backend has to say in the one-line summary
     root: Path
@@ -412,6 +414,7 @@ class Embedded(Backend):
 class Kafka(Backend):
     name = "kafka"
     partitions = 4
+    replication = 1  # three in tests/faults/test_broker_faults.py, on a three-node cluster
 
     def __init__(self, root: Path, broker: Broker) -> None:
         self.root = root
@@ -450,7 +453,9 @@ class Kafka(Backend):
         return Client.connect(kafka_url(self.settings), timeout=15, command_timeout=8)
 
     async def start(self) -> None:
-        await asyncio.to_thread(create_topics, self.settings, self.partitions)
+        await asyncio.to_thread(
+            create_topics, self.settings, self.partitions, replication=self.replication
+        )
         self.view = await MembersView.open(
             TopicNames(self.settings.prefix).name(MEMBERS),
             timeout=10,
@@ -774,6 +779,7 @@ async def run_checker(backend: Backend, instances: int, kills: int, freeze_at: i
     print(f"\ncrash checker [{backend.name}] seed {seed}")
     began = time.monotonic()
     workload = Workload(backend, seed, instances)
+    backend.workload = workload
     rng = random.Random(f"{seed}/kills")
     await backend.start()
     try:
