@@ -34,7 +34,8 @@ from stepstream.engine.errors import (
     UnknownWorkflow,
 )
 from stepstream.engine.replay.effects import Output, StepOutcome
-from stepstream.engine.replay.ids import child_event, is_client_command, parse_child_command
+from stepstream.engine.replay.ids import is_client_command, parse_child_command
+from stepstream.engine.replay.outgoing import child_outcome
 from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.engine.replay.state import EntryState, InstanceState, Status
 from stepstream.engine.replay.state_json import state_from_storage
@@ -650,12 +651,12 @@ class PartitionProcessor:
         parent_id, key = parent
         outcome = {"status": "failed", "error_type": type(exc).__name__, "error": str(exc)}
         self._notices.append(
-            SendEvent(
-                instance_id=parent_id,
-                command_id=f"childdone:{start.instance_id}",
-                time_ms=self._clock.now_ms(),
-                name=child_event(key),
-                payload=encode_safely(self._codec, outcome),
+            child_outcome(
+                parent_id,
+                key,
+                f"childdone:{start.instance_id}",
+                encode_safely(self._codec, outcome),
+                self._clock.now_ms(),
             )
         )
 

@@ -17,6 +17,7 @@ from stepstream.engine.wire.codec import (
 )
 from stepstream.engine.wire.records import (
     CancelWorkflow,
+    Payload,
     SendEvent,
     StartWorkflow,
 )
@@ -66,20 +67,16 @@ class OutgoingMixin(RuntimeCore):
             outcome.update(error_type=state.error_type, error=state.error_message)
         if state.cancel_reason:
             outcome["error"] = state.cancel_reason
-        self._out.commands.append(
-            (
-                state.instance_id,
-                SendEvent(
-                    instance_id=state.parent_id,
-                    command_id=f"childdone:{state.instance_id}",
-                    time_ms=self.clock.now_ms(),
-                    name=child_event(state.parent_key),
-                    payload=encode_safely(self.codec, outcome),
-                    traceparent=self._traceparent,
-                    tracestate=self._tracestate,
-                ),
-            )
+        notice = child_outcome(
+            state.parent_id,
+            state.parent_key,
+            f"childdone:{state.instance_id}",
+            encode_safely(self.codec, outcome),
+            self.clock.now_ms(),
+            self._traceparent,
+            self._tracestate,
         )
+        self._out.commands.append((state.instance_id, notice))
 
     def _refuse_child(self, msg: StartWorkflow, parent_id: str, key: str) -> None:
         """A parent asked to start this instance as its child ``key``, but it exists
@@ -95,21 +92,17 @@ class OutgoingMixin(RuntimeCore):
                 "(instance_id=None names it after its parent)"
             ),
         }
-        self._out.commands.append(
-            (
-                state.instance_id,
-                SendEvent(
-                    instance_id=parent_id,
-                    # Its own id: the parent may meet this instance again under another key.
-                    command_id=f"childexists:{msg.command_id}",
-                    time_ms=self.clock.now_ms(),
-                    name=child_event(key),
-                    payload=encode_safely(self.codec, outcome),
-                    traceparent=msg.traceparent,
-                    tracestate=msg.tracestate,
-                ),
-            )
+        refusal = child_outcome(
+            parent_id,
+            key,
+            # Its own id: the parent may meet this instance again under another key.
+            f"childexists:{msg.command_id}",
+            encode_safely(self.codec, outcome),
+            self.clock.now_ms(),
+            msg.traceparent,
+            msg.tracestate,
         )
+        self._out.commands.append((state.instance_id, refusal))
 
     def _cancel_children(self, children: list[Entry], reason: str) -> None:
         for entry in children:
@@ -165,3 +158,26 @@ class OutgoingMixin(RuntimeCore):
             traceparent=self._traceparent,
             tracestate=self._tracestate,
         )
+
+
+def child_outcome(
+    parent_id: str,
+    key: str,
+    command_id: str,
+    outcome: Payload,
+    time_ms: int,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
+) -> SendEvent:
+    """The event that tells a parent how its child ``key`` ended (a dict with its status,
+    result or error): only the parent's code waits for it, and ``command_id`` makes a
+    repeat of it apply once."""
+    return SendEvent(
+        instance_id=parent_id,
+        command_id=command_id,
+        time_ms=time_ms,
+        name=child_event(key),
+        payload=outcome,
+        traceparent=traceparent,
+        tracestate=tracestate,
+    )
