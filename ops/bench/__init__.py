@@ -71,7 +71,7 @@ def _check_positive(**values: float | None) -> None:
 
 @contextlib.asynccontextmanager
 async def _session(
-    client: str, path: str, bootstrap: str, partitions: int, workers: int
+    client: str, path: str, bootstrap: str, partitions: int, workers: int, replication: int = 1
 ) -> AsyncIterator[Session]:
     if client == "inprocess":
         async with inprocess(path) as session:
@@ -80,7 +80,7 @@ async def _session(
         async with http(path, workers) as session:
             yield session
     else:
-        async with kafka(bootstrap, path, partitions, workers) as session:
+        async with kafka(bootstrap, path, partitions, workers, replication) as session:
             yield session
 
 
@@ -99,6 +99,8 @@ async def run_bench(
     pending: int | None = None,
     rate: float = DEFAULT_RATE,
     profile: str | None = None,
+    broker_kind: str = "dev",
+    broker_nodes: int = 1,
 ) -> dict[str, Any]:
     client, backend = resolve_client(client, backend)
     _check_positive(n=n, pending=pending, rate=rate, workers=workers, partitions=partitions)
@@ -122,23 +124,37 @@ async def run_bench(
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "event_loop": event_loop.running_loop_name(),
     }
-    broker = None
-    broker_pid: int | None = None
+    if broker_nodes != 1 and broker_kind != "apache":
+        raise SystemExit("bench: --broker-nodes needs --broker apache")
+    broker: Any = None
+    broker_pids: list[int] = []
     if client == "kafka" and bootstrap is None:
-        from stepstream.ops.brokers.dev import start_broker
+        if broker_kind == "apache":
+            from stepstream.ops.brokers.apache import start_apache
 
-        broker = start_broker()
-        bootstrap = broker.bootstrap
-        broker_pid = broker.proc.pid
-        result["broker"] = "local test broker (Tansu), same machine"
+            print(f"bench: starting Apache Kafka, {broker_nodes} node(s)", file=sys.stderr)
+            broker = start_apache(broker_nodes)
+            bootstrap = broker.bootstrap
+            broker_pids = broker.pids
+            result["broker"] = (
+                f"Apache Kafka {broker.version}, {broker_nodes} node(s) (KRaft), same machine"
+            )
+        else:
+            from stepstream.ops.brokers.dev import start_broker
+
+            broker = start_broker()
+            bootstrap = broker.bootstrap
+            broker_pids = [broker.proc.pid]
+            result["broker"] = "development broker (Tansu), same machine"
+    replication = min(3, broker_nodes) if broker_kind == "apache" else 1
     try:
         with tempfile.TemporaryDirectory(prefix="stepstream-bench-") as tmp:
             for name in workloads:
                 # Fresh state per workload, so one does not slow the next.
                 path = os.path.join(data or tmp, name)
-                session = _session(client, path, bootstrap or "", partitions, workers)
+                session = _session(client, path, bootstrap or "", partitions, workers, replication)
                 async with session as s:
-                    roles = process_roles(s.engine_pids, broker_pid)
+                    roles = process_roles(s.engine_pids, broker_pids)
                     cpu_now = functools.partial(cpu_by_role, roles)
                     cpu = cpu_now()
                     with profiled(profile, f"{name}-{client}", s.engine_pids):
@@ -199,6 +215,8 @@ def main(args: argparse.Namespace) -> int:
             pending=getattr(args, "pending", None),
             rate=_given(args, "rate", DEFAULT_RATE),
             profile=getattr(args, "profile", None),
+            broker_kind=getattr(args, "broker", None) or "dev",
+            broker_nodes=_given(args, "broker_nodes", 1),
         )
     )
     print(json.dumps(result, indent=None if getattr(args, "json", False) else 2))

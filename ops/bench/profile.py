@@ -33,7 +33,7 @@ def profiled(directory: str | None, label: str, engine_pids: list[int]) -> Itera
         return
     py_spy = check_profiler()
     os.makedirs(directory, exist_ok=True)
-    roles = process_roles(engine_pids, None)
+    roles = process_roles(engine_pids, [])
     samplers = []
     for role, pid in roles.items():
         out = os.path.join(directory, f"{label}-{role}.txt")

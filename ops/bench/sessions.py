@@ -183,7 +183,7 @@ async def http(path: str, processes: int = 1) -> AsyncIterator[Session]:
 
 @contextlib.asynccontextmanager
 async def kafka(
-    bootstrap: str, state_dir: str, partitions: int, workers: int
+    bootstrap: str, state_dir: str, partitions: int, workers: int, replication: int = 1
 ) -> AsyncIterator[Session]:
     """``workers`` worker processes on fresh topics, and a ``kafka://`` client; yields
     once every partition has an owner and a probe ran end to end."""
@@ -192,7 +192,7 @@ async def kafka(
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     settings = KafkaSettings(bootstrap=bootstrap, prefix=prefix)
-    await asyncio.to_thread(create_topics, settings, partitions)
+    await asyncio.to_thread(create_topics, settings, partitions, replication=replication)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         # All at once: they start side by side and join the group in one rebalance.
@@ -310,13 +310,15 @@ def cpu_by_role(roles: dict[str, int]) -> dict[str, float]:
     return {role: cpu_seconds(pid) for role, pid in roles.items()}
 
 
-def process_roles(engine_pids: list[int], broker_pid: int | None) -> dict[str, int]:
+def process_roles(engine_pids: list[int], broker_pids: list[int]) -> dict[str, int]:
     """Role -> pid of every process a workload runs on (the bench itself is the client)."""
     own = os.getpid()
     roles = {"client" if own not in engine_pids else "client+engine": own}
     others = [pid for pid in engine_pids if pid != own]
     names = ["engine"] if len(others) == 1 else [f"worker{i}" for i in range(len(others))]
     roles.update(zip(names, others, strict=True))
-    if broker_pid is not None:
-        roles["broker"] = broker_pid
+    if len(broker_pids) == 1:
+        roles["broker"] = broker_pids[0]
+    else:
+        roles.update((f"broker{i}", pid) for i, pid in enumerate(broker_pids))
     return roles

@@ -15,7 +15,8 @@ clients:
   inprocess  the embedded engine in the bench process, the in-process client
   http       `stepstream dev` (embedded) as a subprocess, driven by an http:// client
   kafka      `stepstream worker` subprocess(es) on fresh topics, driven by a kafka://
-             client (the test broker is started unless --bootstrap is given)
+             client (a broker is started unless --bootstrap is given: --broker dev,
+             the development broker, or --broker apache [--broker-nodes N])
 
 workloads (all three unless --workload):
   W1      N x 10 sequential steps started at once, results awaited (N=2000):
@@ -81,7 +82,20 @@ COMMANDS = (
             arg(
                 "--bootstrap",
                 metavar="H:P",
-                help="Kafka bootstrap servers (default: start the test broker)",
+                help="Kafka bootstrap servers (default: start a broker, see --broker)",
+            ),
+            arg(
+                "--broker",
+                choices=("dev", "apache"),
+                help="the broker --client kafka starts when no --bootstrap is given: the "
+                "development broker (dev, the default) or Apache Kafka from its jars (apache)",
+            ),
+            arg(
+                "--broker-nodes",
+                type=int,
+                metavar="N",
+                help="with --broker apache: a cluster of N nodes; the topics get replication "
+                "factor min(3, N) (1)",
             ),
             arg(
                 "--workload",

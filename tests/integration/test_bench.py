@@ -124,12 +124,26 @@ def test_http_client_with_kafka_backend_says_what_to_use(tmp_path: Path) -> None
     assert "--client kafka" in done.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_bench_starts_a_three_node_apache_kafka_with_replicated_topics(tmp_path: Path) -> None:
+    result = _bench(
+        tmp_path,
+        *("--client", "kafka", "--broker", "apache", "--broker-nodes", "3", "--workload", "W1"),
+    )
+    assert result["broker"].startswith("Apache Kafka ") and "3 node(s)" in result["broker"]
+    assert result["W1"]["completed"] == N, result["W1"]
+    # Each node's CPU is measured on its own: which one bounds the figure shows.
+    assert {"broker0", "broker1", "broker2"} <= set(result["W1"]["cpu_s"]), result["W1"]
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
         (("--workload", "timers", "--rate", "0"), "--rate must be more than 0"),
         (("--client", "kafka", "--workers", "5"), "pass --partitions 5 or more"),
         (("--workload", "W1", "--input-bytes", "-1"), "--input-bytes must be 0 or more"),
+        (("--client", "kafka", "--broker-nodes", "3"), "--broker-nodes needs --broker apache"),
     ],
 )
 def test_bad_bench_flags_say_what_to_pass(tmp_path: Path, args: tuple[str, ...], says: str) -> None:
