@@ -11,7 +11,7 @@ nothing and finds the earlier topics and records.
 Settings suit tests on a small machine: no initial rebalance delay, group sessions down
 to 500 ms, no topic auto-creation, replication ``min(3, N)`` with
 ``min.insync.replicas`` 2 from three nodes, a 512 MB heap and a JVM that starts fast
-(serial GC, C1 only; ``STEPSTREAM_KAFKA_JVM_OPTS`` replaces these flags).
+(serial GC, C1 only; ``STEPSTREAM_BROKER_JVM_OPTS`` replaces these flags).
 
 ``start_apache`` returns once every node serves metadata listing all N brokers. The
 returned ``ApacheCluster`` stops, kills, freezes and restarts single nodes for fault
@@ -50,7 +50,7 @@ from stepstream.ops.brokers.jars import (
 DEFAULT_PORT = 9092
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
-ENV_JVM_OPTS = "STEPSTREAM_KAFKA_JVM_OPTS"
+ENV_JVM_OPTS = "STEPSTREAM_BROKER_JVM_OPTS"
 # Measured on 2 cores: ready in ~3.5 s with C1 only and the serial GC, ~7 s with the
 # JVM's defaults. A test broker's peak throughput matters less than its start.
 JVM_OPTIONS = (

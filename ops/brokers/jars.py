@@ -4,7 +4,7 @@ Kafka's broker is published on Maven Central as ``org.apache.kafka:kafka_2.13`` 
 runtime dependencies; ``apache-kafka.pom.xml`` (beside this module) names them together
 with the log4j2 binding Kafka's distribution ships. ``resolve_jars`` has Maven copy them
 once into ``~/.cache/stepstream/kafka-<version>/`` (``$XDG_CACHE_HOME`` is honoured;
-``STEPSTREAM_KAFKA_JARS`` names another directory) and reuses them afterwards: a
+``STEPSTREAM_BROKER_JARS`` names another directory) and reuses them afterwards: a
 ``.complete`` file written last marks a finished copy, and a lock file keeps two
 processes from resolving into one directory at once. Maven keeps its own copy under
 ``~/.m2`` as usual.
@@ -28,8 +28,8 @@ from pathlib import Path
 from stepstream.ops.brokers import BrokerError
 
 KAFKA_VERSION = "4.3.1"
-ENV_JARS = "STEPSTREAM_KAFKA_JARS"
-ENV_VERSION = "STEPSTREAM_KAFKA_VERSION"
+ENV_JARS = "STEPSTREAM_BROKER_JARS"
+ENV_VERSION = "STEPSTREAM_BROKER_KAFKA_VERSION"
 MIN_JAVA = 17
 # Pinned: Maven 3.8's default dependency plugin (2.8) predates copy-dependencies' fixes.
 _COPY = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"

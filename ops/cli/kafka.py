@@ -139,7 +139,7 @@ BROKER = Command(
             "--prepare",
             action="store_true",
             help="with --apache: only check Java and fetch the jars into the cache "
-            "($STEPSTREAM_KAFKA_JARS, default ~/.cache/stepstream/kafka-VERSION), then exit",
+            "($STEPSTREAM_BROKER_JARS, default ~/.cache/stepstream/kafka-VERSION), then exit",
         ),
     ),
 )

@@ -233,7 +233,7 @@ def test_without_maven_the_error_says_what_to_install(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "java").symlink_to(os.path.realpath(java))
-    env = repo_env(PATH=str(bin_dir), STEPSTREAM_KAFKA_JARS=str(tmp_path / "jars"))
+    env = repo_env(PATH=str(bin_dir), STEPSTREAM_BROKER_JARS=str(tmp_path / "jars"))
     env.pop("JAVA_HOME", None)
     done = subprocess.run(
         [*CLI, "broker", "--apache", "--prepare"], capture_output=True, text=True, env=env,

@@ -302,3 +302,17 @@ def test_cli_flags_reach_the_settings(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "security.protocol" in done.stderr and "NOT_A_PROTOCOL" in done.stderr, done.stderr
+
+
+def test_the_local_brokers_variables_are_not_read_as_client_properties() -> None:
+    """Every STEPSTREAM_KAFKA_<NAME> variable is a client property, so the settings of
+    `stepstream broker --apache` live under another prefix: with STEPSTREAM_KAFKA_JARS
+    set, every client refused an unknown property "jars"."""
+    from stepstream.engine.config.kafka import ENV_PREFIX
+    from stepstream.ops.brokers import apache, jars
+
+    names = [apache.ENV_JVM_OPTS, jars.ENV_JARS, jars.ENV_VERSION]
+    assert not [n for n in names if n.startswith(ENV_PREFIX)], names
+    environ = {name: "x" for name in names}
+    settings = KafkaSettings.load("127.0.0.1:9092", "p", environ=environ)
+    assert settings.client_config("producer", {}, {})["bootstrap.servers"] == "127.0.0.1:9092"
