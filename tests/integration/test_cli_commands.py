@@ -207,8 +207,9 @@ def _lines(proc: subprocess.Popen[str]) -> tuple[queue.Queue[str], threading.Thr
 
     def read() -> None:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.put(line)
+        with proc.stdout:  # closed once the output ends
+            for line in proc.stdout:
+                lines.put(line)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -233,7 +234,8 @@ def test_history_follow_prints_new_records_until_the_end(dev: DevServer) -> None
             proc.kill()
             proc.wait()
     assert proc.stderr is not None
-    assert code == 0, proc.stderr.read()
+    with proc.stderr:
+        assert code == 0, proc.stderr.read()
     reader.join(timeout=10)
     while not printed.empty():
         lines.append(printed.get())
