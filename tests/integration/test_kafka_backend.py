@@ -374,7 +374,7 @@ async def test_client_rejects_bad_input_before_anything_is_published(
 ) -> None:
     settings = kafka_worker.settings
     async with Client.connect(kafka_url(settings)) as client:
-        with pytest.raises(UnknownWorkflow, match=r"nope.*known workflows: arith"):
+        with pytest.raises(UnknownWorkflow, match=r"nope.*known workflows: (.*, )?arith"):
             await client.start("nope", {})
         with pytest.raises(InvalidPayload, match="not JSON-encodable"):
             await client.start("arith", {"x": object()})
