@@ -29,8 +29,12 @@ def call(server: DevServer, method: str, path: str, body: Any = None, **headers:
     if data is not None:
         headers.setdefault("Content-Type", "application/json")
     request = urllib.request.Request(server.url + path, data, headers, method=method)
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as refused:
+        refused.close()  # the error is also the response: its socket goes with it
+        raise
 
 
 def start(server: DevServer, workflow: str, instance_id: str, value: Any = None, **h: str) -> None:
