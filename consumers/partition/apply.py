@@ -1,0 +1,291 @@
+"""Turning inputs into a batch: each command, timer fire and step outcome applied to its
+instance's runtime, with what did not take effect settled (dead-lettered, scheduled
+again, or sent round again) so that nothing is lost and nothing applies twice.
+
+The processor commits what this builds; nothing here waits or writes.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from stepstream.consumers import state_keys as keys
+from stepstream.consumers.dead_letters import dead_letter
+from stepstream.consumers.instance_store import InstanceReads
+from stepstream.consumers.partition.batch import Batch
+from stepstream.consumers.partition.containment import Containment
+from stepstream.consumers.partition.intake import CommandIntake, Rejected
+from stepstream.consumers.partition.settings import REFIRE_AFTER_INTERNAL_ERROR_S
+from stepstream.consumers.runtime_cache import RuntimeCache
+from stepstream.consumers.telemetry import Telemetry
+from stepstream.consumers.timers import OwnFires, unindex
+from stepstream.engine.api.workflow import Registry
+from stepstream.engine.errors import HistoryDiverged, UnknownWorkflow
+from stepstream.engine.replay.effects import Output, StepOutcome
+from stepstream.engine.replay.ids import is_client_command
+from stepstream.engine.replay.state import InstanceState
+from stepstream.engine.replay.state_json import state_from_storage
+from stepstream.engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend
+from stepstream.engine.wire.records import (
+    Command,
+    PartitionFenced,
+    StartWorkflow,
+    TimerFired,
+    TimerScheduled,
+)
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.settle import UNKNOWN_INSTANCE, ignored_reason
+from stepstream.engine.wire.topics import COMMANDS, HISTORY, TIMERS
+
+# What applying one command came to: its id, why it did not take effect (None if it did)
+# and whether it is rejected (dead-lettered) rather than recorded as ignored.
+Applied = tuple[str, str | None, bool]
+
+log = logging.getLogger("stepstream.partition")
+
+NOT_APPLIED_AFTER_ERROR = (
+    "not applied: a later input of its instance in the same batch hit an internal error "
+    "(see the worker's log); send the command again"
+)
+
+
+class Applier:
+    def __init__(
+        self,
+        backend: PartitionBackend,
+        registry: Registry,
+        cache: RuntimeCache,
+        *,
+        serde: RecordSerde,
+        clock: Clock,
+        intake: CommandIntake,
+        telemetry: Telemetry,
+    ) -> None:
+        self._backend = backend
+        self._partition = backend.partition
+        self._registry = registry
+        self._cache = cache
+        self._serde = serde
+        self._clock = clock
+        self._intake = intake
+        self._telemetry = telemetry
+        self._containment = Containment(cache, backend.partition)
+        self.reads = InstanceReads(backend.store, serde)
+        # Fires this partition's timer service appended: read back without decoding.
+        self.own_fires = OwnFires()
+
+    def resumption(self) -> Batch:
+        """The first batch of an owner: its fence, and every unfinished instance driven
+        from its committed state."""
+        batch = Batch()
+        fence = PartitionFenced(
+            instance_id="",
+            time_ms=self._clock.now_ms(),
+            command_id=f"fence:{self._backend.epoch}",
+            epoch=self._backend.epoch,
+            partition=self._partition,
+        )
+        batch.commit.appends.append(
+            Append(HISTORY, b"", self._serde.encode(fence), self._partition)
+        )
+        for key, _ in list(self._backend.store.scan(keys.ACTIVE)):
+            instance_id = keys.split_active(key)
+            runtime = self._cache.load(instance_id)
+            if runtime is None:
+                continue
+            try:
+                runtime.recover(batch.out)
+            except HistoryDiverged as exc:
+                self._containment.park(runtime, exc, batch, None)
+                continue
+            batch.touched[instance_id] = runtime
+        self._index_finished(batch.commit)
+        return batch
+
+    def _index_finished(self, commit: CommitBatch) -> None:
+        """Once per state store: index the instances that finished before finish times
+        were indexed (state written by an older version), so retention reaches them."""
+        store = self._backend.store
+        if store.get(keys.FINISHED_INDEXED) is not None:
+            return
+        for key, meta in store.scan(keys.META):
+            state = state_from_storage(keys.split_meta(key), meta, [])
+            if state.status.finished:
+                commit.put(keys.finished(state.finished_ms, state.instance_id), b"")
+        commit.put(keys.FINISHED_INDEXED, b"")
+
+    def batch(
+        self, entries: list[LogEntry], outcomes: list[StepOutcome], fires: list[TimerFired]
+    ) -> Batch:
+        """Apply commands fetched from the log, then timer fires handed over directly,
+        then step outcomes, into one batch."""
+        batch = Batch()
+        for entry in entries:
+            command_id, reason, rejected = self._apply_command(entry, batch)
+            self._undo_poisoned(batch)
+            if rejected:
+                assert reason is not None
+                batch.commit.appends.append(self.dead_letter(entry, reason, command_id))
+            elif command_id:
+                batch.record_applied(entry, command_id)
+            if command_id:
+                batch.settled[command_id] = reason
+        for fire in fires:  # after the commands: none of them was acknowledged later
+            self._apply(fire, batch, direct=True)
+            self._undo_poisoned(batch)
+            batch.record_applied(fire, fire.command_id)
+        for outcome in outcomes:
+            runtime = self._cache.get(outcome.instance_id)
+            if runtime is None and (
+                outcome.instance_id in batch.poisoned_seen
+                or outcome.instance_id in self._cache.orphaned
+            ):
+                # Dropped after an internal error: reloaded, it keeps its running attempts.
+                runtime = self._cache.load(outcome.instance_id)
+            if runtime is None:
+                continue  # the instance finished or was dropped; a late outcome changes nothing
+            if self._containment.handle(runtime, outcome, batch) is None:
+                batch.applied_outcomes.setdefault(outcome.instance_id, []).append(outcome)
+            self._undo_poisoned(batch)
+        self._settle_undone(batch)
+        appends = batch.commit.appends
+        encode = self._serde.encode
+        for notice in batch.notices:
+            appends.append(Append(COMMANDS, notice.instance_id.encode(), encode(notice)))
+        for refire in batch.refires:
+            value = encode(refire)
+            appends.append(Append(TIMERS, refire.instance_id.encode(), value, self._partition))
+        for fire in fires:
+            if fire not in batch.fires_again:  # fired: out of the timer index with what it did
+                unindex(batch.commit, fire.fire_at_ms, fire.instance_id, fire.timer_id)
+        if entries:
+            batch.commit.offsets[COMMANDS] = entries[-1].offset + 1
+        return batch
+
+    def recovery(self, instance_ids: list[str]) -> Batch:
+        """Instances that hit an internal error (or whose batch was undone), reloaded and
+        driven from their committed state (attempts whose outcomes were undone or hit the
+        error are recovered as lost), so they do not wait for an input that may never
+        come."""
+        batch = Batch()
+        out = batch.out
+        for instance_id in instance_ids:
+            runtime = self._cache.get_or_load(instance_id)
+            if runtime is None:
+                continue
+            own = Output()  # merged only if the whole recovery succeeds
+            try:
+                runtime.recover(own)
+            except HistoryDiverged as exc:
+                self._containment.park(runtime, exc, batch, None)
+                continue
+            except Exception:
+                log.exception(
+                    "partition=%d instance=%s: recovery failed", self._partition, instance_id
+                )
+                self._cache.drop(instance_id)
+                continue
+            out.history.extend(own.history)
+            out.timers.extend(own.timers)
+            out.launches.extend(own.launches)
+            out.cancels.extend(own.cancels)
+            out.commands.extend(own.commands)
+            batch.touched[instance_id] = runtime
+        return batch
+
+    def _undo_poisoned(self, batch: Batch) -> None:
+        # Step outcomes of an undone instance go round again, their attempts still
+        # counted as running.
+        for instance_id, outcome in batch.undo_poisoned():
+            self._cache.orphaned.setdefault(instance_id, set()).add((outcome.key, outcome.attempt))
+            batch.outcomes_again.append(outcome)
+
+    def _settle_undone(self, batch: Batch) -> None:
+        """Inputs undone after an internal error: client commands are dead-lettered (the
+        client sends them again); timer fires go round again (nobody else would)."""
+        for item, command_id in batch.undone:
+            if isinstance(item, TimerFired):
+                batch.fires_again.append(item)  # applied again, in the next batch
+            elif is_client_command(command_id):
+                commit = batch.commit
+                commit.appends.append(self.dead_letter(item, NOT_APPLIED_AFTER_ERROR, command_id))
+                batch.settled[command_id] = NOT_APPLIED_AFTER_ERROR
+            else:  # a timer fire read from the log
+                appends = batch.commit.appends
+                appends.append(Append(COMMANDS, item.key, item.value, self._partition))
+
+    def _apply_command(self, entry: LogEntry, batch: Batch) -> Applied:
+        batch.last_instance = ""
+        record: Command | Rejected | None = self.own_fires.take(entry.value)
+        if record is None:
+            record = self._intake.read(entry)
+        if isinstance(record, Rejected):
+            return record.command_id, record.reason, True
+        return self._apply(record, batch)
+
+    def _apply(self, record: Command, batch: Batch, *, direct: bool = False) -> Applied:
+        """Apply one command read from the log, or a timer fire handed over directly."""
+        batch.last_instance = ""
+        instance_id = record.instance_id
+        runtime = batch.touched.get(instance_id) or self._cache.get_or_load(instance_id)
+        if runtime is None:
+            if isinstance(record, TimerFired):
+                # The timer of an instance that is gone: harmless.
+                return record.command_id, None, False
+            if not isinstance(record, StartWorkflow):
+                return (
+                    record.command_id,
+                    f"{UNKNOWN_INSTANCE} {instance_id!r}: {record.type} needs an "
+                    "instance started with this id",
+                    True,
+                )
+            try:
+                definition = self._registry.resolve(record.workflow, record.version)
+            except UnknownWorkflow as exc:
+                notice = self._intake.child_failed(record, exc)
+                if notice is not None:
+                    batch.notices.append(notice)
+                return record.command_id, str(exc), True
+            runtime = self._cache.new(InstanceState(instance_id), definition)
+        elif self.reads.applied(runtime.state, record.command_id):
+            return record.command_id, None, False  # re-delivered: it changes nothing
+        error = self._containment.handle(runtime, record, batch)
+        if error is not None and isinstance(record, TimerFired):
+            # Dead-lettered, the fire would be lost (the index let the timer go when it
+            # fired): it is scheduled again instead, and accepted as the timer's fire.
+            now = self._clock.now_ms()
+            batch.refires.append(
+                TimerScheduled(
+                    instance_id=instance_id,
+                    time_ms=now,
+                    command_id=record.command_id,
+                    epoch=self._backend.epoch,
+                    timer_id=record.timer_id,
+                    fire_at_ms=now + int(REFIRE_AFTER_INTERNAL_ERROR_S * 1000),
+                    purpose="refire",
+                )
+            )
+            return record.command_id, None, False
+        if error is not None:
+            return record.command_id, error, True
+        batch.last_instance = instance_id
+        self._telemetry.command_applied(record.type)
+        if isinstance(record, TimerFired):
+            self._telemetry.timer_fired(
+                max(0, self._clock.now_ms() - record.fire_at_ms) / 1000, direct=direct
+            )
+        if runtime.ignored and not isinstance(record, StartWorkflow):
+            # Recorded as ignored (CommandIgnored); the publisher learns why.
+            return record.command_id, ignored_reason(record, runtime.state.status.value), False
+        return record.command_id, None, False
+
+    def dead_letter(self, entry: LogEntry, reason: str, command_id: str = "") -> Append:
+        self._telemetry.dead_lettered(reason)
+        return dead_letter(
+            entry,
+            reason,
+            serde=self._serde,
+            backend=self._backend,
+            clock=self._clock,
+            command_id=command_id,
+        )

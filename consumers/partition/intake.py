@@ -1,0 +1,109 @@
+"""What a command read from the log must pass before it is applied: it decodes, it is a
+command, its names and payload are valid, and it is on its instance's partition.
+
+Clients check names and payloads before publishing; this catches what got past them (a
+foreign producer, a record written by hand, a bug).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stepstream.engine.errors import StepstreamError, UndecodableRecord
+from stepstream.engine.replay.ids import parse_child_command
+from stepstream.engine.replay.outgoing import child_outcome
+from stepstream.engine.seams import Clock, LogEntry
+from stepstream.engine.wire.codec import PayloadCodec, check_size, decode_safely, encode_safely
+from stepstream.engine.wire.names import name_problem
+from stepstream.engine.wire.records import Command, SendEvent, StartWorkflow, TimerFired
+from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.topics import partition_for
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A command that is dead-lettered rather than applied, and why."""
+
+    command_id: str
+    reason: str
+
+
+class CommandIntake:
+    def __init__(
+        self,
+        *,
+        serde: RecordSerde,
+        codec: PayloadCodec,
+        clock: Clock,
+        partition: int,
+        partitions: int,
+        max_payload_bytes: int,
+    ) -> None:
+        self._serde = serde
+        self._codec = codec
+        self._clock = clock
+        self._partition = partition
+        self._partitions = partitions
+        self._max_payload_bytes = max_payload_bytes
+
+    def read(self, entry: LogEntry) -> Command | Rejected:
+        """The command ``entry`` holds, or why it is rejected: undecodable, not a command,
+        a bad payload, or on the wrong partition."""
+        try:
+            record = self._serde.decode(entry.value)
+        except UndecodableRecord as exc:
+            return Rejected("", f"undecodable record: {exc}")
+        if not isinstance(record, Command):
+            return Rejected(record.command_id, f"{record.type} is not a command")
+        problem = self._payload_problem(record)
+        if problem is not None:
+            return Rejected(record.command_id, problem)
+        home = partition_for(record.instance_id, self._partitions)
+        if home != self._partition:
+            return Rejected(
+                record.command_id,
+                f"misrouted: instance {record.instance_id!r} lives on partition {home}, this "
+                f"record is on partition {self._partition}; produce commands keyed by "
+                "instance id with Kafka's murmur2 partitioner (librdkafka: "
+                "partitioner=murmur2_random)",
+            )
+        return record
+
+    def child_failed(self, start: StartWorkflow, exc: StepstreamError) -> Command | None:
+        """The notice a child that cannot start (its workflow is not deployed here) sends
+        its parent, which would otherwise wait for it for ever; None when ``start`` was
+        not a child's."""
+        parent = parse_child_command(start.command_id)
+        if parent is None:
+            return None
+        parent_id, key = parent
+        outcome = {"status": "failed", "error_type": type(exc).__name__, "error": str(exc)}
+        return child_outcome(
+            parent_id,
+            key,
+            f"childdone:{start.instance_id}",
+            encode_safely(self._codec, outcome),
+            self._clock.now_ms(),
+        )
+
+    def _payload_problem(self, command: Command) -> str | None:
+        if not isinstance(command, TimerFired):
+            problem = name_problem(command.instance_id)
+            if problem is not None:
+                return f"InvalidPayload: instance id {problem}"
+        if isinstance(command, SendEvent):
+            problem = name_problem(command.name)
+            if problem is not None:
+                return f"InvalidPayload: event name {problem}"
+        if isinstance(command, StartWorkflow):
+            payload, what = command.input, "workflow input"
+        elif isinstance(command, SendEvent):
+            payload, what = command.payload, f"payload of event {command.name!r}"
+        else:
+            return None
+        try:
+            check_size(payload, self._max_payload_bytes, what=what)
+            decode_safely(self._codec, payload)
+        except StepstreamError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return None
