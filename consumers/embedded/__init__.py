@@ -1,7 +1,8 @@
 """The embedded backend: one process, one RocksDB holding the log and every partition's
 state, so a commit is one atomic, fsynced WriteBatch."""
 
-from stepstream.consumers.embedded.db import DEFAULT_PARTITIONS, Durability, EmbeddedDB
+from stepstream.consumers.embedded.datadir import DEFAULT_PARTITIONS, Durability
+from stepstream.consumers.embedded.db import EmbeddedDB
 from stepstream.consumers.embedded.errors import (
     DataDirCorrupted,
     DataDirInUse,

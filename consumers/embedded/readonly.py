@@ -16,7 +16,7 @@ from rocksdict import AccessType, Options, Rdict
 
 from stepstream.consumers import state_keys
 from stepstream.consumers.embedded import keys
-from stepstream.consumers.embedded.db import ROCKSDB_DIR
+from stepstream.consumers.embedded.datadir import ROCKSDB_DIR
 from stepstream.consumers.embedded.errors import StorageFailed
 from stepstream.consumers.rocks import prefix_scan
 from stepstream.engine.wire.topics import partition_for

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 
 from stepstream.consumers import rocks as rocks_helpers
-from stepstream.consumers.embedded import EmbeddedDB, EmbeddedPartition
+from stepstream.consumers.embedded import EmbeddedDB, EmbeddedPartition, datadir
 from stepstream.consumers.embedded import db as embedded_db
 from stepstream.engine.seams import CommitBatch
 
 
 def direct_io_option(data: Path) -> str:
     """The setting RocksDB wrote to the options file of its latest open."""
-    rocks = data / embedded_db.ROCKSDB_DIR
+    rocks = data / datadir.ROCKSDB_DIR
     latest = max(rocks.glob("OPTIONS-*"), key=lambda f: int(f.name.split("-")[1]))
     for line in latest.read_text().splitlines():
         name, _, value = line.strip().partition("=")
@@ -30,7 +30,7 @@ def direct_io_option(data: Path) -> str:
 
 
 def table_files(data: Path) -> list[Path]:
-    return list((data / embedded_db.ROCKSDB_DIR).glob("*.sst"))
+    return list((data / datadir.ROCKSDB_DIR).glob("*.sst"))
 
 
 async def write_and_flush(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from stepstream.consumers import rocks as rocks_helpers
-from stepstream.consumers.embedded import EmbeddedDB, EmbeddedPartition
-from stepstream.consumers.embedded import db as embedded_db
+from stepstream.consumers.embedded import EmbeddedDB, EmbeddedPartition, datadir
 from stepstream.consumers.embedded.wal import WalSync
 from stepstream.engine.seams import CommitBatch
 
@@ -56,7 +55,7 @@ async def test_wals_on_disk_stay_near_the_cap_while_state_is_written(
 ) -> None:
     monkeypatch.setattr(rocks_helpers, "MAX_TOTAL_WAL_BYTES", 1 << 20)
     data = tmp_path / "data"
-    rocks = data / embedded_db.ROCKSDB_DIR
+    rocks = data / datadir.ROCKSDB_DIR
     db = await EmbeddedDB.open(data, 1)
     try:
         partition = EmbeddedPartition(db, 0)
