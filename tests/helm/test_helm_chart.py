@@ -156,7 +156,12 @@ def test_probes_ask_healthz_and_readyz_on_the_api_port(
     (port,) = worker["ports"]
     assert (port["name"], port["containerPort"]) == ("http", 8233)
     assert _arg(worker["args"], "--port") == "8233"
-    for probe, path in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")]:
+    probes = [
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ]
+    for probe, path in probes:
         assert worker[probe]["httpGet"] == {"path": path, "port": "http", "scheme": scheme}
 
 
