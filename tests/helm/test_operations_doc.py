@@ -59,6 +59,20 @@ def test_the_values_file_in_the_guide_installs() -> None:
     assert env["STEPSTREAM_KAFKA_SSL_CA_LOCATION"]["value"].endswith("/ca.crt")
 
 
+def test_the_ingress_and_network_policy_example_installs_over_the_values_file() -> None:
+    text = OPERATIONS.read_text()
+    shop = re.search(r"```yaml\n# shop-values.yaml\n(.*?)```", text, flags=re.DOTALL)
+    edge = re.search(r"```yaml\n# edge-values.yaml.*?\n(.*?)```", text, flags=re.DOTALL)
+    assert shop and edge, "docs/operations.md lost its shop-values.yaml or edge-values.yaml"
+    values = _merge(yaml.safe_load(shop.group(1)), yaml.safe_load(edge.group(1)))
+    rendered = render(values)
+    for manifest in rendered.manifests:
+        validate(manifest)
+    assert rendered.one("Ingress")["spec"]["rules"][0]["host"] == "workflows.shop.example"
+    egress = rendered.one("NetworkPolicy")["spec"]["egress"]
+    assert {"port": 9093, "protocol": "TCP"} in [port for rule in egress for port in rule["ports"]]
+
+
 def test_the_shortest_helm_install_command_installs() -> None:
     text = OPERATIONS.read_text()
     block = re.search(r"```bash\n(helm install .*?--set .*?)```", text, flags=re.DOTALL)

@@ -200,6 +200,9 @@ Combinations values.schema.json cannot express. Each message says what to change
 {{- if and .Values.api.tls.caKey (not .Values.api.tls.existingSecret) -}}
 {{- fail "api.tls.caKey names a key of api.tls.existingSecret, which is empty: set it to the kubernetes.io/tls Secret the workers serve https with." -}}
 {{- end -}}
+{{- if and .Values.ingress.enabled (not .Values.ingress.hosts) -}}
+{{- fail "ingress.enabled needs ingress.hosts: the host names the Ingress serves the UI and API at, e.g. [{host: workflows.example.com}]." -}}
+{{- end -}}
 {{- if .Values.keda.enabled -}}
 {{- if not .Values.keda.prometheusServerAddress -}}
 {{- fail "keda.enabled needs keda.prometheusServerAddress: the Prometheus URL KEDA reads stepstream_consumer_lag_records from (e.g. http://prometheus-operated.monitoring:9090)." -}}
