@@ -71,6 +71,7 @@ def test_the_validators_refuse_what_a_cluster_refuses() -> None:
         ("ServiceMonitor", "endpoint"),
         ("PrometheusRule", "group"),
         ("ScaledObject", "maxReplicas"),
+        ("TriggerAuthentication", "secretTargetRefs"),
     ]:
         manifest = json.loads(json.dumps(rendered.one(kind)))
         manifest["spec"][misspelt] = []
@@ -361,21 +362,6 @@ def test_alerts_watch_lag_dead_letters_timers_parked_and_readiness() -> None:
     assert "stepstream_parked_instances" in alerts["StepstreamParkedInstances"]["expr"]
 
 
-def test_keda_scales_the_workers_on_consumer_lag() -> None:
-    rendered = render_file("values-sasl.yaml")
-    scaled = rendered.one("ScaledObject")
-    statefulset = _statefulset(rendered)
-    target = scaled["spec"]["scaleTargetRef"]
-    assert (target["kind"], target["name"]) == ("StatefulSet", statefulset["metadata"]["name"])
-    # The HPA owns the count: a replicas field would reset it on every upgrade.
-    assert "replicas" not in statefulset["spec"]
-    assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (2, 12)
-    (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["type"] == "prometheus"
-    assert promql_metrics(trigger["metadata"]["query"]) == {"stepstream_consumer_lag_records"}
-    assert f'job="{HEADLESS}"' in trigger["metadata"]["query"]
-
-
 def test_the_dashboard_config_map_ships_the_dashboard_file() -> None:
     config_map = render_file("values-sasl.yaml").one("ConfigMap")
     assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -436,15 +422,12 @@ def test_values_schema_refuses_mistakes(values: dict[str, Any], where: str) -> N
             {"kafka": {"securityProtocol": "SASL_SSL", "sasl": {"password": "x"}}},
             "set kafka.sasl.username",
         ),
-        ({"keda": {"enabled": True}}, "keda.enabled needs keda.prometheusServerAddress"),
         (
-            {
-                "keda": {
-                    "enabled": True,
-                    "prometheusServerAddress": "http://prometheus:9090",
-                    "maxReplicaCount": 20,
-                }
-            },
+            {"keda": {"enabled": True, "trigger": "prometheus"}},
+            "keda.trigger prometheus needs keda.prometheus.serverAddress",
+        ),
+        (
+            {"keda": {"enabled": True, "maxReplicaCount": 20}},
             "keda.maxReplicaCount (20) exceeds topics.partitions (12)",
         ),
         (

@@ -73,6 +73,23 @@ def test_the_ingress_and_network_policy_example_installs_over_the_values_file() 
     assert {"port": 9093, "protocol": "TCP"} in [port for rule in egress for port in rule["ports"]]
 
 
+def test_the_autoscaling_example_scales_on_kafka_lag_with_the_clusters_credentials() -> None:
+    text = OPERATIONS.read_text()
+    shop = re.search(r"```yaml\n# shop-values.yaml\n(.*?)```", text, flags=re.DOTALL)
+    keda = re.search(r"```yaml\n *# keda-values.yaml.*?\n(.*?)```", text, flags=re.DOTALL)
+    assert shop and keda, "docs/operations.md lost its shop-values.yaml or keda-values.yaml"
+    rendered = render(_merge(yaml.safe_load(shop.group(1)), yaml.safe_load(keda.group(1))))
+    for manifest in rendered.manifests:
+        validate(manifest)
+    (trigger,) = rendered.one("ScaledObject")["spec"]["triggers"]
+    assert trigger["type"] == "kafka" and trigger["metadata"]["consumerGroup"] == "shop.workers"
+    auth = rendered.named("TriggerAuthentication", trigger["authenticationRef"]["name"])
+    assert {ref["name"] for ref in auth["spec"]["secretTargetRef"]} == {
+        "shop-kafka-user",
+        "shop-kafka-ca",
+    }
+
+
 def test_the_shortest_helm_install_command_installs() -> None:
     text = OPERATIONS.read_text()
     block = re.search(r"```bash\n(helm install .*?--set .*?)```", text, flags=re.DOTALL)
