@@ -346,6 +346,10 @@ def test_alerts_watch_lag_dead_letters_timers_parked_and_readiness() -> None:
         "StepstreamParkedInstances",
         "StepstreamWorkerNotReady",
         "StepstreamWorkerDown",
+        "StepstreamWorkflowsFailing",
+        "StepstreamStepsFailing",
+        "StepstreamSpansDropped",
+        "StepstreamPartitionsUnowned",
     }
     known = series_names()
     for name, alert in alerts.items():
