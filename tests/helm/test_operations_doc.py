@@ -90,6 +90,28 @@ def test_the_autoscaling_example_scales_on_kafka_lag_with_the_clusters_credentia
     }
 
 
+def test_the_helm_template_example_renders_every_optional_piece() -> None:
+    text = OPERATIONS.read_text()
+    command = re.search(r"```bash\n(helm template .*?)```", text, flags=re.DOTALL)
+    assert command, "docs/operations.md lost its helm template example"
+    words = shlex.split(command.group(1).replace("\\\n", " "))
+    assert words[:3] == ["helm", "template", "shop"] and words[3] == "./helm/stepstream"
+    values: dict[str, object] = {}
+    for flag, argument in itertools.pairwise(words):
+        if flag == "-f":
+            block = re.search(rf"```yaml\n# {re.escape(argument)}.*?\n(.*?)```", text, re.DOTALL)
+            assert block, f"the example reads {argument}, which the guide does not show"
+            values = _merge(values, yaml.safe_load(block.group(1)))
+        elif flag == "--set":
+            values = _merge(values, helm_python.parse_set_string(argument))
+    rendered = render(values)
+    for manifest in rendered.manifests:
+        validate(manifest)
+    kinds = {manifest["kind"] for manifest in rendered.manifests}
+    assert {"Ingress", "NetworkPolicy", "ScaledObject", "TriggerAuthentication"} <= kinds
+    assert {"PrometheusRule", "StatefulSet", "Job"} <= kinds
+
+
 def test_the_shortest_helm_install_command_installs() -> None:
     text = OPERATIONS.read_text()
     block = re.search(r"```bash\n(helm install .*?--set .*?)```", text, flags=re.DOTALL)
