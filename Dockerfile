@@ -25,8 +25,8 @@ RUN groupadd --gid 10001 stepstream \
         --shell /usr/sbin/nologin stepstream \
     && mkdir -p /data /app \
     && chown 10001:10001 /data
-COPY --from=build /dist/ /tmp/wheels/
-RUN pip install --no-cache-dir /tmp/wheels/stepstream-*.whl && rm -rf /tmp/wheels
+COPY --from=build /dist/ /wheels/
+RUN pip install --no-cache-dir /wheels/stepstream-*.whl && rm -rf /wheels
 COPY examples/ /app/examples/
 WORKDIR /app
 USER 10001:10001
