@@ -103,7 +103,7 @@ _CRD_FILES = {
         "monitoring.coreos.com_servicemonitors.yaml",
         "monitoring.coreos.com_prometheusrules.yaml",
     ),
-    "keda.sh": ("keda.sh_scaledobjects.yaml",),
+    "keda.sh": ("keda.sh_scaledobjects.yaml", "keda.sh_triggerauthentications.yaml"),
 }
 
 

@@ -202,9 +202,11 @@ async def test_the_worker_container_serves_runs_and_stops_as_rendered(
     own_host = f"{POD}.shop-stepstream-workers.{NAMESPACE}.svc.cluster.local"
     auth = {"Authorization": f"Bearer {TOKEN}"}
     async with aiohttp.ClientSession(base) as http:
-        # The kubelet probes the pod's IP without a token.
-        async with http.get(spec["livenessProbe"]["httpGet"]["path"]) as r:
-            assert r.status == 200, await r.text()
+        # The kubelet probes the pod's IP without a token: first the startup probe, then
+        # liveness.
+        for probe in ("startupProbe", "livenessProbe"):
+            async with http.get(spec[probe]["httpGet"]["path"]) as r:
+                assert r.status == 200, (probe, await r.text())
         for host in (service_host, f"{own_host}:{port}"):
             async with http.get("/v1/workflows", headers={**auth, "Host": host}) as r:
                 assert r.status == 200, (host, await r.text())

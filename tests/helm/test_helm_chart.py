@@ -71,6 +71,7 @@ def test_the_validators_refuse_what_a_cluster_refuses() -> None:
         ("ServiceMonitor", "endpoint"),
         ("PrometheusRule", "group"),
         ("ScaledObject", "maxReplicas"),
+        ("TriggerAuthentication", "secretTargetRefs"),
     ]:
         manifest = json.loads(json.dumps(rendered.one(kind)))
         manifest["spec"][misspelt] = []
@@ -156,7 +157,12 @@ def test_probes_ask_healthz_and_readyz_on_the_api_port(
     (port,) = worker["ports"]
     assert (port["name"], port["containerPort"]) == ("http", 8233)
     assert _arg(worker["args"], "--port") == "8233"
-    for probe, path in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")]:
+    probes = [
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/readyz"),
+    ]
+    for probe, path in probes:
         assert worker[probe]["httpGet"] == {"path": path, "port": "http", "scheme": scheme}
 
 
@@ -340,6 +346,10 @@ def test_alerts_watch_lag_dead_letters_timers_parked_and_readiness() -> None:
         "StepstreamParkedInstances",
         "StepstreamWorkerNotReady",
         "StepstreamWorkerDown",
+        "StepstreamWorkflowsFailing",
+        "StepstreamStepsFailing",
+        "StepstreamSpansDropped",
+        "StepstreamPartitionsUnowned",
     }
     known = series_names()
     for name, alert in alerts.items():
@@ -354,21 +364,6 @@ def test_alerts_watch_lag_dead_letters_timers_parked_and_readiness() -> None:
         alerts["StepstreamConsumerLagHigh"]["expr"]
     )
     assert "stepstream_parked_instances" in alerts["StepstreamParkedInstances"]["expr"]
-
-
-def test_keda_scales_the_workers_on_consumer_lag() -> None:
-    rendered = render_file("values-sasl.yaml")
-    scaled = rendered.one("ScaledObject")
-    statefulset = _statefulset(rendered)
-    target = scaled["spec"]["scaleTargetRef"]
-    assert (target["kind"], target["name"]) == ("StatefulSet", statefulset["metadata"]["name"])
-    # The HPA owns the count: a replicas field would reset it on every upgrade.
-    assert "replicas" not in statefulset["spec"]
-    assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (2, 12)
-    (trigger,) = scaled["spec"]["triggers"]
-    assert trigger["type"] == "prometheus"
-    assert promql_metrics(trigger["metadata"]["query"]) == {"stepstream_consumer_lag_records"}
-    assert f'job="{HEADLESS}"' in trigger["metadata"]["query"]
 
 
 def test_the_dashboard_config_map_ships_the_dashboard_file() -> None:
@@ -431,15 +426,12 @@ def test_values_schema_refuses_mistakes(values: dict[str, Any], where: str) -> N
             {"kafka": {"securityProtocol": "SASL_SSL", "sasl": {"password": "x"}}},
             "set kafka.sasl.username",
         ),
-        ({"keda": {"enabled": True}}, "keda.enabled needs keda.prometheusServerAddress"),
         (
-            {
-                "keda": {
-                    "enabled": True,
-                    "prometheusServerAddress": "http://prometheus:9090",
-                    "maxReplicaCount": 20,
-                }
-            },
+            {"keda": {"enabled": True, "trigger": "prometheus"}},
+            "keda.trigger prometheus needs keda.prometheus.serverAddress",
+        ),
+        (
+            {"keda": {"enabled": True, "maxReplicaCount": 20}},
             "keda.maxReplicaCount (20) exceeds topics.partitions (12)",
         ),
         (

@@ -59,6 +59,59 @@ def test_the_values_file_in_the_guide_installs() -> None:
     assert env["STEPSTREAM_KAFKA_SSL_CA_LOCATION"]["value"].endswith("/ca.crt")
 
 
+def test_the_ingress_and_network_policy_example_installs_over_the_values_file() -> None:
+    text = OPERATIONS.read_text()
+    shop = re.search(r"```yaml\n# shop-values.yaml\n(.*?)```", text, flags=re.DOTALL)
+    edge = re.search(r"```yaml\n# edge-values.yaml.*?\n(.*?)```", text, flags=re.DOTALL)
+    assert shop and edge, "docs/operations.md lost its shop-values.yaml or edge-values.yaml"
+    values = _merge(yaml.safe_load(shop.group(1)), yaml.safe_load(edge.group(1)))
+    rendered = render(values)
+    for manifest in rendered.manifests:
+        validate(manifest)
+    assert rendered.one("Ingress")["spec"]["rules"][0]["host"] == "workflows.shop.example"
+    egress = rendered.one("NetworkPolicy")["spec"]["egress"]
+    assert {"port": 9093, "protocol": "TCP"} in [port for rule in egress for port in rule["ports"]]
+
+
+def test_the_autoscaling_example_scales_on_kafka_lag_with_the_clusters_credentials() -> None:
+    text = OPERATIONS.read_text()
+    shop = re.search(r"```yaml\n# shop-values.yaml\n(.*?)```", text, flags=re.DOTALL)
+    keda = re.search(r"```yaml\n *# keda-values.yaml.*?\n(.*?)```", text, flags=re.DOTALL)
+    assert shop and keda, "docs/operations.md lost its shop-values.yaml or keda-values.yaml"
+    rendered = render(_merge(yaml.safe_load(shop.group(1)), yaml.safe_load(keda.group(1))))
+    for manifest in rendered.manifests:
+        validate(manifest)
+    (trigger,) = rendered.one("ScaledObject")["spec"]["triggers"]
+    assert trigger["type"] == "kafka" and trigger["metadata"]["consumerGroup"] == "shop.workers"
+    auth = rendered.named("TriggerAuthentication", trigger["authenticationRef"]["name"])
+    assert {ref["name"] for ref in auth["spec"]["secretTargetRef"]} == {
+        "shop-kafka-user",
+        "shop-kafka-ca",
+    }
+
+
+def test_the_helm_template_example_renders_every_optional_piece() -> None:
+    text = OPERATIONS.read_text()
+    command = re.search(r"```bash\n(helm template .*?)```", text, flags=re.DOTALL)
+    assert command, "docs/operations.md lost its helm template example"
+    words = shlex.split(command.group(1).replace("\\\n", " "))
+    assert words[:3] == ["helm", "template", "shop"] and words[3] == "./helm/stepstream"
+    values: dict[str, object] = {}
+    for flag, argument in itertools.pairwise(words):
+        if flag == "-f":
+            block = re.search(rf"```yaml\n# {re.escape(argument)}.*?\n(.*?)```", text, re.DOTALL)
+            assert block, f"the example reads {argument}, which the guide does not show"
+            values = _merge(values, yaml.safe_load(block.group(1)))
+        elif flag == "--set":
+            values = _merge(values, helm_python.parse_set_string(argument))
+    rendered = render(values)
+    for manifest in rendered.manifests:
+        validate(manifest)
+    kinds = {manifest["kind"] for manifest in rendered.manifests}
+    assert {"Ingress", "NetworkPolicy", "ScaledObject", "TriggerAuthentication"} <= kinds
+    assert {"PrometheusRule", "StatefulSet", "Job"} <= kinds
+
+
 def test_the_shortest_helm_install_command_installs() -> None:
     text = OPERATIONS.read_text()
     block = re.search(r"```bash\n(helm install .*?--set .*?)```", text, flags=re.DOTALL)

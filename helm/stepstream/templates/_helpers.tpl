@@ -85,6 +85,27 @@ app.kubernetes.io/component: worker
 {{- if hasPrefix "SASL_" .Values.kafka.securityProtocol }}true{{ end -}}
 {{- end -}}
 
+{{- define "stepstream.kafkaTls" -}}
+{{- if has .Values.kafka.securityProtocol (list "SSL" "SASL_SSL") }}true{{ end -}}
+{{- end -}}
+
+{{/* KEDA's name of the SASL mechanism. */}}
+{{- define "stepstream.kedaSasl" -}}
+{{- get (dict "PLAIN" "plaintext" "SCRAM-SHA-256" "scram_sha256" "SCRAM-SHA-512" "scram_sha512") .Values.kafka.sasl.mechanism -}}
+{{- end -}}
+
+{{/*
+The TriggerAuthentication of KEDA's kafka trigger: the operator's, or the chart's when
+the Kafka values hold credentials or certificates ("" when Kafka needs none).
+*/}}
+{{- define "stepstream.kedaKafkaAuth" -}}
+{{- if .Values.keda.kafka.authenticationRef -}}
+{{- .Values.keda.kafka.authenticationRef -}}
+{{- else if or (include "stepstream.saslEnabled" .) (and (include "stepstream.kafkaTls" .) .Values.kafka.tls.existingSecret) -}}
+{{- printf "%s-keda-kafka" (include "stepstream.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The Secret holding the SASL password: the user's, or the one the chart writes. */}}
 {{- define "stepstream.kafkaSecret" -}}
 {{- default (printf "%s-kafka" (include "stepstream.fullname" .)) .Values.kafka.sasl.existingSecret -}}
@@ -200,9 +221,12 @@ Combinations values.schema.json cannot express. Each message says what to change
 {{- if and .Values.api.tls.caKey (not .Values.api.tls.existingSecret) -}}
 {{- fail "api.tls.caKey names a key of api.tls.existingSecret, which is empty: set it to the kubernetes.io/tls Secret the workers serve https with." -}}
 {{- end -}}
+{{- if and .Values.ingress.enabled (not .Values.ingress.hosts) -}}
+{{- fail "ingress.enabled needs ingress.hosts: the host names the Ingress serves the UI and API at, e.g. [{host: workflows.example.com}]." -}}
+{{- end -}}
 {{- if .Values.keda.enabled -}}
-{{- if not .Values.keda.prometheusServerAddress -}}
-{{- fail "keda.enabled needs keda.prometheusServerAddress: the Prometheus URL KEDA reads stepstream_consumer_lag_records from (e.g. http://prometheus-operated.monitoring:9090)." -}}
+{{- if and (eq .Values.keda.trigger "prometheus") (not .Values.keda.prometheus.serverAddress) -}}
+{{- fail "keda.trigger prometheus needs keda.prometheus.serverAddress: the Prometheus URL KEDA reads stepstream_consumer_lag_records from (e.g. http://prometheus-operated.monitoring:9090); or use keda.trigger kafka, which reads the lag from Kafka." -}}
 {{- end -}}
 {{- if gt (int .Values.keda.maxReplicaCount) (int .Values.topics.partitions) -}}
 {{- fail (printf "keda.maxReplicaCount (%d) exceeds topics.partitions (%d): workers beyond the partition count own nothing. Lower keda.maxReplicaCount." (int .Values.keda.maxReplicaCount) (int .Values.topics.partitions)) -}}
