@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stepstream.consumers.hooks import HookConfig, HookRunner
+from stepstream.consumers.hook_tasks import HookConfig
+from stepstream.consumers.hooks import HookRunner
 from stepstream.consumers.partition.apply import Applier
 from stepstream.consumers.partition.batch import Batch
 from stepstream.consumers.partition.intake import CommandIntake

@@ -16,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stepstream.consumers import state_keys as keys
-from stepstream.consumers.hooks import HookConfig, HookRunner, HookTask
+from stepstream.consumers.hook_tasks import HookConfig, HookTask
+from stepstream.consumers.hooks import HookRunner
 from stepstream.engine.api.hook_events import StatusChangeEvent, StepErrorEvent
 from stepstream.engine.api.workflow import Registry, definition_of, workflow
 from stepstream.engine.replay.runtime import Output
