@@ -53,6 +53,8 @@ them; this module gathers them (``tests/unit/test_errors.py`` fails if one is mi
         ├── StateWriteFailed         writing a partition's state failed (disk)
         ├── TopicsMissing            a topic stepstream needs does not exist
         ├── TopicsMismatch           topics with the wrong partition counts
+        ├── GroupNotFound            topics lag: no consumer group of that name (no members,
+        │                            no committed offsets)
         ├── ProduceFailed            a record could not be written to Kafka
         └── RestoreFailed            the history topic could not be read back
 
@@ -73,6 +75,7 @@ from stepstream.consumers.embedded.errors import (
 )
 from stepstream.consumers.kafka.admin import TopicsMismatch, TopicsMissing
 from stepstream.consumers.kafka.db import StateWriteFailed
+from stepstream.consumers.kafka.group_lag import GroupNotFound
 from stepstream.consumers.kafka.producer import ProduceFailed
 from stepstream.consumers.kafka.restore import RestoreFailed
 from stepstream.consumers.kafka.state_dir import StateDirInUse
@@ -124,6 +127,7 @@ __all__ = [
     "DiskFull",
     "DuplicateWorkflow",
     "EventTimeout",
+    "GroupNotFound",
     "HistoryDiverged",
     "InsecureBind",
     "InstanceFinished",

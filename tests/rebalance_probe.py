@@ -1,6 +1,8 @@
-"""A worker joining and one leaving a group of three, 12 partitions, with a workload on
-every partition: which partitions changed hands, how long each hand-over took, and how
-long the partitions that stayed went without writing history meanwhile.
+"""Three workers joining a group one by one and two of them leaving one by one, 12
+partitions, with a workload on every partition and commands sent throughout: which
+partitions changed hands, what each worker's group consumer was assigned and revoked,
+how long each hand-over took, and how long the partitions that stayed went without
+writing history meanwhile. On either group protocol (classic or KIP-848's consumer).
 
 Everything is read from the topics: ``<prefix>.members`` says who owns what, and the
 history topic (each record with the time its writer produced it) says when each
@@ -10,7 +12,7 @@ partition that stayed was fenced again (taken over anew) or went quiet.
 ``tests/faults/test_kafka_rebalance.py`` asserts on the report; run as a script it prints
 the figures of docs/kafka-notes.md ("Cooperative rebalancing")::
 
-    python -m tests.rebalance_probe --runs 3
+    python -m tests.rebalance_probe --runs 3 [--protocol consumer]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import re
 import tempfile
 import threading
 import time
@@ -37,13 +40,16 @@ from stepstream.engine.wire.records import (
     StepAttemptStarted,
     StepFailedRecord,
     StepSucceeded,
+    WaitSatisfied,
+    WorkflowCompleted,
+    WorkflowStarted,
 )
 from stepstream.engine.wire.serde import default_serde
 from stepstream.engine.wire.topics import HISTORY, MEMBERS, TopicNames, partition_for
 from stepstream.producers.client import Client
 from stepstream.producers.kafka import aiokafka_options
 from stepstream.producers.kafka.members import MembersView
-from tests.conftest import kafka_settings, kafka_url
+from tests.conftest import KAFKA_TEST_OPTIONS, kafka_settings, kafka_url
 from tests.faults.test_kafka_failover import WorkerProcess, owned_by
 from tests.kafka_broker import Broker, start_test_kafka
 
@@ -137,6 +143,9 @@ class Phase:
     late_writes: int
     attempts_lost: int
     seconds: float
+    # Worker URL -> what its group consumer logged in the phase: "assigned", "revoked",
+    # "lost" -> partitions.
+    group_events: dict[str, dict[str, set[int]]] = field(default_factory=dict)
 
     def summary(self) -> dict[str, object]:
         gaps = sorted(self.stayed_max_gap_s.values())
@@ -161,6 +170,9 @@ def _spread(values: list[float]) -> str:
 class Report:
     phases: list[Phase] = field(default_factory=list)
     duplicate_successes: list[tuple[str, str]] = field(default_factory=list)
+    applied_twice: list[tuple[str, str]] = field(default_factory=list)
+    gates: list[str] = field(default_factory=list)  # started and sent their event (acked)
+    wrong_results: list[tuple[str, object]] = field(default_factory=list)
 
 
 def analyse(
@@ -299,16 +311,60 @@ def _balanced(urls: set[str]) -> Callable[[dict[int, str]], bool]:
     return check
 
 
-async def run_scenario(settings: KafkaSettings, workdir: Path) -> Report:
-    """Three workers, a fourth joins, then one of the first three leaves (SIGTERM)."""
+GROUP_PROTOCOLS = ("classic", "consumer")
+GATES = 40  # short workflows started (and their events sent) while the group changes
+_GROUP_EVENT = re.compile(r"group (assigned|revoked|lost) partitions=\[([\d, ]*)\]")
+
+
+def worker_settings(protocol: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The workers' --kafka-opt options and environment for a group protocol: with KIP-848's
+    the session timeout and heartbeat are the broker's, so the tests' shorter ones go."""
+    if protocol == "classic":
+        return KAFKA_TEST_OPTIONS, {}
+    return (), {"STEPSTREAM_KAFKA_GROUP_PROTOCOL": protocol}
+
+
+class GroupLog:
+    """The partitions a worker's group consumer was assigned, revoked and lost, as its
+    log says, from a mark on."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._mark = 0
+
+    def mark(self) -> None:
+        self._mark = self.path.stat().st_size if self.path.exists() else 0
+
+    def since_mark(self) -> dict[str, set[int]]:
+        events: dict[str, set[int]] = {"assigned": set(), "revoked": set(), "lost": set()}
+        with open(self.path, "rb") as f:
+            f.seek(self._mark)
+            text = f.read().decode(errors="replace")
+        for kind, listed in _GROUP_EVENT.findall(text):
+            events[kind] |= {int(p) for p in listed.split(",") if p.strip()}
+        return events
+
+
+async def run_scenario(settings: KafkaSettings, workdir: Path, protocol: str = "classic") -> Report:
+    """Three workers join one by one, then two of them leave one by one (SIGTERM), while
+    tickers run on every partition and short workflows are started and sent events."""
     await asyncio.to_thread(create_topics, settings, PARTITIONS)
     ledger = workdir / "ledger"
     ledger.mkdir()
-    log = workdir / "workers.log"
+    options, env = worker_settings(protocol)
     workers = [
-        WorkerProcess(settings, workdir / f"w{i}", ledger, log, workflows="tests.fault_workflows")
-        for i in range(4)
+        WorkerProcess(
+            settings,
+            workdir / f"w{i}",
+            ledger,
+            workdir / f"w{i}.log",
+            workflows="tests.fault_workflows",
+            env=env,
+            options=options,
+        )
+        for i in range(3)
     ]
+    logs = [GroupLog(w.log) for w in workers]
     watch = HistoryWatch(settings, PARTITIONS)
     view = await MembersView.open(
         TopicNames(settings.prefix).name(MEMBERS),
@@ -322,24 +378,13 @@ async def run_scenario(settings: KafkaSettings, workdir: Path) -> Report:
             {p: m.url for p in range(PARTITIONS) if (m := view.owner(p)) is not None}
         )
     )
+    members: list[WorkerProcess] = []
     try:
-        await asyncio.gather(*(asyncio.to_thread(w.start) for w in workers[:3]))
-        await _owners(view, _balanced({w.url for w in workers[:3]}))
+        await asyncio.to_thread(workers[0].start)
+        members.append(workers[0])
+        await _owners(view, _balanced({workers[0].url}))
         async with Client.connect(kafka_url(settings)) as client:
-            ids: list[str] = []
-            n = 0
-            while len(ids) < PARTITIONS * PER_PARTITION:
-                candidate = f"tick-{n}"
-                n += 1
-                if (
-                    sum(
-                        partition_for(i, PARTITIONS) == partition_for(candidate, PARTITIONS)
-                        for i in ids
-                    )
-                    < PER_PARTITION
-                ):
-                    ids.append(candidate)
-            for instance in ids:
+            for instance in _spread_ids(PER_PARTITION):
                 await client.start(
                     "ticker", {"steps": 100_000, "seconds": TICK_S}, instance_id=instance
                 )
@@ -351,26 +396,37 @@ async def run_scenario(settings: KafkaSettings, workdir: Path) -> Report:
                 assert time.monotonic() < deadline, "the workload never reached every partition"
                 await asyncio.sleep(0.1)
             await asyncio.sleep(BASELINE_MS / 1000)
+            gates = asyncio.create_task(_open_gates(client, report))
 
-            async def change(
-                name: str, act: Callable[[], None], members: Callable[[], list[WorkerProcess]]
-            ) -> None:
+            async def change(name: str, act: Callable[[], None]) -> None:
                 before = await _owners(view, lambda o: len(o) == PARTITIONS)
+                for log in logs:
+                    log.mark()
                 start_ms = int(time.time() * 1000)
                 announced.clear()
                 await asyncio.to_thread(act)
-                after = await _owners(view, _balanced({w.url for w in members()}))
+                after = await _owners(view, _balanced({w.url for w in members}))
                 # The new owners' first records, and the next phase's baseline.
                 await asyncio.sleep(BASELINE_MS / 1000)
                 end_ms = int(time.time() * 1000)
-                report.phases.append(
-                    analyse(name, watch.records(), start_ms, end_ms, before, after, list(announced))
+                phase = analyse(
+                    name, watch.records(), start_ms, end_ms, before, after, list(announced)
                 )
+                phase.group_events = {
+                    w.url: log.since_mark() for w, log in zip(workers, logs, strict=True) if w.url
+                }
+                report.phases.append(phase)
 
-            await change("join", workers[3].start, lambda: workers)
-            leaving = workers[1]
-            await change("leave", leaving.stop, lambda: [w for w in workers if w is not leaving])
+            for joining in workers[1:]:
+                members.append(joining)
+                await change(f"join {len(members)}", joining.start)
+            for leaving in workers[:2]:
+                members.remove(leaving)
+                await change(f"leave {len(members) + 1}", leaving.stop)
+            await gates
+            await _check_gates(client, report)
         report.duplicate_successes = duplicate_successes(watch.records())
+        report.applied_twice = applied_twice(watch.records())
     finally:
         for w in workers:
             w.kill()
@@ -379,17 +435,63 @@ async def run_scenario(settings: KafkaSettings, workdir: Path) -> Report:
     return report
 
 
+def _spread_ids(per_partition: int) -> list[str]:
+    """Instance ids, ``per_partition`` on each partition."""
+    ids: list[str] = []
+    for n in itertools.count():
+        candidate = f"tick-{n}"
+        mine = partition_for(candidate, PARTITIONS)
+        if sum(partition_for(i, PARTITIONS) == mine for i in ids) < per_partition:
+            ids.append(candidate)
+        if len(ids) == PARTITIONS * per_partition:
+            return ids
+    raise AssertionError("unreachable")
+
+
+async def _open_gates(client: Client, report: Report) -> None:
+    """Start a gate and send it its event, again and again while the group changes: each
+    command counts once the broker acknowledged it."""
+    for n in range(GATES):
+        instance = f"gate-{n}"
+        await client.start("gate", None, instance_id=instance)
+        await client.send_event(instance, "open", {"n": n}, event_id=f"open-{n}")
+        report.gates.append(instance)
+        await asyncio.sleep(0.25)
+
+
+async def _check_gates(client: Client, report: Report) -> None:
+    for n, instance in enumerate(report.gates):
+        result = await client.result(instance, timeout=60)
+        if result != {"n": n}:
+            report.wrong_results.append((instance, result))
+
+
+def applied_twice(seen: list[Seen]) -> list[tuple[str, str]]:
+    """(instance, record type) of starts, completions and satisfied waits recorded more
+    than once in the history every reader folds: a command applied twice."""
+    fence: dict[int, int] = {}
+    counts: Counter[tuple[str, str]] = Counter()
+    once = (WorkflowStarted, WorkflowCompleted, WaitSatisfied)
+    for s in sorted(seen, key=lambda s: (s.partition, s.time_ms)):
+        if isinstance(s.record, PartitionFenced):
+            fence[s.partition] = max(fence.get(s.partition, 0), s.record.epoch)
+        elif s.record.epoch >= fence.get(s.partition, 0) and isinstance(s.record, once):
+            counts[(s.record.instance_id, type(s.record).__name__)] += 1
+    return sorted(k for k, n in counts.items() if n > 1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--protocol", choices=GROUP_PROTOCOLS, default="classic")
     args = parser.parse_args()
     broker: Broker = start_test_kafka()
     try:
         for run in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:
-                report = asyncio.run(run_scenario(kafka_settings(broker), Path(tmp)))
+                report = asyncio.run(run_scenario(kafka_settings(broker), Path(tmp), args.protocol))
             for phase in report.phases:
-                print(json.dumps({"run": run + 1, **phase.summary()}))
+                print(json.dumps({"run": run + 1, "protocol": args.protocol, **phase.summary()}))
     finally:
         broker.stop()
 

@@ -39,6 +39,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from stepstream.consumers.kafka import keys
 from stepstream.consumers.kafka.clients import make_client, through_elections
+from stepstream.consumers.kafka.group_protocol import member_config
 from stepstream.consumers.kafka.source import KafkaSource
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.seams import LogEntry
@@ -59,9 +60,10 @@ CONSUMER_DEFAULTS: dict[str, object] = {
     "fetch.min.bytes": 1,
 }
 CONSUMER_REQUIRED: dict[str, object] = {
-    # Incremental rebalancing (docs/kafka-notes.md: the classic protocol; the test broker
-    # does not serve KIP-848's). Members of an eager assignor cannot share the group.
-    "group.protocol": "classic",
+    # Incremental rebalancing. With the classic protocol (the default: the development
+    # broker does not serve KIP-848's) it takes the cooperative assignor, and members of
+    # an eager one cannot share the group; with group.protocol=consumer every rebalance
+    # is incremental and the broker assigns (consumers/kafka/group_protocol.py).
     "partition.assignment.strategy": "cooperative-sticky",
     "enable.auto.commit": False,
     "enable.auto.offset.store": False,
@@ -98,8 +100,8 @@ class GroupConsumer:
     ) -> None:
         self._topics = TopicNames(settings.prefix)
         self._kind_of = {self._topics.name(kind): kind for kind in KINDS}
-        self._config = settings.client_config(
-            "consumer",
+        self._config = member_config(
+            settings,
             {**CONSUMER_DEFAULTS, "client.id": client_id},
             {
                 **CONSUMER_REQUIRED,

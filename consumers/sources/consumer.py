@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from stepstream.consumers.kafka import keys
 from stepstream.consumers.kafka.clients import make_client
 from stepstream.consumers.kafka.group import CONSUMER_DEFAULTS as GROUP_CONSUMER_DEFAULTS
+from stepstream.consumers.kafka.group_protocol import member_config
 from stepstream.consumers.kafka.producer import LogProducer, OutRecord
 from stepstream.consumers.sources.lag import SourceLag
 from stepstream.consumers.sources.translate import (
@@ -144,8 +145,8 @@ class SourceConsumer:
         return sorted(self._translators)
 
     async def start(self) -> None:
-        config = self._settings.client_config(
-            "consumer",
+        config = member_config(
+            self._settings,
             {**CONSUMER_DEFAULTS, "client.id": "stepstream-sources"},
             {**CONSUMER_REQUIRED, "group.id": keys.sources_group_id(self._settings.prefix)},
         )

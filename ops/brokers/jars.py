@@ -2,17 +2,18 @@
 
 Kafka's broker is published on Maven Central as ``org.apache.kafka:kafka_2.13`` plus its
 runtime dependencies; ``apache-kafka.pom.xml`` (beside this module) names them together
-with the log4j2 binding Kafka's distribution ships. ``resolve_jars`` has Maven copy them
-once into ``~/.cache/stepstream/kafka-<version>/`` (``$XDG_CACHE_HOME`` is honoured;
+with Kafka's command-line tools (``kafka-tools``) and the log4j2 binding Kafka's
+distribution ships. ``resolve_jars`` has Maven copy them once into
+``~/.cache/stepstream/kafka-<version>-<pom digest>/`` (``$XDG_CACHE_HOME`` is honoured;
 ``STEPSTREAM_BROKER_JARS`` names another directory) and reuses them afterwards: a
 ``.complete`` file written last marks a finished copy, and a lock file keeps two
 processes from resolving into one directory at once. Maven keeps its own copy under
-``~/.m2`` as usual.
-"""
+``~/.m2`` as usual."""
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import importlib.resources
 import os
 import re
@@ -55,7 +56,14 @@ def jar_dir(version: str | None = None) -> Path:
     if override:
         return Path(override).expanduser()
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(cache) / "stepstream" / f"kafka-{version or kafka_version()}"
+    # Named for what the pom lists too: a pom that gains a jar resolves into a new
+    # directory, never into one a running broker reads its classes from.
+    return Path(cache) / "stepstream" / f"kafka-{version or kafka_version()}-{_pom_digest()}"
+
+
+def _pom_digest() -> str:
+    pom = importlib.resources.files("stepstream.ops.brokers") / _POM
+    return hashlib.sha256(pom.read_bytes()).hexdigest()[:8]
 
 
 def find_java() -> str:

@@ -1,9 +1,11 @@
-"""The Kafka side of the command line: ``stepstream broker`` (a local broker) and
-``stepstream topics create|check`` (the topics of a prefix and their settings)."""
+"""The Kafka side of the command line: ``stepstream broker`` (a local broker),
+``stepstream topics create|check`` (the topics of a prefix and their settings) and
+``stepstream topics lag`` (how far the workers' consumer group is behind)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from stepstream.ops.cli import render
 from stepstream.ops.cli.options import JSON, KAFKA, kafka_settings
@@ -37,6 +39,36 @@ def _topics_check(args: argparse.Namespace) -> int:
     )
     render.output(args, [f.as_dict() for f in findings], human)
     return EXIT_ERROR if findings else EXIT_OK
+
+
+def _topics_lag(args: argparse.Namespace) -> int:
+    from stepstream.consumers.kafka.group_lag import group_lag
+
+    lag = group_lag(kafka_settings(args), args.group)
+    render.output(args, lag.as_dict(), _lag_table(lag))
+    return EXIT_OK
+
+
+def _lag_table(lag: Any) -> str:
+    head = (
+        f"group {lag.group}: {lag.state}, {lag.protocol} protocol"
+        + (f", assignor {lag.assignor}" if lag.assignor else "")
+        + f", {lag.members} member{'' if lag.members == 1 else 's'}, total lag {lag.total}"
+    )
+    rows = [("TOPIC", "PARTITION", "COMMITTED", "END", "LAG", "OWNER")]
+    for p in lag.partitions:
+        owner = f"{p.client_id} {p.host}" if p.member else "-"
+        committed = "-" if p.committed is None else str(p.committed)
+        rows.append(
+            (p.topic, str(p.partition), committed, str(p.end), _or_dash(p.lag), owner.strip())
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join([head, *(line.rstrip() for line in lines)])
+
+
+def _or_dash(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 def _broker(args: argparse.Namespace) -> int:
@@ -100,6 +132,29 @@ TOPIC_ACTIONS = (
         "replicas...), each with what to run to fix it; exit status 1 if any, 0 if none",
         epilog="example: stepstream topics check --bootstrap kafka:9092 --prefix stepstream",
     ),
+    Command(
+        "lag",
+        "how far the workers' consumer group is behind, per partition, and who owns each",
+        _topics_lag,
+        shared=(KAFKA, JSON),
+        description="the lag of the workers' consumer group (<prefix>.workers) per partition "
+        "of the commands and timers topics: the offset the group committed, the partition's "
+        "end, their difference, and the member (client id, host) that owns it, with the "
+        "group's state, protocol (classic or consumer, KIP-848) and assignor. Read from the "
+        "brokers with the admin API, so it works with every worker down; Kafka's own "
+        "kafka-consumer-groups --describe --group <prefix>.workers shows the same offsets. "
+        "Workers commit offsets a few times a second, after the state covering them is "
+        "written, so the lag shown is never less than the true one",
+        epilog="example: stepstream topics lag --bootstrap kafka:9092 --prefix stepstream; "
+        "--group stepstream.sources shows the group that reads Source topics",
+        args=(
+            arg(
+                "--group",
+                metavar="G",
+                help="another consumer group, e.g. <prefix>.sources (default: <prefix>.workers)",
+            ),
+        ),
+    ),
 )
 
 BROKER = Command(
@@ -139,7 +194,8 @@ BROKER = Command(
             "--prepare",
             action="store_true",
             help="with --apache: only check Java and fetch the jars into the cache "
-            "($STEPSTREAM_BROKER_JARS, default ~/.cache/stepstream/kafka-VERSION), then exit",
+            "($STEPSTREAM_BROKER_JARS, default ~/.cache/stepstream/kafka-VERSION-DIGEST), "
+            "then exit",
         ),
     ),
 )

@@ -20,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -53,8 +53,10 @@ class WorkerProcess:
         *,
         workflows: str = "tests.workflows",
         env: dict[str, str] | None = None,
+        options: Sequence[str] = KAFKA_TEST_OPTIONS,
     ) -> None:
         self.settings = settings
+        self.options = options
         self.workflows = workflows
         self.env = env or {}
         self.state_dir = state_dir
@@ -69,7 +71,7 @@ class WorkerProcess:
             self.settings.bootstrap,
             self.settings.prefix,
             self.state_dir,
-            KAFKA_TEST_OPTIONS,
+            self.options,
         )
         env = repo_env(STEPSTREAM_TEST_LEDGER=str(self.ledger), **self.env)
         self.proc, self.url = launch(command, env=env, log=self.log)

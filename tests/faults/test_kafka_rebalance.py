@@ -1,8 +1,12 @@
-"""Cooperative rebalancing, against the test broker with `stepstream worker` processes:
-three workers own 12 partitions while workflows run on all of them; a fourth joins, then
-one of the first three leaves. Only the partitions that change hands move (a fresh
-fence, a higher epoch, nothing the old owner writes after it); the others are never
-taken over again and keep writing history while the moved ones have no owner.
+"""Incremental rebalancing, against Apache Kafka with `stepstream worker` processes:
+three workers join a group of 12 partitions one by one, then two of them leave one by
+one, while workflows run on every partition and commands keep coming; on the classic
+protocol (cooperative-sticky) and on KIP-848's consumer protocol. Only the partitions
+that change hands move: each worker's group consumer is revoked exactly the partitions
+it gives up and assigned exactly those it takes (its log says so), each moved partition
+is fenced once with a higher epoch and nothing the old owner writes after it, the
+partitions that stay are never taken over again and keep writing history while the
+moved ones have no owner, and every acknowledged command is applied once.
 
 The scenario and what it reads from the topics are in ``tests/rebalance_probe.py``,
 which also prints the timings of docs/kafka-notes.md; nothing here asserts a timing.
@@ -25,22 +29,33 @@ from stepstream.producers.kafka.members import MembersView
 from tests.conftest import kafka_settings
 from tests.faults.test_kafka_failover import WorkerProcess
 from tests.kafka_broker import Broker
-from tests.rebalance_probe import PARTITIONS, Phase, run_scenario
+from tests.rebalance_probe import GATES, GROUP_PROTOCOLS, PARTITIONS, Phase, run_scenario
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
+# 12 partitions: 12 on one worker, 6 each on two, 4 each on three. The fewest that can
+# move: 6 to the second, 2 from each to the third, the leaver's 4 (2 to each of the
+# others), then the leaver's 6.
+MOVING = {"join 2": 6, "join 3": 4, "leave 3": 4, "leave 2": 6}
 
-def _check(phase: Phase, moving: int) -> None:
+
+def _check(phase: Phase) -> None:
     detail = f"{phase.name}: {phase}"
-    # Only the partitions that change hands move: 12 over 3 workers is 4 each, over 4 it
-    # is 3 each, so a join moves one from each of three workers, a leave the leaver's 3.
+    moving = MOVING[phase.name]
     assert len(phase.moved) == moving, detail
     assert len(phase.stayed) == PARTITIONS - moving, detail
-    # A partition that stayed was not revoked and taken over again (every take-over
-    # appends a fence before anything else).
+    # Each worker's group consumer gave up exactly what left it and took exactly what
+    # came to it: a partition that stayed with a worker was never revoked.
+    for url, events in phase.group_events.items():
+        gave = {p for p, (old, _new) in phase.moved.items() if old == url}
+        took = {p for p, (_old, new) in phase.moved.items() if new == url}
+        assert events["revoked"] == gave, f"{url} {events} {detail}"
+        assert events["assigned"] == took, f"{url} {events} {detail}"
+        assert events["lost"] == set(), f"{url} {events} {detail}"
+    # A partition that stayed was not taken over again (every take-over appends a fence
+    # before anything else)...
     assert phase.stayed_refenced == [], detail
-    # The workers' announcements moved only the moved partitions: a partition that stayed
-    # was never shown unowned (as a worker announcing a revoke of everything would).
+    # ... nor announced on <prefix>.members as unowned or another's at any point.
     assert phase.stayed_reannounced == [], detail
     # It kept writing history while the moved partitions had no owner.
     assert all(n > 0 for n in phase.stayed_records_in_handover.values()), detail
@@ -54,17 +69,25 @@ def _check(phase: Phase, moving: int) -> None:
     assert phase.attempts_lost == 0, detail
 
 
-async def test_a_join_and_a_leave_move_only_the_partitions_that_change_hands(
-    kafka_broker: Broker, tmp_path: Path
+@pytest.mark.parametrize("protocol", GROUP_PROTOCOLS)
+async def test_workers_joining_and_leaving_move_only_the_partitions_that_change_hands(
+    kafka_broker: Broker, tmp_path: Path, protocol: str
 ) -> None:
-    report = await run_scenario(kafka_settings(kafka_broker), tmp_path)
-    join, leave = report.phases
-    _check(join, moving=3)
-    assert len({new for _old, new in join.moved.values()}) == 1  # all to the newcomer
-    assert len({old for old, _new in join.moved.values()}) == 3  # one from each
-    _check(leave, moving=3)
-    assert len({old for old, _new in leave.moved.values()}) == 1  # all from the leaver
-    assert len({new for _old, new in leave.moved.values()}) == 3  # one to each survivor
+    report = await run_scenario(kafka_settings(kafka_broker), tmp_path, protocol)
+    assert [p.name for p in report.phases] == list(MOVING)
+    for phase in report.phases:
+        _check(phase)
+    for phase, others in zip(report.phases, (1, 2, 2, 1), strict=True):
+        givers = {old for old, _new in phase.moved.values()}
+        takers = {new for _old, new in phase.moved.values()}
+        if phase.name.startswith("join"):  # all to the newcomer, from each of the others
+            assert (len(takers), len(givers)) == (1, others), phase
+        else:  # all from the leaver, to each of the others
+            assert (len(givers), len(takers)) == (1, others), phase
+    # Every acknowledged command applied once: each start, each event, each step.
+    assert len(report.gates) == GATES
+    assert report.wrong_results == []
+    assert report.applied_twice == []
     assert report.duplicate_successes == []
 
 
