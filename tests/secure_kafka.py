@@ -11,21 +11,30 @@ Brokers talk to each other on the SASL_SSL listener as the SCRAM user ``broker``
 clients log in as ``USER``. Both users are created when the storage is formatted
 (``start_apache(scram_users=)``), before the node starts. The controller listener stays
 plaintext on loopback.
+
+``python -m tests.secure_kafka DIR`` runs one until Ctrl-C or SIGTERM, for trying the
+settings by hand (docs/kafka.md): the certificates go to DIR, and once it serves,
+``DIR/sasl.env`` and ``DIR/tls.env`` hold the ``export`` lines of a client's settings
+(``STEPSTREAM_KAFKA_BOOTSTRAP_SERVERS`` included) for each listener.
 """
 
 from __future__ import annotations
 
 import datetime
 import ipaddress
+import shlex
+import signal
 import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from stepstream.ops.brokers.apache import ApacheCluster, start_apache
 from stepstream.ops.brokers.apache_config import ScramUser
@@ -87,7 +96,7 @@ def make_certificates(root: Path) -> Certificates:
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage(
-                [x509.ExtendedKeyUsageOID.SERVER_AUTH, x509.ExtendedKeyUsageOID.CLIENT_AUTH]
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
             ),
             critical=False,
         )
@@ -190,3 +199,42 @@ def start_secure_kafka(root: Path) -> SecureKafka:
         client_properties=client,
     )
     return SecureKafka(cluster, certificates, f"127.0.0.1:{tls_port}")
+
+
+def _write_env(path: Path, bootstrap: str, env: Mapping[str, str]) -> None:
+    every = {"STEPSTREAM_KAFKA_BOOTSTRAP_SERVERS": bootstrap, **env}
+    path.write_text("".join(f"export {k}={shlex.quote(v)}\n" for k, v in every.items()))
+
+
+def _stop(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m tests.secure_kafka DIR", file=sys.stderr)
+        return 2
+    root = Path(argv[0]).resolve()
+    files = (root / "sasl.env", root / "tls.env")
+    for path in files:
+        path.unlink(missing_ok=True)
+    signal.signal(signal.SIGTERM, _stop)
+    kafka = start_secure_kafka(root)
+    try:
+        _write_env(files[0], kafka.bootstrap, kafka.sasl_env())
+        _write_env(files[1], kafka.tls_bootstrap, kafka.tls_env())
+        print(f"SASL_SSL on {kafka.bootstrap}: {files[0]}", flush=True)
+        print(f"SSL on {kafka.tls_bootstrap}: {files[1]}", flush=True)
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for path in files:
+            path.unlink(missing_ok=True)
+        kafka.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

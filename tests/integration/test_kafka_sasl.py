@@ -11,6 +11,8 @@ with one error that names the setting to check, from each of them.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ import pytest
 
 from stepstream import Client
 from stepstream.errors import KafkaAuthenticationFailed
+from tests.integration.test_kafka_edges import _STOP_JOBS_NEWEST_FIRST
 from tests.processes import REPO, launch, repo_env, worker_command
 from tests.secure_kafka import (
     MECHANISM,
@@ -204,3 +207,34 @@ async def test_an_untrusted_certificate_names_the_ca_setting(
     with pytest.raises(KafkaAuthenticationFailed, match=r"ssl\.ca\.location"):
         async with Client.connect(url, kafka=properties):
             pass
+
+
+def _docs_example() -> str:
+    """The shell block of docs/kafka.md's TLS and SASL/SCRAM section."""
+    page = (REPO / "docs" / "kafka.md").read_text()
+    section = page.split("\n### Security: TLS and SASL/SCRAM\n", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.slow
+def test_the_docs_example_runs_as_typed(tmp_path: Path) -> None:
+    """Its own secured broker, topics, a worker and a workflow, line after line. Only the
+    worker's port changes (tests run side by side) and the examples are copied in."""
+    script = _docs_example().replace("--port 8233", "--port 0")
+    assert script.startswith("python -m tests.secure_kafka ./secure-kafka &"), script
+    shutil.copytree(REPO / "examples", tmp_path / "examples")
+    bin_dir = Path(sys.executable).parent
+    env = repo_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    env = {k: v for k, v in env.items() if not k.startswith("STEPSTREAM_")}
+    done = subprocess.run(
+        ["bash", "-c", f"set -e\ntrap '{_STOP_JOBS_NEWEST_FIRST}' EXIT\n{script}"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert done.returncode == 0, (script, done.stdout, done.stderr[-3000:])
+    assert "receipt for o-1" in done.stdout, done.stdout
+    assert "SASL_SSL on 127.0.0.1:" in done.stdout, done.stdout
+    assert not (tmp_path / "secure-kafka" / "sasl.env").exists()  # removed when it stopped
