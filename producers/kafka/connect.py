@@ -95,7 +95,8 @@ async def open_kafka_transport(
     except (KafkaError, TimeoutError, OSError) as exc:
         with contextlib.suppress(Exception):
             await producer.stop()
-        await _raise_if_refused(settings, producer_options)
+        if not isinstance(exc, TimeoutError):  # a refusal comes at once, never as a timeout
+            await _raise_if_refused(settings, producer_options)
         raise ConnectionFailed(
             f"cannot reach Kafka at {settings.bootstrap}: {str(exc) or type(exc).__name__}; check "
             "the address and the security settings"
@@ -177,23 +178,24 @@ async def _raise_if_refused(settings: KafkaSettings, options: dict[str, Any]) ->
     and raise ``KafkaAuthenticationFailed`` if one refuses the SASL login or the TLS
     handshake fails. aiokafka only logs why a bootstrap failed ("Unable to bootstrap")."""
     arguments = {k: v for k, v in options.items() if k in _CONNECTION_OPTIONS}
-    for server in settings.bootstrap.split(","):
-        host, _, port = server.strip().rpartition(":")
-        try:
-            async with asyncio.timeout(_PROBE_TIMEOUT_S):
-                connection = await create_conn(
-                    host.strip("[]"),
-                    int(port),
-                    request_timeout_ms=int(_PROBE_TIMEOUT_S * 1000),
-                    **arguments,
-                )
-        except (SaslAuthenticationFailed, UnsupportedSaslMechanismError) as exc:
-            raise authentication_failed(settings.bootstrap, str(exc), tls=False) from None
-        except ssl.SSLError as exc:
-            raise authentication_failed(settings.bootstrap, str(exc), tls=True) from None
-        except (KafkaError, OSError, TimeoutError, ValueError):
-            continue  # down or unreachable: the caller's error says so
-        connection.close()
+    with contextlib.suppress(TimeoutError):  # all of them within one bound
+        async with asyncio.timeout(_PROBE_TIMEOUT_S):
+            for server in settings.bootstrap.split(","):
+                host, _, port = server.strip().rpartition(":")
+                try:
+                    connection = await create_conn(
+                        host.strip("[]"),
+                        int(port),
+                        request_timeout_ms=int(_PROBE_TIMEOUT_S * 1000),
+                        **arguments,
+                    )
+                except (SaslAuthenticationFailed, UnsupportedSaslMechanismError) as exc:
+                    raise authentication_failed(settings.bootstrap, str(exc), tls=False) from None
+                except ssl.SSLError as exc:
+                    raise authentication_failed(settings.bootstrap, str(exc), tls=True) from None
+                except (KafkaError, OSError, ValueError):
+                    continue  # down or unreachable: the caller's error says so
+                connection.close()
 
 
 register_transport("kafka", _connect)
