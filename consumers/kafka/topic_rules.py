@@ -108,14 +108,10 @@ class Finding:
 def check_topics(settings: KafkaSettings, timeout: float = 15.0) -> list[Finding]:
     """What is wrong with the topics of ``settings.prefix`` on its cluster (nothing: an
     empty list). Raises ``StepstreamError`` if the cluster cannot be asked."""
-    from stepstream.consumers.kafka.admin import admin_client
+    from stepstream.consumers.kafka.admin import cluster_metadata
 
     names = TopicNames(settings.prefix)
-    admin = admin_client(settings)
-    try:
-        metadata = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise StepstreamError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from None
+    admin, metadata = cluster_metadata(settings, timeout)
     brokers = len(metadata.brokers)
     present = {name: topic for name, topic in metadata.topics.items() if topic.error is None}
     kinds = (*TOPIC_KINDS, *CLUSTER_TOPICS)

@@ -46,7 +46,9 @@ CONNECT = (
         "--connect",
         metavar="URL",
         help="engine to talk to: http://HOST:PORT, https://HOST:PORT, embedded:PATH or "
-        f"kafka://HOST:PORT (default: $STEPSTREAM_CONNECT, else {DEFAULT_CONNECT})",
+        "kafka://HOST:PORT?prefix=P, whose Kafka client properties (TLS, SASL) come from "
+        "the STEPSTREAM_KAFKA_* variables and $STEPSTREAM_KAFKA_CONFIG as a worker's do "
+        f"(default: $STEPSTREAM_CONNECT, else {DEFAULT_CONNECT})",
     ),
     arg(
         "--token",
@@ -116,8 +118,12 @@ KAFKA = (
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a client property, e.g. security.protocol=SASL_SSL (repeatable; also "
-        "STEPSTREAM_KAFKA_<NAME> variables, e.g. STEPSTREAM_KAFKA_SASL_MECHANISM)",
+        help="a client property by its librdkafka name, e.g. security.protocol=SASL_SSL "
+        "(repeatable). Each is also read from STEPSTREAM_KAFKA_<NAME> (. as _): TLS and "
+        "SASL/SCRAM take STEPSTREAM_KAFKA_SECURITY_PROTOCOL (SSL or SASL_SSL), "
+        "_SSL_CA_LOCATION, _SASL_MECHANISM (e.g. SCRAM-SHA-512), _SASL_USERNAME and "
+        "_SASL_PASSWORD (prefer the variables for secrets: flags show in ps); see "
+        "docs/kafka.md#security-tls-and-saslscram",
     ),
 )
 
