@@ -153,10 +153,21 @@ def test_keys_rotate_under_an_instance_in_flight(tmp_path: Path) -> None:
     finally:
         dev.stop()
 
-    # k2 encrypts from now on; the instance replays its k1 records and goes on.
+    # k1 dropped too soon: the instance cannot be read, so it is parked, not failed, and
+    # an event sent meanwhile is kept.
+    dev = _start_dev(tmp_path, "k2")
+    try:
+        status = json.loads(ok(dev.cli("status", "o-1", "--json")))
+        assert status["status"] == "running", status
+        assert "key id 'k1', which STEPSTREAM_CODEC_KEYS does not hold" in status["error"]
+        ok(dev.cli("send", "o-1", "approval", "--payload", '{"by": "ada"}'))
+    finally:
+        dev.stop()
+
+    # k2 encrypts from now on, k1 still reads: the instance replays its k1 records and
+    # goes on with the event it was sent while parked.
     dev = _start_dev(tmp_path, "k2", "k1")
     try:
-        ok(dev.cli("send", "o-1", "approval", "--payload", '{"by": "ada"}'))
         result = json.loads(ok(dev.cli("result", "o-1", "--timeout", "30")))
         assert result["approval"] == {"by": "ada"}
         history = dev.cli("history", "o-1", "--json")

@@ -123,7 +123,7 @@ def replay_history(
     finally:
         runtime.close()
     steps = tuple(TraceStep(c.kind, c.key, c.seq, c.saw) for c in runtime.calls) if trace else ()
-    undecodable = _undecodable(end, out)
+    undecodable = _undecodable(end, out, runtime.state.parked)
     if undecodable is not None:
         return made("error", message=undecodable, trace=steps)
     diverged = _divergence(runtime, out, recorded, ended)
@@ -149,19 +149,24 @@ def replay_history(
     return made("ok", trace=steps, result=result)
 
 
-def _undecodable(end: HistoryRecord | None, out: Output) -> str | None:
-    """The codec's refusal, when the replay failed for want of reading a recorded payload
-    (a codec other than the one that recorded them, a key missing): not a divergence of
-    the code, and no verdict on it."""
-    if isinstance(end, WorkflowFailedRecord) and end.error_type == _INVALID_PAYLOAD:
-        return None  # it failed that way when it ran too
-    for record in out.history:
-        if isinstance(record, WorkflowFailedRecord) and record.error_type == _INVALID_PAYLOAD:
-            return (
-                f"a recorded payload cannot be decoded: {record.error_message} (replay with "
-                "--codec, the codec the engine recorded it with)"
-            )
-    return None
+def _undecodable(end: HistoryRecord | None, out: Output, parked: str) -> str | None:
+    """The codec's refusal, when the replay parked or failed for want of reading a
+    recorded payload (a codec other than the one that recorded them, a key missing): not
+    a divergence of the code, and no verdict on it."""
+    refusals = [parked] if parked.startswith(f"{_INVALID_PAYLOAD}: ") else []
+    if not (isinstance(end, WorkflowFailedRecord) and end.error_type == _INVALID_PAYLOAD):
+        # (a history that ended that way failed so when it ran too)
+        refusals += [
+            record.error_message
+            for record in out.history
+            if isinstance(record, WorkflowFailedRecord) and record.error_type == _INVALID_PAYLOAD
+        ]
+    if not refusals:
+        return None
+    return (
+        f"a recorded payload cannot be decoded: {refusals[0]} (replay with --codec, the "
+        "codec the engine recorded it with)"
+    )
 
 
 def _divergence(
