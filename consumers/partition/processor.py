@@ -142,8 +142,10 @@ class PartitionProcessor:
         parked = sum(1 for rt in touched.values() if rt.state.parked)
         if parked:
             log.warning(
-                "partition=%d: %d instances parked (history diverged from the code, or their "
-                "version is not deployed here); stepstream list --diverged lists them",
+                "partition=%d: %d instances parked (history diverged from the code, their "
+                "version is not deployed here, or this engine's payload codec cannot read "
+                "them); stepstream list --diverged lists the diverged ones, stepstream "
+                "status ID says why one is parked",
                 self.partition,
                 parked,
             )

@@ -91,7 +91,14 @@ class DrivingMixin(OutgoingMixin):
         try:
             arg = decode_safely(self.codec, self.state.input)
         except StepstreamError as exc:
-            self._fail_workflow("InvalidPayload", f"cannot decode workflow input: {exc}")
+            message = f"cannot decode workflow input: {exc}"
+            if self._replaying:
+                # It ran, so a codec read this input: what changed is this engine's codec
+                # (another one, a key dropped). Failing it would lose the instance;
+                # parked, it goes on once an engine with a codec that reads it loads it.
+                self.park(f"InvalidPayload: {message}; restart with the codec that wrote it")
+                return
+            self._fail_workflow("InvalidPayload", message)
             return
         coro = self.definition.fn(self._context(), arg)
         self._task = self._loop.create_task(coro)  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from stepstream.consumers.embedded.errors import DataDirInUse
 from stepstream.consumers.embedded.forwarding import ForwardReceiver
+from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.ops.api.security import ApiSecurity
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.ops.processes.children import (
@@ -45,7 +46,11 @@ OPEN_RETRY_S = 15.0  # a restarted child waits this long for its predecessor's l
 
 
 async def open_share(
-    registry: Any, config: EmbeddedConfig, layout: ProcessLayout, process: int
+    registry: Any,
+    config: EmbeddedConfig,
+    layout: ProcessLayout,
+    process: int,
+    codec: PayloadCodec | None = None,
 ) -> EmbeddedEngine:
     """Process ``process``'s engine: its own directory, its partitions. A child started
     again right after one that died may find the lock still held for a moment."""
@@ -56,7 +61,7 @@ async def open_share(
     deadline = loop.time() + OPEN_RETRY_S
     while True:
         try:
-            return await open_embedded(registry, share, owned=layout.owns(process))
+            return await open_embedded(registry, share, codec=codec, owned=layout.owns(process))
         except DataDirInUse:
             if loop.time() >= deadline:
                 raise
@@ -69,6 +74,8 @@ async def serve_child(
     spec: Spec,
     public_app: Callable[[Transport, EmbeddedEngine, Observability], web.Application],
     tls: Any,
+    *,
+    codec: PayloadCodec | None = None,
 ) -> int:
     """A child: its partitions, their API on the sockets it was handed (the processes'
     one, behind their token; the clients' one, as the server's), forwarding; until
@@ -82,7 +89,7 @@ async def serve_child(
     sock.setblocking(False)
     public = socket.socket(fileno=spec.public_fd)
     public.setblocking(False)
-    engine = await open_share(registry, config, layout, spec.process)
+    engine = await open_share(registry, config, layout, spec.process, codec)
     traced = tracing.setup(engine.host, service="stepstream-dev")
     others = [g for g in range(spec.processes) if g != spec.process]
     remotes = {g: remote_transport(spec.urls[g], spec.token) for g in others}
@@ -178,6 +185,8 @@ async def serve_parent(
     make_public_app: Callable[[Transport, EmbeddedEngine, Observability], web.Application],
     tls: Any,
     announce: Callable[[str, ProcessLayout], None],
+    *,
+    codec: PayloadCodec | None = None,
 ) -> int:
     """Process 0: starts the others, runs its partitions, serves the public API over all
     of them on ``public``; until SIGTERM or its data directory fails."""
@@ -205,7 +214,7 @@ async def serve_parent(
     remotes = {g: remote_transport(urls[g], token) for g in range(1, processes)}
     stack = contextlib.AsyncExitStack()
     try:
-        engine = await open_share(registry, config, layout, 0)
+        engine = await open_share(registry, config, layout, 0, codec)
         traced = tracing.setup(engine.host, service="stepstream-dev")
         sources = await start_embedded_sources(registry, engine)
         if sources is not None:
