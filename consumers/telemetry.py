@@ -10,6 +10,8 @@ worker saw it happen.
 Labels are bounded: a workflow name, a step name (the name the code gave, without the
 scope path or the ``#n`` of a repeated name), an outcome, a partition. Never an
 instance id.
+
+Failures are logged from here too (``consumers/failure_log.py``): once, when durable.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol, cast, runtime_checkable
 
+from stepstream.consumers import failure_log
 from stepstream.engine.wire.records import (
     HistoryRecord,
     StepAttemptStarted,
@@ -268,6 +271,10 @@ class Telemetry:
                 attempts[attempt.key] = (attempt.attempt, record.time_ms)
             elif kind is StepSucceeded or kind is StepFailedRecord:
                 ended = cast("StepSucceeded | StepFailedRecord", record)
+                if kind is StepFailedRecord:
+                    failure_log.step_failed(
+                        partition, cast(StepFailedRecord, record), touched.get(record.instance_id)
+                    )
                 attempts = started.get(record.instance_id)
                 began = attempts.pop(ended.key, None) if attempts is not None else None
                 self._step_ended(partition, ended, touched.get(record.instance_id), began)
@@ -278,6 +285,12 @@ class Telemetry:
                     "WorkflowCompleted | WorkflowFailedRecord | WorkflowCancelledRecord", record
                 )
                 started.pop(record.instance_id, None)
+                if kind is WorkflowFailedRecord:
+                    failure_log.run_failed(
+                        partition,
+                        cast(WorkflowFailedRecord, record),
+                        touched.get(record.instance_id),
+                    )
                 self._run_ended(partition, end, touched.get(record.instance_id))
 
     def _step_ended(

@@ -282,13 +282,15 @@ def log_findings(settings: KafkaSettings, timeout: float = 10.0) -> list[Finding
     try:
         findings = check_topics(settings, timeout)
     except Exception as exc:  # an old or partial broker: the check is advice, not a gate
-        log.warning("could not check the topics' settings prefix=%s: %s", settings.prefix, exc)
+        log.warning(
+            "could not check the topics' settings: %s", exc, extra={"prefix": settings.prefix}
+        )
         return []
     for finding in findings:
         log.warning(
-            "topic setting breaks a guarantee topic=%s problem=%s fix=%s",
-            finding.topic,
+            "topic setting breaks a guarantee: %s; %s",
             finding.problem,
             finding.fix,
+            extra={"topic": finding.topic},
         )
     return findings

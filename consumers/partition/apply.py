@@ -12,6 +12,7 @@ import logging
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.dead_letters import dead_letter
 from stepstream.consumers.instance_store import InstanceReads
+from stepstream.consumers.log_context import instance_fields
 from stepstream.consumers.partition.batch import Batch
 from stepstream.consumers.partition.containment import Containment
 from stepstream.consumers.partition.intake import CommandIntake, Rejected
@@ -181,7 +182,7 @@ class Applier:
                 continue
             except Exception:
                 log.exception(
-                    "partition=%d instance=%s: recovery failed", self._partition, instance_id
+                    "recovery failed", extra=instance_fields(runtime.state, self._partition)
                 )
                 self._cache.drop(instance_id)
                 continue

@@ -138,16 +138,18 @@ class PartitionProcessor:
         await self._commit(batch)
         touched = batch.touched
         if touched:
-            log.info("partition=%d resumed %d unfinished instances", self.partition, len(touched))
+            log.info(
+                "resumed %d unfinished instances", len(touched), extra={"partition": self.partition}
+            )
         parked = sum(1 for rt in touched.values() if rt.state.parked)
         if parked:
             log.warning(
-                "partition=%d: %d instances parked (history diverged from the code, their "
-                "version is not deployed here, or this engine's payload codec cannot read "
-                "them); stepstream list --diverged lists the diverged ones, stepstream "
-                "status ID says why one is parked",
-                self.partition,
+                "%d instances parked (history diverged from the code, their version is not "
+                "deployed here, or this engine's payload codec cannot read them); stepstream "
+                "list --diverged lists the diverged ones, stepstream status ID says why one "
+                "is parked",
                 parked,
+                extra={"partition": self.partition},
             )
 
     async def stop(self) -> None:
@@ -184,10 +186,10 @@ class PartitionProcessor:
         left = self._cache.running_attempts()
         if left:
             log.warning(
-                "partition=%d: %d step attempts still running after the drain timeout "
+                "%d step attempts still running after the drain timeout "
                 "(STEPSTREAM_DRAIN_TIMEOUT_S); the next owner records them as lost attempts",
-                self.partition,
                 left,
+                extra={"partition": self.partition},
             )
         return left
 
@@ -250,7 +252,7 @@ class PartitionProcessor:
                 # Retrying cannot help (the next owner, or the next start, goes on from
                 # what is durable), also when it is the reload after another failure
                 # that meets it.
-                log.warning("partition=%d: stopped processing: %s", self.partition, exc)
+                log.warning("stopped processing: %s", exc, extra={"partition": self.partition})
                 self._hooks.halt()
                 return
             except Exception as exc:
@@ -259,12 +261,12 @@ class PartitionProcessor:
                 # a reload that fails is tried again, never skipped.
                 log.log(
                     logging.ERROR,
-                    "partition=%d: %s failed; reloading from the last commit in %.1f s%s",
-                    self.partition,
+                    "%s failed; reloading from the last commit in %.1f s%s",
                     "reload" if reload else "processing",
                     backoff,
                     f": {exc}" if isinstance(exc, StepstreamError) else "",
                     exc_info=not isinstance(exc, StepstreamError),
+                    extra={"partition": self.partition},
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_RESTART_BACKOFF_S)

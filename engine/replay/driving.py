@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from traceback import format_exception
 from typing import Any
 
 from stepstream.engine.api.context import Context
@@ -16,6 +17,7 @@ from stepstream.engine.errors import (
     PayloadTooLarge,
     StepstreamError,
 )
+from stepstream.engine.replay.core import WORKFLOW_TRACEBACK
 from stepstream.engine.replay.effects import (
     FORGET_AT_LEAST,
     LOST_ATTEMPT,
@@ -266,6 +268,7 @@ class DrivingMixin(OutgoingMixin):
                 intent.timeout,
                 self.state.workflow,
                 self.state.traceparent,
+                self.state.created_ms,
             )
         )
 
@@ -294,7 +297,14 @@ class DrivingMixin(OutgoingMixin):
         )
 
     def _fail_attempt(
-        self, entry: Entry, error_type: str, message: str, retryable: bool, *, now: bool = False
+        self,
+        entry: Entry,
+        error_type: str,
+        message: str,
+        retryable: bool,
+        *,
+        now: bool = False,
+        traceback: str = "",
     ) -> None:
         intent = self._intents.get(entry.key)
         policy = intent.policy if intent is not None else DEFAULT_RETRY
@@ -310,6 +320,8 @@ class DrivingMixin(OutgoingMixin):
             error_message=clip_message(message),
             next_attempt_at_ms=next_at,
         )
+        if traceback:
+            self.tracebacks[(entry.key, entry.attempt)] = traceback
         if not retry:
             self._resolve(entry)
         elif now and intent is not None and not self.draining:
@@ -324,6 +336,7 @@ class DrivingMixin(OutgoingMixin):
             return
         exc = self._task.exception()
         if exc is not None:
+            self.tracebacks[WORKFLOW_TRACEBACK] = "".join(format_exception(exc)).rstrip()
             self._fail_workflow(type(exc).__name__, str(exc) or repr(exc))
             return
         try:

@@ -47,6 +47,9 @@ class StepOutcome:
     error_type: str = ""
     error_message: str = ""
     retryable: bool = True
+    # The body's exception as the executor formatted it, for the log line made once the
+    # failure is durable; never recorded.
+    traceback: str = ""
 
     @property
     def command_id(self) -> str:
@@ -66,6 +69,7 @@ class StepLaunch:
     timeout: float | None
     workflow: str = ""  # for log lines about the attempt
     traceparent: str | None = None
+    run_start_ms: int = 0  # the run's start: with the instance, names its trace and span
 
 
 @dataclass(slots=True)

@@ -34,7 +34,8 @@ LOGGING = (
         "--log-format",
         choices=logs.FORMATS,
         help="text (key=value) or json: one object per line with instance_id, workflow, "
-        "step, attempt, partition and trace_id as fields when a line concerns them "
+        "step, attempt, partition, trace_id and span_id as fields when a line concerns "
+        "them, and a failure's traceback in exception; see docs/operations.md#logs "
         "(default: $STEPSTREAM_LOG_FORMAT, else text)",
     ),
 )
