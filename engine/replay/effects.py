@@ -66,6 +66,10 @@ class StepLaunch:
     timeout: float | None
     workflow: str = ""  # for log lines about the attempt
     traceparent: str | None = None
+    # When the attempt became due (ms): when the code reached the step for a first
+    # attempt, when its backoff ended for a retry; its start less this is the attempt's
+    # schedule-to-start latency.
+    due_ms: int = 0
 
 
 @dataclass(slots=True)
