@@ -224,6 +224,17 @@ async def test_dev_metrics_count_what_ran(tmp_path: Path) -> None:
     _assert_process_and_build(samples, "embedded")
 
 
+def test_dev_and_worker_help_say_where_the_metrics_are(tmp_path: Path) -> None:
+    from tests.dev_server import run_cli
+
+    for command in ("dev", "worker"):
+        shown = run_cli(tmp_path, command, "--help")
+        assert shown.returncode == 0, shown.stderr
+        text = " ".join(shown.stdout.split())
+        assert "Prometheus metrics at /metrics" in text, text
+        assert "process_* and python_*" in text and "docs/operations.md" in text
+
+
 def test_probes_answer_without_a_token_and_metrics_need_it(tmp_path: Path) -> None:
     from tests.dev_server import clean_env
 
