@@ -212,6 +212,10 @@ class Telemetry:
         self.commit_seconds = Histogram(LATENCY_BUCKETS_S)
         self.replay_seconds = Histogram(LATENCY_BUCKETS_S)
         self.restore_seconds: dict[int, float] = {}
+        # Schedule-to-start: a start command's acceptance to its instance's start, by
+        # workflow; a step attempt becoming due to its launch, by (workflow, step).
+        self.start_delay_seconds: dict[str, Histogram] = {}
+        self.step_delay_seconds: dict[tuple[str, str], Histogram] = {}
         self.dead_letters: Counter[str] = Counter()
         self.cache_hits = 0
         self.cache_misses = 0
@@ -238,6 +242,25 @@ class Telemetry:
     def timer_fired(self, lateness_s: float, *, direct: bool) -> None:
         self.timer_lateness.observe(lateness_s)
         self.timers_fired["direct" if direct else "log"] += 1
+
+    def instance_started(self, workflow: str, accepted_ms: int, now_ms: int) -> None:
+        """A start command made a new instance: how long after its client stamped it
+        (``accepted_ms``; 0 from a producer that does not stamp it: not counted)."""
+        if accepted_ms <= 0:
+            return
+        histogram = self.start_delay_seconds.get(workflow)
+        if histogram is None:
+            histogram = self.start_delay_seconds[workflow] = Histogram(LATENCY_BUCKETS_S)
+        # Clamped: a client's clock may run ahead of the worker's.
+        histogram.observe(max(0, now_ms - accepted_ms) / 1000)
+
+    def step_launched(self, workflow: str, key: str, due_ms: int, now_ms: int) -> None:
+        """A step attempt handed to the executor, ``now_ms - due_ms`` after it was due."""
+        label = (workflow, step_label(key))
+        histogram = self.step_delay_seconds.get(label)
+        if histogram is None:
+            histogram = self.step_delay_seconds[label] = Histogram(LATENCY_BUCKETS_S)
+        histogram.observe(max(0, now_ms - due_ms) / 1000)
 
     def dead_lettered(self, reason: str) -> None:
         self.dead_letters[dead_letter_reason(reason)] += 1

@@ -409,6 +409,7 @@ class KafkaWorker:
             reader,
             codec=self._codec,
             max_payload_bytes=self.config.max_payload_bytes,
+            clock=self._clock,
         )
         security = self.config.api
         advertised = urlsplit(self.config.advertise).hostname if self.config.advertise else None
@@ -424,6 +425,7 @@ class KafkaWorker:
                 Health(ready=self._ready, reason=self._not_ready_reason),
                 rebalances=lambda: self._runner.rebalances if self._runner is not None else 0,
                 source_lag=lambda: self.source_lag.records() if self.source_lag else {},
+                backend="kafka",
             ),
             ui_transport=self._ui.transport,
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -25,6 +26,7 @@ from stepstream.engine.errors import (
 from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview, merge_overviews
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.replay.state import InstanceState, Status
+from stepstream.engine.seams import Clock, SystemClock
 from stepstream.engine.wire.codec import (
     MAX_MESSAGE_CHARS,
     PayloadCodec,
@@ -145,8 +147,10 @@ class CommandPublisher(abc.ABC):
         codec: PayloadCodec,
         max_payload_bytes: int,
         on_close: Callable[[], Awaitable[None]] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._publish = publish
+        self._clock = clock or SystemClock()
         self._publishing = publishing
         self._codec = codec
         self._limit = max_payload_bytes
@@ -154,6 +158,8 @@ class CommandPublisher(abc.ABC):
 
     async def _submit(self, command: Command) -> None:
         settled = self._publishing.settled(command.command_id)
+        # Stamped when accepted: the owner measures its start's schedule-to-start from it.
+        command = dataclasses.replace(command, time_ms=self._clock.now_ms())
         try:
             await self._publish(command)
             reason = await settled
@@ -282,9 +288,15 @@ class LogTransport(CommandPublisher):
         codec: PayloadCodec,
         max_payload_bytes: int,
         on_close: Callable[[], Awaitable[None]] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         super().__init__(
-            publish, reader, codec=codec, max_payload_bytes=max_payload_bytes, on_close=on_close
+            publish,
+            reader,
+            codec=codec,
+            max_payload_bytes=max_payload_bytes,
+            on_close=on_close,
+            clock=clock,
         )
         self._reader = reader
 

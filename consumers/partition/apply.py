@@ -229,6 +229,7 @@ class Applier:
         batch.last_instance = ""
         instance_id = record.instance_id
         runtime = batch.touched.get(instance_id) or self._cache.get_or_load(instance_id)
+        accepted_ms = 0  # set for a start that makes a new instance
         if runtime is None:
             if isinstance(record, TimerFired):
                 # The timer of an instance that is gone: harmless.
@@ -248,6 +249,7 @@ class Applier:
                     batch.notices.append(notice)
                 return record.command_id, str(exc), True
             runtime = self._cache.new(InstanceState(instance_id), definition)
+            accepted_ms = record.time_ms
         elif self.reads.applied(runtime.state, record.command_id):
             return record.command_id, None, False  # re-delivered: it changes nothing
         error = self._containment.handle(runtime, record, batch)
@@ -271,6 +273,10 @@ class Applier:
             return record.command_id, error, True
         batch.last_instance = instance_id
         self._telemetry.command_applied(record.type)
+        if accepted_ms:
+            self._telemetry.instance_started(
+                runtime.state.workflow, accepted_ms, self._clock.now_ms()
+            )
         if isinstance(record, TimerFired):
             self._telemetry.timer_fired(
                 max(0, self._clock.now_ms() - record.fire_at_ms) / 1000, direct=direct

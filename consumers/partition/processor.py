@@ -363,7 +363,9 @@ class PartitionProcessor:
         out, touched = batch.out, batch.touched
         for instance_id, key, attempt in out.cancels:
             self._executor.cancel(instance_id, key, attempt)
+        now_ms = self._clock.now_ms()
         for launch in out.launches:
+            self._telemetry.step_launched(launch.workflow, launch.key, launch.due_ms, now_ms)
             self._executor.launch(launch, self.deliver, self.partition)
         parked = self.parked
         for instance_id, runtime in touched.items():

@@ -250,6 +250,9 @@ class DrivingMixin(OutgoingMixin):
         self._resolve(entry)
 
     def _start_attempt(self, key: str, intent: StepIntent, attempt: int) -> None:
+        # Read before the attempt's record clears it: when the backoff of a retry ended.
+        entry = self.state.entries.get(key)
+        backoff_ended = entry.fire_at_ms if entry is not None and attempt > 1 else None
         if intent.ephemeral and key not in self.state.entries:
             # Nothing recorded before the body runs: its result is recorded with the
             # records it comes back to; after a crash before that, it runs again.
@@ -269,6 +272,7 @@ class DrivingMixin(OutgoingMixin):
                 self.state.workflow,
                 self.state.traceparent,
                 self.state.created_ms,
+                due_ms=backoff_ended if backoff_ended is not None else self.clock.now_ms(),
             )
         )
 

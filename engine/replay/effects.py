@@ -70,6 +70,10 @@ class StepLaunch:
     workflow: str = ""  # for log lines about the attempt
     traceparent: str | None = None
     run_start_ms: int = 0  # the run's start: with the instance, names its trace and span
+    # When the attempt became due (ms): when the code reached the step for a first
+    # attempt, when its backoff ended for a retry; its start less this is the attempt's
+    # schedule-to-start latency.
+    due_ms: int = 0
 
 
 @dataclass(slots=True)

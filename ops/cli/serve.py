@@ -46,6 +46,12 @@ _PROCESS_TUNING = (
     "library's), with the garbage collector's thresholds raised ($STEPSTREAM_GC=default: "
     "Python's own)."
 )
+_OBSERVED = (
+    " It serves Prometheus metrics at /metrics (with the API token when one is set): "
+    "stepstream_* (work done, latencies, schedule-to-start, HTTP requests by route, "
+    "partitions owned, build info) and the process_* and python_* collectors; "
+    "docs/operations.md lists them. /healthz and /readyz are its probes."
+)
 
 
 def _announce(args: argparse.Namespace, text: str, facts: dict[str, Any]) -> None:
@@ -335,6 +341,7 @@ COMMANDS = (
         shared=(SERVING, CODEC, JSON),
         serves=True,
         epilog=_PROCESS_TUNING
+        + _OBSERVED
         + " It prints one line once it listens (with --json, a JSON object: listening, "
         "data, partitions, processes, workflows). "
         "Example: stepstream dev --workflows examples.order --port 8233",
@@ -394,6 +401,7 @@ COMMANDS = (
         "$STEPSTREAM_DRAIN_TIMEOUT_S); the others keep running. Workers of a stepstream "
         "version with eager rebalancing cannot share the group: stop them all first. "
         + _PROCESS_TUNING
+        + _OBSERVED
         + " Example: stepstream worker --workflows pkg.flows --bootstrap kafka:9092",
         args=(
             arg(

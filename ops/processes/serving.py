@@ -93,15 +93,19 @@ async def serve_child(
     traced = tracing.setup(engine.host, service="stepstream-dev")
     others = [g for g in range(spec.processes) if g != spec.process]
     remotes = {g: remote_transport(spec.urls[g], spec.token) for g in others}
+    # One registry for both APIs: process 0 scrapes it through the internal one, and it
+    # counts the requests of the clients' one.
+    observability = _observability(engine)
     try:
         async with forwarding(engine, layout, spec.process, spec.urls, spec.token) as receiver:
             runner = web.AppRunner(
-                internal_app(engine, config, spec.token, receiver), handler_cancellation=True
+                internal_app(engine, config, spec.token, receiver, observability),
+                handler_cancellation=True,
             )
             await runner.setup()
             # Its own partitions straight, any other instance through its owner.
             everyone = ProcessesTransport(engine.transport, layout, spec.process, remotes)
-            clients = api_runner(public_app(everyone, engine, _observability(engine)))
+            clients = api_runner(public_app(everyone, engine, observability))
             await clients.setup()
             try:
                 await web.SockSite(runner, sock).start()
@@ -128,10 +132,15 @@ async def serve_child(
 
 
 def internal_app(
-    engine: EmbeddedEngine, config: EmbeddedConfig, token: str, receiver: ForwardReceiver
+    engine: EmbeddedEngine,
+    config: EmbeddedConfig,
+    token: str,
+    receiver: ForwardReceiver,
+    observability: Observability,
 ) -> web.Application:
     """A process's API for the other processes: its own partitions, forwarding, /metrics
-    and /readyz, behind their token, on loopback."""
+    and /readyz, behind their token, on loopback. Its requests are not counted as HTTP
+    requests: each is one that process 0 took from a client, and counted there."""
     from stepstream.ops.api.routes import DEFAULT_MAX_BODY_BYTES, make_app
 
     app = make_app(
@@ -140,7 +149,7 @@ def internal_app(
         max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * config.max_payload_bytes),
         security=ApiSecurity(token=token),
         served_hosts=("127.0.0.1",),
-        observability=_observability(engine),
+        observability=dataclasses.replace(observability, http=None),
     )
     add_forward_routes(app, receiver)
     return app
@@ -219,18 +228,19 @@ async def serve_parent(
         sources = await start_embedded_sources(registry, engine)
         if sources is not None:
             stack.push_async_callback(sources.stop)
+        base = _observability(
+            engine, source_lag=sources.lag.records if sources is not None else dict
+        )
         async with forwarding(engine, layout, 0, urls, token) as receiver:
-            internal = web.AppRunner(internal_app(engine, config, token, receiver))
+            internal = web.AppRunner(internal_app(engine, config, token, receiver, base))
             await internal.setup()
             await web.SockSite(internal, sockets[0]).start()
             await wait_ready(urls, token, children)
             transport = ProcessesTransport(engine.transport, layout, 0, remotes)
-            base = _observability(
-                engine, source_lag=sources.lag.records if sources is not None else dict
-            )
             observability = ProcessesObservability(
                 base.registry,
                 base.health,
+                base.http,
                 peers=urls[1:],
                 token=token,
                 restarts=lambda: children.restarts,
