@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from stepstream.engine.errors import StepstreamError
+from stepstream.engine.errors import InvalidPayload, StepstreamError
 from stepstream.engine.reads.listing import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -29,7 +29,14 @@ DEFAULT_CONNECT = "http://127.0.0.1:8233"
 
 class Transport(Protocol):
     async def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None,
+        *,
+        priority: int | None = None,
+        queue_key: str | None = None,
     ) -> str: ...
 
     async def send_event(
@@ -100,20 +107,34 @@ class Client:
         *,
         instance_id: str | None = None,
         version: str | None = None,
+        priority: int | None = None,
+        queue_key: str | None = None,
     ) -> str:
         """Start an instance and return its id. Idempotent on ``instance_id``: starting an
         id that exists returns it and leaves the existing instance as it is.
 
         The instance runs the latest version of ``workflow`` that the workers have, or
         ``version`` if given (one that is still deployed; ``UnknownWorkflow`` names the
-        versions there are)."""
+        versions there are).
+
+        ``priority`` and ``queue_key`` place the instance in its workflow's queue
+        (``@workflow(queue=...)``): lower priorities are admitted first, then in order of
+        arrival; ``queue_key`` is the key (a tenant) of a ``per_key`` queue."""
         if instance_id is None:
             instance_id = str(uuid.uuid4())
         check_name(workflow, "workflow name")
         check_name(instance_id, "instance id")
         if version is not None:
             check_name(version, f"version of workflow {workflow!r}:")
-        return await self._transport.start(workflow, input, instance_id, version)
+        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+            raise InvalidPayload(
+                f"priority of instance {instance_id} must be a whole number, not {priority!r}"
+            )
+        if queue_key is not None:
+            check_name(queue_key, "queue key")
+        return await self._transport.start(
+            workflow, input, instance_id, version, priority=priority, queue_key=queue_key
+        )
 
     async def send_event(
         self, instance_id: str, name: str, payload: Any = None, *, event_id: str | None = None

@@ -179,7 +179,14 @@ class CommandPublisher(abc.ABC):
         owner records them as ignored and settles them with the reason."""
 
     async def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None = None,
+        *,
+        priority: int | None = None,
+        queue_key: str | None = None,
     ) -> str:
         check_name(instance_id, "instance id")
         check_name(workflow, "workflow name")
@@ -195,6 +202,8 @@ class CommandPublisher(abc.ABC):
                     workflow=definition.name,
                     version=definition.version,
                     input=payload,
+                    priority=priority,
+                    queue_key=queue_key,
                     traceparent=trace[0],
                     tracestate=trace[1],
                 )

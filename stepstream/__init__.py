@@ -10,6 +10,7 @@ from stepstream.engine.api.context import ChildHandle, Context, StepFailure, Ste
 from stepstream.engine.api.hook_events import StatusChangeEvent, StepErrorEvent
 from stepstream.engine.api.loops import Break, Continue
 from stepstream.engine.api.outbox import Published
+from stepstream.engine.api.queues import Queue
 from stepstream.engine.api.retry import RetryPolicy
 from stepstream.engine.api.sources import Source
 from stepstream.engine.api.workflow import workflow
@@ -71,6 +72,7 @@ __all__ = [
     "PayloadCodec",
     "PayloadTooLarge",
     "Published",
+    "Queue",
     "RaceError",
     "ResultTimeout",
     "RetryPolicy",

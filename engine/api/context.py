@@ -31,6 +31,7 @@ from stepstream.engine.api.outbox import (
     publish_body,
     published,
 )
+from stepstream.engine.api.queues import Queue, holding
 from stepstream.engine.api.retry import RetryPolicy
 from stepstream.engine.api.saga import SagaFrame, current_saga, register, roll_back
 from stepstream.engine.errors import (
@@ -113,6 +114,9 @@ class WorkflowRuntime(Protocol):
     def decide_race(self, key: str, winner: str, losers: list[str]) -> None: ...
 
     def now_ms(self) -> int: ...
+
+    @property
+    def queue_request(self) -> tuple[int, str | None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +266,7 @@ class Context:
         timeout: float | timedelta | None = None,
         compensate: Callable[[T], Any] | None = None,
         ephemeral: bool = False,
+        queue: Queue | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
 
@@ -275,6 +280,7 @@ class Context:
         timeout: float | timedelta | None = None,
         compensate: Callable[[T], Any] | None = None,
         ephemeral: bool = False,
+        queue: Queue | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, T]: ...
 
@@ -287,6 +293,7 @@ class Context:
         timeout: float | timedelta | None = None,
         compensate: Callable[[Any], Any] | None = None,
         ephemeral: bool = False,
+        queue: Queue | None = None,
         **kwargs: Any,
     ) -> Coroutine[Any, Any, Any]:
         """Run ``fn(*args, **kwargs)`` at least once, durably. Its return value is
@@ -296,19 +303,36 @@ class Context:
         ``ctx.saga``, what undoes the step (called with its result) on a rollback.
         ``ephemeral``: nothing is recorded before the body runs (one record less, one
         commit less before it starts); its result is recorded when it comes back, and a
-        crash before that runs it again. For cheap, idempotent steps."""
+        crash before that runs it again. For cheap, idempotent steps.
+        ``queue``: the step starts once the ``Queue`` admits it and frees its slot when
+        it ends (with the instance's priority and queue key); see docs/queues.md."""
         _refuse_in_step_body("ctx.step")
         limit = None if timeout is None else _seconds(timeout)
         key = self._rt.key_for(name)
-        fut = self._rt.step_future(key, fn, args, kwargs, retry, limit, ephemeral)
-        if compensate is None:
-            return _awaiting(fut)
         frame = current_saga.get()
-        if frame is None:
+        if compensate is not None and frame is None:
             raise InvalidWorkflowCall(
                 f"step {key!r} has compensate= but no enclosing ctx.saga(...) block"
             )
-        return _compensable(fut, key, compensate, frame)
+
+        def launch() -> Coroutine[Any, Any, Any]:
+            fut = self._rt.step_future(key, fn, args, kwargs, retry, limit, ephemeral)
+            if compensate is None or frame is None:
+                return _awaiting(fut)
+            return _compensable(fut, key, compensate, frame)
+
+        if queue is None:
+            return launch()
+        priority, queue_key = self._rt.queue_request
+        return holding(
+            self,
+            queue,
+            launch,
+            f"{key}#slot",
+            priority=priority,
+            key=queue_key,
+            what=f"step {key}",
+        )
 
     async def try_step(
         self,

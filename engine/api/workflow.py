@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from stepstream.engine.api.hook_events import ErrorHook, StatusHook
+from stepstream.engine.api.queues import QUEUE_WORKFLOW, Queue
 from stepstream.engine.errors import DuplicateWorkflow, UnknownWorkflow
 from stepstream.engine.wire.names import name_problem
 
@@ -28,6 +29,8 @@ class WorkflowDefinition:
     fn: WorkflowFn
     on_error: ErrorHook | None = None
     on_status_change: StatusHook | None = None
+    # Instances wait (status pending) until this queue admits them.
+    queue: Queue | None = None
 
     @property
     def has_hooks(self) -> bool:
@@ -40,6 +43,7 @@ def workflow(
     version: str = "1",
     on_error: ErrorHook | None = None,
     on_status_change: StatusHook | None = None,
+    queue: Queue | None = None,
 ) -> Callable[[F], F]:
     """Mark an ``async def fn(ctx, input)`` as a workflow named ``name``.
 
@@ -52,6 +56,10 @@ def workflow(
     this version: after the fact is durable, never on replay, at least once; sync hooks
     run on a thread, async ones on the loop. A hook that raises is retried a few times,
     then logged and dropped; it never affects the workflow.
+
+    ``queue``: a ``Queue`` whose limits every instance runs within: an instance waits
+    with status ``pending`` until the queue admits it, and frees its slot when it ends
+    (``client.start(..., priority=, queue_key=)`` orders and groups the waiters).
     """
     if not name or "/" in name:
         raise ValueError(f"workflow name {name!r} must be non-empty and must not contain '/'")
@@ -61,11 +69,13 @@ def workflow(
     for what, hook in (("on_error", on_error), ("on_status_change", on_status_change)):
         if hook is not None and not callable(hook):
             raise TypeError(f"workflow {name!r}: {what}={hook!r} is not callable")
+    if queue is not None and not isinstance(queue, Queue):
+        raise TypeError(f"workflow {name!r}: queue={queue!r} is not a stepstream.Queue")
 
     def mark(fn: F) -> F:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"workflow {name!r}: {fn.__qualname__} must be an 'async def'")
-        definition = WorkflowDefinition(name, str(version), fn, on_error, on_status_change)
+        definition = WorkflowDefinition(name, str(version), fn, on_error, on_status_change, queue)
         setattr(fn, _DEFINITION_ATTR, definition)
         return cast(F, fn)
 
@@ -147,6 +157,11 @@ class Registry:
                 self.add_module(name)
 
     def resolve(self, name: str, version: str | None = None) -> WorkflowDefinition:
+        if name == QUEUE_WORKFLOW:
+            # The engine's own: every worker runs queue instances, whatever it loaded.
+            from stepstream.engine.api.queue_service import QUEUE_DEFINITION
+
+            return QUEUE_DEFINITION
         versions = self._by_name.get(name)
         if not versions:
             known = ", ".join(sorted(self._by_name)) or "none"

@@ -8,8 +8,9 @@ from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
+from stepstream.engine.api.queues import QUEUE_ADMITTED
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.replay.state import InstanceState
+from stepstream.engine.replay.state import Entry, InstanceState
 from stepstream.engine.wire.codec import PayloadCodec, decode_safely
 from stepstream.engine.wire.records import HistoryRecord, MessagesReceived, Payload
 
@@ -34,6 +35,8 @@ class Wait:
     attempt: int = 0
     until: str | None = None
     event: str | None = None
+    # A wait for a queue's admission (kind "queue"): the queue's instance id.
+    queue: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +74,7 @@ class InstanceStatus:
     @classmethod
     def of(cls, state: InstanceState) -> InstanceStatus:
         waits = [
-            Wait(
-                key=e.key,
-                kind=e.kind.value,
-                state=e.state.value,
-                attempt=e.attempt,
-                until=None if e.fire_at_ms is None else _iso(e.fire_at_ms),
-                event=e.event_name,
-            )
+            _wait(state, e)
             for e in sorted(state.open_entries(), key=lambda e: e.seq)
             if not state.status.finished  # a cancelled instance waits for nothing
         ]
@@ -102,6 +98,22 @@ class InstanceStatus:
         )
 
 
+def _wait(state: InstanceState, entry: Entry) -> Wait:
+    queue = None
+    if entry.names and entry.names[0].startswith(QUEUE_ADMITTED):
+        request = state.entries.get(f"{entry.key}#acquire")
+        queue = request.child_id if request is not None else None
+    return Wait(
+        key=entry.key,
+        kind="queue" if queue else entry.kind.value,
+        state=entry.state.value,
+        attempt=entry.attempt,
+        until=None if entry.fire_at_ms is None else _iso(entry.fire_at_ms),
+        event=entry.event_name,
+        queue=queue,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class HistoryEntry:
     seq: int
@@ -121,14 +133,19 @@ class HistoryEntry:
     def of(cls, record: HistoryRecord, codec: PayloadCodec) -> HistoryEntry:
         attributes: dict[str, Any] = {}
         for f in fields(record):
-            if f.name in _ENVELOPE:
+            value = getattr(record, f.name)
+            if f.name in _ENVELOPE or (value is None and f.name in SHOWN_WHEN_SET):
                 continue
-            attributes[f.name] = _plain(getattr(record, f.name), codec)
+            attributes[f.name] = _plain(value, codec)
         if isinstance(record, MessagesReceived):  # payloads as one decoded list
             del attributes["content_types"], attributes["data"]
             attributes["payloads"] = [_plain(p, codec) for p in record.payloads]
         return cls(record.seq, record.type, _iso(record.time_ms), record.command_id, attributes)
 
+
+# Fields of a later schema version a record of an earlier one lacks: shown when set, so
+# the histories of workflows that do not use them read as before.
+SHOWN_WHEN_SET = frozenset({"priority", "queue_key"})
 
 _ENVELOPE = frozenset(
     {"instance_id", "seq", "time_ms", "command_id", "epoch", "traceparent", "tracestate"}

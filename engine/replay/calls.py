@@ -43,6 +43,11 @@ class CallsMixin(DrivingMixin):
     """What ``Context`` calls (``engine.api.context.WorkflowRuntime``): each finds its
     replay key in the state and returns the recorded outcome, or records a new entry."""
 
+    @property
+    def queue_request(self) -> tuple[int, str | None]:
+        """(priority, queue key) the instance was started with."""
+        return self.state.queue_request
+
     def key_for(self, name: str) -> str:
         """The replay key of the next use of ``name`` in the current scope: the name
         itself the first time, ``name#n`` the nth time, prefixed with the scope."""
@@ -264,7 +269,8 @@ class CallsMixin(DrivingMixin):
             what=f"message {name!r} from instance {self.state.instance_id}",
         )
         self._emit(MessageSent, key=key, target=target, name=name, payload=encoded)
-        self._out.commands.append((self.state.instance_id, self._message(self.state.entries[key])))
+        entry = self.state.entries[key]
+        self._publish_message(entry, self._message(entry))
 
     def complete_message(self, message_id: str, value: Any) -> None:
         """Answer a message (a client's request() gets ``value``); once per message."""

@@ -10,6 +10,7 @@ from traceback import format_exception
 from typing import Any
 
 from stepstream.engine.api.context import Context
+from stepstream.engine.api.queues import queued_run
 from stepstream.engine.api.retry import DEFAULT_RETRY
 from stepstream.engine.errors import (
     HistoryDiverged,
@@ -17,6 +18,7 @@ from stepstream.engine.errors import (
     PayloadTooLarge,
     StepstreamError,
 )
+from stepstream.engine.replay.admission import AdmissionMixin
 from stepstream.engine.replay.core import WORKFLOW_TRACEBACK
 from stepstream.engine.replay.effects import (
     FORGET_AT_LEAST,
@@ -53,7 +55,7 @@ from stepstream.engine.wire.records import (
 )
 
 
-class DrivingMixin(OutgoingMixin):
+class DrivingMixin(OutgoingMixin, AdmissionMixin):
     """Running the workflow code until it blocks, and acting on what it asked for:
     attempts to start, sleeps and waits to arm, the end of the run."""
 
@@ -102,7 +104,12 @@ class DrivingMixin(OutgoingMixin):
                 return
             self._fail_workflow("InvalidPayload", message)
             return
-        coro = self.definition.fn(self._context(), arg)
+        queue = self.definition.queue
+        if queue is None:
+            coro = self.definition.fn(self._context(), arg)
+        else:
+            priority, queue_key = self.state.queue_request
+            coro = queued_run(self._context(), queue, self.definition.fn, arg, priority, queue_key)
         self._task = self._loop.create_task(coro)  # type: ignore[arg-type]
 
     def _drive_with_retries_due(self) -> None:
@@ -364,6 +371,7 @@ class DrivingMixin(OutgoingMixin):
             assert entry.timer_id is not None
             self._timer(TimerCancelled, timer_id=entry.timer_id)
         self._give_up_attempts(self.state.open_entries())
+        self._withdraw_from_queues()
         self._emit(cls, **attrs)
         if self.state.parent_id:
             self._notify_parent()

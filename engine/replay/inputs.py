@@ -48,6 +48,8 @@ def on_start(rt: InstanceRuntime, msg: StartWorkflow) -> None:
         workflow=rt.definition.name,
         version=rt.definition.version,
         input=msg.input,
+        priority=msg.priority,
+        queue_key=msg.queue_key,
     )
     rt._drive()
 

@@ -94,7 +94,7 @@ class InstanceRuntime(CallsMixin):
         # them (Kafka); the receiver applies a message's command id once.
         for entry in self.state.entries.values():
             if entry.kind is EntryKind.SENT:
-                self._out.commands.append((self.state.instance_id, self._message(entry)))
+                self._publish_message(entry, self._message(entry))
         # Timers that fell due while no one ran the instance are armed again: a fire that
         # was dropped (a parked instance's retry, a retry an older version's drain held
         # back) would leave it waiting for ever; a second fire changes nothing.

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from stepstream.engine.api.queues import QUEUE_ADMITTED
 from stepstream.engine.errors import StepstreamError
 from stepstream.engine.replay.ids import (
     is_client_command,
@@ -77,6 +78,11 @@ _ALLOWED: dict[Status, frozenset[Status]] = {
     Status.FAILED: frozenset(),
     Status.CANCELLED: frozenset(),
 }
+
+
+def _admission(names: list[str]) -> bool:
+    """Whether a message wait is for a queue's admission."""
+    return bool(names) and names[0].startswith(QUEUE_ADMITTED)
 
 
 class InvalidTransition(StepstreamError):
@@ -177,6 +183,8 @@ class InstanceState:
     # The parent of a child workflow, and the child's key in it ("" for other instances).
     parent_id: str = ""
     parent_key: str = ""
+    # Where a queued workflow waits: (priority, queue key), from its start.
+    queue_request: tuple[int, str | None] = (0, None)
     # The W3C trace context of the start: records caused by step outcomes and timer
     # fires (which carry none of their own) join the trace the client started.
     traceparent: str | None = None
@@ -246,13 +254,15 @@ class InstanceState:
                 self.new_input = True
                 self.created_ms = record.time_ms
                 self.status = Status.PENDING
+                self.queue_request = (record.priority or 0, record.queue_key)
                 self.traceparent = record.traceparent
                 self.tracestate = record.tracestate
                 parent = parse_child_command(record.command_id)
                 if parent is not None:
                     self.parent_id, self.parent_key = parent
             case MessageWaitStarted():
-                self._running()
+                if not _admission(record.names):  # waiting for a queue keeps it pending
+                    self._running()
                 entry = self._entry(record.key, EntryKind.WAIT, EntryState.WAITING, record.seq)
                 entry.names = list(record.names)
                 self.open_wait(entry)
@@ -261,6 +271,8 @@ class InstanceState:
                     entry.timer_id = timer_id(self.instance_id, "wait", record.key, record.seq)
                     entry.fire_at_ms = record.timeout_at_ms
             case MessagesReceived():
+                if _admission(record.names):
+                    self._running()
                 entry = self._touch(record.key)
                 entry.state = EntryState.SATISFIED
                 entry.timer_id = entry.fire_at_ms = None

@@ -117,6 +117,7 @@ def meta_json(state: InstanceState) -> bytes:
         "pk": state.parked,
         "pi": [state.parent_id, state.parent_key] if state.parent_id else None,
         "tp": [state.traceparent, state.tracestate] if state.traceparent else None,
+        "qr": list(state.queue_request) if state.queue_request != (0, None) else None,
         "bn": len(state.buffered) + state.unread_buffered,
         "rc": list(state.recent_commands),
     }
@@ -164,6 +165,7 @@ def state_from_storage(
         parent_key=(raw.get("pi") or ["", ""])[1],
         traceparent=(raw.get("tp") or [None, None])[0],
         tracestate=(raw.get("tp") or [None, None])[1],
+        queue_request=(raw["qr"][0], raw["qr"][1]) if raw.get("qr") else (0, None),
         buffered=[
             BufferedEvent(b[0], _payload_req(b[1]), b[2], b[3], b[4] if len(b) > 4 else 0)
             for b in rows

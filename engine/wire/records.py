@@ -64,6 +64,10 @@ class StartWorkflow(Command):
     workflow: str
     version: str | None = None
     input: Payload
+    # Where the instance waits in its workflow's queue (lower first), and the key of a
+    # per_key queue; both ignored by a workflow without a queue.
+    priority: int | None = None
+    queue_key: str | None = None
 
 
 @record
@@ -106,6 +110,8 @@ class WorkflowStarted(HistoryRecord):
     workflow: str
     version: str
     input: Payload
+    priority: int | None = None
+    queue_key: str | None = None
 
 
 @record

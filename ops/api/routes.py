@@ -35,7 +35,13 @@ from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.replay.state import Status
 from stepstream.engine.wire.codec import parse_json_text
 from stepstream.ops.api.security import ApiSecurity
-from stepstream.ops.api.session import CommandWaiter, Session, check_fields, string_field
+from stepstream.ops.api.session import (
+    CommandWaiter,
+    Session,
+    check_fields,
+    queue_fields,
+    string_field,
+)
 from stepstream.ops.api.ui.routes import TransportSource, add_ui_routes
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport
@@ -191,7 +197,9 @@ class _Api:
 
     async def start(self, request: web.Request) -> web.Response:
         body = await _body(
-            request, required=("workflow",), optional=("input", "instance_id", "version")
+            request,
+            required=("workflow",),
+            optional=("input", "instance_id", "version", "priority", "queue_key"),
         )
         workflow = string_field(body, "workflow")
         instance_id = (
@@ -200,7 +208,11 @@ class _Api:
         # A version pins the instance to it; absent or null, it gets the latest.
         version = string_field(body, "version") if body.get("version") is not None else None
         started = await self._transport.start(
-            workflow, body.get("input"), instance_id or str(uuid.uuid4()), version
+            workflow,
+            body.get("input"),
+            instance_id or str(uuid.uuid4()),
+            version,
+            **queue_fields(body),
         )
         return web.json_response({"instance_id": started}, status=201)
 

@@ -40,7 +40,7 @@ log = logging.getLogger("stepstream.api")
 # Session calls that are commands (``cancel`` withdraws a call of the session itself),
 # with their required and optional fields (those of their HTTP routes, and the instance).
 _COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "start": (("workflow",), ("input", "instance_id", "version")),
+    "start": (("workflow",), ("input", "instance_id", "version", "priority", "queue_key")),
     "send_event": (("instance_id", "name"), ("payload", "event_id")),
     "cancel_workflow": (("instance_id",), ("reason",)),
     "pause": (("instance_id",), ()),
@@ -208,7 +208,11 @@ class Session:
             instance_id = string_field(call, "instance_id") if given is not None else ""
             version = string_field(call, "version") if call.get("version") is not None else None
             started = await transport.start(
-                workflow, call.get("input"), instance_id or str(uuid.uuid4()), version
+                workflow,
+                call.get("input"),
+                instance_id or str(uuid.uuid4()),
+                version,
+                **queue_fields(call),
             )
             return {"instance_id": started}
         instance_id = string_field(call, "instance_id")
@@ -401,3 +405,13 @@ def check_fields(
         problems = [f"missing {', '.join(missing)}"] if missing else []
         problems += [f"unknown {', '.join(unknown)}"] if unknown else []
         raise InvalidPayload(f"{what} fields: {'; '.join(problems)} (fields: {known})")
+
+
+def queue_fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A start's place in its workflow's queue: ``priority`` (a whole number, lower
+    first) and ``queue_key`` (a per_key queue's key), each optional."""
+    priority = body.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise InvalidPayload(f"field 'priority' must be a whole number, got {priority!r}")
+    queue_key = string_field(body, "queue_key") if body.get("queue_key") is not None else None
+    return {"priority": priority, "queue_key": queue_key}

@@ -43,9 +43,18 @@ class ProcessesTransport:
         return self._all[self._layout.process_of(instance_id)]
 
     async def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None = None,
+        *,
+        priority: int | None = None,
+        queue_key: str | None = None,
     ) -> str:
-        return await self._to(instance_id).start(workflow, input, instance_id, version)
+        return await self._to(instance_id).start(
+            workflow, input, instance_id, version, priority=priority, queue_key=queue_key
+        )
 
     async def send_event(
         self, instance_id: str, name: str, payload: Any, event_id: str | None = None

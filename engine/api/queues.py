@@ -1,0 +1,195 @@
+"""``Queue``: limits on how many instances (or step calls) run at once and how many are
+admitted per time window, held across every worker of the group.
+
+Each queue (each queue and key, with ``per_key=True``) is one engine-owned instance,
+``~queue/<name>[/<key>]``, running the workflow ``engine.api.queue_service`` defines. Its
+instance id puts it on one partition, so one owner decides every admission, as commands
+applied in that partition's commits: durable, replay-safe, applied once, and surviving a
+kill -9 or a change of owner like any instance.
+
+What asks for a slot (this module, from the asking instance's workflow code):
+
+1. sends ``queue.acquire`` to the queue instance (a recorded message, published with the
+   commit; ``engine.replay.admission`` starts the queue instance with it);
+2. waits for ``queue.admitted/<key>`` (a durable message wait; a workflow waiting here
+   keeps status ``pending``). Its payload says when the queue admitted it;
+3. sends ``queue.release`` when it is done. A cancelled instance withdraws what it
+   asked for (``engine.replay.admission.withdraw``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from stepstream.engine.wire.codec import decode_safely
+from stepstream.engine.wire.names import name_problem
+
+if TYPE_CHECKING:
+    from stepstream.engine.api.context import Context
+
+T = TypeVar("T")
+
+# The engine's instance of each queue, the messages an instance sends it, and the one it
+# answers with (the name ends with the asker's replay key).
+QUEUE_INSTANCE_PREFIX = "~queue/"
+QUEUE_WORKFLOW = "stepstream.queue"
+QUEUE_ACQUIRE = "queue.acquire"
+QUEUE_RELEASE = "queue.release"
+QUEUE_ADMITTED = "queue.admitted/"
+# The name of an admission's replay key (``queue``, ``queue#2``, ``scope/queue``).
+WORKFLOW_SLOT = "queue"
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """A limit shared by every worker: at most ``concurrency`` holders at once, at most
+    ``rate[0]`` admissions per ``rate[1]`` seconds. ``per_key=True`` keeps the limits
+    for each key (``queue_key=``, a tenant) apart. Waiters are admitted by priority
+    (lower number first), then in arrival order."""
+
+    name: str
+    concurrency: int | None = None
+    rate: tuple[int, float] | None = None
+    per_key: bool = False
+
+    def __post_init__(self) -> None:
+        problem = name_problem(self.name)
+        if problem is None and "/" in self.name:
+            problem = "must not contain '/'"
+        if problem is not None:
+            raise ValueError(f"queue name {self.name!r} {problem}")
+        if self.concurrency is None and self.rate is None:
+            raise ValueError(
+                f"queue {self.name!r} has no limit: give concurrency=N, rate=(N, seconds) or both"
+            )
+        if self.concurrency is not None and (
+            not isinstance(self.concurrency, int) or self.concurrency < 1
+        ):
+            raise ValueError(
+                f"queue {self.name!r}: concurrency must be a whole number of at least 1, "
+                f"not {self.concurrency!r}"
+            )
+        if self.rate is not None:
+            count, window = self.rate
+            if not isinstance(count, int) or count < 1 or not window > 0:
+                raise ValueError(
+                    f"queue {self.name!r}: rate must be (admissions, seconds) with at least "
+                    f"1 admission and a window above 0 s, not {self.rate!r}"
+                )
+
+    def instance_id(self, key: str | None = None) -> str:
+        """The id of the engine's instance that holds this queue (for ``key``)."""
+        if self.per_key and key:
+            return f"{QUEUE_INSTANCE_PREFIX}{self.name}/{key}"
+        return f"{QUEUE_INSTANCE_PREFIX}{self.name}"
+
+    def limits(self) -> dict[str, Any]:
+        """The limits as the queue instance reads them (each request carries them, so
+        the newest deployment's limits hold)."""
+        return {
+            "concurrency": self.concurrency,
+            "rate": None if self.rate is None else [self.rate[0], float(self.rate[1])],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """A slot a queue admitted: release it when done."""
+
+    queue: str
+    target: str
+    key: str
+    admitted_ms: int
+
+
+async def acquire(
+    ctx: Context,
+    queue: Queue,
+    slot_key: str,
+    *,
+    priority: int = 0,
+    key: str | None = None,
+    what: str = "",
+) -> Slot:
+    """Ask ``queue`` for a slot and wait until it is admitted (durably: a crash or a
+    move of the instance meanwhile changes nothing). ``slot_key`` is the replay key of
+    the wait, made in the calling task."""
+    rt = ctx._rt
+    target = queue.instance_id(key)
+    rt.send_message(
+        f"{slot_key}#acquire",
+        target,
+        QUEUE_ACQUIRE,
+        {
+            "instance": rt.instance_id,
+            "key": slot_key,
+            "priority": int(priority),
+            "what": what,
+            "queue": queue.name,
+            "queue_key": key if queue.per_key else None,
+            "limits": queue.limits(),
+        },
+    )
+    [(_, _, payload, _)] = await rt.message_future(
+        slot_key, [f"{QUEUE_ADMITTED}{slot_key}"], 1, None
+    )
+    admitted = decode_safely(rt.codec, payload)
+    return Slot(queue.name, target, slot_key, int(admitted.get("admitted_ms", 0)))
+
+
+def release(ctx: Context, slot: Slot) -> None:
+    """Give ``slot`` back (recorded; the queue admits the next waiter)."""
+    rt = ctx._rt
+    rt.send_message(
+        f"{slot.key}#release",
+        slot.target,
+        QUEUE_RELEASE,
+        {"instance": rt.instance_id, "key": slot.key},
+    )
+
+
+async def holding(
+    ctx: Context,
+    queue: Queue,
+    run: Callable[[], Awaitable[T]],
+    slot_key: str,
+    *,
+    priority: int = 0,
+    key: str | None = None,
+    what: str = "",
+) -> T:
+    """``run()`` inside a slot of ``queue``: admitted first, released when it returns or
+    raises. Not on an eviction or a task's cancellation (BaseException: the code did not
+    end, or ends without running on); a slot still held when the instance finishes is
+    given back then (``engine.replay.admission.withdraw``)."""
+    slot = await acquire(ctx, queue, slot_key, priority=priority, key=key, what=what)
+    try:
+        result = await run()
+    except Exception:
+        release(ctx, slot)
+        raise
+    release(ctx, slot)
+    return result
+
+
+async def queued_run(
+    ctx: Context,
+    queue: Queue,
+    fn: Callable[[Context, Any], Awaitable[Any]],
+    arg: Any,
+    priority: int,
+    key: str | None,
+) -> Any:
+    """A workflow of ``@workflow(queue=...)``: its code runs once the queue admits it
+    (till then the instance is ``pending``), and its slot is released when it ends."""
+    return await holding(
+        ctx,
+        queue,
+        lambda: fn(ctx, arg),
+        ctx._rt.key_for(WORKFLOW_SLOT),
+        priority=priority,
+        key=key,
+        what=f"workflow {ctx.workflow}",
+    )
