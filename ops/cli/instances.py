@@ -33,11 +33,18 @@ def _start(args: argparse.Namespace) -> int:
         raise UsageError("--version is empty; give a deployed version, or leave it out")
     if args.timeout is not None and not args.wait:
         raise UsageError("--timeout only applies with --wait")
+    if args.queue_key is not None and not args.queue_key.strip():
+        raise UsageError("--queue-key is empty; give the key (a tenant), or leave it out")
     timeout_flag(args.timeout)
 
     async def command(client: Client) -> int:
         instance_id = await client.start(
-            args.workflow, value, instance_id=args.id, version=args.version
+            args.workflow,
+            value,
+            instance_id=args.id,
+            version=args.version,
+            priority=args.priority,
+            queue_key=args.queue_key,
         )
         if not args.wait:
             render.output(args, {"instance_id": instance_id}, instance_id)
@@ -157,6 +164,19 @@ COMMANDS = (
                 help="run this version of the workflow, one the engine still has (default: "
                 "the latest: the highest when versions are whole numbers, else the last "
                 "declared)",
+            ),
+            arg(
+                "--priority",
+                type=int,
+                metavar="N",
+                help="for a workflow with a queue: lower numbers are admitted first, then "
+                "in order of arrival (default: 0); see docs/queues.md",
+            ),
+            arg(
+                "--queue-key",
+                metavar="KEY",
+                help="for a workflow whose queue has per_key=True: the key (a tenant) whose "
+                "limits this instance counts against",
             ),
             arg("--wait", action="store_true", help="wait for the result and print it"),
             arg(

@@ -75,6 +75,8 @@ def describe_status(status: InstanceStatus) -> str:
 
 def _describe_wait(wait: Wait) -> str:
     details = [wait.state]
+    if wait.queue:
+        details.append(f"for a slot of {wait.queue}")
     if wait.event:
         details.append(f"event {wait.event}")
     if wait.attempt:

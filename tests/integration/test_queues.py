@@ -1,0 +1,121 @@
+"""Queues on the embedded engine, through the public client: the limits hold (from the
+recorded admission and release times), priority orders the waiters, per_key keeps keys
+apart, a waiting instance shows what it waits for, a cancel gives its slot back, and a
+step's queue limits its calls."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from stepstream import Client
+from stepstream.engine.api.workflow import Registry
+from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from tests.queue_checks import most_at_once, most_per_window, slot_spans
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[Client]:
+    registry = Registry()
+    registry.add_module("tests.queue_workflows")
+    engine = await open_embedded(
+        registry, EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=4)
+    )
+    async with Client(engine.make_transport(owns_engine=True)) as c:
+        yield c
+
+
+async def until_status(client: Client, instance_id: str, status: str) -> None:
+    for _ in range(500):
+        if (await client.status(instance_id)).status == status:
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{instance_id} never got {status}: {await client.status(instance_id)}")
+
+
+async def test_200_instances_never_more_than_concurrency_at_once(client: Client) -> None:
+    ids = [await client.start("pooled", 0.05, instance_id=f"p-{n}") for n in range(200)]
+    assert [await client.result(i, timeout=120) for i in ids] == [0.05] * 200
+    spans = [s for i in ids for s in slot_spans(await client.history(i))]
+    assert len(spans) == 200
+    assert 1 < most_at_once(spans) <= 5
+
+
+async def test_rate_admits_at_most_rate_per_window(client: Client) -> None:
+    ids = [await client.start("paced", None, instance_id=f"r-{n}") for n in range(40)]
+    for i in ids:
+        assert await client.result(i, timeout=60) == i
+    admitted = [a for i in ids for a, _ in slot_spans(await client.history(i))]
+    assert most_per_window(admitted, 500) <= 10
+    # 40 at 10 per 0.5 s: the last window opens 1.5 s after the first.
+    assert max(admitted) - min(admitted) >= 1500
+
+
+async def test_waiters_go_by_priority_then_arrival_and_show_their_wait(client: Client) -> None:
+    await client.start("gate", None, instance_id="holder")
+    await until_status(client, "holder", "running")
+    order = [("low-1", 5), ("high-1", 1), ("low-2", 5), ("default", None), ("high-2", 1)]
+    for instance_id, priority in order:
+        await client.start("quick", None, instance_id=instance_id, priority=priority)
+    waiting = await client.status("high-2")
+    assert waiting.status == "pending"
+    [wait] = waiting.to_json()["waits"]
+    assert wait["kind"] == "queue" and wait["queue"] == "~queue/single"
+    await asyncio.sleep(0.5)  # every request has reached the queue
+    await client.send_event("holder", "go", None)
+    ids = [i for i, _ in order]
+    for i in ids:
+        assert await client.result(i, timeout=30) == i
+    admitted = {i: slot_spans(await client.history(i))[0][0] for i in ids}
+    assert sorted(ids, key=admitted.__getitem__) == [
+        "default",
+        "high-1",
+        "high-2",
+        "low-1",
+        "low-2",
+    ]
+
+
+async def test_per_key_limits_each_key_apart(client: Client) -> None:
+    await client.start("tenant", None, instance_id="a-1", queue_key="a")
+    await client.start("tenant", None, instance_id="b-1", queue_key="b")
+    await until_status(client, "a-1", "running")
+    await until_status(client, "b-1", "running")  # another key: not held up by a-1
+    await client.start("tenant", None, instance_id="a-2", queue_key="a")
+    await asyncio.sleep(0.3)
+    assert (await client.status("a-2")).status == "pending"
+    assert (await client.status("a-2")).waits[0].queue == "~queue/tenants/a"
+    await client.send_event("a-1", "go", None)
+    await until_status(client, "a-2", "running")
+    for i in ("b-1", "a-2"):
+        await client.send_event(i, "go", None)
+        assert await client.result(i, timeout=30) == i
+
+
+async def test_cancelled_waiter_and_holder_give_their_slots_back(client: Client) -> None:
+    await client.start("gate", None, instance_id="first")
+    await until_status(client, "first", "running")
+    await client.start("gate", None, instance_id="waiter")
+    await asyncio.sleep(0.2)
+    await client.cancel("waiter", reason="not needed")
+    await client.start("gate", None, instance_id="second")
+    await client.cancel("first", reason="done with it")  # a holder: its slot goes to "second"
+    await until_status(client, "second", "running")
+    await client.send_event("second", "go", None)
+    assert await client.result("second", timeout=30) == "second"
+    # The withdrawn waiter was never admitted, and nothing holds the one slot now.
+    assert not [e for e in await client.history("waiter") if e.type == "MessagesReceived"]
+    await client.start("quick", None, instance_id="after")
+    assert await client.result("after", timeout=30) == "after"
+
+
+async def test_a_step_queue_limits_its_calls_across_instances(client: Client) -> None:
+    ids = [await client.start("calls", 6, instance_id=f"c-{n}") for n in range(8)]
+    for i in ids:
+        assert await client.result(i, timeout=60) == [0.03] * 6
+    spans = [s for i in ids for s in slot_spans(await client.history(i), "#slot")]
+    assert len(spans) == 48
+    assert 1 < most_at_once(spans) <= 2

@@ -1,0 +1,56 @@
+"""Workflows with queues for the queue tests (loaded by in-process engines, `stepstream
+dev` and `stepstream worker` alike)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from stepstream import Context, Queue, workflow
+
+pool = Queue("pool", concurrency=5)
+paced = Queue("paced", rate=(10, 0.5))
+single = Queue("single", concurrency=1)
+tenants = Queue("tenants", concurrency=1, per_key=True)
+api = Queue("api", concurrency=2)
+
+
+async def work(seconds: float) -> float:
+    await asyncio.sleep(seconds)
+    return seconds
+
+
+@workflow("pooled", queue=pool)
+async def pooled(ctx: Context, seconds: float) -> float:
+    return await ctx.step("work", work, seconds)
+
+
+@workflow("paced", queue=paced)
+async def paced_run(ctx: Context, _: Any) -> str:
+    return ctx.instance_id
+
+
+@workflow("gate", queue=single)
+async def gate(ctx: Context, _: Any) -> str:
+    """Holds its slot of ``single`` until it gets the event ``go``."""
+    await ctx.wait_for_event("go")
+    return ctx.instance_id
+
+
+@workflow("quick", queue=single)
+async def quick(ctx: Context, _: Any) -> str:
+    return ctx.instance_id
+
+
+@workflow("tenant", queue=tenants)
+async def tenant(ctx: Context, _: Any) -> str:
+    await ctx.wait_for_event("go")
+    return ctx.instance_id
+
+
+@workflow("calls")
+async def calls(ctx: Context, count: int) -> list[float]:
+    """``count`` steps at once, each within a slot of ``api``."""
+    return list(
+        await asyncio.gather(*(ctx.step("call", work, 0.03, queue=api) for _ in range(count)))
+    )
