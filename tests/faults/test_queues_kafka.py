@@ -1,0 +1,79 @@
+"""Queues on the Kafka backend, with two `stepstream worker` processes in one group: the
+limits hold across both (from recorded admission and release times) while one worker is
+killed with -9 holding slots and a new one takes its place."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from stepstream import Client
+from stepstream.consumers.kafka import create_topics
+from tests.conftest import KAFKA_TEST_OPTIONS, kafka_settings, kafka_url
+from tests.kafka_broker import Broker
+from tests.processes import launch, repo_env, worker_command
+from tests.queue_checks import most_at_once, most_per_window, slot_spans
+
+pytestmark = [pytest.mark.slow, pytest.mark.kafka]
+
+PARTITIONS = 4
+
+
+async def test_limits_hold_across_two_workers_and_a_kill_9(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    settings = kafka_settings(kafka_broker)
+    create_topics(settings, PARTITIONS)
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def worker(name: str) -> subprocess.Popen[bytes]:
+        command = worker_command(
+            "tests.queue_workflows",
+            settings.bootstrap,
+            settings.prefix,
+            tmp_path / name,
+            KAFKA_TEST_OPTIONS,
+        )
+        proc, _ = launch(command, env=repo_env(), log=tmp_path / f"{name}.log")
+        procs.append(proc)
+        return proc
+
+    try:
+        first, _second = worker("w1"), worker("w2")
+        async with Client.connect(kafka_url(settings)) as client:
+            pooled = [f"p-{n}" for n in range(200)]
+            paced = [f"r-{n}" for n in range(40)]
+            for n, instance_id in enumerate(pooled):
+                await client.start("pooled", 0.05, instance_id=instance_id)
+                if n < len(paced):
+                    await client.start("paced", None, instance_id=paced[n])
+            # Once some have finished, slots are held on both workers: kill one.
+            for instance_id in pooled[:20]:
+                await client.result(instance_id, timeout=120)
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(10)
+            worker("w3")
+            for instance_id in pooled:
+                assert await client.result(instance_id, timeout=240) == 0.05, instance_id
+            for instance_id in paced:
+                assert await client.result(instance_id, timeout=240) == instance_id
+            spans = [s for i in pooled for s in slot_spans(await client.history(i))]
+            admitted = [a for i in paced for a, _ in slot_spans(await client.history(i))]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    assert len(spans) == 200 and len(admitted) == 40
+    assert 1 < most_at_once(spans) <= 5
+    assert most_per_window(admitted, 500) <= 10
+    assert max(admitted) - min(admitted) >= 1500
