@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol, cast, runtime_checkable
 
 from stepstream.consumers import failure_log
+from stepstream.consumers.queue_telemetry import QueueTelemetry
+from stepstream.engine.api.queues import QUEUE_INSTANCE_PREFIX
 from stepstream.engine.wire.records import (
     HistoryRecord,
     StepAttemptStarted,
@@ -220,6 +222,7 @@ class Telemetry:
         self.cache_hits = 0
         self.cache_misses = 0
         self.rebalances = 0
+        self.queues = QueueTelemetry(lambda: Histogram(LATENCY_BUCKETS_S))
         self._spans: SpanSink | None = None
         self._step_flat: FlatStepSink | None = None
         # When each running attempt was durably started:
@@ -286,6 +289,8 @@ class Telemetry:
             started = self._started[partition] = {}
         for record in history:  # by exact type: every record of every commit passes here
             kind = type(record)
+            if record.instance_id.startswith(QUEUE_INSTANCE_PREFIX):
+                self.queues.recorded(partition, record, touched.get(record.instance_id))
             if kind is StepAttemptStarted:
                 attempt = cast(StepAttemptStarted, record)
                 attempts = started.get(record.instance_id)
@@ -400,3 +405,4 @@ class Telemetry:
         its last restore's duration (its new owner reports that)."""
         self._started.pop(partition, None)
         self.restore_seconds.pop(partition, None)
+        self.queues.partition_released(partition)

@@ -18,8 +18,6 @@ State carried from one iteration to the next (a JSON object):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from stepstream.engine.api.loops import Continue
@@ -38,21 +36,6 @@ if TYPE_CHECKING:
 BATCH = 500
 # Iterations whose records are kept (the rest are pruned from state and history).
 KEEP = 2
-
-
-@dataclass(frozen=True, slots=True)
-class QueueStats:
-    """What a queue's owner last decided, for metrics and ``status``."""
-
-    queue: str
-    waiting: int
-    running: int
-    admission_waits_ms: tuple[int, ...] = ()
-
-
-# Called after each decision of a queue this process owns (metrics). Not part of what
-# the workflow decides: an observer sees a replayed iteration again.
-observers: list[Callable[[QueueStats], None]] = []
 
 
 def _token(instance: str, key: str) -> str:
@@ -135,14 +118,6 @@ async def _iteration(ctx: Context, state: dict[str, Any]) -> Continue[dict[str, 
             f"{QUEUE_ADMITTED}{key}",
             {"queue": ctx.instance_id, "admitted_ms": now, "waited_ms": waited},
         )
-    stats = QueueStats(
-        ctx.instance_id,
-        len(state["waiting"]),
-        len(state["running"]),
-        tuple(w for _, _, w in admitted),
-    )
-    for observe in observers:
-        observe(stats)
     return Continue(state)
 
 

@@ -190,6 +190,26 @@ class EngineCollector(Collector):
             ["reason"],
             {(reason,): t.dead_letters[reason] for reason in DEAD_LETTER_REASONS},
         )
+        sizes = t.queues.sizes()
+        yield _gauge(
+            "stepstream_queue_waiting",
+            "Instances and step calls waiting for a slot, by queue (the queues whose "
+            "partition this process owns; a per_key queue's keys summed).",
+            ["queue"],
+            {(q,): w for q, (w, _) in sizes.items()},
+        )
+        yield _gauge(
+            "stepstream_queue_running",
+            "Slots held (admitted, not released yet), by queue.",
+            ["queue"],
+            {(q,): r for q, (_, r) in sizes.items()},
+        )
+        yield _histograms(
+            "stepstream_queue_admission_wait_seconds",
+            "From a request for a slot reaching its queue to its admission, by queue.",
+            ["queue"],
+            {(q,): h for q, h in t.queues.admission_wait_seconds.items()},
+        )
         gauges = self._host.gauges()
         yield _gauge(
             "stepstream_timers_pending",

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,19 @@ from tests.queue_checks import most_at_once, slot_spans
 pytestmark = pytest.mark.slow
 
 WORKFLOWS = (Path(__file__).parents[1] / "queue_workflows.py").read_text()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Each series of /metrics without its process label, summed over the processes."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("stepstream_queue_"):
+            series, value = line.rsplit(" ", 1)
+            series = re.sub(r',?process="[^"]*"', "", series).replace("{,", "{")
+            out[series] = out.get(series, 0.0) + float(value)
+    return out
 
 
 async def run_pooled(url: str, count: int) -> list[tuple[int, int]]:
@@ -46,6 +61,12 @@ def test_a_queue_limits_both_processes_and_status_shows_the_wait(tmp_path: Path)
         assert [(w["kind"], w["queue"]) for w in shown["waits"]] == [("queue", "~queue/single")]
         text = dev.cli("status", "next").stdout
         assert "for a slot of ~queue/single" in text, text
+        # The queues' owners count what they recorded (summed over both processes).
+        metrics = scrape(dev.url)
+        assert metrics['stepstream_queue_waiting{queue="single"}'] == 1
+        assert metrics['stepstream_queue_running{queue="single"}'] == 1
+        assert metrics['stepstream_queue_running{queue="pool"}'] == 0
+        assert metrics['stepstream_queue_admission_wait_seconds_count{queue="pool"}'] == 200
         assert dev.cli("send", "holder", "go").returncode == 0
         done = dev.cli("result", "next", "--json", "--timeout", "30")
         assert json.loads(done.stdout)["result"] == "next", done.stderr
