@@ -51,6 +51,9 @@ def test_a_queue_limits_both_processes_and_status_shows_the_wait(tmp_path: Path)
 
         started = dev.cli("start", "gate", "--id", "holder")
         assert started.returncode == 0, started.stderr
+        for _ in range(100):  # admitted first: "next" waits behind it
+            if json.loads(dev.cli("status", "holder", "--json").stdout)["status"] == "running":
+                break
         waiting = dev.cli("start", "quick", "--id", "next", "--priority", "3")
         assert waiting.returncode == 0, waiting.stderr
         for _ in range(100):

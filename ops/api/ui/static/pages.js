@@ -157,7 +157,8 @@ export async function instancePage(main, id) {
     const waits = s.waits.length
       ? scroll(h("table", { class: "data", id: "waits" }, headRow("Key", "Kind", "State", "Attempt", "Until", "Event"),
         h("tbody", {}, ...s.waits.map((w) => h("tr", {}, h("td", {}, w.key), h("td", {}, w.kind), h("td", {}, w.state),
-          h("td", {}, w.attempt || ""), h("td", {}, when(w.until)), h("td", {}, w.event || ""))))))
+          h("td", {}, w.attempt || ""), h("td", {}, when(w.until)),
+          h("td", {}, w.queue ? `a slot of queue ${w.queue}` : w.event || ""))))))
       : h("p", {}, live ? "Nothing: it is between steps." : "Nothing: it has finished.");
     const children = latest.timeline.filter((r) => r.kind === "child");
     data.replaceChildren(
