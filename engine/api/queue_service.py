@@ -89,7 +89,7 @@ def admit(state: dict[str, Any], now: int) -> list[tuple[str, str, int]]:
         if concurrency is not None and len(running) >= int(concurrency):
             break
         if rate and len(admitted) >= int(rate[0]):
-            wake = admitted[-int(rate[0])] + window_ms + 1
+            wake = admitted[-int(rate[0])] + window_ms  # it leaves the window then
             break
         _, _, instance, key, arrived, what = waiting.pop(0)
         running[_token(instance, key)] = [instance, key, now, what]
