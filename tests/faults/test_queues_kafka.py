@@ -1,6 +1,6 @@
 """Queues on the Kafka backend, with two `stepstream worker` processes in one group: the
-limits hold across both (from recorded admission and release times) while one worker is
-killed with -9 holding slots and a new one takes its place."""
+limits hold across both (from recorded admission and release times) while each worker in
+turn is killed with -9 holding slots and a new one takes its place."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ async def test_limits_hold_across_two_workers_and_a_kill_9(
         return proc
 
     try:
-        first, _second = worker("w1"), worker("w2")
+        first, second = worker("w1"), worker("w2")
         async with Client.connect(kafka_url(settings)) as client:
             pooled = [f"p-{n}" for n in range(200)]
             paced = [f"r-{n}" for n in range(40)]
@@ -51,12 +51,14 @@ async def test_limits_hold_across_two_workers_and_a_kill_9(
                 await client.start("pooled", 0.05, instance_id=instance_id)
                 if n < len(paced):
                     await client.start("paced", None, instance_id=paced[n])
-            # Once some have finished, slots are held on both workers: kill one.
-            for instance_id in pooled[:20]:
-                await client.result(instance_id, timeout=120)
-            os.kill(first.pid, signal.SIGKILL)
-            first.wait(10)
-            worker("w3")
+            # Slots are held on both workers: kill one, then the other, each replaced, so
+            # whichever owned the queue's partition was killed while it admitted.
+            for victim, done, successor in ((first, 20, "w3"), (second, 100, "w4")):
+                for instance_id in pooled[:done]:
+                    await client.result(instance_id, timeout=120)
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.wait(10)
+                worker(successor)
             for instance_id in pooled:
                 assert await client.result(instance_id, timeout=240) == 0.05, instance_id
             for instance_id in paced:
