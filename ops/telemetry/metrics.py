@@ -28,6 +28,7 @@ from stepstream.consumers.host import PartitionHost
 from stepstream.consumers.telemetry import DEAD_LETTER_REASONS, Histogram
 from stepstream.ops.telemetry import gc_pauses
 from stepstream.ops.telemetry.gc_pauses import GcPauses
+from stepstream.ops.telemetry.schedule_metrics import ScheduleCollector
 from stepstream.ops.telemetry.span_export import DROP_REASONS, SpanExportProcess
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -311,4 +312,6 @@ def observability_for(
         source_lag=source_lag,
         gc_pauses=gc_pauses.recording(),
     )
-    return Observability(metrics_registry(collector), health)
+    registry = metrics_registry(collector)
+    registry.register(ScheduleCollector(host))
+    return Observability(registry, health)

@@ -5,6 +5,7 @@ slots the engine was down over included (within the catch-up window)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from datetime import datetime
@@ -27,6 +28,11 @@ def work(n):
 @workflow("job")
 async def job(ctx: Context, n):
     return await ctx.step("work", work, n)
+
+
+@workflow("hold")
+async def hold(ctx: Context, _):
+    return await ctx.wait_for_event("go")
 """
 
 
@@ -113,5 +119,25 @@ def test_schedule_survives_kill9_with_one_instance_per_slot(tmp_path: Path) -> N
         assert cli_json(server, "schedule", "pause", "s1") == {"schedule": "s1", "command": "pause"}
         listed = cli_json(server, "schedule", "list")
         assert listed[0]["paused"] is True and listed[0]["next_run_at"] is None
+
+        # Slots held back by overlap are counted in describe and at /metrics.
+        cli_json(server, "schedule", "create", "s2", "--workflow", "hold", "--every", "1")
+        held = until(
+            lambda: cli_json(server, "schedule", "describe", "s2"),
+            lambda d: d["skipped_overlap"] >= 2,
+        )
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+        skipped = re.search(
+            r'^stepstream_schedule_slots_skipped_total\{reason="overlap",schedule="s2"\} (\S+)$',
+            metrics,
+            re.M,
+        )
+        assert skipped is not None, [line for line in metrics.splitlines() if "schedule" in line]
+        assert float(skipped.group(1)) >= held["skipped_overlap"]
+        started = re.search(
+            r'^stepstream_schedule_instances_started_total\{schedule="s1"\} (\S+)$', metrics, re.M
+        )
+        assert started is not None and float(started.group(1)) >= described["started"]
     finally:
         server.stop()

@@ -33,6 +33,8 @@ METRICS: dict[str, str] = {
     "stepstream_gc_pause_seconds": "histogram",
     "stepstream_gc_pause_max_seconds": "gauge",
     "stepstream_spans_dropped_total": "counter",
+    "stepstream_schedule_slots_skipped_total": "counter",
+    "stepstream_schedule_instances_started_total": "counter",
 }
 
 # Served besides by `stepstream dev --processes N` (every other series gets a `process`
