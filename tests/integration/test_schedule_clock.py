@@ -4,6 +4,10 @@ between slots, with no slot started twice or lost."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -66,3 +70,22 @@ async def test_catch_up_is_bounded_by_the_window(tmp_path: Path) -> None:
         ] + ["poll@2026-01-01T01:00:00Z", "poll@2026-01-01T01:01:00Z"], ids
         assert info.skipped_catchup == 54, info
         assert info.started == len(ids)
+
+
+def test_the_example_prints_what_docs_schedules_shows() -> None:
+    """docs/schedules.md shows the output of `python -m examples.schedules`: run it."""
+    repo = Path(__file__).resolve().parents[2]
+    page = (repo / "docs" / "schedules.md").read_text()
+    block = re.search(r"```console\n\$ python -m examples\.schedules\n(.*?)```", page, re.S)
+    assert block is not None, "docs/schedules.md lost its example block"
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.schedules"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == block.group(1)
