@@ -16,7 +16,7 @@ function control(name, action, label, refresh, status) {
     onclick: async () => {
       if (action === "delete" && !confirm(`Delete schedule ${name}? Instances it started go on.`)) return;
       try {
-        await api(`/ui/api/schedules/${encodeURIComponent(name)}/${action}`, { method: "POST" });
+        await api(`/ui/api/schedules/${encodeURIComponent(name)}/${action}`, { method: "POST", body: {} });
         status.textContent = `${label}: ${name}`;
       } catch (err) {
         status.textContent = `${label} ${name} failed: ${err.message}`;
