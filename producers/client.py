@@ -8,11 +8,17 @@ this module depends on none of them.
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from stepstream.engine.api.schedule_spec import (
+    DEFAULT_CATCHUP_WINDOW,
+    SCHEDULE_ID_PREFIX,
+    ScheduleSpec,
+)
 from stepstream.engine.errors import StepstreamError
 from stepstream.engine.reads.listing import (
     DEFAULT_PAGE_SIZE,
@@ -22,7 +28,14 @@ from stepstream.engine.reads.listing import (
     Overview,
 )
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
-from stepstream.engine.wire.names import check_name, event_id_problem, event_name_problem
+from stepstream.engine.wire.names import (
+    check_name,
+    event_id_problem,
+    event_name_problem,
+    name_problem,
+)
+from stepstream.producers import schedules
+from stepstream.producers.schedules import ScheduleInfo
 
 DEFAULT_CONNECT = "http://127.0.0.1:8233"
 
@@ -110,7 +123,7 @@ class Client:
         if instance_id is None:
             instance_id = str(uuid.uuid4())
         check_name(workflow, "workflow name")
-        check_name(instance_id, "instance id")
+        check_name(instance_id, "instance id", _client_id_problem)
         if version is not None:
             check_name(version, f"version of workflow {workflow!r}:")
         return await self._transport.start(workflow, input, instance_id, version)
@@ -176,6 +189,53 @@ class Client:
             ListQuery(status, workflow, prefix, after, max(1, min(limit, MAX_PAGE_SIZE)))
         )
 
+    # ---- schedules (producers/schedules.py) ----------------------------------------
+
+    async def create_schedule(
+        self,
+        name: str,
+        workflow: str,
+        *,
+        cron: str | None = None,
+        every: int | None = None,
+        input: Any = None,
+        timezone: str = "UTC",
+        overlap: str = "skip",
+        catchup_window: int = DEFAULT_CATCHUP_WINDOW,
+    ) -> ScheduleInfo:
+        """Start an instance of ``workflow`` at each slot of ``cron`` (read in
+        ``timezone``) or ``every`` seconds, with id ``<name>@<slot, UTC ISO 8601>``:
+        exactly one per slot. ``overlap``: "skip" (a slot while the previous instance
+        runs is skipped), "buffer_one" (held until it ends; later ones skipped) or
+        "allow". A slot later than ``catchup_window`` seconds (the engine was down) is
+        skipped and counted. Creating a name that exists replaces its spec."""
+        spec = ScheduleSpec(name, workflow, input, cron, every, timezone, overlap, catchup_window)
+        return await schedules.create(self._transport, spec)
+
+    async def pause_schedule(self, name: str) -> None:
+        """No slot starts until ``resume_schedule``; the slots meanwhile are not run."""
+        await schedules.control(self._transport, name, "pause")
+
+    async def resume_schedule(self, name: str) -> None:
+        """Slots start again from the next one after now."""
+        await schedules.control(self._transport, name, "resume")
+
+    async def trigger_schedule(self, name: str) -> None:
+        """Start one instance now, outside the slots (id ``<name>@<now, with ms>``)."""
+        await schedules.control(self._transport, name, "trigger")
+
+    async def delete_schedule(self, name: str) -> None:
+        """No more slots start; instances it started go on."""
+        await schedules.control(self._transport, name, "delete")
+
+    async def describe_schedule(self, name: str) -> ScheduleInfo:
+        """The schedule ``name``: its spec, next run, last instance, counters."""
+        return await schedules.describe(self._transport, name)
+
+    async def list_schedules(self) -> builtins.list[ScheduleInfo]:
+        """Every schedule, by name, with its next run and last instance."""
+        return await schedules.list_all(self._transport)
+
     async def close(self) -> None:
         await self._transport.close()
 
@@ -184,6 +244,15 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _client_id_problem(value: object) -> str | None:
+    """Why a client may not start an instance of this id: ids of schedules are the
+    engine's (``create_schedule``)."""
+    problem = name_problem(value)
+    if problem is None and isinstance(value, str) and value.startswith(SCHEDULE_ID_PREFIX):
+        return f"starts with {SCHEDULE_ID_PREFIX!r}, which is reserved for schedules"
+    return problem
 
 
 def _id(instance_id: str) -> str:

@@ -43,6 +43,7 @@ from stepstream.engine.wire.records import Payload
 from stepstream.ops.version import version as _version
 from stepstream.ops.worker import Worker
 from stepstream.producers.client import Client
+from stepstream.producers.schedules import ScheduleInfo
 
 # The distribution's version (pyproject.toml's); ``stepstream --version`` says it too.
 __version__ = _version()
@@ -75,6 +76,7 @@ __all__ = [
     "ResultTimeout",
     "RetryPolicy",
     "RolledBack",
+    "ScheduleInfo",
     "Source",
     "StatusChangeEvent",
     "StepErrorEvent",

@@ -165,6 +165,11 @@ class ChildHandle:
         self._key = key
         self.instance_id = instance_id
 
+    @property
+    def key(self) -> str:
+        """The child's replay key in this instance (its scope and repeat count)."""
+        return self._key
+
     async def result(self) -> Any:
         """The child's result once it completed; ``ChildFailed`` if it failed or was
         cancelled. Await it at most once."""

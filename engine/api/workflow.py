@@ -114,6 +114,11 @@ class Registry:
         definition = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
         if definition is None:
             raise TypeError(f"{wf!r} is not decorated with @workflow")
+        if definition.name.startswith(RESERVED_PREFIX):
+            raise DuplicateWorkflow(
+                f"workflow name {definition.name!r} is reserved: names starting with "
+                f"{RESERVED_PREFIX!r} are the engine's own (schedules); rename it"
+            )
         versions = self._by_name.setdefault(definition.name, {})
         existing = versions.get(definition.version)
         if existing is not None:
@@ -148,6 +153,10 @@ class Registry:
 
     def resolve(self, name: str, version: str | None = None) -> WorkflowDefinition:
         versions = self._by_name.get(name)
+        if not versions and name.startswith(RESERVED_PREFIX):
+            versions = builtin_workflows().get(name)
+            if versions and version is None:
+                return versions[ordered_versions(versions)[-1]]
         if not versions:
             known = ", ".join(sorted(self._by_name)) or "none"
             raise UnknownWorkflow(
@@ -166,6 +175,24 @@ class Registry:
                 "version (keep old versions deployed until their instances finish)"
             ) from None
 
-    def names(self) -> dict[str, list[str]]:
-        """Each workflow's versions, oldest to latest (the last is what new instances get)."""
-        return {name: ordered_versions(v) for name, v in sorted(self._by_name.items())}
+    def names(self, *, builtin: bool = False) -> dict[str, list[str]]:
+        """Each workflow's versions, oldest to latest (the last is what new instances get);
+        with ``builtin``, the engine's own workflows too (every worker runs them)."""
+        found = dict(self._by_name)
+        if builtin:
+            found.update(builtin_workflows())
+        return {name: ordered_versions(v) for name, v in sorted(found.items())}
+
+
+# Names of the engine's own workflows, which every registry runs and users cannot take.
+RESERVED_PREFIX = "stepstream."
+
+
+def builtin_workflows() -> dict[str, dict[str, WorkflowDefinition]]:
+    """The engine's own workflows, by name and version (imported on first use: they are
+    written with this module's decorator)."""
+    from stepstream.engine.api.schedules import run_schedule
+
+    definition = definition_of(run_schedule)
+    assert definition is not None
+    return {definition.name: {definition.version: definition}}

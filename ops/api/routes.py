@@ -34,6 +34,9 @@ from stepstream.engine.errors import (
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.replay.state import Status
 from stepstream.engine.wire.codec import parse_json_text
+from stepstream.ops.api.schedule_routes import API_ROOT as SCHEDULES_API
+from stepstream.ops.api.schedule_routes import UI_ROOT as SCHEDULES_UI
+from stepstream.ops.api.schedule_routes import add_schedule_routes
 from stepstream.ops.api.security import ApiSecurity
 from stepstream.ops.api.session import CommandWaiter, Session, check_fields, string_field
 from stepstream.ops.api.ui.routes import TransportSource, add_ui_routes
@@ -128,6 +131,8 @@ def make_app(
     # The overview and the web UI (ops.api.ui), kept in one block.
     app.router.add_get("/v1/overview", api.overview)
     add_ui_routes(app, ui_transport or functools.partial(_ready, transport), registry_names)
+    add_schedule_routes(app, SCHEDULES_API, functools.partial(_ready, transport))
+    add_schedule_routes(app, SCHEDULES_UI, ui_transport or functools.partial(_ready, transport))
     return app
 
 

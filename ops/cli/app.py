@@ -15,7 +15,17 @@ import sys
 from collections.abc import Sequence
 
 from stepstream.engine.errors import ResultTimeout, StepstreamError
-from stepstream.ops.cli import bench, history, instances, kafka, listing, run, serve, tools
+from stepstream.ops.cli import (
+    bench,
+    history,
+    instances,
+    kafka,
+    listing,
+    run,
+    schedules,
+    serve,
+    tools,
+)
 from stepstream.ops.cli.options import LOGGING
 from stepstream.ops.cli.table import (
     EXIT_ERROR,
@@ -40,6 +50,7 @@ COMMANDS: tuple[Command, ...] = (
     *instances.COMMANDS,
     *history.COMMANDS,
     *listing.COMMANDS,
+    *schedules.COMMANDS,
     *tools.COMMANDS,
     *kafka.COMMANDS,
     *bench.COMMANDS,

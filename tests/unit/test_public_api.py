@@ -55,6 +55,7 @@ def test_public_names_are_pinned() -> None:
             "ResultTimeout",
             "RetryPolicy",
             "RolledBack",
+            "ScheduleInfo",
             "Source",
             "StatusChangeEvent",
             "StepErrorEvent",

@@ -30,7 +30,16 @@ STATIC_PREFIX = "/ui/static/"
 TransportSource = Callable[[], Awaitable[Transport]]
 _STATIC = resources.files("stepstream.ops.api.ui") / "static"
 UI_FILES = frozenset(
-    {"app.js", "api.js", "dom.js", "timeline.js", "pages.js", "style.css", "index.html"}
+    {
+        "app.js",
+        "api.js",
+        "dom.js",
+        "timeline.js",
+        "pages.js",
+        "schedules.js",
+        "style.css",
+        "index.html",
+    }
 )
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 
