@@ -248,6 +248,8 @@ class DrivingMixin(OutgoingMixin):
         self._resolve(entry)
 
     def _start_attempt(self, key: str, intent: StepIntent, attempt: int) -> None:
+        # Above every attempt a reset set aside (``engine.replay.reset``).
+        attempt = max(attempt, self.state.attempt_floors.get(key, 0) + 1)
         if intent.ephemeral and key not in self.state.entries:
             # Nothing recorded before the body runs: its result is recorded with the
             # records it comes back to; after a crash before that, it runs again.
@@ -277,7 +279,12 @@ class DrivingMixin(OutgoingMixin):
             StepAttemptStarted,
             key=key,
             attempt=attempt,
-            max_attempts=intent.policy.max_attempts or 0,
+            # A reset gives the step a fresh budget above the attempts it set aside.
+            max_attempts=(
+                intent.policy.max_attempts + self.state.attempt_floors.get(key, 0)
+                if intent.policy.max_attempts
+                else 0
+            ),
             deadline_ms=deadline,
         )
 

@@ -21,6 +21,7 @@ from aiohttp import web
 from stepstream.engine.errors import (
     ConnectionFailed,
     InstanceFinished,
+    InstanceNotFailed,
     InstanceNotPaused,
     InvalidPayload,
     PayloadTooLarge,
@@ -34,6 +35,7 @@ from stepstream.engine.errors import (
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.replay.state import Status
 from stepstream.engine.wire.codec import parse_json_text
+from stepstream.ops.api.repair import add_repair_routes
 from stepstream.ops.api.security import ApiSecurity
 from stepstream.ops.api.session import CommandWaiter, Session, check_fields, string_field
 from stepstream.ops.api.ui.routes import TransportSource, add_ui_routes
@@ -54,6 +56,7 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
     UnknownWorkflow: 404,
     InstanceFinished: 409,
     InstanceNotPaused: 409,
+    InstanceNotFailed: 409,
     PayloadTooLarge: 413,
     WorkflowFailed: 422,
     WorkflowCancelled: 422,
@@ -116,6 +119,7 @@ def make_app(
     app.router.add_post("/v1/instances/{id}/cancel", api.cancel)
     app.router.add_post("/v1/instances/{id}/pause", api.pause)
     app.router.add_post("/v1/instances/{id}/resume", api.resume)
+    add_repair_routes(app, transport)
     if commands is not None:
         app.router.add_get("/v1/commands/{id}", api.command)
     session = Session(transport, commands, max_body_bytes)
