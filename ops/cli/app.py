@@ -15,7 +15,17 @@ import sys
 from collections.abc import Sequence
 
 from stepstream.engine.errors import ResultTimeout, StepstreamError
-from stepstream.ops.cli import bench, history, instances, kafka, listing, run, serve, tools
+from stepstream.ops.cli import (
+    bench,
+    history,
+    instances,
+    kafka,
+    listing,
+    repair,
+    run,
+    serve,
+    tools,
+)
 from stepstream.ops.cli.options import LOGGING
 from stepstream.ops.cli.table import (
     EXIT_ERROR,
@@ -38,6 +48,7 @@ COMMANDS: tuple[Command, ...] = (
     *run.COMMANDS,
     *serve.COMMANDS,
     *instances.COMMANDS,
+    *repair.COMMANDS,
     *history.COMMANDS,
     *listing.COMMANDS,
     *tools.COMMANDS,
