@@ -451,6 +451,7 @@ class InstanceState:
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = Entry(key, kind, state, seq)
+            self.deleted_entries.discard(key)  # a reset took it back, and it comes again
             if self.sorted_keys is not None:
                 insort(self.sorted_keys, key)
         self.dirty_entries.add(key)
