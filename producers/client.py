@@ -195,35 +195,7 @@ class Client:
             raise InvalidPayload(
                 f"a fork of {source} needs an id of its own; leave instance_id out for a new one"
             )
-        try:
-            found = await self._transport.status(new_id)
-        except (UnknownInstance, ConnectionFailed):
-            pass  # free (or its owner is down: one that exists records the fork and ignores it)
-        else:
-            raise InvalidPayload(
-                f"instance {new_id} already exists ({found.status}); give the fork another "
-                "id, or leave instance_id out for a new one"
-            )
-        forked = await self._transport.fork(source, _key(to), new_id)
-        await self._appeared(forked)
-        return forked
-
-    async def _appeared(self, instance_id: str) -> None:
-        """Wait (a little) until a fork's owner has started it, so a read right after
-        ``fork`` finds it. The source's owner sends the start on: there is no command of
-        this client to be told about. Gives up quietly when no owner answers (the fork
-        starts when a worker gets to it)."""
-        delay, waited = 0.005, 0.0
-        while waited < _FORK_APPEARS_S:
-            try:
-                await self._transport.status(instance_id)
-                return
-            except UnknownInstance:
-                await asyncio.sleep(delay)
-                waited += delay
-                delay = min(delay * 2, 0.25)
-            except (ConnectionFailed, ResultTimeout):
-                return
+        return await fork_instance(self._transport, source, _key(to), new_id)
 
     async def status(self, instance_id: str) -> InstanceStatus:
         return await self._transport.status(_id(instance_id))
@@ -266,6 +238,37 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def fork_instance(transport: Transport, source: str, to: str, new_id: str) -> str:
+    """Fork ``source`` at ``to`` into ``new_id`` over ``transport``: refused if ``new_id``
+    exists; returns once the new instance's owner has started it (or a little later if
+    none answers: it starts when a worker gets to it). The API server forks with this
+    too, so every way of forking says the same."""
+    try:
+        found = await transport.status(new_id)
+    except (UnknownInstance, ConnectionFailed):
+        pass  # free (or its owner is down: one that exists would record and ignore it)
+    else:
+        raise InvalidPayload(
+            f"instance {new_id} already exists ({found.status}); give the fork another id, "
+            "or leave the id out for a new one"
+        )
+    forked = await transport.fork(source, to, new_id)
+    # The source's owner sends the start on, so no command of this client tells when the
+    # new instance exists: wait a little for it, so a read right after finds it.
+    delay, waited = 0.005, 0.0
+    while waited < _FORK_APPEARS_S:
+        try:
+            await transport.status(forked)
+            break
+        except UnknownInstance:
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 0.25)
+        except (ConnectionFailed, ResultTimeout):
+            break
+    return forked
 
 
 def _key(key: str) -> str:

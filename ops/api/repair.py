@@ -14,7 +14,7 @@ from aiohttp import web
 from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.wire.codec import parse_json_text
 from stepstream.ops.api.session import check_fields, string_field
-from stepstream.producers.client import Transport
+from stepstream.producers.client import Transport, fork_instance
 
 
 def add_repair_routes(app: web.Application, transport: Transport) -> None:
@@ -48,8 +48,33 @@ class _Repair:
             if body.get("instance_id") is not None
             else f"{source}-fork-{uuid.uuid4().hex[:8]}"
         )
-        forked = await self._transport.fork(source, string_field(body, "to"), new_id)
+        forked = await fork_instance(self._transport, source, string_field(body, "to"), new_id)
         return web.json_response({"instance_id": forked, "forked_from": source}, status=201)
+
+
+# The web UI's controls of the same name (``ops.api.ui.routes``).
+REPAIRS = ("reset", "retry", "fork")
+
+
+async def repair(
+    transport: Transport, instance_id: str, control: str, body: dict[str, Any]
+) -> dict[str, Any]:
+    """Apply one of ``REPAIRS`` for the web UI, with its JSON body; what it answers."""
+    check_fields(body.keys(), (), ("to", "reason", "instance_id"), what="request body")
+    if control == "retry":
+        await transport.retry(instance_id, _reason(body))
+        return {"instance_id": instance_id, "retried": True}
+    to = string_field(body, "to")
+    if control == "reset":
+        await transport.reset(instance_id, to, _reason(body))
+        return {"instance_id": instance_id, "reset_to": to}
+    new_id = (
+        string_field(body, "instance_id")
+        if body.get("instance_id") is not None
+        else f"{instance_id}-fork-{uuid.uuid4().hex[:8]}"
+    )
+    forked = await fork_instance(transport, instance_id, to, new_id)
+    return {"instance_id": forked, "forked_from": instance_id}
 
 
 def _reason(body: dict[str, Any]) -> str:

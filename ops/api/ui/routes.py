@@ -22,6 +22,7 @@ from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.reads.views import HistoryEntry
 from stepstream.engine.wire.codec import parse_json_text
+from stepstream.ops.api.repair import REPAIRS, repair
 from stepstream.ops.tools.timeline import timeline_rows
 from stepstream.producers.client import Transport
 
@@ -30,7 +31,16 @@ STATIC_PREFIX = "/ui/static/"
 TransportSource = Callable[[], Awaitable[Transport]]
 _STATIC = resources.files("stepstream.ops.api.ui") / "static"
 UI_FILES = frozenset(
-    {"app.js", "api.js", "dom.js", "timeline.js", "pages.js", "style.css", "index.html"}
+    {
+        "app.js",
+        "api.js",
+        "dom.js",
+        "timeline.js",
+        "pages.js",
+        "repair.js",
+        "style.css",
+        "index.html",
+    }
 )
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 
@@ -108,6 +118,9 @@ class _Ui:
             await transport.pause(instance_id)
         elif control == "resume":
             await transport.resume(instance_id)
+        elif control in REPAIRS:
+            answer = await repair(transport, instance_id, control, body)
+            return web.json_response(answer, status=202)
         elif control == "events":
             name = body.get("name")
             if not isinstance(name, str) or not name:
