@@ -357,6 +357,10 @@ def on_start_fork(rt: InstanceRuntime, msg: StartFork) -> None:
     state.apply(marker)
     rt.state = state
     rt._out.history.append(marker)
+    # Children the source started and did not hear from yet are the source's: asked,
+    # each tells the fork so (ChildFailed) rather than leave it waiting for ever.
+    for entry in rt._waited_children():
+        rt._out.commands.append((msg.instance_id, rt._child_start(entry)))
     for entry in state.pending_timers():
         purpose = TIMER_PURPOSES.get(entry.state)
         if purpose is not None:

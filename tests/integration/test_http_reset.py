@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,35 @@ async def test_http_api_and_http_client(dev: DevServer) -> None:
         assert (await client.result("h-1", timeout=20))["charge"] == "charged 3"
         history = await client.history("h-1")
         assert [h.seq for h in history if h.set_aside]
+
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "operations-on-instances.md"
+
+
+def test_the_page_runs_as_typed(tmp_path: Path) -> None:
+    """docs/operations-on-instances.md's "Try it": its dev command, then each line of
+    the block after it, as written; a line whose comment says it fails or is refused
+    must exit 1, every other 0."""
+    section = PAGE.read_text().split("## Try it", 1)[1]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.S)
+    serve = shlex.split(blocks[0].strip())
+    assert serve[:2] == ["stepstream", "dev"]
+    server, _ = spawn_dev(tmp_path, [*serve[1:], "--port", "0"])
+    try:
+        outputs = {}
+        for line in blocks[1].strip().splitlines():
+            command, _, comment = line.partition("#")
+            args = shlex.split(command)
+            if args[0] == "touch":
+                (tmp_path / args[1]).touch()
+                continue
+            assert args[0] == "stepstream", line
+            done = server.cli(*args[1:])
+            expected = 1 if comment.strip().startswith(("fails", "refused")) else 0
+            assert done.returncode == expected, f"{line}\n{done.stdout}{done.stderr}"
+            outputs.setdefault(" ".join(args[1:3]), done.stdout + done.stderr)
+        assert "charge, label, ship" in outputs["reset s-1"]
+        assert "forked from s-1 at ship" in outputs["status s-2"]
+        assert '"set_aside": true' in outputs["history s-1"]
+    finally:
+        server.stop()
