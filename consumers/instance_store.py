@@ -22,7 +22,7 @@ from stepstream.engine.replay.state_json import (
     state_from_storage,
 )
 from stepstream.engine.seams import CommitBatch, StateStore
-from stepstream.engine.wire.records import CommandIgnored, HistoryRecord, Payload
+from stepstream.engine.wire.records import CommandIgnored, HistoryRecord, Payload, Record
 from stepstream.engine.wire.serde import RecordSerde
 from stepstream.engine.wire.settle import recorded_reason
 
@@ -78,6 +78,9 @@ def write_state(state: InstanceState, batch: CommitBatch) -> None:
     for message_id, answer in state.new_replies.items():
         batch.put(keys.reply(instance_id, message_id), payload_bytes(answer))
     state.new_replies.clear()
+    if state.unfinished_ms:  # a reset took the finish back
+        batch.delete(keys.finished(state.unfinished_ms, instance_id))
+        state.unfinished_ms = 0
     if state.status.finished:
         batch.delete(keys.active(instance_id))
         batch.put(keys.finished(state.finished_ms, instance_id), b"")
@@ -103,6 +106,24 @@ def forget_instance(
             batch.delete(key)
     batch.delete(keys.meta(instance_id))
     batch.delete(keys.active(instance_id))
+
+
+class StoredHistory:
+    """``engine.replay.reset.HistoryAccess`` over a partition's store: what a reset or a
+    fork reads of an instance's history, and how records travel as bytes."""
+
+    def __init__(self, store: StateStore, serde: RecordSerde) -> None:
+        self._reads = InstanceReads(store, serde)
+        self._serde = serde
+
+    def stored(self, instance_id: str) -> list[HistoryRecord]:
+        return self._reads.read_history(instance_id)
+
+    def encode(self, record: Record) -> bytes:
+        return self._serde.encode(record)
+
+    def decode(self, value: bytes) -> Record:
+        return self._serde.decode(value)
 
 
 class InstanceReads:

@@ -46,6 +46,15 @@ class InstanceNotPaused(StepstreamError):
     """A resume of an instance that is not paused (it is recorded and ignored)."""
 
 
+class UnknownReplayKey(StepstreamError):
+    """A reset or fork to a replay key the instance's history does not have (the
+    message names the keys it has)."""
+
+
+class InstanceNotFailed(StepstreamError):
+    """A retry of an instance that has not failed (it is recorded and ignored)."""
+
+
 class WorkflowFailed(StepstreamError):
     """The workflow raised, or a step failed and the workflow did not handle it."""
 

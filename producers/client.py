@@ -8,6 +8,7 @@ this module depends on none of them.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import importlib
 import uuid
@@ -19,7 +20,14 @@ from stepstream.engine.api.schedule_spec import (
     SCHEDULE_ID_PREFIX,
     ScheduleSpec,
 )
-from stepstream.engine.errors import StepstreamError
+from stepstream.engine.errors import (
+    ConnectionFailed,
+    InvalidPayload,
+    PayloadTooLarge,
+    ResultTimeout,
+    StepstreamError,
+    UnknownInstance,
+)
 from stepstream.engine.reads.listing import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
@@ -27,17 +35,21 @@ from stepstream.engine.reads.listing import (
     ListQuery,
     Overview,
 )
-from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus, mark_set_aside
+from stepstream.engine.wire.codec import MAX_MESSAGE_CHARS
 from stepstream.engine.wire.names import (
     check_name,
     event_id_problem,
     event_name_problem,
     name_problem,
+    text_problem,
 )
 from stepstream.producers import schedules
 from stepstream.producers.schedules import ScheduleInfo
 
 DEFAULT_CONNECT = "http://127.0.0.1:8233"
+# How long ``fork`` waits for the new instance to be started by its owner.
+_FORK_APPEARS_S = 10.0
 
 
 class Transport(Protocol):
@@ -56,6 +68,12 @@ class Transport(Protocol):
     async def pause(self, instance_id: str) -> None: ...
 
     async def resume(self, instance_id: str) -> None: ...
+
+    async def reset(self, instance_id: str, to: str, reason: str) -> None: ...
+
+    async def retry(self, instance_id: str, reason: str) -> None: ...
+
+    async def fork(self, instance_id: str, to: str, new_id: str) -> str: ...
 
     async def status(self, instance_id: str) -> InstanceStatus: ...
 
@@ -158,6 +176,36 @@ class Client:
     async def resume(self, instance_id: str) -> None:
         await self._transport.resume(_id(instance_id))
 
+    async def reset(self, instance_id: str, *, to: str, reason: str = "") -> None:
+        """Make the instance go on from just before the replay key ``to`` (a name its
+        history shows, like ``"charge#2"``): what it recorded from there on is set aside
+        (kept in its history, marked reset), the results before it replay, and its code
+        runs on from there. ``UnknownReplayKey`` (naming the keys it has) if its history
+        has no such key."""
+        await self._transport.reset(_id(instance_id), _key(to), _reason(reason, instance_id))
+
+    async def retry(self, instance_id: str, *, reason: str = "") -> None:
+        """Make a failed instance go on from its failed step, with fresh attempts (or,
+        if no step failed, run its code on from just before the failure).
+        ``InstanceNotFailed`` if it has not failed."""
+        await self._transport.retry(_id(instance_id), _reason(reason, instance_id))
+
+    async def fork(self, source_id: str, /, *, to: str, instance_id: str | None = None) -> str:
+        """Start a new instance whose history is ``source_id``'s up to (not including)
+        the replay key ``to``, and return its id (``instance_id``, or a new one): the
+        results before the key replay, and its code runs on from there. Its status
+        says where it came from (``origin``). ``UnknownReplayKey`` if the source's
+        history has no such key; the source is left as it is."""
+        source = _id(source_id)
+        new_id = (
+            _id(instance_id) if instance_id is not None else f"{source}-fork-{uuid.uuid4().hex[:8]}"
+        )
+        if new_id == source:
+            raise InvalidPayload(
+                f"a fork of {source} needs an id of its own; leave instance_id out for a new one"
+            )
+        return await fork_instance(self._transport, source, _key(to), new_id)
+
     async def status(self, instance_id: str) -> InstanceStatus:
         return await self._transport.status(_id(instance_id))
 
@@ -168,7 +216,9 @@ class Client:
         return await self._transport.result(_id(instance_id), timeout)
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
-        return await self._transport.history(_id(instance_id))
+        """The instance's records in order, decoded; those a reset set aside say so
+        (``set_aside``)."""
+        return mark_set_aside(await self._transport.history(_id(instance_id)))
 
     async def list(self, *, status: str | None = None) -> list[InstanceStatus]:
         return await self._transport.list(status)
@@ -253,6 +303,63 @@ def _client_id_problem(value: object) -> str | None:
     if problem is None and isinstance(value, str) and value.startswith(SCHEDULE_ID_PREFIX):
         return f"starts with {SCHEDULE_ID_PREFIX!r}, which is reserved for schedules"
     return problem
+
+
+async def fork_instance(transport: Transport, source: str, to: str, new_id: str) -> str:
+    """Fork ``source`` at ``to`` into ``new_id`` over ``transport``: refused if ``new_id``
+    exists; returns once the new instance's owner has started it (or a little later if
+    none answers: it starts when a worker gets to it). The API server forks with this
+    too, so every way of forking says the same."""
+    try:
+        found = await transport.status(new_id)
+    except (UnknownInstance, ConnectionFailed):
+        pass  # free (or its owner is down: one that exists would record and ignore it)
+    else:
+        raise InvalidPayload(
+            f"instance {new_id} already exists ({found.status}); give the fork another id, "
+            "or leave the id out for a new one"
+        )
+    forked = await transport.fork(source, to, new_id)
+    # The source's owner sends the start on, so no command of this client tells when the
+    # new instance exists: wait a little for it, so a read right after finds it.
+    delay, waited = 0.005, 0.0
+    while waited < _FORK_APPEARS_S:
+        try:
+            await transport.status(forked)
+            break
+        except UnknownInstance:
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 0.25)
+        except (ConnectionFailed, ResultTimeout):
+            break
+    return forked
+
+
+def _key(key: str) -> str:
+    if not isinstance(key, str) or not key.strip():
+        raise InvalidPayload(
+            f"replay key {key!r}: give a key the instance's history shows (for example "
+            "charge#2; `stepstream history ID` lists them)"
+        )
+    problem = text_problem(key)
+    if problem is not None:
+        raise InvalidPayload(f"replay key {key!r} {problem}")
+    return key
+
+
+def _reason(reason: str, instance_id: str) -> str:
+    if not isinstance(reason, str):
+        raise InvalidPayload(f"the reason must be a string, not {type(reason).__name__}")
+    problem = text_problem(reason)
+    if problem is not None:
+        raise InvalidPayload(f"the reason for instance {instance_id} {problem}")
+    if len(reason) > MAX_MESSAGE_CHARS:
+        raise PayloadTooLarge(
+            f"the reason for instance {instance_id} is {len(reason)} characters, over the "
+            f"limit of {MAX_MESSAGE_CHARS}; say it in fewer words"
+        )
+    return reason
 
 
 def _id(instance_id: str) -> str:

@@ -24,7 +24,7 @@ from stepstream.engine.errors import (
     WorkflowFailed,
 )
 from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview, merge_overviews
-from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus, mark_set_aside
 from stepstream.engine.replay.state import InstanceState, Status
 from stepstream.engine.seams import Clock, SystemClock
 from stepstream.engine.wire.codec import (
@@ -43,10 +43,13 @@ from stepstream.engine.wire.names import (
 from stepstream.engine.wire.records import (
     CancelWorkflow,
     Command,
+    ForkWorkflow,
     HistoryRecord,
     PauseWorkflow,
     Payload,
+    ResetWorkflow,
     ResumeWorkflow,
+    RetryWorkflow,
     SendEvent,
     StartWorkflow,
 )
@@ -130,6 +133,9 @@ _ACTIONS = {
     "CancelWorkflow": "cancel",
     "PauseWorkflow": "pause",
     "ResumeWorkflow": "resume",
+    "ResetWorkflow": "reset",
+    "RetryWorkflow": "retry",
+    "ForkWorkflow": "fork",
 }
 
 
@@ -254,6 +260,29 @@ class CommandPublisher(abc.ABC):
         await self._check_exists(instance_id)
         await self._submit(ResumeWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4())))
 
+    async def reset(self, instance_id: str, to: str, reason: str) -> None:
+        await self._check_exists(instance_id)
+        await self._submit(
+            ResetWorkflow(
+                instance_id=instance_id, command_id=str(uuid.uuid4()), to=to, reason=reason
+            )
+        )
+
+    async def retry(self, instance_id: str, reason: str) -> None:
+        await self._check_exists(instance_id)
+        await self._submit(
+            RetryWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4()), reason=reason)
+        )
+
+    async def fork(self, instance_id: str, to: str, new_id: str) -> str:
+        await self._check_exists(instance_id)
+        await self._submit(
+            ForkWorkflow(
+                instance_id=instance_id, command_id=str(uuid.uuid4()), to=to, new_id=new_id
+            )
+        )
+        return new_id
+
     @abc.abstractmethod
     async def status(self, instance_id: str) -> InstanceStatus: ...
 
@@ -329,7 +358,8 @@ class LogTransport(CommandPublisher):
         return decode_safely(self._codec, answer)
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
-        return [HistoryEntry.of(r, self._codec) for r in self._reader.read_history(instance_id)]
+        records = self._reader.read_history(instance_id)
+        return mark_set_aside([HistoryEntry.of(r, self._codec) for r in records])
 
     async def list(self, status: str | None) -> list[InstanceStatus]:
         states = self._reader.list_instances()

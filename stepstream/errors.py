@@ -12,6 +12,8 @@ them; this module gathers them (``tests/unit/test_errors.py`` fails if one is mi
     │   ├── UnknownInstance          no such instance (or forgotten after retention)
     │   ├── InstanceFinished         the command came after the instance finished
     │   ├── InstanceNotPaused        resume of an instance that is not paused
+    │   ├── UnknownReplayKey         reset/fork to a key the history lacks (names the keys)
+    │   ├── InstanceNotFailed        retry of an instance that has not failed
     │   ├── WorkflowFailed           result(): the workflow raised or a step failed for good
     │   ├── WorkflowCancelled        result(): the instance was cancelled
     │   ├── ResultTimeout            result()/request() gave up waiting   (retriable)
@@ -91,6 +93,7 @@ from stepstream.engine.errors import (
     EventTimeout,
     HistoryDiverged,
     InstanceFinished,
+    InstanceNotFailed,
     InstanceNotPaused,
     InvalidPayload,
     InvalidWorkflowCall,
@@ -106,6 +109,7 @@ from stepstream.engine.errors import (
     StepTimeout,
     UndecodableRecord,
     UnknownInstance,
+    UnknownReplayKey,
     UnknownWorkflow,
     WorkflowCancelled,
     WorkflowFailed,
@@ -133,6 +137,7 @@ __all__ = [
     "HistoryDiverged",
     "InsecureBind",
     "InstanceFinished",
+    "InstanceNotFailed",
     "InstanceNotPaused",
     "InvalidHistoryFile",
     "InvalidPayload",
@@ -163,6 +168,7 @@ __all__ = [
     "TopicsMissing",
     "UndecodableRecord",
     "UnknownInstance",
+    "UnknownReplayKey",
     "UnknownWorkflow",
     "WorkflowCancelled",
     "WorkflowFailed",

@@ -4,6 +4,7 @@ that serialise to JSON for the CLI and the HTTP API."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
@@ -47,6 +48,8 @@ class InstanceStatus:
     waits: list[Wait] = field(default_factory=list)
     buffered_events: int = 0
     error: str | None = None
+    # A fork's origin: "forked from o-1 at charge#2" (None for other instances).
+    origin: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -99,6 +102,11 @@ class InstanceStatus:
             waits=waits,
             buffered_events=len(state.buffered) + state.unread_buffered,
             error=error,
+            origin=(
+                f"forked from {state.forked_from} at {state.forked_at}"
+                if state.forked_from
+                else None
+            ),
         )
 
 
@@ -109,6 +117,8 @@ class HistoryEntry:
     time: str
     command_id: str
     attributes: dict[str, Any]
+    # Set aside by a later reset: kept, no longer replayed (``WorkflowReset``).
+    set_aside: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -128,6 +138,18 @@ class HistoryEntry:
             del attributes["content_types"], attributes["data"]
             attributes["payloads"] = [_plain(p, codec) for p in record.payloads]
         return cls(record.seq, record.type, _iso(record.time_ms), record.command_id, attributes)
+
+
+def mark_set_aside(entries: list[HistoryEntry]) -> list[HistoryEntry]:
+    """``entries`` with those a ``WorkflowReset`` among them set aside marked so."""
+    aside: set[int] = set()
+    for entry in entries:
+        if entry.type == "WorkflowReset":
+            aside.update(range(int(entry.attributes["from_seq"]), entry.seq))
+    return [
+        dataclasses.replace(entry, set_aside=True) if entry.seq in aside else entry
+        for entry in entries
+    ]
 
 
 _ENVELOPE = frozenset(

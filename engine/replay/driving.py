@@ -253,6 +253,8 @@ class DrivingMixin(OutgoingMixin):
         # Read before the attempt's record clears it: when the backoff of a retry ended.
         entry = self.state.entries.get(key)
         backoff_ended = entry.fire_at_ms if entry is not None and attempt > 1 else None
+        # Above every attempt a reset set aside (``engine.replay.reset``).
+        attempt = max(attempt, self.state.attempt_floors.get(key, 0) + 1)
         if intent.ephemeral and key not in self.state.entries:
             # Nothing recorded before the body runs: its result is recorded with the
             # records it comes back to; after a crash before that, it runs again.
@@ -284,7 +286,12 @@ class DrivingMixin(OutgoingMixin):
             StepAttemptStarted,
             key=key,
             attempt=attempt,
-            max_attempts=intent.policy.max_attempts or 0,
+            # A reset gives the step a fresh budget above the attempts it set aside.
+            max_attempts=(
+                intent.policy.max_attempts + self.state.attempt_floors.get(key, 0)
+                if intent.policy.max_attempts
+                else 0
+            ),
             deadline_ms=deadline,
         )
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from stepstream.engine.replay.effects import LOST_PURPOSE, StepOutcome
 from stepstream.engine.replay.ids import parse_child_command, split_timer_id
+from stepstream.engine.replay.reset import on_fork, on_reset, on_start_fork
 from stepstream.engine.replay.state import EntryState, Status
 from stepstream.engine.wire.codec import (
     clip_message,
@@ -15,10 +16,14 @@ from stepstream.engine.wire.codec import (
 from stepstream.engine.wire.records import (
     CancelWorkflow,
     EventBuffered,
+    ForkWorkflow,
     PauseWorkflow,
+    ResetWorkflow,
     ResumeWorkflow,
+    RetryWorkflow,
     SendEvent,
     SleepElapsed,
+    StartFork,
     StartWorkflow,
     TimerFired,
     WaitTimedOut,
@@ -195,4 +200,8 @@ HANDLERS: dict[type, Handler] = {
     CancelWorkflow: on_cancel,
     PauseWorkflow: on_pause,
     ResumeWorkflow: on_resume,
+    ResetWorkflow: on_reset,
+    RetryWorkflow: on_reset,
+    ForkWorkflow: on_fork,
+    StartFork: on_start_fork,
 }

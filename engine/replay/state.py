@@ -47,6 +47,7 @@ from stepstream.engine.wire.records import (
     WorkflowCancelledRecord,
     WorkflowCompleted,
     WorkflowFailedRecord,
+    WorkflowForked,
     WorkflowPaused,
     WorkflowResumed,
     WorkflowStarted,
@@ -181,6 +182,15 @@ class InstanceState:
     # fires (which carry none of their own) join the trace the client started.
     traceparent: str | None = None
     tracestate: str | None = None
+    # A fork's origin: the instance its history was copied from, and the key there.
+    forked_from: str = ""
+    forked_at: str = ""
+    # After a reset: per step key, the highest attempt number set aside, so the attempts
+    # of the code run on are numbered above it and an outcome of a set-aside attempt
+    # is never taken for theirs (``engine.replay.reset``).
+    attempt_floors: dict[str, int] = field(default_factory=dict)
+    # The finish time a reset took back: its entry in the finished index goes.
+    unfinished_ms: int = 0
     buffered: list[BufferedEvent] = field(default_factory=list)
     entries: dict[str, Entry] = field(default_factory=dict)
     recent_commands: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_COMMANDS))
@@ -374,6 +384,9 @@ class InstanceState:
                 self.finished_ms = record.time_ms
                 self.error_type = record.error_type
                 self.error_message = record.error_message
+            case WorkflowForked():
+                self.forked_from = record.source_id
+                self.forked_at = record.to
             case WorkflowCancelledRecord():
                 self._transition_to(Status.CANCELLED)
                 self.finished_ms = record.time_ms
@@ -438,6 +451,7 @@ class InstanceState:
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = Entry(key, kind, state, seq)
+            self.deleted_entries.discard(key)  # a reset took it back, and it comes again
             if self.sorted_keys is not None:
                 insort(self.sorted_keys, key)
         self.dirty_entries.add(key)

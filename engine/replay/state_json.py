@@ -120,6 +120,10 @@ def meta_json(state: InstanceState) -> bytes:
         "bn": len(state.buffered) + state.unread_buffered,
         "rc": list(state.recent_commands),
     }
+    if state.forked_from:
+        raw["fk"] = [state.forked_from, state.forked_at]
+    if state.attempt_floors:
+        raw["af"] = state.attempt_floors
     return orjson.dumps(raw)
 
 
@@ -170,6 +174,10 @@ def state_from_storage(
         ],
     )
     state.recent_commands.extend(raw["rc"])
+    if "fk" in raw:
+        state.forked_from, state.forked_at = raw["fk"]
+    if "af" in raw:
+        state.attempt_floors = dict(raw["af"])
     # What an older meta held inline moves to keys of its own at the next write.
     state.new_input = inline is not None
     if inline_buffered is not None:

@@ -93,6 +93,41 @@ class TimerFired(Command):
     fire_at_ms: int
 
 
+@record
+class ResetWorkflow(Command):
+    """Go on from just before the replay key ``to``: what was recorded from that key on
+    is set aside (kept in the history, marked reset) and the code runs on from there."""
+
+    to: str
+    reason: str = ""
+
+
+@record
+class RetryWorkflow(Command):
+    """Go on with a failed instance from its failed step, with fresh attempts."""
+
+    reason: str = ""
+
+
+@record
+class ForkWorkflow(Command):
+    """Sent to the source instance: start ``new_id`` with the source's history up to
+    (not including) the replay key ``to``."""
+
+    to: str
+    new_id: str
+
+
+@record
+class StartFork(Command):
+    """Sent by a fork's source to the new instance: the source's records before ``to``
+    (Avro single-object encoded, as on the history topic), copied as its history."""
+
+    source_id: str
+    to: str
+    records: list[bytes]
+
+
 # ---- history --------------------------------------------------------------------------
 
 
@@ -286,6 +321,29 @@ class WorkflowCancelledRecord(HistoryRecord):
 
 
 @record
+class WorkflowReset(HistoryRecord):
+    """The instance goes on from just before replay key ``to``: its records from
+    ``from_seq`` up to this one are set aside (kept, no longer replayed). ``retry``: the
+    reset of a failed instance to its failed step (``to`` is "" when no step failed:
+    then only the failure is set aside)."""
+
+    to: str
+    from_seq: int
+    reason: str = ""
+    retry: bool = False
+
+
+@record
+class WorkflowForked(HistoryRecord):
+    """The records before this one were copied from instance ``source_id``'s history up
+    to (not including) its replay key ``to``, first set aside at its ``from_seq``."""
+
+    source_id: str
+    to: str
+    from_seq: int
+
+
+@record
 class CommandIgnored(HistoryRecord):
     """A command that arrived for an instance that could not take it (finished, duplicate
     start, resume while running). Recorded so the audit trail shows it, then ignored."""
@@ -386,6 +444,10 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     PauseWorkflow,
     ResumeWorkflow,
     TimerFired,
+    ResetWorkflow,
+    RetryWorkflow,
+    ForkWorkflow,
+    StartFork,
 )
 HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     WorkflowStarted,
@@ -414,6 +476,8 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     CommandIgnored,
     PartitionFenced,
     InstanceForgotten,
+    WorkflowReset,
+    WorkflowForked,
 )
 TIMER_TYPES: tuple[type[TimerRecord], ...] = (TimerScheduled, TimerCancelled)
 SNAPSHOT_TYPES: tuple[type[SnapshotRecord], ...] = (StateChunk, SnapshotTaken)

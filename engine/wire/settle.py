@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from stepstream.engine.errors import (
     InstanceFinished,
+    InstanceNotFailed,
     InstanceNotPaused,
     StepstreamError,
     UnknownInstance,
+    UnknownReplayKey,
     UnknownWorkflow,
 )
 from stepstream.engine.wire.records import Command, PauseWorkflow, ResumeWorkflow
@@ -23,6 +25,11 @@ NOT_PAUSED = "instance not paused:"
 UNKNOWN_INSTANCE = "unknown instance"
 UNKNOWN_WORKFLOW = "unknown workflow"
 IGNORED = "ignored"
+# A reset or fork to a key the history lacks, a retry of an instance that has not
+# failed: recorded (CommandIgnored) with the whole reason, which starts with these.
+NO_SUCH_KEY = "no such key:"
+NOT_FAILED = "instance not failed:"
+REFUSALS = (NO_SUCH_KEY, NOT_FAILED)
 _FINISHED_STATUSES = ("completed", "failed", "cancelled")
 
 
@@ -33,6 +40,8 @@ def finished_reason(status: str) -> str:
 def recorded_reason(command_type: str, ignored_because: str) -> str | None:
     """The settlement of a command recorded as ignored (a ``CommandIgnored`` with its
     type and reason), for a publisher that asks after the fact (another owner now)."""
+    if ignored_because.startswith(REFUSALS):
+        return ignored_because
     words = ignored_because.replace(",", " ").split()
     finished = next((w for w in words if w in _FINISHED_STATUSES), None)
     if finished is not None:
@@ -58,7 +67,7 @@ def ignored_reason(command: Command, status: str) -> str | None:
 def recorded_and_ignored(reason: str) -> bool:
     """Whether ``reason`` says the command was recorded and ignored (its instance had
     finished, or was in a state the command had no effect on) rather than dead-lettered."""
-    return reason.startswith((FINISHED, NOT_PAUSED, IGNORED))
+    return reason.startswith((FINISHED, NOT_PAUSED, IGNORED, *REFUSALS))
 
 
 def finished_error(instance_id: str, status: str, action: str) -> InstanceFinished:
@@ -77,6 +86,10 @@ def error_for(reason: str, instance_id: str, action: str) -> StepstreamError:
             f"instance {instance_id} is {status}, not paused; only a paused instance can be "
             "resumed (check `stepstream status`)"
         )
+    if reason.startswith(NO_SUCH_KEY):
+        return UnknownReplayKey(reason[len(NO_SUCH_KEY) :].strip())
+    if reason.startswith(NOT_FAILED):
+        return InstanceNotFailed(reason[len(NOT_FAILED) :].strip())
     if reason.startswith(UNKNOWN_INSTANCE):
         return UnknownInstance(reason)
     if reason.startswith(UNKNOWN_WORKFLOW):

@@ -21,6 +21,7 @@ from aiohttp import web
 from stepstream.engine.errors import (
     ConnectionFailed,
     InstanceFinished,
+    InstanceNotFailed,
     InstanceNotPaused,
     InvalidPayload,
     PayloadTooLarge,
@@ -34,6 +35,7 @@ from stepstream.engine.errors import (
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.replay.state import Status
 from stepstream.engine.wire.codec import parse_json_text
+from stepstream.ops.api.repair import add_repair_routes
 from stepstream.ops.api.schedule_routes import API_ROOT as SCHEDULES_API
 from stepstream.ops.api.schedule_routes import UI_ROOT as SCHEDULES_UI
 from stepstream.ops.api.schedule_routes import add_schedule_routes
@@ -57,6 +59,7 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
     UnknownWorkflow: 404,
     InstanceFinished: 409,
     InstanceNotPaused: 409,
+    InstanceNotFailed: 409,
     PayloadTooLarge: 413,
     WorkflowFailed: 422,
     WorkflowCancelled: 422,
@@ -122,6 +125,7 @@ def make_app(
     app.router.add_post("/v1/instances/{id}/cancel", api.cancel)
     app.router.add_post("/v1/instances/{id}/pause", api.pause)
     app.router.add_post("/v1/instances/{id}/resume", api.resume)
+    add_repair_routes(app, transport)
     if commands is not None:
         app.router.add_get("/v1/commands/{id}", api.command)
     session = Session(transport, commands, max_body_bytes)

@@ -101,6 +101,16 @@ class RoutedHttpTransport:
     async def resume(self, instance_id: str) -> None:
         await (await self._to(instance_id)).resume(instance_id)
 
+    async def reset(self, instance_id: str, to: str, reason: str) -> None:
+        await (await self._to(instance_id)).reset(instance_id, to, reason)
+
+    async def retry(self, instance_id: str, reason: str) -> None:
+        await (await self._to(instance_id)).retry(instance_id, reason)
+
+    async def fork(self, instance_id: str, to: str, new_id: str) -> str:
+        forked: str = await (await self._to(instance_id)).fork(instance_id, to, new_id)
+        return forked
+
     async def status(self, instance_id: str) -> InstanceStatus:
         status: InstanceStatus = await (await self._to(instance_id)).status(instance_id)
         return status

@@ -91,6 +91,19 @@ class HttpTransport:
     async def resume(self, instance_id: str) -> None:
         await self._command("resume", b"{}", f"{_path(instance_id)}/resume", instance_id)
 
+    async def reset(self, instance_id: str, to: str, reason: str) -> None:
+        data = _encode({"to": to, "reason": reason}, "reset")
+        await self._call("POST", f"{_path(instance_id)}/reset", data=data)
+
+    async def retry(self, instance_id: str, reason: str) -> None:
+        data = _encode({"reason": reason}, "retry")
+        await self._call("POST", f"{_path(instance_id)}/retry", data=data)
+
+    async def fork(self, instance_id: str, to: str, new_id: str) -> str:
+        data = _encode({"to": to, "instance_id": new_id}, "fork")
+        answer = await self._call("POST", f"{_path(instance_id)}/fork", data=data)
+        return str(answer["instance_id"])
+
     async def _command(
         self, op: str, body: bytes, path: str, instance_id: str | None = None
     ) -> Any:

@@ -26,6 +26,7 @@ from stepstream.engine.wire.records import (
     CommandIgnored,
     DeadLetter,
     EventBuffered,
+    ForkWorkflow,
     InstanceForgotten,
     LoopAdvanced,
     MessageCompleted,
@@ -37,11 +38,14 @@ from stepstream.engine.wire.records import (
     Payload,
     RaceDecided,
     Record,
+    ResetWorkflow,
     ResumeWorkflow,
+    RetryWorkflow,
     SendEvent,
     SleepElapsed,
     SleepStarted,
     SnapshotTaken,
+    StartFork,
     StartWorkflow,
     StateChunk,
     StepAttemptStarted,
@@ -57,7 +61,9 @@ from stepstream.engine.wire.records import (
     WorkflowCancelledRecord,
     WorkflowCompleted,
     WorkflowFailedRecord,
+    WorkflowForked,
     WorkflowPaused,
+    WorkflowReset,
     WorkflowResumed,
     WorkflowStarted,
 )
@@ -181,6 +187,12 @@ SAMPLES: list[Record] = [
         commands_offset=7_890,
         timers_offset=456,
     ),
+    ResetWorkflow(**env(0), to="charge#2", reason="card fixed"),
+    RetryWorkflow(**env(0)),
+    ForkWorkflow(**env(0), to="charge#2", new_id="order-7f3a-b"),
+    StartFork(**env(0), source_id="order-7f3a", to="charge#2", records=[b"\xc3\x01abc"]),
+    WorkflowReset(**env(21), to="charge#2", from_seq=5, reason="card fixed", retry=False),
+    WorkflowForked(**env(5), source_id="order-7f3a", to="charge#2", from_seq=5),
 ]
 
 # CRC-64-AVRO of every released schema. A change here means a released schema was edited:
@@ -223,6 +235,12 @@ RELEASED_FINGERPRINTS = {
     "DeadLetter": 0x7957B60467690570,
     "StateChunk": 0x0FE98AA0F413F858,
     "SnapshotTaken": 0xA785D6253084131F,
+    "ResetWorkflow": 0xC24D81FC150CCF3D,
+    "RetryWorkflow": 0x37986EE9824BF9F6,
+    "ForkWorkflow": 0x0F65679B6531EAE3,
+    "StartFork": 0x44BEAB10A90F91E3,
+    "WorkflowReset": 0x7B15A6FF2A74876F,
+    "WorkflowForked": 0xA511583C0942133A,
 }
 
 

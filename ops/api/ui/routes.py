@@ -22,6 +22,7 @@ from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.reads.views import HistoryEntry
 from stepstream.engine.wire.codec import parse_json_text
+from stepstream.ops.api.repair import REPAIRS, repair
 from stepstream.ops.tools.timeline import timeline_rows
 from stepstream.producers.client import Transport
 
@@ -37,6 +38,7 @@ UI_FILES = frozenset(
         "timeline.js",
         "pages.js",
         "schedules.js",
+        "repair.js",
         "style.css",
         "index.html",
     }
@@ -117,6 +119,9 @@ class _Ui:
             await transport.pause(instance_id)
         elif control == "resume":
             await transport.resume(instance_id)
+        elif control in REPAIRS:
+            answer = await repair(transport, instance_id, control, body)
+            return web.json_response(answer, status=202)
         elif control == "events":
             name = body.get("name")
             if not isinstance(name, str) or not name:

@@ -1,6 +1,7 @@
 // The three pages: the instance list, one instance (with its controls), definitions.
 import { api } from "./api.js";
 import { h, json, when } from "./dom.js";
+import { repairControls } from "./repair.js";
 import { drawTimeline } from "./timeline.js";
 
 const STATUSES = ["pending", "running", "paused", "completed", "failed", "cancelled"];
@@ -69,6 +70,13 @@ export async function listPage(main, params) {
   }
   main.replaceChildren(h("h1", { tabindex: "-1" }, "Instances"), form, scroll(table), pager);
   performance.mark("stepstream:list-shown"); // read by tests/ui_scale.py
+}
+
+// "forked from o-1 at charge#2", with a link to o-1.
+function origin(text) {
+  const at = text.lastIndexOf(" at ");
+  const source = text.slice("forked from ".length, at);
+  return h("p", { id: "origin" }, "This instance was forked from ", instanceLink(source), text.slice(at));
 }
 
 export async function instancePage(main, id) {
@@ -149,8 +157,11 @@ export async function instancePage(main, id) {
     h("button", { type: "submit" }, "Send event")),
     notice);
 
+  const repair = repairControls(path, say, refresh);
+
   function draw() {
     const s = latest.status;
+    repair.update(latest);
     const live = !FINISHED.has(s.status);
     events.replaceChildren(...s.waits.filter((w) => w.event).map((w) => h("option", { value: w.event })));
     const start = latest.history.length ? Date.parse(latest.history[0].time) : Date.now();
@@ -166,6 +177,7 @@ export async function instancePage(main, id) {
         h("time", { datetime: s.updated_at }, when(s.updated_at)),
         live ? h("span", { class: "live" }, " · updating live") : ""),
       s.error ? h("div", { class: "error", id: "instance-error" }, h("strong", {}, "Error: "), s.error) : "",
+      s.origin ? origin(s.origin) : "",
       h("div", { class: "io" },
         h("section", { "aria-labelledby": "in-h" }, h("h2", { id: "in-h" }, "Input"), h("pre", { id: "input" }, json(latest.input))),
         h("section", { "aria-labelledby": "out-h" }, h("h2", { id: "out-h" }, "Result"),
@@ -177,13 +189,14 @@ export async function instancePage(main, id) {
         drawTimeline(latest.timeline, Date.now() - start, live)),
       h("section", { "aria-labelledby": "hist-h" }, h("h2", { id: "hist-h" }, `History (${latest.history.length} records)`),
         scroll(h("table", { class: "data history", id: "history" }, headRow("Seq", "Time", "Type", "Attributes"),
-          h("tbody", {}, ...latest.history.map((e) => h("tr", {}, h("td", {}, e.seq),
-            h("td", {}, h("time", { datetime: e.time }, e.time.slice(11, 23))), h("td", {}, e.type),
+          h("tbody", {}, ...latest.history.map((e) => h("tr", { class: e.set_aside ? "set-aside" : false }, h("td", {}, e.seq),
+            h("td", {}, h("time", { datetime: e.time }, e.time.slice(11, 23))),
+            h("td", {}, e.type, e.set_aside ? " (set aside by a reset)" : ""),
             h("td", {}, h("code", {}, JSON.stringify(e.attributes))))))))));
   }
 
   main.replaceChildren(h("p", {}, h("a", { href: "#/" }, "← Instances")),
-    h("h1", { tabindex: "-1", class: "instance-id" }, id), controls, data);
+    h("h1", { tabindex: "-1", class: "instance-id" }, id), controls, repair, data);
   draw();
   schedule();
   return () => {
