@@ -327,7 +327,7 @@ class PartitionHost:
         """A page of ``query`` over the owned partitions, each looking at no more than
         ``budget`` instances (so the page may be short: go on from its cursor)."""
         pages = [o.processor.reads.list_page(query, budget) for o in self._owned.values()]
-        return merge_pages(pages, query.limit)
+        return merge_pages(pages, query.limit, query)
 
     def overview_slice(
         self, progress: OverviewProgress | None, budget: int

@@ -22,7 +22,13 @@ from stepstream.engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview, merge_overviews
+from stepstream.engine.reads.listing import (
+    InstancePage,
+    ListQuery,
+    Overview,
+    created_page,
+    merge_overviews,
+)
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.replay.state import InstanceState, Status
 from stepstream.engine.wire.codec import (
@@ -325,6 +331,9 @@ class LogTransport(CommandPublisher):
         return sorted(views, key=lambda v: (v.created_at, v.instance_id))
 
     async def list_page(self, query: ListQuery) -> InstancePage:
+        if not query.by_id:
+            # No index by created time: every summary, sorted (engine.reads.listing).
+            return created_page(await self.list(query.status), query)
         # In slices of a bounded number of keys per partition, yielding between them, so
         # a filter that matches little never holds the processors up for long.
         found: list[InstanceStatus] = []
