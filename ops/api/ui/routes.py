@@ -30,7 +30,20 @@ STATIC_PREFIX = "/ui/static/"
 TransportSource = Callable[[], Awaitable[Transport]]
 _STATIC = resources.files("stepstream.ops.api.ui") / "static"
 UI_FILES = frozenset(
-    {"app.js", "api.js", "dom.js", "timeline.js", "pages.js", "style.css", "index.html"}
+    {
+        "app.js",
+        "api.js",
+        "controls.js",
+        "dom.js",
+        "index.html",
+        "instance.js",
+        "pages.js",
+        "parts.js",
+        "style.css",
+        "theme.js",
+        "timeline.js",
+        "tree.js",
+    }
 )
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 
