@@ -35,6 +35,7 @@ from stepstream.engine.wire.codec import (
     clip_message,
     decode_safely,
     encode_safely,
+    format_traceback,
 )
 from stepstream.engine.wire.records import (
     HistoryRecord,
@@ -287,7 +288,14 @@ class DrivingMixin(OutgoingMixin):
         )
 
     def _fail_attempt(
-        self, entry: Entry, error_type: str, message: str, retryable: bool, *, now: bool = False
+        self,
+        entry: Entry,
+        error_type: str,
+        message: str,
+        retryable: bool,
+        *,
+        now: bool = False,
+        trace: str | None = None,
     ) -> None:
         intent = self._intents.get(entry.key)
         policy = intent.policy if intent is not None else DEFAULT_RETRY
@@ -302,6 +310,7 @@ class DrivingMixin(OutgoingMixin):
             error_type=error_type,
             error_message=clip_message(message),
             next_attempt_at_ms=next_at,
+            traceback=trace,
         )
         if not retry:
             self._resolve(entry)
@@ -317,7 +326,7 @@ class DrivingMixin(OutgoingMixin):
             return
         exc = self._task.exception()
         if exc is not None:
-            self._fail_workflow(type(exc).__name__, str(exc) or repr(exc))
+            self._fail_workflow(type(exc).__name__, str(exc) or repr(exc), format_traceback(exc))
             return
         try:
             result = check_size(
@@ -330,9 +339,12 @@ class DrivingMixin(OutgoingMixin):
             return
         self._finish(WorkflowCompleted, result=result)
 
-    def _fail_workflow(self, error_type: str, message: str) -> None:
+    def _fail_workflow(self, error_type: str, message: str, trace: str | None = None) -> None:
         self._finish(
-            WorkflowFailedRecord, error_type=error_type, error_message=clip_message(message)
+            WorkflowFailedRecord,
+            error_type=error_type,
+            error_message=clip_message(message),
+            traceback=trace,
         )
 
     def _finish(self, cls: type[HistoryRecord], **attrs: Any) -> None:

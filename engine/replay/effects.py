@@ -47,6 +47,7 @@ class StepOutcome:
     error_type: str = ""
     error_message: str = ""
     retryable: bool = True
+    traceback: str | None = None
 
     @property
     def command_id(self) -> str:

@@ -204,14 +204,22 @@ def test_failures_show_tracebacks_and_json_is_a_tree(
     expect(refused).to_contain_text("step refuse, attempt 1")
     expect(refused).to_contain_text("failed for good")
     expect(failures.first).to_contain_text("retried at")
+    trace = refused.locator("pre.traceback")
+    expect(trace).to_be_hidden()
     refused.locator("summary").click()
-    expect(refused.locator("p.muted")).to_have_text(
-        "No traceback: this record carries only the error type and message."
-    )
+    expect(trace).to_be_visible()
+    expect(trace).to_contain_text("Traceback (most recent call last)")
+    expect(trace).to_contain_text('raise NonRetryableError("card declined by the issuer")')
+    expect(trace).to_contain_text("NonRetryableError: card declined by the issuer")
 
     page.goto(f"{server.url}/ui#/i/f-1")
     error = page.locator("#instance-error")
     expect(error).to_contain_text("told to fail: x")
+    error.locator("summary", has_text="Traceback").click()
+    expect(error.locator("pre.traceback")).to_contain_text(", in gate")
+    expect(error.locator("pre.traceback")).to_contain_text(
+        "raise NonRetryableError(f\"told to fail: {payload['fail']}\")"
+    )
 
     # The input as a tree: open two levels deep, each level collapsible.
     tree = page.locator("#input")

@@ -7,6 +7,8 @@ const LEAF_CLASS = { string: "j-str", number: "j-num", boolean: "j-bool" };
 function leaf(value) {
   if (value === null) return h("span", { class: "j-null" }, "null");
   const type = typeof value;
+  // Text of several lines (a traceback) reads as lines, not as one escaped string.
+  if (type === "string" && value.includes("\n")) return h("span", { class: "j-str j-lines" }, value);
   return h("span", { class: LEAF_CLASS[type] || "j-str" }, type === "string" ? JSON.stringify(value) : String(value));
 }
 
