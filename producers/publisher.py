@@ -26,7 +26,6 @@ from stepstream.engine.reads.listing import (
     InstancePage,
     ListQuery,
     Overview,
-    created_page,
     merge_overviews,
 )
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
@@ -332,8 +331,8 @@ class LogTransport(CommandPublisher):
 
     async def list_page(self, query: ListQuery) -> InstancePage:
         if not query.by_id:
-            # No index by created time: every summary, sorted (engine.reads.listing).
-            return created_page(await self.list(query.status), query)
+            # In one go: the owners read every meta (no index by created time).
+            return self._reader.list_page(query, _LIST_SLICE)
         # In slices of a bounded number of keys per partition, yielding between them, so
         # a filter that matches little never holds the processors up for long.
         found: list[InstanceStatus] = []

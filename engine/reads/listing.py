@@ -9,16 +9,17 @@ processor); its cursor then says how far it got, and the merge never passes a
 partition's cursor.
 
 ``order="newest"`` and ``"oldest"`` sort by created time. The state has no index by that
-time, so an owner reads the summaries of all its instances and sorts them
-(``created_page``); their cursor is ``<created_at>/<instance id>`` of the last row, so a
-page does not shift when instances start meanwhile, and pages merge the same way.
+time, so each partition reads every meta of the filters and decodes only its page
+(``consumers.instance_store``); their cursor is ``<created_at>/<instance id>`` of the
+last row, so a page does not shift when instances start meanwhile, and pages merge the
+same way.
 ``since`` and ``until`` bound the created time in every order.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -189,23 +190,6 @@ def merge_pages(
         found = found[:limit]
         return InstancePage(found, query.position(found[-1]))
     return InstancePage(found, frontier)
-
-
-def created_page(views: Iterable[InstanceStatus], query: ListQuery) -> InstancePage:
-    """The page of ``query`` (newest or oldest first) out of every instance a source
-    has: filtered, sorted by created time, from the cursor on."""
-    newest = query.order == "newest"
-    chosen = sorted((v for v in views if query.matches(v)), key=query.position, reverse=newest)
-    if query.after is not None:
-        after = query.after
-        if newest:
-            chosen = [v for v in chosen if query.position(v) < after]
-        else:
-            chosen = [v for v in chosen if query.position(v) > after]
-    if len(chosen) <= query.limit:
-        return InstancePage(chosen, None)
-    shown = chosen[: query.limit]
-    return InstancePage(shown, query.position(shown[-1]))
 
 
 @dataclass(frozen=True, slots=True)

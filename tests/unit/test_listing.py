@@ -14,7 +14,6 @@ from stepstream import InvalidPayload
 from stepstream.engine.reads.listing import (
     InstancePage,
     ListQuery,
-    created_page,
     merge_pages,
     parse_instant,
 )
@@ -73,6 +72,25 @@ def test_paging_lists_every_match_once_in_order(
     assert seen == sorted(wanted)
 
 
+def _time_page(views: list[InstanceStatus], query: ListQuery) -> InstancePage:
+    """What one partition answers in a time order (``consumers.instance_store``'s
+    contract): its instances after the cursor, in order, at most ``limit``."""
+    newest = query.order == "newest"
+    after = query.after
+    chosen = sorted(
+        (
+            v
+            for v in views
+            if after is None or (query.position(v) < after if newest else query.position(v) > after)
+        ),
+        key=query.position,
+        reverse=newest,
+    )
+    if len(chosen) <= query.limit:
+        return InstancePage(chosen, None)
+    return InstancePage(chosen[: query.limit], query.position(chosen[query.limit - 1]))
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     created=st.dictionaries(st.text("abc-0123", min_size=1, max_size=5), st.integers(0, 9)),
@@ -83,8 +101,8 @@ def test_paging_lists_every_match_once_in_order(
 def test_time_ordered_pages_merge_into_one_order(
     created: dict[str, int], sources: int, limit: int, order: str
 ) -> None:
-    """Each source pages its own instances by created time (``created_page``); merged,
-    the pages list every instance once, newest (or oldest) first, ties by id."""
+    """Each source pages its own instances by created time; merged, the pages list
+    every instance once, newest (or oldest) first, ties by id."""
     views = [
         InstanceStatus(i, "running", "w", "1", f"2026-01-01T00:00:0{t}.000+00:00", "")
         for i, t in created.items()
@@ -94,7 +112,7 @@ def test_time_ordered_pages_merge_into_one_order(
     after = None
     for _ in range(len(views) + 2):
         query = ListQuery(after=after, limit=limit, order=order)
-        page = merge_pages([created_page(part, query) for part in split], limit, query)
+        page = merge_pages([_time_page(part, query) for part in split], limit, query)
         seen += [v.instance_id for v in page.instances]
         if page.next is None:
             break
