@@ -4,13 +4,14 @@ instance's keys have one layout (``consumers.state_keys``) and one reader."""
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 import orjson
 
 from stepstream.consumers import state_keys as keys
 from stepstream.engine.reads.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
-from stepstream.engine.reads.views import InstanceStatus
+from stepstream.engine.reads.views import InstanceStatus, created_iso
 from stepstream.engine.replay.ids import is_client_command
 from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.replay.state_json import (
@@ -224,6 +225,39 @@ class InstanceReads:
             if looked >= budget:
                 return InstancePage(found, keys.split_meta(key))
         return InstancePage(found, None)
+
+    def list_by_created(self, query: ListQuery) -> InstancePage:
+        """The instances of ``query`` on this partition newest (or oldest) first by
+        created time, from its cursor on. With no index by that time every meta under
+        the prefix is read, but only its status, workflow and created time are looked
+        at; just the page's instances are decoded."""
+        newest = query.order == "newest"
+        found: list[tuple[str, bytes, bytes]] = []  # (position, key, meta)
+        for key, meta in self._store.scan(keys.META + keys.escape_id(query.prefix)):
+            raw = orjson.loads(meta)
+            if (query.status is not None and raw["st"] != query.status) or (
+                query.workflow is not None and raw["w"] != query.workflow
+            ):
+                continue
+            created = created_iso(raw["c"])
+            if (query.since is not None and created < query.since) or (
+                query.until is not None and created >= query.until
+            ):
+                continue
+            position = f"{created}/{keys.split_meta(key)}"
+            if query.after is not None and (
+                position >= query.after if newest else position <= query.after
+            ):
+                continue
+            found.append((position, key, meta))
+        pick = heapq.nlargest if newest else heapq.nsmallest
+        chosen = pick(query.limit + 1, found)
+        views = [
+            InstanceStatus.of(state_from_storage(keys.split_meta(key), meta, []))
+            for _, key, meta in chosen[: query.limit]
+        ]
+        more = len(chosen) > query.limit
+        return InstancePage(views, chosen[query.limit - 1][0] if more else None)
 
     def overview_slice(
         self, since_ms: int, start: bytes | None, budget: int

@@ -13,6 +13,7 @@ import builtins
 import importlib
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from stepstream.engine.api.schedule_spec import (
@@ -31,9 +32,11 @@ from stepstream.engine.errors import (
 from stepstream.engine.reads.listing import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
+    ORDERS,
     InstancePage,
     ListQuery,
     Overview,
+    parse_instant,
 )
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus, mark_set_aside
 from stepstream.engine.wire.codec import MAX_MESSAGE_CHARS
@@ -231,12 +234,26 @@ class Client:
         prefix: str = "",
         after: str | None = None,
         limit: int = DEFAULT_PAGE_SIZE,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+        order: str = "newest",
     ) -> InstancePage:
-        """One page of instances in id order, filtered; pass the page's ``next`` as
-        ``after`` for the following one (None: there is none). Fast however many
-        instances there are: the owners read their state from the cursor on."""
+        """One page of instances, filtered, newest first by created time (``order=
+        "oldest"``: oldest first; ``"id"``: in instance-id order); pass the page's
+        ``next`` as ``after`` for the following one (None: there is none). ``since`` and
+        ``until`` bound the created time (a datetime, an ISO 8601 string, or how long
+        ago: ``"1h"``). ``order="id"`` is fast however many instances there are (the
+        owners read their state from the cursor on); the time orders read every
+        instance's summary."""
+        if order not in ORDERS:
+            raise InvalidPayload(f"order={order!r} is not one of {', '.join(ORDERS)}")
+        bounds = [
+            None if t is None else parse_instant(_instant_text(t), name)
+            for name, t in (("since", since), ("until", until))
+        ]
+        limit = max(1, min(limit, MAX_PAGE_SIZE))
         return await self._transport.list_page(
-            ListQuery(status, workflow, prefix, after, max(1, min(limit, MAX_PAGE_SIZE)))
+            ListQuery(status, workflow, prefix, after, limit, order, *bounds)
         )
 
     # ---- schedules (producers/schedules.py) ----------------------------------------
@@ -387,3 +404,10 @@ class _Connecting:
     async def __aexit__(self, *exc: object) -> None:
         if self._client is not None:
             await self._client.close()
+
+
+def _instant_text(value: datetime | str) -> str:
+    if isinstance(value, str):
+        return value
+    # A naive datetime is taken as UTC, as ISO 8601 text without a zone is.
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()

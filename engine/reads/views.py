@@ -25,6 +25,12 @@ def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
 
+def created_iso(ms: int) -> str:
+    """A created time in ms as ``InstanceStatus.created_at`` writes it (lists compare
+    and sort these strings)."""
+    return _iso(ms)
+
+
 @dataclass(frozen=True, slots=True)
 class Wait:
     """Something an unfinished instance is waiting on."""

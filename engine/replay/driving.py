@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from traceback import format_exception
 from typing import Any
 
 from stepstream.engine.api.context import Context
@@ -37,6 +36,7 @@ from stepstream.engine.wire.codec import (
     clip_message,
     decode_safely,
     encode_safely,
+    format_traceback,
 )
 from stepstream.engine.wire.records import (
     HistoryRecord,
@@ -315,7 +315,7 @@ class DrivingMixin(OutgoingMixin):
         retryable: bool,
         *,
         now: bool = False,
-        traceback: str = "",
+        traceback: str | None = None,
     ) -> None:
         intent = self._intents.get(entry.key)
         policy = intent.policy if intent is not None else DEFAULT_RETRY
@@ -330,6 +330,7 @@ class DrivingMixin(OutgoingMixin):
             error_type=error_type,
             error_message=clip_message(message),
             next_attempt_at_ms=next_at,
+            traceback=traceback,
         )
         if traceback:
             self.tracebacks[(entry.key, entry.attempt)] = traceback
@@ -347,8 +348,9 @@ class DrivingMixin(OutgoingMixin):
             return
         exc = self._task.exception()
         if exc is not None:
-            self.tracebacks[WORKFLOW_TRACEBACK] = "".join(format_exception(exc)).rstrip()
-            self._fail_workflow(type(exc).__name__, str(exc) or repr(exc))
+            trace = format_traceback(exc)
+            self.tracebacks[WORKFLOW_TRACEBACK] = trace
+            self._fail_workflow(type(exc).__name__, str(exc) or repr(exc), trace)
             return
         try:
             result = check_size(
@@ -361,9 +363,12 @@ class DrivingMixin(OutgoingMixin):
             return
         self._finish(WorkflowCompleted, result=result)
 
-    def _fail_workflow(self, error_type: str, message: str) -> None:
+    def _fail_workflow(self, error_type: str, message: str, trace: str | None = None) -> None:
         self._finish(
-            WorkflowFailedRecord, error_type=error_type, error_message=clip_message(message)
+            WorkflowFailedRecord,
+            error_type=error_type,
+            error_message=clip_message(message),
+            traceback=trace,
         )
 
     def _finish(self, cls: type[HistoryRecord], **attrs: Any) -> None:

@@ -161,7 +161,8 @@ class StepSucceeded(HistoryRecord):
 @record
 class StepFailedRecord(HistoryRecord):
     """An attempt failed. ``next_attempt_at_ms`` is set when another attempt will run;
-    None means the step failed for good and ``StepFailed`` is raised into the workflow."""
+    None means the step failed for good and ``StepFailed`` is raised into the workflow.
+    ``traceback``: where the exception was raised, for operators (schema v2)."""
 
     type_name: ClassVar[str] = "StepFailed"
     key: str
@@ -169,6 +170,7 @@ class StepFailedRecord(HistoryRecord):
     error_type: str
     error_message: str
     next_attempt_at_ms: int | None = None
+    traceback: str | None = None
 
 
 @record
@@ -312,6 +314,7 @@ class WorkflowFailedRecord(HistoryRecord):
     type_name: ClassVar[str] = "WorkflowFailed"
     error_type: str
     error_message: str
+    traceback: str | None = None
 
 
 @record

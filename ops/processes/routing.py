@@ -88,7 +88,7 @@ class ProcessesTransport:
         return sorted(merged, key=lambda v: (v.created_at, v.instance_id))
 
     async def list_page(self, query: ListQuery) -> InstancePage:
-        return merge_pages(await self._every(lambda t: t.list_page(query)), query.limit)
+        return merge_pages(await self._every(lambda t: t.list_page(query)), query.limit, query)
 
     async def overview(self) -> Overview:
         return merge_overviews(await self._every(lambda t: t.overview()))

@@ -8,7 +8,7 @@ import json
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -195,8 +195,9 @@ SAMPLES: list[Record] = [
     WorkflowForked(**env(5), source_id="order-7f3a", to="charge#2", from_seq=5),
 ]
 
-# CRC-64-AVRO of every released schema. A change here means a released schema was edited:
-# records already on the topics would no longer decode. Add a new version instead.
+# CRC-64-AVRO of the schema each record type is written with. A change here means a
+# released schema was edited (records already on the topics would no longer decode) or a
+# new version was added: then its older fingerprint goes to OLDER_FINGERPRINTS.
 RELEASED_FINGERPRINTS = {
     "StartWorkflow": 0x1FF2187003F97F90,
     "SendEvent": 0xDF93966B91E95BD6,
@@ -207,7 +208,7 @@ RELEASED_FINGERPRINTS = {
     "WorkflowStarted": 0x8E783271B0CCB3DA,
     "StepAttemptStarted": 0x44A09FFFD6C426F9,
     "StepSucceeded": 0xD1FA5079AD23317B,
-    "StepFailed": 0xB6A4BD9DA433C091,
+    "StepFailed": 0x6DC6D236DBD60821,
     "SleepStarted": 0x36AC2F871277A115,
     "SleepElapsed": 0x7EB644C35155BFB1,
     "WaitStarted": 0xEF693B9D631EF672,
@@ -225,7 +226,7 @@ RELEASED_FINGERPRINTS = {
     "WorkflowPaused": 0xB3B46E1326F4E289,
     "WorkflowResumed": 0x0583DC6A6145B1E9,
     "WorkflowCompleted": 0x2A10E4A3CCB962DB,
-    "WorkflowFailed": 0x5F30228D4DFFB81F,
+    "WorkflowFailed": 0x440B00E9C26AF6F6,
     "WorkflowCancelled": 0xE0B8D35159E48AAF,
     "CommandIgnored": 0x86EC1ADBBC01BD16,
     "PartitionFenced": 0x093A9B81DAC9A2BD,
@@ -241,6 +242,11 @@ RELEASED_FINGERPRINTS = {
     "StartFork": 0x44BEAB10A90F91E3,
     "WorkflowReset": 0x7B15A6FF2A74876F,
     "WorkflowForked": 0xA511583C0942133A,
+}
+# Released versions that a newer one replaced for writing; records of them still decode.
+OLDER_FINGERPRINTS = {
+    "StepFailed v1": 0xB6A4BD9DA433C091,
+    "WorkflowFailed v1": 0x5F30228D4DFFB81F,
 }
 
 
@@ -336,6 +342,31 @@ def test_every_record_type_has_one_documented_schema_file() -> None:
 def test_released_schemas_keep_their_fingerprints() -> None:
     serde = default_serde()
     assert {cls.type_name: serde.fingerprint(cls) for cls in ALL_TYPES} == RELEASED_FINGERPRINTS
+    assert set(OLDER_FINGERPRINTS.values()) <= set(serde.writer_schemas())
+
+
+def test_failures_written_with_v1_read_without_a_traceback() -> None:
+    """StepFailed and WorkflowFailed v2 add ``traceback``: a v1 record (as any Avro
+    writer made it before) reads with None there."""
+    serde = default_serde()
+    schemas = serde.writer_schemas()
+    records: list[StepFailedRecord | WorkflowFailedRecord] = [
+        StepFailedRecord(**env(3), key="pay", attempt=2, error_type="E", error_message="no"),
+        WorkflowFailedRecord(**env(4), error_type="E", error_message="no"),
+    ]
+    for record in records:
+        with_trace = replace(record, traceback="Traceback (most recent call last):\n  ...")
+        new = serde.encode(with_trace)
+        assert serde.decode(new) == with_trace
+        # The same record as a v1 writer wrote it: no traceback field at all.
+        v2 = fastavro.parse_schema(schemas[int.from_bytes(new[2:10], "little")])
+        raw = fastavro.schemaless_reader(io.BytesIO(new[10:]), v2, None)
+        assert isinstance(raw, dict) and raw.pop("traceback").startswith("Traceback")
+        fingerprint = OLDER_FINGERPRINTS[f"{record.type_name} v1"]
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, fastavro.parse_schema(schemas[fingerprint]), raw)
+        old = b"\xc3\x01" + fingerprint.to_bytes(8, "little") + body.getvalue()
+        assert serde.decode(old) == record and record.traceback is None
 
 
 def test_samples_cover_every_record_type() -> None:

@@ -34,13 +34,18 @@ UI_FILES = frozenset(
     {
         "app.js",
         "api.js",
+        "controls.js",
         "dom.js",
-        "timeline.js",
-        "pages.js",
-        "schedules.js",
-        "repair.js",
-        "style.css",
         "index.html",
+        "instance.js",
+        "pages.js",
+        "parts.js",
+        "repair.js",
+        "schedules.js",
+        "style.css",
+        "theme.js",
+        "timeline.js",
+        "tree.js",
     }
 )
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}

@@ -2,7 +2,8 @@
 // renders into <main>; a 401 from the API shows the token form instead.
 import { ApiError, hasToken, setToken, takeTokenFromAddress } from "./api.js";
 import { h } from "./dom.js";
-import { definitionsPage, instancePage, listPage } from "./pages.js";
+import { instancePage } from "./instance.js";
+import { definitionsPage, listPage } from "./pages.js";
 import { schedulesPage } from "./schedules.js";
 
 const main = document.getElementById("main");
