@@ -42,6 +42,16 @@ class InstanceFinished(StepstreamError):
     """The instance already completed, failed or was cancelled."""
 
 
+class InstanceExists(StepstreamError):
+    """A start with ``if_exists="fail"`` found an instance with that id; the message
+    names its status. Start it under another id, or with another ``if_exists``."""
+
+    def __init__(self, message: str, *, instance_id: str = "", status: str = "") -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+        self.status = status
+
+
 class InstanceNotPaused(StepstreamError):
     """A resume of an instance that is not paused (it is recorded and ignored)."""
 
@@ -62,6 +72,16 @@ class WorkflowCancelled(StepstreamError):
         super().__init__(message)
         self.instance_id = instance_id
         self.reason = reason
+
+
+class WorkflowTimeout(WorkflowFailed):
+    """The run passed its ``@workflow(timeout=)``: the instance failed with this error
+    type (``result()`` raises it; it is a ``WorkflowFailed``)."""
+
+
+class WorkflowTerminated(WorkflowCancelled):
+    """The instance was terminated (``terminate``): ended at once, no compensations.
+    ``result()`` raises it; it is a ``WorkflowCancelled``."""
 
 
 class ResultTimeout(StepstreamError, TimeoutError):

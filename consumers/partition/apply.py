@@ -249,6 +249,16 @@ class Applier:
             runtime = self._cache.new(InstanceState(instance_id), definition)
         elif self.reads.applied(runtime.state, record.command_id):
             return record.command_id, None, False  # re-delivered: it changes nothing
+        elif (
+            isinstance(record, StartWorkflow)
+            and record.if_exists == "restart_if_failed"
+            and runtime.state.status.restartable
+        ):
+            # A new run: of the workflow (and version) this start names.
+            try:
+                runtime.definition = self._registry.resolve(record.workflow, record.version)
+            except UnknownWorkflow as exc:
+                return record.command_id, str(exc), True
         error = self._containment.handle(runtime, record, batch)
         if error is not None and isinstance(record, TimerFired):
             # Dead-lettered, the fire would be lost (the index let the timer go when it
@@ -274,8 +284,9 @@ class Applier:
             self._telemetry.timer_fired(
                 max(0, self._clock.now_ms() - record.fire_at_ms) / 1000, direct=direct
             )
-        if runtime.ignored and not isinstance(record, StartWorkflow):
-            # Recorded as ignored (CommandIgnored); the publisher learns why.
+        if runtime.ignored:
+            # Recorded as ignored (CommandIgnored); the publisher learns why (a start:
+            # only when its if_exists refuses an existing id).
             return record.command_id, ignored_reason(record, runtime.state.status.value), False
         return record.command_id, None, False
 

@@ -47,10 +47,12 @@ class InstanceStatus:
     waits: list[Wait] = field(default_factory=list)
     buffered_events: int = 0
     error: str | None = None
+    # The run number: 1, one more each time ``if_exists="restart_if_failed"`` restarted it.
+    run: int = 1
 
     @property
     def finished(self) -> bool:
-        return self.status in ("completed", "failed", "cancelled")
+        return self.status in ("completed", "failed", "cancelled", "terminated")
 
     @property
     def diverged(self) -> bool:
@@ -86,7 +88,7 @@ class InstanceStatus:
         if state.error_type:
             error = f"{state.error_type}: {state.error_message}"
         elif state.cancel_reason:
-            error = f"cancelled: {state.cancel_reason}"
+            error = f"{state.status.value}: {state.cancel_reason}"
         elif state.parked and not state.status.finished:
             error = state.parked
         return cls(
@@ -99,6 +101,7 @@ class InstanceStatus:
             waits=waits,
             buffered_events=len(state.buffered) + state.unread_buffered,
             error=error,
+            run=state.run,
         )
 
 

@@ -20,6 +20,7 @@ from stepstream.engine.wire.records import (
     Payload,
     SendEvent,
     StartWorkflow,
+    TerminateWorkflow,
 )
 
 
@@ -104,15 +105,20 @@ class OutgoingMixin(RuntimeCore):
         )
         self._out.commands.append((state.instance_id, refusal))
 
-    def _cancel_children(self, children: list[Entry], reason: str) -> None:
+    def _cancel_children(
+        self, children: list[Entry], reason: str, *, terminate: bool = False
+    ) -> None:
+        """Cancel (or terminate) children; the command id makes it apply once."""
+        cls = TerminateWorkflow if terminate else CancelWorkflow
+        prefix = "terminatechild" if terminate else "cancelchild"
         for entry in children:
             assert entry.child_id is not None
             self._out.commands.append(
                 (
                     self.state.instance_id,
-                    CancelWorkflow(
+                    cls(
                         instance_id=entry.child_id,
-                        command_id=f"cancelchild:{entry.child_id}",
+                        command_id=f"{prefix}:{entry.child_id}",
                         time_ms=self.clock.now_ms(),
                         reason=reason,
                     ),

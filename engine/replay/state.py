@@ -17,6 +17,7 @@ from enum import StrEnum
 
 from stepstream.engine.errors import StepstreamError
 from stepstream.engine.replay.ids import (
+    RUN_TIMEOUT_KEY,
     is_client_command,
     loop_prefixes,
     parse_child_command,
@@ -48,8 +49,11 @@ from stepstream.engine.wire.records import (
     WorkflowCompleted,
     WorkflowFailedRecord,
     WorkflowPaused,
+    WorkflowRestarted,
     WorkflowResumed,
     WorkflowStarted,
+    WorkflowTerminatedRecord,
+    WorkflowTimeoutSet,
 )
 
 
@@ -60,22 +64,30 @@ class Status(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    TERMINATED = "terminated"
 
     @property
     def finished(self) -> bool:
         return self in _TERMINAL
 
+    @property
+    def restartable(self) -> bool:
+        """Whether a start with ``if_exists="restart_if_failed"`` begins a new run."""
+        return self in _RESTARTABLE
 
-_TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
+
+_TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.TERMINATED})
+_RESTARTABLE = frozenset({Status.FAILED, Status.CANCELLED, Status.TERMINATED})
+_ENDS = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.TERMINATED})
 _ALLOWED: dict[Status, frozenset[Status]] = {
-    Status.PENDING: frozenset(
-        {Status.RUNNING, Status.PAUSED, Status.COMPLETED, Status.FAILED, Status.CANCELLED}
-    ),
-    Status.RUNNING: frozenset({Status.PAUSED, Status.COMPLETED, Status.FAILED, Status.CANCELLED}),
-    Status.PAUSED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED}),
+    Status.PENDING: _ENDS | {Status.RUNNING, Status.PAUSED},
+    Status.RUNNING: _ENDS | {Status.PAUSED},
+    Status.PAUSED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED, Status.TERMINATED}),
     Status.COMPLETED: frozenset(),
-    Status.FAILED: frozenset(),
-    Status.CANCELLED: frozenset(),
+    # A restart (WorkflowRestarted) begins a new run of an instance that ended so.
+    Status.FAILED: frozenset({Status.PENDING}),
+    Status.CANCELLED: frozenset({Status.PENDING}),
+    Status.TERMINATED: frozenset({Status.PENDING}),
 }
 
 
@@ -171,6 +183,8 @@ class InstanceState:
     error_message: str = ""
     cancel_reason: str = ""
     finished_ms: int = 0  # when it completed, failed or was cancelled
+    # The run number: 1, and one more at each restart (WorkflowRestarted).
+    run: int = 1
     # Why an unfinished instance cannot advance where it is owned now (its version is
     # not deployed there); "" when it can. Set by the owner, not by history.
     parked: str = ""
@@ -378,8 +392,37 @@ class InstanceState:
                 self._transition_to(Status.CANCELLED)
                 self.finished_ms = record.time_ms
                 self.cancel_reason = record.reason
+            case WorkflowTerminatedRecord():
+                self._transition_to(Status.TERMINATED)
+                self.finished_ms = record.time_ms
+                self.cancel_reason = record.reason
+            case WorkflowTimeoutSet():
+                entry = self._entry(
+                    RUN_TIMEOUT_KEY, EntryKind.SLEEP, EntryState.SLEEPING, record.seq
+                )
+                entry.timer_id = timer_id(self.instance_id, "timeout", RUN_TIMEOUT_KEY, record.seq)
+                entry.fire_at_ms = record.timeout_at_ms
+            case WorkflowRestarted():
+                self._restart(record)
             case _:
                 pass
+
+    def _restart(self, record: WorkflowRestarted) -> None:
+        """Set the previous run aside: its entries and unclaimed events are dropped from
+        the state (its records stay in the history), so the next ``WorkflowStarted``
+        begins a run that replays from nothing."""
+        self._transition_to(Status.PENDING)
+        self.run = record.run
+        self.deleted_entries.update(self.entries)
+        self.dirty_entries.clear()
+        self.entries.clear()
+        self.sorted_keys = None
+        self.open_waits.clear()
+        self.taken_buffered.extend(event.seq for event in self.buffered)
+        self.buffered.clear()  # stored ones taken; new ones are stored, then taken
+        self.result = None
+        self.error_type = self.error_message = self.cancel_reason = self.parked = ""
+        self.finished_ms = 0
 
     def _loop_advanced(self, record: LoopAdvanced) -> None:
         entry = self._entry(record.key, EntryKind.LOOP, EntryState.RECORDED, record.seq)

@@ -3,8 +3,8 @@ import { api } from "./api.js";
 import { h, json, when } from "./dom.js";
 import { drawTimeline } from "./timeline.js";
 
-const STATUSES = ["pending", "running", "paused", "completed", "failed", "cancelled"];
-const FINISHED = new Set(["completed", "failed", "cancelled"]);
+const STATUSES = ["pending", "running", "paused", "completed", "failed", "cancelled", "terminated"];
+const FINISHED = new Set(["completed", "failed", "cancelled", "terminated"]);
 const POLL_MS = 1000;
 const PAGE_SIZE = 50;
 
@@ -119,7 +119,9 @@ export async function instancePage(main, id) {
       e.preventDefault();
       send("cancel", { reason: reason.value }, "Cancel sent.");
     } }, h("div", { class: "field" }, h("label", { for: "c-reason" }, "Reason"), reason),
-    h("button", { type: "submit", class: "danger" }, "Cancel instance")),
+    h("button", { type: "submit", class: "danger" }, "Cancel instance"),
+    h("button", { type: "button", id: "c-terminate", class: "danger",
+      onclick: () => send("terminate", { reason: reason.value }, "Terminate sent.") }, "Terminate")),
     h("form", { class: "row", novalidate: true, onsubmit: (e) => {
       e.preventDefault();
       const name = eventName.value.trim();
@@ -169,7 +171,7 @@ export async function instancePage(main, id) {
       h("div", { class: "io" },
         h("section", { "aria-labelledby": "in-h" }, h("h2", { id: "in-h" }, "Input"), h("pre", { id: "input" }, json(latest.input))),
         h("section", { "aria-labelledby": "out-h" }, h("h2", { id: "out-h" }, "Result"),
-          h("pre", { id: "result" }, s.status === "completed" ? json(latest.result) : s.status === "failed" || s.status === "cancelled" ? `(${s.status})` : "(not finished)"))),
+          h("pre", { id: "result" }, s.status === "completed" ? json(latest.result) : s.status === "failed" || s.status === "cancelled" || s.status === "terminated" ? `(${s.status})` : "(not finished)"))),
       h("section", { "aria-labelledby": "waits-h" }, h("h2", { id: "waits-h" }, "Waiting on"), waits),
       children.length ? h("section", { "aria-labelledby": "children-h" }, h("h2", { id: "children-h" }, "Children"),
         h("ul", {}, ...children.map((c) => h("li", {}, instanceLink(c.name), ` ${c.outcome}`)))) : "",
