@@ -97,7 +97,7 @@ def error_for(reason: str, instance_id: str, action: str) -> StepstreamError:
         return InstanceExists(
             f"instance {instance_id} already exists (status {status}); start it under "
             'another id, or with if_exists="return" to get the existing one'
-            + (' or "restart_if_failed" to run it again' if status in _RESTARTABLE else ""),
+            + (', or "restart_if_failed" to run it again' if status in _RESTARTABLE else ""),
             instance_id=instance_id,
             status=status,
         )

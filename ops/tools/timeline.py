@@ -180,6 +180,16 @@ def timeline_rows(history: Sequence[HistoryEntry]) -> list[TimelineRow]:
             case "WorkflowCancelled":
                 abandon_open(at, "the workflow was cancelled")
                 point(at, "workflow", "", "cancelled", _short(a.get("reason")) or "no reason")
+            case "WorkflowTerminated":
+                abandon_open(at, "the workflow was terminated")
+                point(at, "workflow", "", "terminated", _short(a.get("reason")) or "no reason")
+            case "WorkflowTimeoutSet":
+                due = a.get("timeout_at_ms")
+                until = f"times out at +{_duration(due - start)}" if isinstance(due, int) else ""
+                point(at, "workflow", "", "timeout set", until)
+            case "WorkflowRestarted":
+                ended = a.get("previous_status")
+                point(at, "workflow", "", "restarted", f"run {a.get('run')}, after {ended}")
             case "CommandIgnored":
                 point(
                     at,
