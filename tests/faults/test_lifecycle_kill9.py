@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from stepstream import WorkflowTerminated, WorkflowTimeout
+from stepstream import WorkflowFailed, WorkflowTerminated, WorkflowTimeout
 from tests.faults.test_kill9 import Dev, check_history, dev, explained, wait_for  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -71,3 +71,31 @@ async def test_a_terminate_applies_once_across_a_kill9(dev: Dev) -> None:  # noq
             assert types.count("WorkflowTerminated") == 1 and types[-1] == "WorkflowTerminated"
             assert "CommandIgnored" not in types  # the command was not applied twice
             assert (await client.status(name)).status == "terminated"
+
+
+async def test_a_restarted_run_replays_after_a_kill9(dev: Dev) -> None:  # noqa: F811
+    """The second run's state (the first run's entries set aside) is what is stored: a
+    kill -9 mid second run replays it alone, not the first run's records."""
+    name = "restarted"
+    async with dev.client() as client:
+        await client.start("flaky-once", {"fail": True}, instance_id=name)
+        with pytest.raises(WorkflowFailed):
+            await client.result(name, timeout=20)
+        await client.start(
+            "flaky-once", {"wait": True, "n": 4}, instance_id=name, if_exists="restart_if_failed"
+        )
+
+        async def waiting() -> bool:
+            return any(w.event == "go" for w in (await client.status(name)).waits)
+
+        await wait_for(waiting, "the second run to wait")
+    await dev.restart_after_kill9()
+
+    async with explained(dev, name), dev.client() as client:
+        await client.send_event(name, "go", None)
+        assert await client.result(name, timeout=20) == {"ok": 4}
+        status = await client.status(name)
+        assert (status.status, status.run) == ("completed", 2)
+        types = [h.type for h in await client.history(name)]
+        assert types.count("WorkflowRestarted") == 1 and types.count("WorkflowStarted") == 2
+        assert types.count("WaitStarted") == 1 and types[-1] == "WorkflowCompleted"
