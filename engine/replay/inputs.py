@@ -45,7 +45,7 @@ def on_start(rt: InstanceRuntime, msg: StartWorkflow) -> None:
         # start one new run (the second finds it running).
         previous = rt.state.status.value
         rt.close()
-        rt.inflight.clear()
+        rt.stale_attempts |= rt.inflight
         rt._intents.clear()
         rt._ephemeral.clear()
         rt._emit(WorkflowRestarted, run=rt.state.run + 1, previous_status=previous)
@@ -201,6 +201,12 @@ def _on_lost_timer(rt: InstanceRuntime, fired: str) -> None:
 
 def on_outcome(rt: InstanceRuntime, o: StepOutcome) -> None:
     entry = rt.state.entries.get(o.key)
+    if (o.key, o.attempt) in rt.stale_attempts:
+        # Given up when the previous run ended; a restart came before its outcome.
+        rt.stale_attempts.discard((o.key, o.attempt))
+        if entry is None or entry.state is not EntryState.RUNNING or entry.attempt != o.attempt:
+            rt.inflight.discard((o.key, o.attempt))
+        return
     rt.inflight.discard((o.key, o.attempt))
     if entry is None and rt._ephemeral.get(o.key) == o.attempt:
         del rt._ephemeral[o.key]

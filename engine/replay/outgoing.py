@@ -157,7 +157,11 @@ class OutgoingMixin(RuntimeCore):
         assert entry.child_id is not None and entry.result is not None
         return SendEvent(
             instance_id=entry.child_id,
-            command_id=message_command(self.state.instance_id, entry.key),
+            # A restarted run's messages are new ones: the receiver applies an id once.
+            command_id=message_command(
+                self.state.instance_id,
+                entry.key if self.state.run == 1 else f"run{self.state.run}/{entry.key}",
+            ),
             time_ms=self.clock.now_ms(),
             name=entry.event_name or "",
             payload=entry.result,

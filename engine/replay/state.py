@@ -413,6 +413,11 @@ class InstanceState:
         begins a run that replays from nothing."""
         self._transition_to(Status.PENDING)
         self.run = record.run
+        # The engine's own command ids (a step outcome, a timer fire) name a key and an
+        # attempt or a seq, which the new run may use again: only the restart's stays
+        # (client commands are also kept one key each, so they still apply once).
+        self.recent_commands.clear()
+        self.recent_commands.append(record.command_id)
         self.deleted_entries.update(self.entries)
         self.dirty_entries.clear()
         self.entries.clear()

@@ -148,6 +148,20 @@ async def test_a_timeout_gives_up_a_running_step(client: Client) -> None:
     assert "StepSucceeded" not in [t for _, t, _ in history]
 
 
+async def test_a_paused_run_times_out_too(client: Client) -> None:
+    instance = await client.start("deadline", {"wait": True}, instance_id=new_id("paused"))
+
+    async def waiting() -> bool:
+        return any(w.event == "go" for w in (await client.status(instance)).waits)
+
+    await until(waiting)
+    await client.pause(instance)
+    with pytest.raises(WorkflowTimeout):
+        await client.result(instance, timeout=20)
+    types = [t for _, t, _ in await history_of(client, instance)]
+    assert types[-2:] == ["WorkflowPaused", "WorkflowFailed"]
+
+
 async def test_a_run_that_finishes_first_cancels_its_timeout(client: Client) -> None:
     instance = await client.start("deadline", {"sleep": 0.1}, instance_id=new_id("quick"))
     assert await client.result(instance, timeout=20) == "in time"
@@ -203,3 +217,28 @@ async def test_terminate_of_a_finished_instance_is_refused(client: Client) -> No
     with pytest.raises(InstanceFinished, match=f"{instance} is already completed"):
         await client.terminate(instance, reason="too late")
     assert (await client.status(instance)).status == "completed"
+
+
+def test_the_documented_example_runs() -> None:
+    """examples/lifecycle.py, as docs/workflows.md says to run it, prints what its
+    comments say."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    assert "examples/lifecycle.py" in (repo / "docs/workflows.md").read_text()
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.lifecycle"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "fail: running",
+        "timeout: WorkflowTimeout",
+        "run 2: {'carrier': 'dhl'}",
+        "terminate: supplier gone",
+    ]
