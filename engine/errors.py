@@ -39,7 +39,7 @@ class UnknownInstance(StepstreamError):
 
 
 class InstanceFinished(StepstreamError):
-    """The instance already completed, failed or was cancelled."""
+    """The instance already completed, failed, was cancelled or terminated."""
 
 
 class InstanceExists(StepstreamError):
