@@ -4,7 +4,7 @@
 runtime just decided) and on restore (records read back from the history topic), so a
 restored instance is exactly the instance that was lost. How the state is stored and read
 back is ``engine.replay.state_json``'s; the ids it derives (timers, child starts, message
-answers) are ``engine.replay.ids``'s.
+answers) are ``engine.replay.ids``'s, the status machine ``engine.replay.status``'s.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from stepstream.engine.errors import StepstreamError
 from stepstream.engine.replay.ids import (
     RUN_TIMEOUT_KEY,
     is_client_command,
@@ -25,6 +24,11 @@ from stepstream.engine.replay.ids import (
     split_timer_id,
     timer_id,
 )
+
+# The status machine is its own module; readers of the state import it from here too.
+from stepstream.engine.replay.status import InvalidTransition as InvalidTransition
+from stepstream.engine.replay.status import Status as Status
+from stepstream.engine.replay.status import check_transition
 from stepstream.engine.wire.records import (
     ChildStarted,
     EventBuffered,
@@ -55,44 +59,6 @@ from stepstream.engine.wire.records import (
     WorkflowTerminatedRecord,
     WorkflowTimeoutSet,
 )
-
-
-class Status(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    PAUSED = "paused"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    TERMINATED = "terminated"
-
-    @property
-    def finished(self) -> bool:
-        return self in _TERMINAL
-
-    @property
-    def restartable(self) -> bool:
-        """Whether a start with ``if_exists="restart_if_failed"`` begins a new run."""
-        return self in _RESTARTABLE
-
-
-_TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.TERMINATED})
-_RESTARTABLE = frozenset({Status.FAILED, Status.CANCELLED, Status.TERMINATED})
-_ENDS = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.TERMINATED})
-_ALLOWED: dict[Status, frozenset[Status]] = {
-    Status.PENDING: _ENDS | {Status.RUNNING, Status.PAUSED},
-    Status.RUNNING: _ENDS | {Status.PAUSED},
-    Status.PAUSED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED, Status.TERMINATED}),
-    Status.COMPLETED: frozenset(),
-    # A restart (WorkflowRestarted) begins a new run of an instance that ended so.
-    Status.FAILED: frozenset({Status.PENDING}),
-    Status.CANCELLED: frozenset({Status.PENDING}),
-    Status.TERMINATED: frozenset({Status.PENDING}),
-}
-
-
-class InvalidTransition(StepstreamError):
-    """A record asked for a status change the state machine does not allow."""
 
 
 class EntryKind(StrEnum):
@@ -231,13 +197,7 @@ class InstanceState:
     # ---- the state machine ----------------------------------------------------------
 
     def _transition_to(self, status: Status) -> None:
-        if status is self.status:
-            return
-        if status not in _ALLOWED[self.status]:
-            raise InvalidTransition(
-                f"instance {self.instance_id}: {self.status.value} -> {status.value} "
-                "is not a valid transition"
-            )
+        check_transition(self.instance_id, self.status, status)
         self.status = status
 
     def apply(self, record: HistoryRecord) -> None:
