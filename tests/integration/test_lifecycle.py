@@ -116,6 +116,25 @@ async def test_restart_if_failed_restarts_cancelled_and_keeps_running(client: Cl
     assert await client.result(instance, timeout=20) == {"ok": 2}
 
 
+async def test_two_clients_restarting_at_once_start_one_new_run(client: Client) -> None:
+    """The owner decides each start against the state it owns: the second restart finds
+    the new run going and is returned as with "return"."""
+    instance = new_id("race")
+    await fail_once(client, instance)
+    again = {"wait": True}
+    await asyncio.gather(
+        *(
+            client.start("flaky-once", again, instance_id=instance, if_exists="restart_if_failed")
+            for _ in range(4)
+        )
+    )
+    await client.send_event(instance, "go", None)
+    assert await client.result(instance, timeout=20) == {"ok": 0}
+    types = [t for _, t, _ in await history_of(client, instance)]
+    assert types.count("WorkflowRestarted") == 1 and types.count("CommandIgnored") == 3
+    assert (await client.status(instance)).run == 2
+
+
 async def test_if_exists_must_be_a_policy(client: Client) -> None:
     with pytest.raises(InvalidPayload, match="restart_if_failed"):
         await client.start("flaky-once", {}, instance_id=new_id("bad"), if_exists="replace")
