@@ -39,7 +39,17 @@ class UnknownInstance(StepstreamError):
 
 
 class InstanceFinished(StepstreamError):
-    """The instance already completed, failed or was cancelled."""
+    """The instance already completed, failed, was cancelled or terminated."""
+
+
+class InstanceExists(StepstreamError):
+    """A start with ``if_exists="fail"`` found an instance with that id; the message
+    names its status. Start it under another id, or with another ``if_exists``."""
+
+    def __init__(self, message: str, *, instance_id: str = "", status: str = "") -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+        self.status = status
 
 
 class InstanceNotPaused(StepstreamError):
@@ -71,6 +81,16 @@ class WorkflowCancelled(StepstreamError):
         super().__init__(message)
         self.instance_id = instance_id
         self.reason = reason
+
+
+class WorkflowTimeout(WorkflowFailed):
+    """The run passed its ``@workflow(timeout=)``: the instance failed with this error
+    type (``result()`` raises it; it is a ``WorkflowFailed``)."""
+
+
+class WorkflowTerminated(WorkflowCancelled):
+    """The instance was terminated (``terminate``): ended at once, no compensations.
+    ``result()`` raises it; it is a ``WorkflowCancelled``."""
 
 
 class ResultTimeout(StepstreamError, TimeoutError):

@@ -41,6 +41,7 @@ from stepstream.engine.reads.listing import (
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus, mark_set_aside
 from stepstream.engine.wire.codec import MAX_MESSAGE_CHARS
 from stepstream.engine.wire.names import (
+    check_if_exists,
     check_name,
     event_id_problem,
     event_name_problem,
@@ -57,7 +58,12 @@ _FORK_APPEARS_S = 10.0
 
 class Transport(Protocol):
     async def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None,
+        if_exists: str = "return",
     ) -> str: ...
 
     async def send_event(
@@ -67,6 +73,8 @@ class Transport(Protocol):
     async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any: ...
 
     async def cancel(self, instance_id: str, reason: str) -> None: ...
+
+    async def terminate(self, instance_id: str, reason: str) -> None: ...
 
     async def pause(self, instance_id: str) -> None: ...
 
@@ -134,9 +142,17 @@ class Client:
         *,
         instance_id: str | None = None,
         version: str | None = None,
+        if_exists: str = "return",
     ) -> str:
         """Start an instance and return its id. Idempotent on ``instance_id``: starting an
         id that exists returns it and leaves the existing instance as it is.
+
+        ``if_exists`` says what a start of an existing id does, decided by the owner of
+        the instance against the state it owns (so two clients never race): "return"
+        (the default: the first run stands), "fail" (raises ``InstanceExists`` naming the
+        id and its status), or "restart_if_failed" (an instance that failed, was
+        cancelled or terminated starts afresh as its next run, its earlier runs kept in
+        its history; a running or completed one is returned as with "return").
 
         The instance runs the latest version of ``workflow`` that the workers have, or
         ``version`` if given (one that is still deployed; ``UnknownWorkflow`` names the
@@ -147,7 +163,8 @@ class Client:
         check_name(instance_id, "instance id", _client_id_problem)
         if version is not None:
             check_name(version, f"version of workflow {workflow!r}:")
-        return await self._transport.start(workflow, input, instance_id, version)
+        check_if_exists(if_exists)
+        return await self._transport.start(workflow, input, instance_id, version, if_exists)
 
     async def send_event(
         self, instance_id: str, name: str, payload: Any = None, *, event_id: str | None = None
@@ -172,6 +189,12 @@ class Client:
 
     async def cancel(self, instance_id: str, *, reason: str = "") -> None:
         await self._transport.cancel(_id(instance_id), reason)
+
+    async def terminate(self, instance_id: str, *, reason: str = "") -> None:
+        """End the instance at once with status ``terminated``: no compensation runs and
+        running step attempts are given up, not awaited; the children it still waits for
+        are terminated too. ``InstanceFinished`` if it had already finished."""
+        await self._transport.terminate(_id(instance_id), reason)
 
     async def pause(self, instance_id: str) -> None:
         await self._transport.pause(_id(instance_id))

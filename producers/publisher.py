@@ -22,6 +22,8 @@ from stepstream.engine.errors import (
     ResultTimeout,
     WorkflowCancelled,
     WorkflowFailed,
+    WorkflowTerminated,
+    WorkflowTimeout,
 )
 from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview, merge_overviews
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus, mark_set_aside
@@ -35,6 +37,7 @@ from stepstream.engine.wire.codec import (
     encode_safely,
 )
 from stepstream.engine.wire.names import (
+    check_if_exists,
     check_name,
     event_id_problem,
     event_name_problem,
@@ -52,6 +55,7 @@ from stepstream.engine.wire.records import (
     RetryWorkflow,
     SendEvent,
     StartWorkflow,
+    TerminateWorkflow,
 )
 from stepstream.engine.wire.settle import error_for
 from stepstream.producers import trace_context
@@ -114,13 +118,20 @@ def raise_for_outcome(state: InstanceState, codec: PayloadCodec) -> Any:
     if state.status is Status.COMPLETED:
         assert state.result is not None
         return decode_safely(codec, state.result)
+    if state.status is Status.TERMINATED:
+        raise WorkflowTerminated(
+            f"instance {state.instance_id} was terminated: {state.cancel_reason or 'no reason'}",
+            instance_id=state.instance_id,
+            reason=state.cancel_reason,
+        )
     if state.status is Status.CANCELLED:
         raise WorkflowCancelled(
             f"instance {state.instance_id} was cancelled: {state.cancel_reason or 'no reason'}",
             instance_id=state.instance_id,
             reason=state.cancel_reason,
         )
-    raise WorkflowFailed(
+    failed = WorkflowTimeout if state.error_type == "WorkflowTimeout" else WorkflowFailed
+    raise failed(
         f"instance {state.instance_id} failed: {state.error_type}: {state.error_message}",
         instance_id=state.instance_id,
         error_type=state.error_type,
@@ -131,6 +142,7 @@ _ACTIONS = {
     "StartWorkflow": "start",
     "SendEvent": "sending an event",
     "CancelWorkflow": "cancel",
+    "TerminateWorkflow": "terminate",
     "PauseWorkflow": "pause",
     "ResumeWorkflow": "resume",
     "ResetWorkflow": "reset",
@@ -185,10 +197,16 @@ class CommandPublisher(abc.ABC):
         owner records them as ignored and settles them with the reason."""
 
     async def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None = None,
+        if_exists: str = "return",
     ) -> str:
         check_name(instance_id, "instance id")
         check_name(workflow, "workflow name")
+        check_if_exists(if_exists)
         if version is not None:
             check_name(version, f"version of workflow {workflow!r}:")
         definition = self._publishing.resolve(workflow, version)
@@ -201,6 +219,7 @@ class CommandPublisher(abc.ABC):
                     workflow=definition.name,
                     version=definition.version,
                     input=payload,
+                    if_exists=if_exists,
                     traceparent=trace[0],
                     tracestate=trace[1],
                 )
@@ -234,20 +253,17 @@ class CommandPublisher(abc.ABC):
         ``ResultTimeout`` if it gave none within ``timeout`` seconds."""
 
     async def cancel(self, instance_id: str, reason: str) -> None:
-        check_name(instance_id, "instance id")
-        if not isinstance(reason, str):
-            raise InvalidPayload(f"the cancel reason must be a string, not {type(reason).__name__}")
-        problem = text_problem(reason)
-        if problem is not None:
-            raise InvalidPayload(f"the cancel reason for instance {instance_id} {problem}")
-        if len(reason) > MAX_MESSAGE_CHARS:
-            raise PayloadTooLarge(
-                f"the cancel reason for instance {instance_id} is {len(reason)} characters, "
-                f"over the limit of {MAX_MESSAGE_CHARS}; say it in fewer words"
-            )
+        _check_reason(instance_id, reason, "cancel")
         await self._check_exists(instance_id)
         await self._submit(
             CancelWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4()), reason=reason)
+        )
+
+    async def terminate(self, instance_id: str, reason: str) -> None:
+        _check_reason(instance_id, reason, "terminate")
+        await self._check_exists(instance_id)
+        await self._submit(
+            TerminateWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4()), reason=reason)
         )
 
     async def pause(self, instance_id: str) -> None:
@@ -304,6 +320,20 @@ class CommandPublisher(abc.ABC):
     async def close(self) -> None:
         if self._on_close is not None:
             await self._on_close()
+
+
+def _check_reason(instance_id: str, reason: str, action: str) -> None:
+    check_name(instance_id, "instance id")
+    if not isinstance(reason, str):
+        raise InvalidPayload(f"the {action} reason must be a string, not {type(reason).__name__}")
+    problem = text_problem(reason)
+    if problem is not None:
+        raise InvalidPayload(f"the {action} reason for instance {instance_id} {problem}")
+    if len(reason) > MAX_MESSAGE_CHARS:
+        raise PayloadTooLarge(
+            f"the {action} reason for instance {instance_id} is {len(reason)} characters, "
+            f"over the limit of {MAX_MESSAGE_CHARS}; say it in fewer words"
+        )
 
 
 class LogTransport(CommandPublisher):

@@ -19,6 +19,7 @@ from stepstream.engine.errors import (
     ConnectionFailed,
     EventTimeout,
     HistoryDiverged,
+    InstanceExists,
     InstanceFinished,
     InstanceNotPaused,
     InvalidPayload,
@@ -36,6 +37,8 @@ from stepstream.engine.errors import (
     UnknownWorkflow,
     WorkflowCancelled,
     WorkflowFailed,
+    WorkflowTerminated,
+    WorkflowTimeout,
 )
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.wire.codec import JsonCodec, PayloadCodec
@@ -60,6 +63,7 @@ __all__ = [
     "EventTimeout",
     "HistoryDiverged",
     "HistoryEntry",
+    "InstanceExists",
     "InstanceFinished",
     "InstanceNotPaused",
     "InstanceStatus",
@@ -90,6 +94,8 @@ __all__ = [
     "Worker",
     "WorkflowCancelled",
     "WorkflowFailed",
+    "WorkflowTerminated",
+    "WorkflowTimeout",
     "attempt_cancelled",
     "workflow",
 ]

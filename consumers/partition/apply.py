@@ -264,6 +264,16 @@ class Applier:
             accepted_ms = record.time_ms
         elif self.reads.applied(runtime.state, record.command_id):
             return record.command_id, None, False  # re-delivered: it changes nothing
+        elif (
+            isinstance(record, StartWorkflow)
+            and record.if_exists == "restart_if_failed"
+            and runtime.state.status.restartable
+        ):
+            # A new run: of the workflow (and version) this start names.
+            try:
+                runtime.definition = self._registry.resolve(record.workflow, record.version)
+            except UnknownWorkflow as exc:
+                return record.command_id, str(exc), True
         error = self._containment.handle(runtime, record, batch)
         if error is not None and isinstance(record, TimerFired):
             # Dead-lettered, the fire would be lost (the index let the timer go when it
@@ -296,8 +306,9 @@ class Applier:
         if runtime.ignored and isinstance(record, REFUSABLE):
             # A reset or fork to a key it lacks, a retry of one that did not fail.
             return record.command_id, recorded_reason(record.type, runtime.ignored_because), False
-        if runtime.ignored and not isinstance(record, StartWorkflow | StartFork):
-            # Recorded as ignored (CommandIgnored); the publisher learns why.
+        if runtime.ignored and not isinstance(record, StartFork):
+            # Recorded as ignored (CommandIgnored); the publisher learns why (a start:
+            # only when its if_exists refuses an existing id).
             return record.command_id, ignored_reason(record, runtime.state.status.value), False
         return record.command_id, None, False
 

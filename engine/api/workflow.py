@@ -6,6 +6,7 @@ import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from stepstream.engine.api.hook_events import ErrorHook, StatusHook
@@ -28,6 +29,8 @@ class WorkflowDefinition:
     fn: WorkflowFn
     on_error: ErrorHook | None = None
     on_status_change: StatusHook | None = None
+    # The whole run's limit in seconds (``@workflow(timeout=)``); None: no limit.
+    timeout: float | None = None
 
     @property
     def has_hooks(self) -> bool:
@@ -40,6 +43,7 @@ def workflow(
     version: str = "1",
     on_error: ErrorHook | None = None,
     on_status_change: StatusHook | None = None,
+    timeout: float | timedelta | None = None,
 ) -> Callable[[F], F]:
     """Mark an ``async def fn(ctx, input)`` as a workflow named ``name``.
 
@@ -52,6 +56,11 @@ def workflow(
     this version: after the fact is durable, never on replay, at least once; sync hooks
     run on a thread, async ones on the loop. A hook that raises is retried a few times,
     then logged and dropped; it never affects the workflow.
+
+    ``timeout`` (seconds or a ``timedelta``) limits the whole run: a durable timer is set
+    when an instance starts, and if the run has not finished when it fires, the instance
+    fails with ``WorkflowTimeout`` (running step attempts are given up, children
+    cancelled). A run that finishes first cancels the timer.
     """
     if not name or "/" in name:
         raise ValueError(f"workflow name {name!r} must be non-empty and must not contain '/'")
@@ -62,10 +71,26 @@ def workflow(
         if hook is not None and not callable(hook):
             raise TypeError(f"workflow {name!r}: {what}={hook!r} is not callable")
 
+    limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0
+    ):
+        raise ValueError(
+            f"workflow {name!r}: timeout={timeout!r} must be a positive number of seconds "
+            "or a timedelta"
+        )
+
     def mark(fn: F) -> F:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"workflow {name!r}: {fn.__qualname__} must be an 'async def'")
-        definition = WorkflowDefinition(name, str(version), fn, on_error, on_status_change)
+        definition = WorkflowDefinition(
+            name,
+            str(version),
+            fn,
+            on_error,
+            on_status_change,
+            None if limit is None else float(limit),
+        )
         setattr(fn, _DEFINITION_ATTR, definition)
         return cast(F, fn)
 

@@ -56,10 +56,12 @@ class InstanceStatus:
     error: str | None = None
     # A fork's origin: "forked from o-1 at charge#2" (None for other instances).
     origin: str | None = None
+    # The run number: 1, one more each time ``if_exists="restart_if_failed"`` restarted it.
+    run: int = 1
 
     @property
     def finished(self) -> bool:
-        return self.status in ("completed", "failed", "cancelled")
+        return self.status in ("completed", "failed", "cancelled", "terminated")
 
     @property
     def diverged(self) -> bool:
@@ -95,7 +97,7 @@ class InstanceStatus:
         if state.error_type:
             error = f"{state.error_type}: {state.error_message}"
         elif state.cancel_reason:
-            error = f"cancelled: {state.cancel_reason}"
+            error = f"{state.status.value}: {state.cancel_reason}"
         elif state.parked and not state.status.finished:
             error = state.parked
         return cls(
@@ -113,6 +115,7 @@ class InstanceStatus:
                 if state.forked_from
                 else None
             ),
+            run=state.run,
         )
 
 

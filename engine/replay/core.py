@@ -69,6 +69,9 @@ class RuntimeCore:
         self.clock = clock
         self.epoch = epoch
         self.inflight: set[tuple[str, int]] = set()
+        # Attempts of a previous run still in flight when a restart began a new one:
+        # their outcomes (the new run may reuse their key and number) are dropped.
+        self.stale_attempts: set[tuple[str, int]] = set()
         # Whether the last input was recorded as ignored (CommandIgnored), and why.
         self.ignored = False
         self.ignored_because = ""

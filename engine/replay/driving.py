@@ -26,7 +26,7 @@ from stepstream.engine.replay.effects import (
     StepIntent,
     StepLaunch,
 )
-from stepstream.engine.replay.ids import loop_prefixes
+from stepstream.engine.replay.ids import RUN_TIMEOUT_KEY, loop_prefixes
 from stepstream.engine.replay.ids import timer_id as make_timer_id
 from stepstream.engine.replay.loop import WorkflowLoop
 from stepstream.engine.replay.outgoing import OutgoingMixin
@@ -89,7 +89,7 @@ class DrivingMixin(OutgoingMixin):
         self._patches = {}
         self._deferred = []
         self._diverged = None
-        self._replaying = bool(self.state.entries)
+        self._replaying = any(key != RUN_TIMEOUT_KEY for key in self.state.entries)
         try:
             arg = decode_safely(self.codec, self.state.input)
         except StepstreamError as exc:
@@ -156,6 +156,7 @@ class DrivingMixin(OutgoingMixin):
                 if e.key not in self._visited
                 and not (lost and e.key.startswith(lost))
                 and not e.key.startswith(PATCH_PREFIX)  # a patch the code has dropped
+                and e.key != RUN_TIMEOUT_KEY  # the run's time limit: no code visits it
             ),
             key=lambda e: e.seq,
         )

@@ -114,6 +114,7 @@ def meta_json(state: InstanceState) -> bytes:
         "em": state.error_message,
         "cr": state.cancel_reason,
         "fm": state.finished_ms,
+        "rn": state.run,
         "pk": state.parked,
         "pi": [state.parent_id, state.parent_key] if state.parent_id else None,
         "tp": [state.traceparent, state.tracestate] if state.traceparent else None,
@@ -164,6 +165,7 @@ def state_from_storage(
         # State written before finish times were kept: the last update is the finish.
         finished_ms=raw.get("fm") or (raw["u"] if status.finished else 0),
         parked=raw.get("pk", ""),
+        run=raw.get("rn", 1),
         parent_id=(raw.get("pi") or ["", ""])[0],
         parent_key=(raw.get("pi") or ["", ""])[1],
         traceparent=(raw.get("tp") or [None, None])[0],

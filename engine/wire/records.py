@@ -64,6 +64,8 @@ class StartWorkflow(Command):
     workflow: str
     version: str | None = None
     input: Payload
+    # What a start of an existing instance id does: one of ``names.IF_EXISTS_POLICIES``.
+    if_exists: str = "return"
 
 
 @record
@@ -74,6 +76,11 @@ class SendEvent(Command):
 
 @record
 class CancelWorkflow(Command):
+    reason: str = ""
+
+
+@record
+class TerminateWorkflow(Command):
     reason: str = ""
 
 
@@ -347,6 +354,30 @@ class WorkflowForked(HistoryRecord):
 
 
 @record
+class WorkflowTerminatedRecord(HistoryRecord):
+    """The instance was ended at once (``terminate``): no compensations, no waiting."""
+
+    type_name: ClassVar[str] = "WorkflowTerminated"
+    reason: str = ""
+
+
+@record
+class WorkflowTimeoutSet(HistoryRecord):
+    """The run has a time limit; its durable timer fires at ``timeout_at_ms``."""
+
+    timeout_at_ms: int
+
+
+@record
+class WorkflowRestarted(HistoryRecord):
+    """A start with ``if_exists="restart_if_failed"`` begins run ``run`` of an instance
+    that ended ``previous_status``; what came before is kept but no longer replayed."""
+
+    run: int
+    previous_status: str
+
+
+@record
 class CommandIgnored(HistoryRecord):
     """A command that arrived for an instance that could not take it (finished, duplicate
     start, resume while running). Recorded so the audit trail shows it, then ignored."""
@@ -451,6 +482,7 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     RetryWorkflow,
     ForkWorkflow,
     StartFork,
+    TerminateWorkflow,
 )
 HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     WorkflowStarted,
@@ -481,6 +513,9 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     InstanceForgotten,
     WorkflowReset,
     WorkflowForked,
+    WorkflowTerminatedRecord,
+    WorkflowTimeoutSet,
+    WorkflowRestarted,
 )
 TIMER_TYPES: tuple[type[TimerRecord], ...] = (TimerScheduled, TimerCancelled)
 SNAPSHOT_TYPES: tuple[type[SnapshotRecord], ...] = (StateChunk, SnapshotTaken)

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from stepstream.engine.errors import (
     ConnectionFailed,
+    InstanceExists,
     InstanceFinished,
     InstanceNotFailed,
     InstanceNotPaused,
@@ -57,6 +58,7 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
     InvalidPayload: 400,
     UnknownInstance: 404,
     UnknownWorkflow: 404,
+    InstanceExists: 409,
     InstanceFinished: 409,
     InstanceNotPaused: 409,
     InstanceNotFailed: 409,
@@ -123,6 +125,7 @@ def make_app(
     app.router.add_get("/v1/instances/{id}/result", api.result)
     app.router.add_post("/v1/instances/{id}/events", api.send_event)
     app.router.add_post("/v1/instances/{id}/cancel", api.cancel)
+    app.router.add_post("/v1/instances/{id}/terminate", api.terminate)
     app.router.add_post("/v1/instances/{id}/pause", api.pause)
     app.router.add_post("/v1/instances/{id}/resume", api.resume)
     add_repair_routes(app, transport)
@@ -200,7 +203,9 @@ class _Api:
 
     async def start(self, request: web.Request) -> web.Response:
         body = await _body(
-            request, required=("workflow",), optional=("input", "instance_id", "version")
+            request,
+            required=("workflow",),
+            optional=("input", "instance_id", "version", "if_exists"),
         )
         workflow = string_field(body, "workflow")
         instance_id = (
@@ -208,8 +213,10 @@ class _Api:
         )
         # A version pins the instance to it; absent or null, it gets the latest.
         version = string_field(body, "version") if body.get("version") is not None else None
+        # What a start of an existing id does (``Client.start(if_exists=)``).
+        if_exists = string_field(body, "if_exists") if "if_exists" in body else "return"
         started = await self._transport.start(
-            workflow, body.get("input"), instance_id or str(uuid.uuid4()), version
+            workflow, body.get("input"), instance_id or str(uuid.uuid4()), version, if_exists
         )
         return web.json_response({"instance_id": started}, status=201)
 
@@ -225,6 +232,12 @@ class _Api:
         body = await _body(request, optional=("reason",))
         reason = string_field(body, "reason", allow_empty=True) if "reason" in body else ""
         await self._transport.cancel(_instance_id(request), reason)
+        return _accepted()
+
+    async def terminate(self, request: web.Request) -> web.Response:
+        body = await _body(request, optional=("reason",))
+        reason = string_field(body, "reason", allow_empty=True) if "reason" in body else ""
+        await self._transport.terminate(_instance_id(request), reason)
         return _accepted()
 
     async def pause(self, request: web.Request) -> web.Response:

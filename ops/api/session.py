@@ -40,7 +40,7 @@ log = logging.getLogger("stepstream.api")
 # Session calls that are commands (``cancel`` withdraws a call of the session itself),
 # with their required and optional fields (those of their HTTP routes, and the instance).
 _COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "start": (("workflow",), ("input", "instance_id", "version")),
+    "start": (("workflow",), ("input", "instance_id", "version", "if_exists")),
     "send_event": (("instance_id", "name"), ("payload", "event_id")),
     "cancel_workflow": (("instance_id",), ("reason",)),
     "pause": (("instance_id",), ()),
@@ -208,7 +208,11 @@ class Session:
             instance_id = string_field(call, "instance_id") if given is not None else ""
             version = string_field(call, "version") if call.get("version") is not None else None
             started = await transport.start(
-                workflow, call.get("input"), instance_id or str(uuid.uuid4()), version
+                workflow,
+                call.get("input"),
+                instance_id or str(uuid.uuid4()),
+                version,
+                string_field(call, "if_exists") if "if_exists" in call else "return",
             )
             return {"instance_id": started}
         instance_id = string_field(call, "instance_id")

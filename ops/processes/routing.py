@@ -43,9 +43,15 @@ class ProcessesTransport:
         return self._all[self._layout.process_of(instance_id)]
 
     async def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None = None,
+        if_exists: str = "return",
     ) -> str:
-        return await self._to(instance_id).start(workflow, input, instance_id, version)
+        to = self._to(instance_id)
+        return await to.start(workflow, input, instance_id, version, if_exists)
 
     async def send_event(
         self, instance_id: str, name: str, payload: Any, event_id: str | None = None
@@ -54,6 +60,9 @@ class ProcessesTransport:
 
     async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
         return await self._to(instance_id).reply(instance_id, message_id, timeout)
+
+    async def terminate(self, instance_id: str, reason: str) -> None:
+        await self._to(instance_id).terminate(instance_id, reason)
 
     async def cancel(self, instance_id: str, reason: str) -> None:
         await self._to(instance_id).cancel(instance_id, reason)

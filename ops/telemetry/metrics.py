@@ -97,7 +97,7 @@ class EngineCollector(Collector):
         yield _counter(
             "stepstream_workflows",
             "Workflow instances started and finished, by workflow and outcome "
-            "(started, completed, failed, cancelled).",
+            "(started, completed, failed, cancelled, terminated).",
             ["workflow", "outcome"],
             t.workflows,
         )

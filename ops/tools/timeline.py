@@ -195,6 +195,16 @@ def timeline_rows(history: Sequence[HistoryEntry]) -> list[TimelineRow]:
                 )
             case "WorkflowForked":
                 point(at, "fork", str(a.get("to", "")), "goes on", f"from {a.get('source_id')}")
+            case "WorkflowTerminated":
+                abandon_open(at, "the workflow was terminated")
+                point(at, "workflow", "", "terminated", _short(a.get("reason")) or "no reason")
+            case "WorkflowTimeoutSet":
+                due = a.get("timeout_at_ms")
+                until = f"times out at +{_duration(due - start)}" if isinstance(due, int) else ""
+                point(at, "workflow", "", "timeout set", until)
+            case "WorkflowRestarted":
+                ended = a.get("previous_status")
+                point(at, "workflow", "", "restarted", f"run {a.get('run')}, after {ended}")
             case "CommandIgnored":
                 point(
                     at,

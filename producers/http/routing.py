@@ -80,9 +80,15 @@ class RoutedHttpTransport:
             return owners
 
     async def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None = None,
+        if_exists: str = "return",
     ) -> str:
-        return str(await (await self._to(instance_id)).start(workflow, input, instance_id, version))
+        to = await self._to(instance_id)
+        return str(await to.start(workflow, input, instance_id, version, if_exists))
 
     async def send_event(
         self, instance_id: str, name: str, payload: Any, event_id: str | None = None
@@ -94,6 +100,9 @@ class RoutedHttpTransport:
 
     async def cancel(self, instance_id: str, reason: str) -> None:
         await (await self._to(instance_id)).cancel(instance_id, reason)
+
+    async def terminate(self, instance_id: str, reason: str) -> None:
+        await (await self._to(instance_id)).terminate(instance_id, reason)
 
     async def pause(self, instance_id: str) -> None:
         await (await self._to(instance_id)).pause(instance_id)

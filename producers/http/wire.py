@@ -19,6 +19,7 @@ from stepstream.engine.errors import (
     AccessDenied,
     ConnectionFailed,
     HistoryDiverged,
+    InstanceExists,
     InstanceFinished,
     InstanceNotFailed,
     InstanceNotPaused,
@@ -32,6 +33,8 @@ from stepstream.engine.errors import (
     UnknownWorkflow,
     WorkflowCancelled,
     WorkflowFailed,
+    WorkflowTerminated,
+    WorkflowTimeout,
 )
 
 _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
@@ -43,12 +46,15 @@ _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
         InvalidPayload,
         PayloadTooLarge,
         UnknownInstance,
+        InstanceExists,
         InstanceFinished,
         InstanceNotPaused,
         UnknownReplayKey,
         InstanceNotFailed,
         WorkflowFailed,
+        WorkflowTimeout,
         WorkflowCancelled,
+        WorkflowTerminated,
         ResultTimeout,
         ConnectionFailed,
         UndecodableRecord,
@@ -59,7 +65,10 @@ _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
 # rebuilds the same exception (``WorkflowFailed.error_type`` and so on).
 _ERROR_FIELDS: dict[type[StepstreamError], tuple[str, ...]] = {
     WorkflowFailed: ("instance_id", "error_type"),
+    WorkflowTimeout: ("instance_id", "error_type"),
     WorkflowCancelled: ("instance_id", "reason"),
+    WorkflowTerminated: ("instance_id", "reason"),
+    InstanceExists: ("instance_id", "status"),
     HistoryDiverged: ("key",),
 }
 

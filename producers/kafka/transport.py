@@ -123,7 +123,12 @@ class KafkaTransport(CommandPublisher):
     # ---- commands -----------------------------------------------------------------------
 
     async def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None = None,
+        if_exists: str = "return",
     ) -> str:
         definitions = self._definitions
         if not definitions.knows(workflow, version):
@@ -134,7 +139,7 @@ class KafkaTransport(CommandPublisher):
             deadline = loop.time() + self._request_timeout
             while definitions.empty and loop.time() < deadline:
                 await definitions.changed(deadline - loop.time())
-        return await super().start(workflow, input, instance_id, version)
+        return await super().start(workflow, input, instance_id, version, if_exists)
 
     async def _produce(self, command: Command) -> None:
         partition = self._partition(command.instance_id)
@@ -161,8 +166,11 @@ class KafkaTransport(CommandPublisher):
             if len(self._unconfirmed) > _UNCONFIRMED_KEPT:
                 del self._unconfirmed[next(iter(self._unconfirmed))]
             self._latest[partition] = max(landed.offset, self._latest.get(partition, -1))
-            self._settlements.settle(command.command_id, None)
-            return
+            if command.if_exists != "fail":
+                self._settlements.settle(command.command_id, None)
+                return
+            # if_exists="fail": the owner decides against the state it owns, so its
+            # answer is awaited as a cancel's is (InstanceExists).
 
         # Durable now. A live owner says soon whether it applied or refused the command
         # (an unknown or finished instance); without one, or if it takes longer, the

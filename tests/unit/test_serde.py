@@ -51,6 +51,7 @@ from stepstream.engine.wire.records import (
     StepAttemptStarted,
     StepFailedRecord,
     StepSucceeded,
+    TerminateWorkflow,
     TimerCancelled,
     TimerFired,
     TimerScheduled,
@@ -64,8 +65,11 @@ from stepstream.engine.wire.records import (
     WorkflowForked,
     WorkflowPaused,
     WorkflowReset,
+    WorkflowRestarted,
     WorkflowResumed,
     WorkflowStarted,
+    WorkflowTerminatedRecord,
+    WorkflowTimeoutSet,
 )
 from stepstream.engine.wire.serde import CLUSTER_DOMAINS, RecordSerde, default_serde
 from stepstream.schemas import schema_root
@@ -193,13 +197,18 @@ SAMPLES: list[Record] = [
     StartFork(**env(0), source_id="order-7f3a", to="charge#2", records=[b"\xc3\x01abc"]),
     WorkflowReset(**env(21), to="charge#2", from_seq=5, reason="card fixed", retry=False),
     WorkflowForked(**env(5), source_id="order-7f3a", to="charge#2", from_seq=5),
+    StartWorkflow(**env(0), workflow="checkout", input=pl("1"), if_exists="restart_if_failed"),
+    TerminateWorkflow(**env(0), reason="stuck on a dead supplier"),
+    WorkflowTerminatedRecord(**env(17), reason="stuck"),
+    WorkflowTimeoutSet(**env(2), timeout_at_ms=T0 + 7 * 86_400_000),
+    WorkflowRestarted(**env(19), run=2, previous_status="failed"),
 ]
 
 # CRC-64-AVRO of the schema each record type is written with. A change here means a
 # released schema was edited (records already on the topics would no longer decode) or a
 # new version was added: then its older fingerprint goes to OLDER_FINGERPRINTS.
 RELEASED_FINGERPRINTS = {
-    "StartWorkflow": 0x1FF2187003F97F90,
+    "StartWorkflow": 0xAFF10D7732366A21,  # v2 (if_exists); v1 was 0x1FF2187003F97F90
     "SendEvent": 0xDF93966B91E95BD6,
     "CancelWorkflow": 0x67507C0717C05534,
     "PauseWorkflow": 0xF5C9E883908E6DFA,
@@ -247,6 +256,10 @@ RELEASED_FINGERPRINTS = {
 OLDER_FINGERPRINTS = {
     "StepFailed v1": 0xB6A4BD9DA433C091,
     "WorkflowFailed v1": 0x5F30228D4DFFB81F,
+    "TerminateWorkflow": 0x6198398C37021FFE,
+    "WorkflowTerminated": 0x57C726EFE283EAF9,
+    "WorkflowTimeoutSet": 0x536E56028E32FA5E,
+    "WorkflowRestarted": 0x114BCDF3671A8B34,
 }
 
 
@@ -686,10 +699,37 @@ def test_v1_reader_that_knows_the_v2_writer_ignores_the_new_field(compiled: bool
 def test_added_union_branch_reads_old_writers(compiled: bool, version: str | None) -> None:
     v1, v2, v1_knowing_v2 = evolution_serdes(compiled)
     assert v2.schema(StartWorkflow)["fields"][2]["type"] == ["null", "string", "long"]
+    assert v2.schema(StartWorkflow)["namespace"] == "stepstream.commands.v3"
     record = StartWorkflow(**env(0), workflow="checkout", version=version, input=pl("{}"))
     assert v2.decode(v1.encode(record)) == record
     assert v1_knowing_v2.decode(v2.encode(record)) == record
     assert v2.decode(v2.encode(record)) == record
+
+
+def test_a_v1_start_reads_as_if_exists_return(serde: RecordSerde) -> None:
+    """Producers that write the v1 StartWorkflow (wire-contract.md) keep working: the
+    field v2 added reads as its default."""
+    named: dict[str, Any] = {}
+    for common in sorted((ROOT / "stepstream/common/v1").glob("*.avsc"), reverse=True):
+        fastavro.parse_schema(json.loads(common.read_text()), named)  # Payload first
+    v1 = fastavro.parse_schema(
+        json.loads((ROOT / "stepstream/commands/v1/StartWorkflow.avsc").read_text()), named
+    )
+    body = io.BytesIO()
+    fastavro.schemaless_writer(
+        body,
+        v1,
+        {
+            "header": {**env(0), "tracestate": None},
+            "workflow": "checkout",
+            "version": None,
+            "input": {"content_type": JSON, "data": b"{}"},
+        },
+    )
+    value = b"\xc3\x01" + (0x1FF2187003F97F90).to_bytes(8, "little") + body.getvalue()
+    record = serde.decode(value)
+    assert isinstance(record, StartWorkflow)
+    assert (record.workflow, record.if_exists) == ("checkout", "return")
 
 
 # ---- schema trees that must be refused ------------------------------------------------------

@@ -120,6 +120,8 @@ class _Ui:
             raise InvalidPayload("the request body must be a JSON object")
         if control == "cancel":
             await transport.cancel(instance_id, str(body.get("reason") or ""))
+        elif control == "terminate":
+            await transport.terminate(instance_id, str(body.get("reason") or ""))
         elif control == "pause":
             await transport.pause(instance_id)
         elif control == "resume":

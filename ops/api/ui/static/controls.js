@@ -12,6 +12,7 @@ export const CONTROLS = [
   { action: "pause", label: "Pause", allowed: ["pending", "running"], form: "button" },
   { action: "resume", label: "Resume", allowed: ["paused"], form: "button" },
   { action: "cancel", label: "Cancel instance", allowed: LIVE, form: "reason", danger: true },
+  { action: "terminate", label: "Terminate", allowed: LIVE, form: "reason", danger: true },
   { action: "events", label: "Send event", allowed: LIVE, form: "event" },
 ];
 

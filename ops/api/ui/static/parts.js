@@ -1,7 +1,7 @@
 // Small pieces the pages share: status badges, links to instances, table heads.
 import { h } from "./dom.js";
 
-export const STATUSES = ["pending", "running", "paused", "completed", "failed", "cancelled"];
+export const STATUSES = ["pending", "running", "paused", "completed", "failed", "cancelled", "terminated"];
 export const FINISHED = new Set(["completed", "failed", "cancelled", "terminated"]);
 
 export const badge = (status) => h("span", { class: `badge badge-${status}` }, status);
