@@ -23,6 +23,7 @@ from stepstream.engine.wire.records import (
     WorkflowCancelledRecord,
     WorkflowFailedRecord,
     WorkflowStarted,
+    WorkflowTerminatedRecord,
 )
 
 DEFAULT_HOOK_ATTEMPTS = 5
@@ -174,4 +175,6 @@ def _error_of(record: HistoryRecord) -> str | None:
         return f"{record.error_type}: {record.error_message}"
     if isinstance(record, WorkflowCancelledRecord) and record.reason:
         return f"cancelled: {record.reason}"
+    if isinstance(record, WorkflowTerminatedRecord) and record.reason:
+        return f"terminated: {record.reason}"
     return None

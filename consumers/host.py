@@ -326,8 +326,11 @@ class PartitionHost:
     def list_page(self, query: ListQuery, budget: int) -> InstancePage:
         """A page of ``query`` over the owned partitions, each looking at no more than
         ``budget`` instances (so the page may be short: go on from its cursor)."""
-        pages = [o.processor.reads.list_page(query, budget) for o in self._owned.values()]
-        return merge_pages(pages, query.limit)
+        if query.by_id:
+            pages = [o.processor.reads.list_page(query, budget) for o in self._owned.values()]
+        else:  # every instance is looked at: there is no index by created time
+            pages = [o.processor.reads.list_by_created(query) for o in self._owned.values()]
+        return merge_pages(pages, query.limit, query)
 
     def overview_slice(
         self, progress: OverviewProgress | None, budget: int

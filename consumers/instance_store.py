@@ -4,13 +4,14 @@ instance's keys have one layout (``consumers.state_keys``) and one reader."""
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 import orjson
 
 from stepstream.consumers import state_keys as keys
 from stepstream.engine.reads.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
-from stepstream.engine.reads.views import InstanceStatus
+from stepstream.engine.reads.views import InstanceStatus, created_iso
 from stepstream.engine.replay.ids import is_client_command
 from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.replay.state_json import (
@@ -22,7 +23,7 @@ from stepstream.engine.replay.state_json import (
     state_from_storage,
 )
 from stepstream.engine.seams import CommitBatch, StateStore
-from stepstream.engine.wire.records import CommandIgnored, HistoryRecord, Payload
+from stepstream.engine.wire.records import CommandIgnored, HistoryRecord, Payload, Record
 from stepstream.engine.wire.serde import RecordSerde
 from stepstream.engine.wire.settle import recorded_reason
 
@@ -78,6 +79,9 @@ def write_state(state: InstanceState, batch: CommitBatch) -> None:
     for message_id, answer in state.new_replies.items():
         batch.put(keys.reply(instance_id, message_id), payload_bytes(answer))
     state.new_replies.clear()
+    if state.unfinished_ms:  # a reset took the finish back
+        batch.delete(keys.finished(state.unfinished_ms, instance_id))
+        state.unfinished_ms = 0
     if state.status.finished:
         batch.delete(keys.active(instance_id))
         batch.put(keys.finished(state.finished_ms, instance_id), b"")
@@ -103,6 +107,24 @@ def forget_instance(
             batch.delete(key)
     batch.delete(keys.meta(instance_id))
     batch.delete(keys.active(instance_id))
+
+
+class StoredHistory:
+    """``engine.replay.reset.HistoryAccess`` over a partition's store: what a reset or a
+    fork reads of an instance's history, and how records travel as bytes."""
+
+    def __init__(self, store: StateStore, serde: RecordSerde) -> None:
+        self._reads = InstanceReads(store, serde)
+        self._serde = serde
+
+    def stored(self, instance_id: str) -> list[HistoryRecord]:
+        return self._reads.read_history(instance_id)
+
+    def encode(self, record: Record) -> bytes:
+        return self._serde.encode(record)
+
+    def decode(self, value: bytes) -> Record:
+        return self._serde.decode(value)
 
 
 class InstanceReads:
@@ -203,6 +225,39 @@ class InstanceReads:
             if looked >= budget:
                 return InstancePage(found, keys.split_meta(key))
         return InstancePage(found, None)
+
+    def list_by_created(self, query: ListQuery) -> InstancePage:
+        """The instances of ``query`` on this partition newest (or oldest) first by
+        created time, from its cursor on. With no index by that time every meta under
+        the prefix is read, but only its status, workflow and created time are looked
+        at; just the page's instances are decoded."""
+        newest = query.order == "newest"
+        found: list[tuple[str, bytes, bytes]] = []  # (position, key, meta)
+        for key, meta in self._store.scan(keys.META + keys.escape_id(query.prefix)):
+            raw = orjson.loads(meta)
+            if (query.status is not None and raw["st"] != query.status) or (
+                query.workflow is not None and raw["w"] != query.workflow
+            ):
+                continue
+            created = created_iso(raw["c"])
+            if (query.since is not None and created < query.since) or (
+                query.until is not None and created >= query.until
+            ):
+                continue
+            position = f"{created}/{keys.split_meta(key)}"
+            if query.after is not None and (
+                position >= query.after if newest else position <= query.after
+            ):
+                continue
+            found.append((position, key, meta))
+        pick = heapq.nlargest if newest else heapq.nsmallest
+        chosen = pick(query.limit + 1, found)
+        views = [
+            InstanceStatus.of(state_from_storage(keys.split_meta(key), meta, []))
+            for _, key, meta in chosen[: query.limit]
+        ]
+        more = len(chosen) > query.limit
+        return InstancePage(views, chosen[query.limit - 1][0] if more else None)
 
     def overview_slice(
         self, since_ms: int, start: bytes | None, budget: int

@@ -13,14 +13,21 @@ from __future__ import annotations
 import logging
 
 from stepstream.consumers import state_keys as keys
-from stepstream.consumers.instance_store import forget_instance, load_state, write_state
+from stepstream.consumers.instance_store import (
+    InstanceReads,
+    forget_instance,
+    load_state,
+    write_state,
+)
 from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.replay.reset import reset_state
 from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.seams import CommitBatch, StateStore
 from stepstream.engine.wire.records import (
     HistoryRecord,
     InstanceForgotten,
     PartitionFenced,
+    WorkflowReset,
     WorkflowStarted,
 )
 from stepstream.engine.wire.serde import RecordSerde
@@ -87,14 +94,32 @@ class Restorer:
                 state.seq,
                 record.seq,
             )
+        records = self._history.setdefault(instance_id, {})
+        if isinstance(record, WorkflowReset):
+            # The state after a reset is the fold of the whole history (engine.replay.reset).
+            self._states[instance_id] = state = reset_state(
+                state, [*self._stored_history(instance_id, records), record]
+            )
+            records[record.seq] = value
+            self.applied += 1
+            return
         pruned = len(state.pruned_history)
         state.apply(record)
-        records = self._history.setdefault(instance_id, {})
         records[record.seq] = value
         for low, high in state.pruned_history[pruned:]:  # pruned by a loop: not stored
             for seq in range(low, high):
                 records.pop(seq, None)
         self.applied += 1
+
+    def _stored_history(self, instance_id: str, folded: dict[int, bytes]) -> list[HistoryRecord]:
+        """The instance's history so far: what the store holds and what was folded here."""
+        reads = InstanceReads(self._store, self._serde)
+        found = {r.seq: r for r in reads.read_history(instance_id)}
+        for seq, value in folded.items():
+            record = self._serde.decode(value)
+            assert isinstance(record, HistoryRecord)
+            found[seq] = record
+        return [found[seq] for seq in sorted(found)]
 
     def _forget(self, instance_id: str) -> None:
         """Drop the instance: what was folded of it here, and its stored keys."""

@@ -15,6 +15,7 @@ from stepstream.consumers.instance_store import load_state
 from stepstream.consumers.telemetry import Telemetry
 from stepstream.engine.api.workflow import Registry, WorkflowDefinition
 from stepstream.engine.errors import UnknownWorkflow
+from stepstream.engine.replay.reset import HistoryAccess
 from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.seams import Clock, StateStore
@@ -52,6 +53,8 @@ class RuntimeCache:
         # whoever loads the instance again waits for their outcomes.
         self.orphaned: dict[str, set[tuple[str, int]]] = {}
         self.draining = False
+        # The stored history, for resets and forks (the partition's applier sets it).
+        self.history: HistoryAccess | None = None
 
     def __len__(self) -> int:
         return len(self._runtimes)
@@ -97,6 +100,7 @@ class RuntimeCache:
             max_payload_bytes=self._max_payload_bytes,
         )
         runtime.draining = self.draining
+        runtime.history = self.history
         self._runtimes[state.instance_id] = runtime
         return runtime
 

@@ -15,7 +15,6 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
-from traceback import format_exception
 from typing import Any
 
 from stepstream.consumers import log_context
@@ -25,7 +24,12 @@ from stepstream.engine.api.attempts import AttemptFlag, current_flag
 from stepstream.engine.api.outbox import Outbox
 from stepstream.engine.errors import NonRetryableError, StepstreamError
 from stepstream.engine.replay.effects import StepLaunch, StepOutcome
-from stepstream.engine.wire.codec import PayloadCodec, check_size, encode_safely
+from stepstream.engine.wire.codec import (
+    PayloadCodec,
+    check_size,
+    encode_safely,
+    format_traceback,
+)
 
 log = logging.getLogger("stepstream.steps")
 
@@ -333,7 +337,7 @@ class StepExecutor:
             error_type=type(exc).__name__,
             error_message=str(exc) or repr(exc),
             retryable=retryable,
-            traceback="".join(format_exception(exc)).rstrip(),
+            traceback=format_traceback(exc),
         )
 
     def shutdown(self) -> None:

@@ -33,6 +33,7 @@ from stepstream.engine.wire.records import (
     WorkflowCompleted,
     WorkflowFailedRecord,
     WorkflowStarted,
+    WorkflowTerminatedRecord,
 )
 
 if TYPE_CHECKING:
@@ -138,7 +139,12 @@ class FlatStepSink(Protocol):
     def step_flat(self, fields: tuple[object, ...]) -> None: ...
 
 
-_RUN_ENDS = frozenset((WorkflowCompleted, WorkflowFailedRecord, WorkflowCancelledRecord))
+_RUN_ENDS = frozenset(
+    (WorkflowCompleted, WorkflowFailedRecord, WorkflowCancelledRecord, WorkflowTerminatedRecord)
+)
+RunEnd = (
+    WorkflowCompleted | WorkflowFailedRecord | WorkflowCancelledRecord | WorkflowTerminatedRecord
+)
 _LABELS: dict[str, str] = {}  # step key -> label, for the keys seen most recently
 _LABELS_KEPT = 10_000
 
@@ -309,9 +315,7 @@ class Telemetry:
             elif kind is WorkflowStarted:
                 self.workflows[(cast(WorkflowStarted, record).workflow, "started")] += 1
             elif kind in _RUN_ENDS:
-                end = cast(
-                    "WorkflowCompleted | WorkflowFailedRecord | WorkflowCancelledRecord", record
-                )
+                end = cast("RunEnd", record)
                 started.pop(record.instance_id, None)
                 if kind is WorkflowFailedRecord:
                     failure_log.run_failed(
@@ -365,7 +369,7 @@ class Telemetry:
     def _run_ended(
         self,
         partition: int,
-        record: WorkflowCompleted | WorkflowFailedRecord | WorkflowCancelledRecord,
+        record: RunEnd,
         runtime: InstanceRuntime | None,
     ) -> None:
         if runtime is None:
@@ -375,6 +379,7 @@ class Telemetry:
             WorkflowCompleted: "completed",
             WorkflowFailedRecord: "failed",
             WorkflowCancelledRecord: "cancelled",
+            WorkflowTerminatedRecord: "terminated",
         }[type(record)]
         self.workflows[(state.workflow, outcome)] += 1
         seconds = max(0.0, (record.time_ms - state.created_ms) / 1000)

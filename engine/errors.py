@@ -39,11 +39,30 @@ class UnknownInstance(StepstreamError):
 
 
 class InstanceFinished(StepstreamError):
-    """The instance already completed, failed or was cancelled."""
+    """The instance already completed, failed, was cancelled or terminated."""
+
+
+class InstanceExists(StepstreamError):
+    """A start with ``if_exists="fail"`` found an instance with that id; the message
+    names its status. Start it under another id, or with another ``if_exists``."""
+
+    def __init__(self, message: str, *, instance_id: str = "", status: str = "") -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+        self.status = status
 
 
 class InstanceNotPaused(StepstreamError):
     """A resume of an instance that is not paused (it is recorded and ignored)."""
+
+
+class UnknownReplayKey(StepstreamError):
+    """A reset or fork to a replay key the instance's history does not have (the
+    message names the keys it has)."""
+
+
+class InstanceNotFailed(StepstreamError):
+    """A retry of an instance that has not failed (it is recorded and ignored)."""
 
 
 class WorkflowFailed(StepstreamError):
@@ -62,6 +81,16 @@ class WorkflowCancelled(StepstreamError):
         super().__init__(message)
         self.instance_id = instance_id
         self.reason = reason
+
+
+class WorkflowTimeout(WorkflowFailed):
+    """The run passed its ``@workflow(timeout=)``: the instance failed with this error
+    type (``result()`` raises it; it is a ``WorkflowFailed``)."""
+
+
+class WorkflowTerminated(WorkflowCancelled):
+    """The instance was terminated (``terminate``): ended at once, no compensations.
+    ``result()`` raises it; it is a ``WorkflowCancelled``."""
 
 
 class ResultTimeout(StepstreamError, TimeoutError):

@@ -94,14 +94,21 @@ class CommandProducer:
             raise RuntimeError(f"{record} for {instance_id} was not acknowledged: {failures}")
 
     def start(
-        self, workflow: str, input: Any, instance_id: str, version: str | None = None
+        self,
+        workflow: str,
+        input: Any,
+        instance_id: str,
+        version: str | None = None,
+        if_exists: str = "return",
     ) -> None:
-        """Starting an id that exists changes nothing: a retry may reuse the id."""
+        """Starting an id that exists changes nothing (``if_exists="return"``): a retry
+        may reuse the id."""
         body = {
             "header": envelope(instance_id, str(uuid.uuid4())),
             "workflow": workflow,
             "version": version,
             "input": json_payload(input),
+            "if_exists": if_exists,
         }
         self._produce(instance_id, "StartWorkflow", body)
 

@@ -8,23 +8,52 @@ this module depends on none of them.
 
 from __future__ import annotations
 
+import asyncio
+import builtins
 import importlib
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from stepstream.engine.errors import InvalidPayload, StepstreamError
+from stepstream.engine.api.schedule_spec import (
+    DEFAULT_CATCHUP_WINDOW,
+    SCHEDULE_ID_PREFIX,
+    ScheduleSpec,
+)
+from stepstream.engine.errors import (
+    ConnectionFailed,
+    InvalidPayload,
+    PayloadTooLarge,
+    ResultTimeout,
+    StepstreamError,
+    UnknownInstance,
+)
 from stepstream.engine.reads.listing import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
+    ORDERS,
     InstancePage,
     ListQuery,
     Overview,
+    parse_instant,
 )
-from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
-from stepstream.engine.wire.names import check_name, event_id_problem, event_name_problem
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus, mark_set_aside
+from stepstream.engine.wire.codec import MAX_MESSAGE_CHARS
+from stepstream.engine.wire.names import (
+    check_if_exists,
+    check_name,
+    event_id_problem,
+    event_name_problem,
+    name_problem,
+    text_problem,
+)
+from stepstream.producers import schedules
+from stepstream.producers.schedules import ScheduleInfo
 
 DEFAULT_CONNECT = "http://127.0.0.1:8233"
+# How long ``fork`` waits for the new instance to be started by its owner.
+_FORK_APPEARS_S = 10.0
 
 
 class Transport(Protocol):
@@ -34,6 +63,7 @@ class Transport(Protocol):
         input: Any,
         instance_id: str,
         version: str | None,
+        if_exists: str = "return",
         *,
         priority: int | None = None,
         queue_key: str | None = None,
@@ -47,9 +77,17 @@ class Transport(Protocol):
 
     async def cancel(self, instance_id: str, reason: str) -> None: ...
 
+    async def terminate(self, instance_id: str, reason: str) -> None: ...
+
     async def pause(self, instance_id: str) -> None: ...
 
     async def resume(self, instance_id: str) -> None: ...
+
+    async def reset(self, instance_id: str, to: str, reason: str) -> None: ...
+
+    async def retry(self, instance_id: str, reason: str) -> None: ...
+
+    async def fork(self, instance_id: str, to: str, new_id: str) -> str: ...
 
     async def status(self, instance_id: str) -> InstanceStatus: ...
 
@@ -107,11 +145,19 @@ class Client:
         *,
         instance_id: str | None = None,
         version: str | None = None,
+        if_exists: str = "return",
         priority: int | None = None,
         queue_key: str | None = None,
     ) -> str:
         """Start an instance and return its id. Idempotent on ``instance_id``: starting an
         id that exists returns it and leaves the existing instance as it is.
+
+        ``if_exists`` says what a start of an existing id does, decided by the owner of
+        the instance against the state it owns (so two clients never race): "return"
+        (the default: the first run stands), "fail" (raises ``InstanceExists`` naming the
+        id and its status), or "restart_if_failed" (an instance that failed, was
+        cancelled or terminated starts afresh as its next run, its earlier runs kept in
+        its history; a running or completed one is returned as with "return").
 
         The instance runs the latest version of ``workflow`` that the workers have, or
         ``version`` if given (one that is still deployed; ``UnknownWorkflow`` names the
@@ -123,9 +169,10 @@ class Client:
         if instance_id is None:
             instance_id = str(uuid.uuid4())
         check_name(workflow, "workflow name")
-        check_name(instance_id, "instance id")
+        check_name(instance_id, "instance id", _client_id_problem)
         if version is not None:
             check_name(version, f"version of workflow {workflow!r}:")
+        check_if_exists(if_exists)
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise InvalidPayload(
                 f"priority of instance {instance_id} must be a whole number, not {priority!r}"
@@ -133,7 +180,13 @@ class Client:
         if queue_key is not None:
             check_name(queue_key, "queue key")
         return await self._transport.start(
-            workflow, input, instance_id, version, priority=priority, queue_key=queue_key
+            workflow,
+            input,
+            instance_id,
+            version,
+            if_exists,
+            priority=priority,
+            queue_key=queue_key,
         )
 
     async def send_event(
@@ -160,11 +213,47 @@ class Client:
     async def cancel(self, instance_id: str, *, reason: str = "") -> None:
         await self._transport.cancel(_id(instance_id), reason)
 
+    async def terminate(self, instance_id: str, *, reason: str = "") -> None:
+        """End the instance at once with status ``terminated``: no compensation runs and
+        running step attempts are given up, not awaited; the children it still waits for
+        are terminated too. ``InstanceFinished`` if it had already finished."""
+        await self._transport.terminate(_id(instance_id), reason)
+
     async def pause(self, instance_id: str) -> None:
         await self._transport.pause(_id(instance_id))
 
     async def resume(self, instance_id: str) -> None:
         await self._transport.resume(_id(instance_id))
+
+    async def reset(self, instance_id: str, *, to: str, reason: str = "") -> None:
+        """Make the instance go on from just before the replay key ``to`` (a name its
+        history shows, like ``"charge#2"``): what it recorded from there on is set aside
+        (kept in its history, marked reset), the results before it replay, and its code
+        runs on from there. ``UnknownReplayKey`` (naming the keys it has) if its history
+        has no such key."""
+        await self._transport.reset(_id(instance_id), _key(to), _reason(reason, instance_id))
+
+    async def retry(self, instance_id: str, *, reason: str = "") -> None:
+        """Make a failed instance go on from its failed step, with fresh attempts (or,
+        if no step failed, run its code on from just before the failure).
+        ``InstanceNotFailed`` if it has not failed."""
+        await self._transport.retry(_id(instance_id), _reason(reason, instance_id))
+
+    async def fork(self, source_id: str, /, *, to: str, instance_id: str | None = None) -> str:
+        """Start a new instance whose history is ``source_id``'s up to (not including)
+        the replay key ``to``, and return its id (``instance_id``, or a new one): the
+        results before the key replay, and its code runs on from there. Its status
+        says where it came from (``origin``). ``UnknownReplayKey`` if the source's
+        history has no such key; the source is left as it is."""
+        source = _id(source_id)
+        new_id = (
+            _id(instance_id) if instance_id is not None else f"{source}-fork-{uuid.uuid4().hex[:8]}"
+        )
+        if new_id == source:
+            raise InvalidPayload(
+                f"a fork of {source} needs an id of its own; leave instance_id out for a new one"
+            )
+        return await fork_instance(self._transport, source, _key(to), new_id)
 
     async def status(self, instance_id: str) -> InstanceStatus:
         return await self._transport.status(_id(instance_id))
@@ -176,7 +265,9 @@ class Client:
         return await self._transport.result(_id(instance_id), timeout)
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
-        return await self._transport.history(_id(instance_id))
+        """The instance's records in order, decoded; those a reset set aside say so
+        (``set_aside``)."""
+        return mark_set_aside(await self._transport.history(_id(instance_id)))
 
     async def list(self, *, status: str | None = None) -> list[InstanceStatus]:
         return await self._transport.list(status)
@@ -189,13 +280,74 @@ class Client:
         prefix: str = "",
         after: str | None = None,
         limit: int = DEFAULT_PAGE_SIZE,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+        order: str = "newest",
     ) -> InstancePage:
-        """One page of instances in id order, filtered; pass the page's ``next`` as
-        ``after`` for the following one (None: there is none). Fast however many
-        instances there are: the owners read their state from the cursor on."""
+        """One page of instances, filtered, newest first by created time (``order=
+        "oldest"``: oldest first; ``"id"``: in instance-id order); pass the page's
+        ``next`` as ``after`` for the following one (None: there is none). ``since`` and
+        ``until`` bound the created time (a datetime, an ISO 8601 string, or how long
+        ago: ``"1h"``). ``order="id"`` is fast however many instances there are (the
+        owners read their state from the cursor on); the time orders read every
+        instance's summary."""
+        if order not in ORDERS:
+            raise InvalidPayload(f"order={order!r} is not one of {', '.join(ORDERS)}")
+        bounds = [
+            None if t is None else parse_instant(_instant_text(t), name)
+            for name, t in (("since", since), ("until", until))
+        ]
+        limit = max(1, min(limit, MAX_PAGE_SIZE))
         return await self._transport.list_page(
-            ListQuery(status, workflow, prefix, after, max(1, min(limit, MAX_PAGE_SIZE)))
+            ListQuery(status, workflow, prefix, after, limit, order, *bounds)
         )
+
+    # ---- schedules (producers/schedules.py) ----------------------------------------
+
+    async def create_schedule(
+        self,
+        name: str,
+        workflow: str,
+        *,
+        cron: str | None = None,
+        every: int | None = None,
+        input: Any = None,
+        timezone: str = "UTC",
+        overlap: str = "skip",
+        catchup_window: int = DEFAULT_CATCHUP_WINDOW,
+    ) -> ScheduleInfo:
+        """Start an instance of ``workflow`` at each slot of ``cron`` (read in
+        ``timezone``) or ``every`` seconds, with id ``<name>@<slot, UTC ISO 8601>``:
+        exactly one per slot. ``overlap``: "skip" (a slot while the previous instance
+        runs is skipped), "buffer_one" (held until it ends; later ones skipped) or
+        "allow". A slot later than ``catchup_window`` seconds (the engine was down) is
+        skipped and counted. Creating a name that exists replaces its spec."""
+        spec = ScheduleSpec(name, workflow, input, cron, every, timezone, overlap, catchup_window)
+        return await schedules.create(self._transport, spec)
+
+    async def pause_schedule(self, name: str) -> None:
+        """No slot starts until ``resume_schedule``; the slots meanwhile are not run."""
+        await schedules.control(self._transport, name, "pause")
+
+    async def resume_schedule(self, name: str) -> None:
+        """Slots start again from the next one after now."""
+        await schedules.control(self._transport, name, "resume")
+
+    async def trigger_schedule(self, name: str) -> None:
+        """Start one instance now, outside the slots (id ``<name>@<now, with ms>``)."""
+        await schedules.control(self._transport, name, "trigger")
+
+    async def delete_schedule(self, name: str) -> None:
+        """No more slots start; instances it started go on."""
+        await schedules.control(self._transport, name, "delete")
+
+    async def describe_schedule(self, name: str) -> ScheduleInfo:
+        """The schedule ``name``: its spec, next run, last instance, counters."""
+        return await schedules.describe(self._transport, name)
+
+    async def list_schedules(self) -> builtins.list[ScheduleInfo]:
+        """Every schedule, by name, with its next run and last instance."""
+        return await schedules.list_all(self._transport)
 
     async def close(self) -> None:
         await self._transport.close()
@@ -205,6 +357,72 @@ class Client:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _client_id_problem(value: object) -> str | None:
+    """Why a client may not start an instance of this id: ids of schedules are the
+    engine's (``create_schedule``)."""
+    problem = name_problem(value)
+    if problem is None and isinstance(value, str) and value.startswith(SCHEDULE_ID_PREFIX):
+        return f"starts with {SCHEDULE_ID_PREFIX!r}, which is reserved for schedules"
+    return problem
+
+
+async def fork_instance(transport: Transport, source: str, to: str, new_id: str) -> str:
+    """Fork ``source`` at ``to`` into ``new_id`` over ``transport``: refused if ``new_id``
+    exists; returns once the new instance's owner has started it (or a little later if
+    none answers: it starts when a worker gets to it). The API server forks with this
+    too, so every way of forking says the same."""
+    try:
+        found = await transport.status(new_id)
+    except (UnknownInstance, ConnectionFailed):
+        pass  # free (or its owner is down: one that exists would record and ignore it)
+    else:
+        raise InvalidPayload(
+            f"instance {new_id} already exists ({found.status}); give the fork another id, "
+            "or leave the id out for a new one"
+        )
+    forked = await transport.fork(source, to, new_id)
+    # The source's owner sends the start on, so no command of this client tells when the
+    # new instance exists: wait a little for it, so a read right after finds it.
+    delay, waited = 0.005, 0.0
+    while waited < _FORK_APPEARS_S:
+        try:
+            await transport.status(forked)
+            break
+        except UnknownInstance:
+            await asyncio.sleep(delay)
+            waited += delay
+            delay = min(delay * 2, 0.25)
+        except (ConnectionFailed, ResultTimeout):
+            break
+    return forked
+
+
+def _key(key: str) -> str:
+    if not isinstance(key, str) or not key.strip():
+        raise InvalidPayload(
+            f"replay key {key!r}: give a key the instance's history shows (for example "
+            "charge#2; `stepstream history ID` lists them)"
+        )
+    problem = text_problem(key)
+    if problem is not None:
+        raise InvalidPayload(f"replay key {key!r} {problem}")
+    return key
+
+
+def _reason(reason: str, instance_id: str) -> str:
+    if not isinstance(reason, str):
+        raise InvalidPayload(f"the reason must be a string, not {type(reason).__name__}")
+    problem = text_problem(reason)
+    if problem is not None:
+        raise InvalidPayload(f"the reason for instance {instance_id} {problem}")
+    if len(reason) > MAX_MESSAGE_CHARS:
+        raise PayloadTooLarge(
+            f"the reason for instance {instance_id} is {len(reason)} characters, over the "
+            f"limit of {MAX_MESSAGE_CHARS}; say it in fewer words"
+        )
+    return reason
 
 
 def _id(instance_id: str) -> str:
@@ -232,3 +450,10 @@ class _Connecting:
     async def __aexit__(self, *exc: object) -> None:
         if self._client is not None:
             await self._client.close()
+
+
+def _instant_text(value: datetime | str) -> str:
+    if isinstance(value, str):
+        return value
+    # A naive datetime is taken as UTC, as ISO 8601 text without a zone is.
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()

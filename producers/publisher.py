@@ -22,9 +22,11 @@ from stepstream.engine.errors import (
     ResultTimeout,
     WorkflowCancelled,
     WorkflowFailed,
+    WorkflowTerminated,
+    WorkflowTimeout,
 )
 from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview, merge_overviews
-from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.reads.views import HistoryEntry, InstanceStatus, mark_set_aside
 from stepstream.engine.replay.state import InstanceState, Status
 from stepstream.engine.seams import Clock, SystemClock
 from stepstream.engine.wire.codec import (
@@ -35,6 +37,7 @@ from stepstream.engine.wire.codec import (
     encode_safely,
 )
 from stepstream.engine.wire.names import (
+    check_if_exists,
     check_name,
     event_id_problem,
     event_name_problem,
@@ -43,12 +46,16 @@ from stepstream.engine.wire.names import (
 from stepstream.engine.wire.records import (
     CancelWorkflow,
     Command,
+    ForkWorkflow,
     HistoryRecord,
     PauseWorkflow,
     Payload,
+    ResetWorkflow,
     ResumeWorkflow,
+    RetryWorkflow,
     SendEvent,
     StartWorkflow,
+    TerminateWorkflow,
 )
 from stepstream.engine.wire.settle import error_for
 from stepstream.producers import trace_context
@@ -111,13 +118,20 @@ def raise_for_outcome(state: InstanceState, codec: PayloadCodec) -> Any:
     if state.status is Status.COMPLETED:
         assert state.result is not None
         return decode_safely(codec, state.result)
+    if state.status is Status.TERMINATED:
+        raise WorkflowTerminated(
+            f"instance {state.instance_id} was terminated: {state.cancel_reason or 'no reason'}",
+            instance_id=state.instance_id,
+            reason=state.cancel_reason,
+        )
     if state.status is Status.CANCELLED:
         raise WorkflowCancelled(
             f"instance {state.instance_id} was cancelled: {state.cancel_reason or 'no reason'}",
             instance_id=state.instance_id,
             reason=state.cancel_reason,
         )
-    raise WorkflowFailed(
+    failed = WorkflowTimeout if state.error_type == "WorkflowTimeout" else WorkflowFailed
+    raise failed(
         f"instance {state.instance_id} failed: {state.error_type}: {state.error_message}",
         instance_id=state.instance_id,
         error_type=state.error_type,
@@ -128,8 +142,12 @@ _ACTIONS = {
     "StartWorkflow": "start",
     "SendEvent": "sending an event",
     "CancelWorkflow": "cancel",
+    "TerminateWorkflow": "terminate",
     "PauseWorkflow": "pause",
     "ResumeWorkflow": "resume",
+    "ResetWorkflow": "reset",
+    "RetryWorkflow": "retry",
+    "ForkWorkflow": "fork",
 }
 
 
@@ -184,12 +202,14 @@ class CommandPublisher(abc.ABC):
         input: Any,
         instance_id: str,
         version: str | None = None,
+        if_exists: str = "return",
         *,
         priority: int | None = None,
         queue_key: str | None = None,
     ) -> str:
         check_name(instance_id, "instance id")
         check_name(workflow, "workflow name")
+        check_if_exists(if_exists)
         if version is not None:
             check_name(version, f"version of workflow {workflow!r}:")
         definition = self._publishing.resolve(workflow, version)
@@ -202,6 +222,7 @@ class CommandPublisher(abc.ABC):
                     workflow=definition.name,
                     version=definition.version,
                     input=payload,
+                    if_exists=if_exists,
                     priority=priority,
                     queue_key=queue_key,
                     traceparent=trace[0],
@@ -237,20 +258,17 @@ class CommandPublisher(abc.ABC):
         ``ResultTimeout`` if it gave none within ``timeout`` seconds."""
 
     async def cancel(self, instance_id: str, reason: str) -> None:
-        check_name(instance_id, "instance id")
-        if not isinstance(reason, str):
-            raise InvalidPayload(f"the cancel reason must be a string, not {type(reason).__name__}")
-        problem = text_problem(reason)
-        if problem is not None:
-            raise InvalidPayload(f"the cancel reason for instance {instance_id} {problem}")
-        if len(reason) > MAX_MESSAGE_CHARS:
-            raise PayloadTooLarge(
-                f"the cancel reason for instance {instance_id} is {len(reason)} characters, "
-                f"over the limit of {MAX_MESSAGE_CHARS}; say it in fewer words"
-            )
+        _check_reason(instance_id, reason, "cancel")
         await self._check_exists(instance_id)
         await self._submit(
             CancelWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4()), reason=reason)
+        )
+
+    async def terminate(self, instance_id: str, reason: str) -> None:
+        _check_reason(instance_id, reason, "terminate")
+        await self._check_exists(instance_id)
+        await self._submit(
+            TerminateWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4()), reason=reason)
         )
 
     async def pause(self, instance_id: str) -> None:
@@ -262,6 +280,29 @@ class CommandPublisher(abc.ABC):
         check_name(instance_id, "instance id")
         await self._check_exists(instance_id)
         await self._submit(ResumeWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4())))
+
+    async def reset(self, instance_id: str, to: str, reason: str) -> None:
+        await self._check_exists(instance_id)
+        await self._submit(
+            ResetWorkflow(
+                instance_id=instance_id, command_id=str(uuid.uuid4()), to=to, reason=reason
+            )
+        )
+
+    async def retry(self, instance_id: str, reason: str) -> None:
+        await self._check_exists(instance_id)
+        await self._submit(
+            RetryWorkflow(instance_id=instance_id, command_id=str(uuid.uuid4()), reason=reason)
+        )
+
+    async def fork(self, instance_id: str, to: str, new_id: str) -> str:
+        await self._check_exists(instance_id)
+        await self._submit(
+            ForkWorkflow(
+                instance_id=instance_id, command_id=str(uuid.uuid4()), to=to, new_id=new_id
+            )
+        )
+        return new_id
 
     @abc.abstractmethod
     async def status(self, instance_id: str) -> InstanceStatus: ...
@@ -284,6 +325,20 @@ class CommandPublisher(abc.ABC):
     async def close(self) -> None:
         if self._on_close is not None:
             await self._on_close()
+
+
+def _check_reason(instance_id: str, reason: str, action: str) -> None:
+    check_name(instance_id, "instance id")
+    if not isinstance(reason, str):
+        raise InvalidPayload(f"the {action} reason must be a string, not {type(reason).__name__}")
+    problem = text_problem(reason)
+    if problem is not None:
+        raise InvalidPayload(f"the {action} reason for instance {instance_id} {problem}")
+    if len(reason) > MAX_MESSAGE_CHARS:
+        raise PayloadTooLarge(
+            f"the {action} reason for instance {instance_id} is {len(reason)} characters, "
+            f"over the limit of {MAX_MESSAGE_CHARS}; say it in fewer words"
+        )
 
 
 class LogTransport(CommandPublisher):
@@ -338,7 +393,8 @@ class LogTransport(CommandPublisher):
         return decode_safely(self._codec, answer)
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
-        return [HistoryEntry.of(r, self._codec) for r in self._reader.read_history(instance_id)]
+        records = self._reader.read_history(instance_id)
+        return mark_set_aside([HistoryEntry.of(r, self._codec) for r in records])
 
     async def list(self, status: str | None) -> list[InstanceStatus]:
         states = self._reader.list_instances()
@@ -346,6 +402,9 @@ class LogTransport(CommandPublisher):
         return sorted(views, key=lambda v: (v.created_at, v.instance_id))
 
     async def list_page(self, query: ListQuery) -> InstancePage:
+        if not query.by_id:
+            # In one go: the owners read every meta (no index by created time).
+            return self._reader.list_page(query, _LIST_SLICE)
         # In slices of a bounded number of keys per partition, yielding between them, so
         # a filter that matches little never holds the processors up for long.
         found: list[InstanceStatus] = []

@@ -20,6 +20,7 @@ from stepstream.engine.errors import (
     ConnectionFailed,
     EventTimeout,
     HistoryDiverged,
+    InstanceExists,
     InstanceFinished,
     InstanceNotPaused,
     InvalidPayload,
@@ -37,6 +38,8 @@ from stepstream.engine.errors import (
     UnknownWorkflow,
     WorkflowCancelled,
     WorkflowFailed,
+    WorkflowTerminated,
+    WorkflowTimeout,
 )
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.wire.codec import JsonCodec, PayloadCodec
@@ -44,6 +47,7 @@ from stepstream.engine.wire.records import Payload
 from stepstream.ops.version import version as _version
 from stepstream.ops.worker import Worker
 from stepstream.producers.client import Client
+from stepstream.producers.schedules import ScheduleInfo
 
 # The distribution's version (pyproject.toml's); ``stepstream --version`` says it too.
 __version__ = _version()
@@ -60,6 +64,7 @@ __all__ = [
     "EventTimeout",
     "HistoryDiverged",
     "HistoryEntry",
+    "InstanceExists",
     "InstanceFinished",
     "InstanceNotPaused",
     "InstanceStatus",
@@ -77,6 +82,7 @@ __all__ = [
     "ResultTimeout",
     "RetryPolicy",
     "RolledBack",
+    "ScheduleInfo",
     "Source",
     "StatusChangeEvent",
     "StepErrorEvent",
@@ -90,6 +96,8 @@ __all__ = [
     "Worker",
     "WorkflowCancelled",
     "WorkflowFailed",
+    "WorkflowTerminated",
+    "WorkflowTimeout",
     "attempt_cancelled",
     "workflow",
 ]

@@ -11,9 +11,14 @@ them; this module gathers them (``tests/unit/test_errors.py`` fails if one is mi
     │   ├── PayloadTooLarge          over STEPSTREAM_MAX_PAYLOAD_BYTES
     │   ├── UnknownInstance          no such instance (or forgotten after retention)
     │   ├── InstanceFinished         the command came after the instance finished
+    │   ├── InstanceExists           start(if_exists="fail") of an id that exists
     │   ├── InstanceNotPaused        resume of an instance that is not paused
+    │   ├── UnknownReplayKey         reset/fork to a key the history lacks (names the keys)
+    │   ├── InstanceNotFailed        retry of an instance that has not failed
     │   ├── WorkflowFailed           result(): the workflow raised or a step failed for good
+    │   │   └── WorkflowTimeout      the run passed its @workflow(timeout=)
     │   ├── WorkflowCancelled        result(): the instance was cancelled
+    │   │   └── WorkflowTerminated   result(): the instance was terminated
     │   ├── ResultTimeout            result()/request() gave up waiting   (retriable)
     │   ├── ConnectionFailed         the engine or worker could not be reached (retriable)
     │   │   └── SessionUnavailable   the server opened no session websocket (an older
@@ -90,7 +95,9 @@ from stepstream.engine.errors import (
     DuplicateWorkflow,
     EventTimeout,
     HistoryDiverged,
+    InstanceExists,
     InstanceFinished,
+    InstanceNotFailed,
     InstanceNotPaused,
     InvalidPayload,
     InvalidWorkflowCall,
@@ -106,9 +113,12 @@ from stepstream.engine.errors import (
     StepTimeout,
     UndecodableRecord,
     UnknownInstance,
+    UnknownReplayKey,
     UnknownWorkflow,
     WorkflowCancelled,
     WorkflowFailed,
+    WorkflowTerminated,
+    WorkflowTimeout,
 )
 from stepstream.engine.replay.loop import NondeterministicCall
 from stepstream.engine.replay.state import InvalidTransition
@@ -132,7 +142,9 @@ __all__ = [
     "GroupNotFound",
     "HistoryDiverged",
     "InsecureBind",
+    "InstanceExists",
     "InstanceFinished",
+    "InstanceNotFailed",
     "InstanceNotPaused",
     "InvalidHistoryFile",
     "InvalidPayload",
@@ -163,7 +175,10 @@ __all__ = [
     "TopicsMissing",
     "UndecodableRecord",
     "UnknownInstance",
+    "UnknownReplayKey",
     "UnknownWorkflow",
     "WorkflowCancelled",
     "WorkflowFailed",
+    "WorkflowTerminated",
+    "WorkflowTimeout",
 ]

@@ -36,6 +36,7 @@ KAFKA_TEST_PARTITIONS = 2
 def test_registry() -> Registry:
     registry = Registry()
     registry.add_module("tests.workflows")
+    registry.add_module("tests.lifecycle_workflows")
     return registry
 
 

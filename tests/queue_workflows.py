@@ -54,3 +54,10 @@ async def calls(ctx: Context, count: int) -> list[float]:
     return list(
         await asyncio.gather(*(ctx.step("call", work, 0.03, queue=api) for _ in range(count)))
     )
+
+
+@workflow("picky", queue=single)
+async def picky(ctx: Context, value: str) -> str:
+    if value == "bad":
+        raise ValueError("bad input")
+    return value

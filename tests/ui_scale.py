@@ -6,9 +6,9 @@
    ``Client`` (``tests.ui_workflows``: 60 % wait for an event, 39 % complete at once, 1 %
    fail), unless ``--data`` already holds them.
 2. Serves them with ``stepstream dev`` and opens ``/ui`` in headless Chromium: the time
-   from navigation to the first page of the list shown, and from pressing Filter to the
-   filtered list shown (marks the page sets: ``stepstream:list-shown``,
-   ``stepstream:filter-sent``), each the median of a few runs.
+   from navigation to the first page of the list shown (newest first, the default), and
+   from pressing Filter to the filtered list shown (marks the page sets:
+   ``stepstream:list-shown``, ``stepstream:filter-sent``), each the median of a few runs.
 3. Times the API calls under them, and the old unpaged ``GET /v1/instances`` beside them.
 Prints one JSON object.
 """
@@ -136,6 +136,8 @@ def main() -> None:
         api = f"{server.url}/v1/instances"
         report["api_ms"] = {
             "page_50": _get_ms(f"{api}?limit=50"),
+            "page_50_newest": _get_ms(f"{api}?limit=50&order=newest"),
+            "page_50_newest_since_1h": _get_ms(f"{api}?limit=50&order=newest&since=1h"),
             "page_50_after_cursor": _get_ms(f"{api}?limit=50&after=order-050000"),
             "status_failed": _get_ms(f"{api}?limit=50&status=failed"),
             "workflow_instant": _get_ms(f"{api}?limit=50&workflow=instant"),

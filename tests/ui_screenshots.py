@@ -1,6 +1,6 @@
 """The screenshots of the web UI in docs/ui.md, taken in headless Chromium:
 
-    python -m tests.ui_screenshots          # writes docs/img/ui-list.png, ui-instance.png
+    python -m tests.ui_screenshots   # writes docs/img/ui-list.png, ui-instance.png, ui-dark.png
 
 Serves ``tests.ui_workflows`` with ``stepstream dev`` (a fresh data directory), makes a
 few instances through the HTTP API and photographs the list and one instance's page.
@@ -67,10 +67,17 @@ def main() -> None:
             page.goto(f"{server.url}/ui#/i/trip-042")
             page.locator(".tl-row[data-kind=wait]").first.wait_for()
             page.screenshot(path=str(OUT / "ui-instance.png"))
+            dark = browser.new_page(viewport={"width": 1100, "height": 900}, color_scheme="dark")
+            dark.goto(f"{server.url}/ui#/i/trip-042")
+            dark.locator(".tl-row[data-kind=wait]").first.wait_for()
+            # Not the tracebacks: they name this machine's paths.
+            dark.locator(".tl-toggle", has_text="flaky").click()
+            dark.locator("#timeline, .timeline").first.scroll_into_view_if_needed()
+            dark.screenshot(path=str(OUT / "ui-dark.png"))
             browser.close()
     finally:
         server.stop()
-    print(f"wrote {OUT / 'ui-list.png'} and {OUT / 'ui-instance.png'}")
+    print(f"wrote ui-list.png, ui-instance.png and ui-dark.png in {OUT}")
 
 
 if __name__ == "__main__":

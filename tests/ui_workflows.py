@@ -1,12 +1,19 @@
 """Workflows for the web UI's browser tests: one run touches every kind of timeline row
 (a retried step with its backoff, a sleep, a wait for an event, a child, a saga's
-compensation) and one waits until told to finish."""
+compensation), one waits until told to finish, and one retries a step four times."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from stepstream import Context, NonRetryableError, RetryPolicy, RolledBack, workflow
+from stepstream import (
+    Context,
+    NonRetryableError,
+    RetryPolicy,
+    RolledBack,
+    StepFailed,
+    workflow,
+)
 
 _calls: dict[str, int] = {}
 
@@ -29,6 +36,26 @@ def undo(booking: str) -> str:
 
 def refuse(_: str) -> str:
     raise NonRetryableError("card declined by the issuer")
+
+
+def stubborn_call(key: str) -> str:
+    # Fails four attempts, then succeeds: five attempts on one timeline line.
+    _calls[key] = _calls.get(key, 0) + 1
+    if _calls[key] < 5:
+        raise ConnectionError(f"upstream refused attempt {_calls[key]}")
+    return "finally"
+
+
+@workflow("stubborn")
+async def stubborn(ctx: Context, _: Any) -> str:
+    """One step retried four times before it succeeds, then a step that fails for good."""
+    policy = RetryPolicy(max_attempts=6, initial_interval=0.05, backoff=1.0)
+    value: str = await ctx.step("call", stubborn_call, ctx.instance_id, retry=policy)
+    try:
+        await ctx.step("refuse", refuse, "card")
+    except StepFailed:
+        pass
+    return value
 
 
 @workflow("leaf")

@@ -506,3 +506,29 @@ async def racing_parent(ctx: Context, _: Any) -> Any:
         return "beat"
 
     return await ctx.race({"child": child, "beat": beat})
+
+
+# ---- reset, retry, fork (tests/integration/test_reset.py) ---------------------------------
+
+
+def charge(instance_id: str, name: str) -> str:
+    ledger(f"{instance_id}-{name}")
+    return f"charged {name}"
+
+
+def ship(instance_id: str) -> str:
+    """Fails for good until the test opens the gate (a file in the ledger directory)."""
+    ledger(f"{instance_id}-ship")
+    root = os.environ.get("STEPSTREAM_TEST_LEDGER", "")
+    if not (Path(root) / f"open-{instance_id}").exists():
+        raise NonRetryableError(f"the warehouse of {instance_id} is closed")
+    return "shipped"
+
+
+@workflow("repairable")
+async def repairable(ctx: Context, order: dict[str, Any]) -> dict[str, Any]:
+    first = await ctx.step("charge", charge, ctx.instance_id, "charge")
+    second = await ctx.step("charge", charge, ctx.instance_id, "charge#2")
+    go = await ctx.wait_for_event("go")
+    shipped = await ctx.step("ship", ship, ctx.instance_id)
+    return {"charges": [first, second], "go": go, "ship": shipped}

@@ -119,7 +119,9 @@ def create_topics(
     names = TopicNames(settings.prefix)
     wanted = {names.name(kind): partitions for kind in TOPIC_KINDS}
     wanted.update({names.name(kind): 1 for kind in CLUSTER_TOPICS})
-    existing = existing_partitions(settings)
+    # The whole timeout: a broker started just before (the README's quick start, typed
+    # without a pause) takes many seconds to serve metadata on a busy machine.
+    existing = existing_partitions(settings, timeout)
     _check_counts(settings, existing, wanted)
     missing = [name for name in wanted if name not in existing]
     created: set[str] = set()

@@ -11,7 +11,7 @@ import logging
 
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.dead_letters import dead_letter
-from stepstream.consumers.instance_store import InstanceReads
+from stepstream.consumers.instance_store import InstanceReads, StoredHistory
 from stepstream.consumers.log_context import instance_fields
 from stepstream.consumers.partition.batch import Batch
 from stepstream.consumers.partition.containment import Containment
@@ -24,18 +24,24 @@ from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import HistoryDiverged, UnknownWorkflow
 from stepstream.engine.replay.effects import Output, StepOutcome
 from stepstream.engine.replay.ids import is_client_command
+from stepstream.engine.replay.reset import fork_records
 from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.replay.state_json import state_from_storage
 from stepstream.engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend
 from stepstream.engine.wire.records import (
     Command,
+    ForkWorkflow,
     PartitionFenced,
+    ResetWorkflow,
+    RetryWorkflow,
+    StartFork,
     StartWorkflow,
     TimerFired,
     TimerScheduled,
+    WorkflowStarted,
 )
 from stepstream.engine.wire.serde import RecordSerde
-from stepstream.engine.wire.settle import UNKNOWN_INSTANCE, ignored_reason
+from stepstream.engine.wire.settle import UNKNOWN_INSTANCE, ignored_reason, recorded_reason
 from stepstream.engine.wire.topics import COMMANDS, HISTORY, TIMERS
 
 # What applying one command came to: its id, why it did not take effect (None if it did)
@@ -43,6 +49,9 @@ from stepstream.engine.wire.topics import COMMANDS, HISTORY, TIMERS
 Applied = tuple[str, str | None, bool]
 
 log = logging.getLogger("stepstream.partition")
+
+# Commands an instance refuses with a reason of their own (recorded as ignored).
+REFUSABLE = (ResetWorkflow, RetryWorkflow, ForkWorkflow)
 
 NOT_APPLIED_AFTER_ERROR = (
     "not applied: a later input of its instance in the same batch hit an internal error "
@@ -72,6 +81,7 @@ class Applier:
         self._telemetry = telemetry
         self._containment = Containment(cache, backend.partition)
         self.reads = InstanceReads(backend.store, serde)
+        cache.history = StoredHistory(backend.store, serde)
         # Fires this partition's timer service appended: read back without decoding.
         self.own_fires = OwnFires()
 
@@ -234,6 +244,8 @@ class Applier:
             if isinstance(record, TimerFired):
                 # The timer of an instance that is gone: harmless.
                 return record.command_id, None, False
+            if isinstance(record, StartFork):
+                return self._new_fork(record, batch)
             if not isinstance(record, StartWorkflow):
                 return (
                     record.command_id,
@@ -252,6 +264,16 @@ class Applier:
             accepted_ms = record.time_ms
         elif self.reads.applied(runtime.state, record.command_id):
             return record.command_id, None, False  # re-delivered: it changes nothing
+        elif (
+            isinstance(record, StartWorkflow)
+            and record.if_exists == "restart_if_failed"
+            and runtime.state.status.restartable
+        ):
+            # A new run: of the workflow (and version) this start names.
+            try:
+                runtime.definition = self._registry.resolve(record.workflow, record.version)
+            except UnknownWorkflow as exc:
+                return record.command_id, str(exc), True
         error = self._containment.handle(runtime, record, batch)
         if error is not None and isinstance(record, TimerFired):
             # Dead-lettered, the fire would be lost (the index let the timer go when it
@@ -281,9 +303,36 @@ class Applier:
             self._telemetry.timer_fired(
                 max(0, self._clock.now_ms() - record.fire_at_ms) / 1000, direct=direct
             )
-        if runtime.ignored and not isinstance(record, StartWorkflow):
-            # Recorded as ignored (CommandIgnored); the publisher learns why.
+        if runtime.ignored and isinstance(record, REFUSABLE):
+            # A reset or fork to a key it lacks, a retry of one that did not fail.
+            return record.command_id, recorded_reason(record.type, runtime.ignored_because), False
+        if runtime.ignored and not isinstance(record, StartFork):
+            # Recorded as ignored (CommandIgnored); the publisher learns why (a start:
+            # only when its if_exists refuses an existing id).
             return record.command_id, ignored_reason(record, runtime.state.status.value), False
+        return record.command_id, None, False
+
+    def _new_fork(self, record: StartFork, batch: Batch) -> Applied:
+        """A fork's new instance, running the workflow version its source ran."""
+        assert self._cache.history is not None
+        copies = fork_records(record, self._cache.history, self._backend.epoch)
+        started = copies[0] if copies else None
+        if not isinstance(started, WorkflowStarted):
+            return (
+                record.command_id,
+                "InvalidPayload: a fork's records must begin with its start",
+                True,
+            )
+        try:
+            definition = self._registry.resolve(started.workflow, started.version)
+        except UnknownWorkflow as exc:
+            return record.command_id, str(exc), True
+        runtime = self._cache.new(InstanceState(record.instance_id), definition)
+        error = self._containment.handle(runtime, record, batch)
+        if error is not None:
+            return record.command_id, error, True
+        batch.last_instance = record.instance_id
+        self._telemetry.command_applied(record.type)
         return record.command_id, None, False
 
     def dead_letter(self, entry: LogEntry, reason: str, command_id: str = "") -> Append:

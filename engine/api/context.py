@@ -118,6 +118,9 @@ class WorkflowRuntime(Protocol):
     @property
     def queue_request(self) -> tuple[int, str | None]: ...
 
+    @property
+    def run(self) -> int: ...
+
 
 @dataclass(frozen=True, slots=True)
 class StepFailure:
@@ -168,6 +171,11 @@ class ChildHandle:
         self._rt = runtime
         self._key = key
         self.instance_id = instance_id
+
+    @property
+    def key(self) -> str:
+        """The child's replay key in this instance (its scope and repeat count)."""
+        return self._key
 
     async def result(self) -> Any:
         """The child's result once it completed; ``ChildFailed`` if it failed or was

@@ -32,7 +32,8 @@ class StepErrorEvent:
 class StatusChangeEvent:
     """An instance's status changed (``on_status_change``): ``None -> pending`` when it
     starts, then ``running``, ``paused`` and back, and one of ``completed``, ``failed``,
-    ``cancelled`` at the end."""
+    ``cancelled``, ``terminated`` at the end (``-> pending`` again when a start with
+    ``if_exists="restart_if_failed"`` begins its next run)."""
 
     instance_id: str
     workflow: str
@@ -40,7 +41,8 @@ class StatusChangeEvent:
     old_status: str | None  # None for the first event of an instance
     new_status: str
     at: datetime  # when the change was recorded (UTC)
-    error: str | None  # "ErrorType: message" when failed, "cancelled: reason" when cancelled
+    # "ErrorType: message" when failed, "cancelled: reason" / "terminated: reason"
+    error: str | None
 
 
 # Hooks may return anything; an awaitable they return is awaited.

@@ -100,7 +100,8 @@ class Slot:
 
     queue: str
     target: str
-    key: str
+    key: str  # the replay key of the wait
+    token: str  # what the queue knows the request by (the key, and the run after a restart)
     admitted_ms: int
 
 
@@ -118,13 +119,16 @@ async def acquire(
     the wait, made in the calling task."""
     rt = ctx._rt
     target = queue.instance_id(key)
+    # A restarted run asks afresh: an admission meant for an earlier run is not its own.
+    run = rt.run
+    token = slot_key if run == 1 else f"run{run}/{slot_key}"
     rt.send_message(
         f"{slot_key}#acquire",
         target,
         QUEUE_ACQUIRE,
         {
             "instance": rt.instance_id,
-            "key": slot_key,
+            "key": token,
             "priority": int(priority),
             "what": what,
             "queue": queue.name,
@@ -132,11 +136,9 @@ async def acquire(
             "limits": queue.limits(),
         },
     )
-    [(_, _, payload, _)] = await rt.message_future(
-        slot_key, [f"{QUEUE_ADMITTED}{slot_key}"], 1, None
-    )
+    [(_, _, payload, _)] = await rt.message_future(slot_key, [f"{QUEUE_ADMITTED}{token}"], 1, None)
     admitted = decode_safely(rt.codec, payload)
-    return Slot(queue.name, target, slot_key, int(admitted.get("admitted_ms", 0)))
+    return Slot(queue.name, target, slot_key, token, int(admitted.get("admitted_ms", 0)))
 
 
 def release(ctx: Context, slot: Slot) -> None:
@@ -146,7 +148,7 @@ def release(ctx: Context, slot: Slot) -> None:
         f"{slot.key}#release",
         slot.target,
         QUEUE_RELEASE,
-        {"instance": rt.instance_id, "key": slot.key},
+        {"instance": rt.instance_id, "key": slot.token},
     )
 
 

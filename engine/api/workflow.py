@@ -6,6 +6,7 @@ import importlib
 import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from stepstream.engine.api.hook_events import ErrorHook, StatusHook
@@ -29,6 +30,8 @@ class WorkflowDefinition:
     fn: WorkflowFn
     on_error: ErrorHook | None = None
     on_status_change: StatusHook | None = None
+    # The whole run's limit in seconds (``@workflow(timeout=)``); None: no limit.
+    timeout: float | None = None
     # Instances wait (status pending) until this queue admits them.
     queue: Queue | None = None
 
@@ -43,6 +46,7 @@ def workflow(
     version: str = "1",
     on_error: ErrorHook | None = None,
     on_status_change: StatusHook | None = None,
+    timeout: float | timedelta | None = None,
     queue: Queue | None = None,
 ) -> Callable[[F], F]:
     """Mark an ``async def fn(ctx, input)`` as a workflow named ``name``.
@@ -57,6 +61,10 @@ def workflow(
     run on a thread, async ones on the loop. A hook that raises is retried a few times,
     then logged and dropped; it never affects the workflow.
 
+    ``timeout`` (seconds or a ``timedelta``) limits the whole run: a durable timer is set
+    when an instance starts, and if the run has not finished when it fires, the instance
+    fails with ``WorkflowTimeout`` (running step attempts are given up, children
+    cancelled). A run that finishes first cancels the timer.
     ``queue``: a ``Queue`` whose limits every instance runs within: an instance waits
     with status ``pending`` until the queue admits it, and frees its slot when it ends
     (``client.start(..., priority=, queue_key=)`` orders and groups the waiters).
@@ -72,10 +80,27 @@ def workflow(
     if queue is not None and not isinstance(queue, Queue):
         raise TypeError(f"workflow {name!r}: queue={queue!r} is not a stepstream.Queue")
 
+    limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0
+    ):
+        raise ValueError(
+            f"workflow {name!r}: timeout={timeout!r} must be a positive number of seconds "
+            "or a timedelta"
+        )
+
     def mark(fn: F) -> F:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"workflow {name!r}: {fn.__qualname__} must be an 'async def'")
-        definition = WorkflowDefinition(name, str(version), fn, on_error, on_status_change, queue)
+        definition = WorkflowDefinition(
+            name,
+            str(version),
+            fn,
+            on_error,
+            on_status_change,
+            None if limit is None else float(limit),
+            queue,
+        )
         setattr(fn, _DEFINITION_ATTR, definition)
         return cast(F, fn)
 
@@ -124,6 +149,11 @@ class Registry:
         definition = wf if isinstance(wf, WorkflowDefinition) else definition_of(wf)
         if definition is None:
             raise TypeError(f"{wf!r} is not decorated with @workflow")
+        if definition.name.startswith(RESERVED_PREFIX):
+            raise DuplicateWorkflow(
+                f"workflow name {definition.name!r} is reserved: names starting with "
+                f"{RESERVED_PREFIX!r} are the engine's own (schedules); rename it"
+            )
         versions = self._by_name.setdefault(definition.name, {})
         existing = versions.get(definition.version)
         if existing is not None:
@@ -163,6 +193,10 @@ class Registry:
 
             return QUEUE_DEFINITION
         versions = self._by_name.get(name)
+        if not versions and name.startswith(RESERVED_PREFIX):
+            versions = builtin_workflows().get(name)
+            if versions and version is None:
+                return versions[ordered_versions(versions)[-1]]
         if not versions:
             known = ", ".join(sorted(self._by_name)) or "none"
             raise UnknownWorkflow(
@@ -181,6 +215,24 @@ class Registry:
                 "version (keep old versions deployed until their instances finish)"
             ) from None
 
-    def names(self) -> dict[str, list[str]]:
-        """Each workflow's versions, oldest to latest (the last is what new instances get)."""
-        return {name: ordered_versions(v) for name, v in sorted(self._by_name.items())}
+    def names(self, *, builtin: bool = False) -> dict[str, list[str]]:
+        """Each workflow's versions, oldest to latest (the last is what new instances get);
+        with ``builtin``, the engine's own workflows too (every worker runs them)."""
+        found = dict(self._by_name)
+        if builtin:
+            found.update(builtin_workflows())
+        return {name: ordered_versions(v) for name, v in sorted(found.items())}
+
+
+# Names of the engine's own workflows, which every registry runs and users cannot take.
+RESERVED_PREFIX = "stepstream."
+
+
+def builtin_workflows() -> dict[str, dict[str, WorkflowDefinition]]:
+    """The engine's own workflows, by name and version (imported on first use: they are
+    written with this module's decorator)."""
+    from stepstream.engine.api.schedules import run_schedule
+
+    definition = definition_of(run_schedule)
+    assert definition is not None
+    return {definition.name: {definition.version: definition}}

@@ -1,17 +1,27 @@
 """Paged listing of instances and the overview of a deployment, as plain values.
 
-A page lists instances in instance-id order (the state store's key order), so a
-partition answers one from where the cursor points without reading the rest, and
-pages of several partitions or workers merge into one (``merge_pages``). The cursor is
-an instance id: the next page starts after it. A partition may stop early (it looks at
-a bounded number of keys per call, so a rare filter never holds up its processor); its
-cursor then says how far it got, and the merge never passes a partition's cursor.
+A page in ``order="id"`` lists instances in instance-id order (the state store's key
+order), so a partition answers one from where the cursor points without reading the
+rest, and pages of several partitions or workers merge into one (``merge_pages``). The
+cursor is an instance id: the next page starts after it. A partition may stop early (it
+looks at a bounded number of keys per call, so a rare filter never holds up its
+processor); its cursor then says how far it got, and the merge never passes a
+partition's cursor.
+
+``order="newest"`` and ``"oldest"`` sort by created time. The state has no index by that
+time, so each partition reads every meta of the filters and decodes only its page
+(``consumers.instance_store``); their cursor is ``<created_at>/<instance id>`` of the
+last row, so a page does not shift when instances start meanwhile, and pages merge the
+same way.
+``since`` and ``until`` bound the created time in every order.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from stepstream.engine.errors import InvalidPayload
@@ -21,6 +31,31 @@ from stepstream.engine.replay.state import Status
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 RECENT_FAILURES = 10
+ORDERS = ("newest", "oldest", "id")
+_AGO = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_instant(text: str, what: str, now: datetime | None = None) -> str:
+    """``text`` as a created time to compare with ``InstanceStatus.created_at``: an ISO
+    8601 time (UTC when it names no zone) or how long ago (``90s``, ``30m``, ``1h``,
+    ``2d``, ``1w``). ``InvalidPayload`` naming ``what`` when it is neither."""
+    text = text.strip()
+    ago = _AGO.fullmatch(text)
+    try:
+        if ago is not None:
+            seconds = float(ago.group(1)) * _UNIT_SECONDS[ago.group(2)]
+            when = (now or datetime.now(UTC)) - timedelta(seconds=seconds)
+        else:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=UTC)
+    except ValueError:
+        raise InvalidPayload(
+            f"{what}={text!r} is not a time: give an ISO 8601 time such as "
+            "2026-01-31T08:00:00Z, or how long ago, such as 90s, 30m, 1h, 2d or 1w"
+        ) from None
+    return when.astimezone(UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,21 +65,37 @@ class ListQuery:
     status: str | None = None
     workflow: str | None = None
     prefix: str = ""
-    # The page starts after this instance id (None: at the first).
+    # The page starts after this cursor (None: at the first): an instance id in id
+    # order, else ``<created_at>/<instance id>``.
     after: str | None = None
     limit: int = DEFAULT_PAGE_SIZE
+    order: str = "id"
+    # Created at or after ``since`` and before ``until`` (as ``parse_instant`` writes).
+    since: str | None = None
+    until: str | None = None
 
     def matches(self, view: InstanceStatus) -> bool:
         return (
             (self.status is None or view.status == self.status)
             and (self.workflow is None or view.workflow == self.workflow)
             and view.instance_id.startswith(self.prefix)
+            and (self.since is None or view.created_at >= self.since)
+            and (self.until is None or view.created_at < self.until)
         )
+
+    @property
+    def by_id(self) -> bool:
+        return self.order == "id"
+
+    def position(self, view: InstanceStatus) -> str:
+        """Where ``view`` sorts in this query's order, in the form of its cursor."""
+        return view.instance_id if self.by_id else f"{view.created_at}/{view.instance_id}"
 
     @classmethod
     def from_params(cls, query: Mapping[str, str]) -> ListQuery:
         """The page a query string asks for (``status``, ``workflow``, ``prefix``,
-        ``after``, ``limit``); ``InvalidPayload`` saying what is wrong."""
+        ``after``, ``limit``, ``order``, ``since``, ``until``); ``InvalidPayload`` saying
+        what is wrong."""
         status = query.get("status") or None
         statuses = [s.value for s in Status]
         if status is not None and status not in statuses:
@@ -52,12 +103,25 @@ class ListQuery:
         raw = query.get("limit") or str(DEFAULT_PAGE_SIZE)
         if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE_SIZE:
             raise InvalidPayload(f"limit={raw!r} is not a whole number from 1 to {MAX_PAGE_SIZE}")
+        order = query.get("order") or "id"
+        if order not in ORDERS:
+            raise InvalidPayload(f"order={order!r} is not one of {', '.join(ORDERS)}")
+        after = query.get("after") or None
+        if after is not None and order != "id" and "/" not in after:
+            raise InvalidPayload(
+                f"after={after!r} is not a cursor of order={order} (CREATED/ID): pass the "
+                "next cursor the previous page gave, or order=id for an instance id"
+            )
+        since, until = (query.get(name) or None for name in ("since", "until"))
         return cls(
             status=status,
             workflow=query.get("workflow") or None,
             prefix=query.get("prefix", ""),
-            after=query.get("after") or None,
+            after=after,
             limit=int(raw),
+            order=order,
+            since=None if since is None else parse_instant(since, "since"),
+            until=None if until is None else parse_instant(until, "until"),
         )
 
     def params(self) -> dict[str, str]:
@@ -68,6 +132,9 @@ class ListQuery:
             ("workflow", self.workflow),
             ("prefix", self.prefix or None),
             ("after", self.after),
+            ("order", None if self.by_id else self.order),
+            ("since", self.since),
+            ("until", self.until),
         ):
             if value is not None:
                 out[name] = value
@@ -95,19 +162,33 @@ class InstancePage:
         return cls(instances, raw.get("next"))
 
 
-def merge_pages(pages: Sequence[InstancePage], limit: int) -> InstancePage:
+def merge_pages(
+    pages: Sequence[InstancePage], limit: int, query: ListQuery | None = None
+) -> InstancePage:
     """One page of at most ``limit`` out of pages of disjoint sets of instances (the
-    partitions of a worker, the workers of a deployment) that answered the same query."""
+    partitions of a worker, the workers of a deployment) that answered the same
+    ``query`` (its order; default: id order)."""
+    query = query or ListQuery()
+    newest = query.order == "newest"
     frontiers = [p.next for p in pages if p.next is not None]
-    # Past the least cursor some source has not looked yet: nothing beyond it is sure.
-    frontier = min(frontiers) if frontiers else None
+    # Past the least advanced cursor some source has not looked yet: nothing beyond it
+    # is sure.
+    frontier = (max if newest else min)(frontiers) if frontiers else None
+
+    def before_frontier(v: InstanceStatus) -> bool:
+        if frontier is None:
+            return True
+        at = query.position(v)
+        return at >= frontier if newest else at <= frontier
+
     found = sorted(
-        (v for p in pages for v in p.instances if frontier is None or v.instance_id <= frontier),
-        key=lambda v: v.instance_id,
+        (v for p in pages for v in p.instances if before_frontier(v)),
+        key=query.position,
+        reverse=newest,
     )
     if len(found) > limit or (len(found) == limit and frontier is not None):
         found = found[:limit]
-        return InstancePage(found, found[-1].instance_id)
+        return InstancePage(found, query.position(found[-1]))
     return InstancePage(found, frontier)
 
 

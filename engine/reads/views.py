@@ -4,6 +4,7 @@ that serialise to JSON for the CLI and the HTTP API."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
@@ -23,6 +24,12 @@ def _known(cls: Any, raw: dict[str, Any]) -> dict[str, Any]:
 
 def _iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def created_iso(ms: int) -> str:
+    """A created time in ms as ``InstanceStatus.created_at`` writes it (lists compare
+    and sort these strings)."""
+    return _iso(ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +57,14 @@ class InstanceStatus:
     waits: list[Wait] = field(default_factory=list)
     buffered_events: int = 0
     error: str | None = None
+    # A fork's origin: "forked from o-1 at charge#2" (None for other instances).
+    origin: str | None = None
+    # The run number: 1, one more each time ``if_exists="restart_if_failed"`` restarted it.
+    run: int = 1
 
     @property
     def finished(self) -> bool:
-        return self.status in ("completed", "failed", "cancelled")
+        return self.status in ("completed", "failed", "cancelled", "terminated")
 
     @property
     def diverged(self) -> bool:
@@ -82,7 +93,7 @@ class InstanceStatus:
         if state.error_type:
             error = f"{state.error_type}: {state.error_message}"
         elif state.cancel_reason:
-            error = f"cancelled: {state.cancel_reason}"
+            error = f"{state.status.value}: {state.cancel_reason}"
         elif state.parked and not state.status.finished:
             error = state.parked
         return cls(
@@ -95,6 +106,12 @@ class InstanceStatus:
             waits=waits,
             buffered_events=len(state.buffered) + state.unread_buffered,
             error=error,
+            origin=(
+                f"forked from {state.forked_from} at {state.forked_at}"
+                if state.forked_from
+                else None
+            ),
+            run=state.run,
         )
 
 
@@ -121,6 +138,8 @@ class HistoryEntry:
     time: str
     command_id: str
     attributes: dict[str, Any]
+    # Set aside by a later reset: kept, no longer replayed (``WorkflowReset``).
+    set_aside: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -146,6 +165,19 @@ class HistoryEntry:
 # Fields of a later schema version a record of an earlier one lacks: shown when set, so
 # the histories of workflows that do not use them read as before.
 SHOWN_WHEN_SET = frozenset({"priority", "queue_key"})
+
+
+def mark_set_aside(entries: list[HistoryEntry]) -> list[HistoryEntry]:
+    """``entries`` with those a ``WorkflowReset`` among them set aside marked so."""
+    aside: set[int] = set()
+    for entry in entries:
+        if entry.type == "WorkflowReset":
+            aside.update(range(int(entry.attributes["from_seq"]), entry.seq))
+    return [
+        dataclasses.replace(entry, set_aside=True) if entry.seq in aside else entry
+        for entry in entries
+    ]
+
 
 _ENVELOPE = frozenset(
     {"instance_id", "seq", "time_ms", "command_id", "epoch", "traceparent", "tracestate"}

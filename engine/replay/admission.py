@@ -59,17 +59,23 @@ class AdmissionMixin(RuntimeCore):
             key = entry.key[: -len(_ACQUIRE_SUFFIX)]
             if f"{key}#release" in entries:
                 continue
-            assert entry.child_id is not None
+            assert entry.child_id is not None and entry.result is not None
+            request = decode_safely(self.codec, entry.result)
+            token = request.get("key", key) if isinstance(request, dict) else key
+            run = self.state.run
             self._out.commands.append(
                 (
                     self.state.instance_id,
                     SendEvent(
                         instance_id=entry.child_id,
-                        command_id=message_command(self.state.instance_id, f"{key}#withdraw"),
+                        command_id=message_command(
+                            self.state.instance_id,
+                            f"{key}#withdraw" if run == 1 else f"run{run}/{key}#withdraw",
+                        ),
                         time_ms=self.clock.now_ms(),
                         name=QUEUE_RELEASE,
                         payload=encode_safely(
-                            self.codec, {"instance": self.state.instance_id, "key": key}
+                            self.codec, {"instance": self.state.instance_id, "key": token}
                         ),
                     ),
                 )

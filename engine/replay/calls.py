@@ -16,7 +16,7 @@ from stepstream.engine.errors import (
 from stepstream.engine.replay.core import _child_result_key
 from stepstream.engine.replay.driving import DrivingMixin
 from stepstream.engine.replay.effects import FORGET_AT_LEAST, PATCH_PREFIX, Phase, StepIntent
-from stepstream.engine.replay.ids import child_event, loop_prefixes, reply_key
+from stepstream.engine.replay.ids import RUN_TIMEOUT_KEY, child_event, loop_prefixes, reply_key
 from stepstream.engine.replay.loop import ROOT_TASK, WorkflowLoop
 from stepstream.engine.replay.state import EntryKind, EntryState
 from stepstream.engine.wire.codec import (
@@ -47,6 +47,11 @@ class CallsMixin(DrivingMixin):
     def queue_request(self) -> tuple[int, str | None]:
         """(priority, queue key) the instance was started with."""
         return self.state.queue_request
+
+    @property
+    def run(self) -> int:
+        """The instance's run: 1, then one more for each restart."""
+        return self.state.run
 
     def key_for(self, name: str) -> str:
         """The replay key of the next use of ``name`` in the current scope: the name
@@ -130,7 +135,9 @@ class CallsMixin(DrivingMixin):
         if entry is not None:
             assert entry.child_id is not None
             return entry.child_id
-        child_id = instance_id or f"{self.state.instance_id}/{key}"
+        # A restarted run's children are new instances: the first run's keep their ids.
+        run = "" if self.state.run == 1 else f"run{self.state.run}/"
+        child_id = instance_id or f"{self.state.instance_id}/{run}{key}"
         problem = name_problem(child_id) or name_problem(workflow)
         if problem is not None:
             raise InvalidWorkflowCall(f"child {key!r} of {self.state.instance_id}: {problem}")
@@ -321,7 +328,7 @@ class CallsMixin(DrivingMixin):
     def _history_goes_on(self) -> bool:
         """Whether recorded entries remain that replay has not reached yet."""
         return any(
-            key not in self._visited and not key.startswith(PATCH_PREFIX)
+            key not in self._visited and not key.startswith(PATCH_PREFIX) and key != RUN_TIMEOUT_KEY
             for key in self.state.entries
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepstream.engine.api.workflow import WorkflowDefinition
 from stepstream.engine.errors import (
@@ -22,6 +22,9 @@ from stepstream.engine.replay.effects import (
     StepIntent,
 )
 from stepstream.engine.replay.loop import WorkflowLoop
+
+if TYPE_CHECKING:
+    from stepstream.engine.replay.reset import HistoryAccess
 from stepstream.engine.replay.state import Entry, EntryKind, EntryState, InstanceState
 from stepstream.engine.seams import Clock
 from stepstream.engine.wire.codec import (
@@ -66,8 +69,14 @@ class RuntimeCore:
         self.clock = clock
         self.epoch = epoch
         self.inflight: set[tuple[str, int]] = set()
-        # Whether the last input was recorded as ignored (CommandIgnored).
+        # Attempts of a previous run still in flight when a restart began a new one:
+        # their outcomes (the new run may reuse their key and number) are dropped.
+        self.stale_attempts: set[tuple[str, int]] = set()
+        # Whether the last input was recorded as ignored (CommandIgnored), and why.
         self.ignored = False
+        self.ignored_because = ""
+        # The stored history and record bytes, for resets and forks (set by the owner).
+        self.history: HistoryAccess | None = None
         # Set while the partition is handed over: attempts that run may finish, but no
         # new one starts (the next owner replays and starts it, losing no attempt).
         self.draining = False
@@ -206,6 +215,7 @@ class RuntimeCore:
 
     def _ignore(self, msg: Command, reason: str) -> None:
         self.ignored = True
+        self.ignored_because = reason
         self._emit(CommandIgnored, command_type=msg.type, reason=reason)
 
     # ---- futures the code awaits ----------------------------------------------------

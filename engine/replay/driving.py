@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from traceback import format_exception
 from typing import Any
 
 from stepstream.engine.api.context import Context
@@ -29,7 +28,7 @@ from stepstream.engine.replay.effects import (
     StepIntent,
     StepLaunch,
 )
-from stepstream.engine.replay.ids import loop_prefixes
+from stepstream.engine.replay.ids import RUN_TIMEOUT_KEY, loop_prefixes
 from stepstream.engine.replay.ids import timer_id as make_timer_id
 from stepstream.engine.replay.loop import WorkflowLoop
 from stepstream.engine.replay.outgoing import OutgoingMixin
@@ -39,6 +38,7 @@ from stepstream.engine.wire.codec import (
     clip_message,
     decode_safely,
     encode_safely,
+    format_traceback,
 )
 from stepstream.engine.wire.records import (
     HistoryRecord,
@@ -91,7 +91,7 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
         self._patches = {}
         self._deferred = []
         self._diverged = None
-        self._replaying = bool(self.state.entries)
+        self._replaying = any(key != RUN_TIMEOUT_KEY for key in self.state.entries)
         try:
             arg = decode_safely(self.codec, self.state.input)
         except StepstreamError as exc:
@@ -163,6 +163,7 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
                 if e.key not in self._visited
                 and not (lost and e.key.startswith(lost))
                 and not e.key.startswith(PATCH_PREFIX)  # a patch the code has dropped
+                and e.key != RUN_TIMEOUT_KEY  # the run's time limit: no code visits it
             ),
             key=lambda e: e.seq,
         )
@@ -260,6 +261,8 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
         # Read before the attempt's record clears it: when the backoff of a retry ended.
         entry = self.state.entries.get(key)
         backoff_ended = entry.fire_at_ms if entry is not None and attempt > 1 else None
+        # Above every attempt a reset set aside (``engine.replay.reset``).
+        attempt = max(attempt, self.state.attempt_floors.get(key, 0) + 1)
         if intent.ephemeral and key not in self.state.entries:
             # Nothing recorded before the body runs: its result is recorded with the
             # records it comes back to; after a crash before that, it runs again.
@@ -291,7 +294,12 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
             StepAttemptStarted,
             key=key,
             attempt=attempt,
-            max_attempts=intent.policy.max_attempts or 0,
+            # A reset gives the step a fresh budget above the attempts it set aside.
+            max_attempts=(
+                intent.policy.max_attempts + self.state.attempt_floors.get(key, 0)
+                if intent.policy.max_attempts
+                else 0
+            ),
             deadline_ms=deadline,
         )
 
@@ -315,7 +323,7 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
         retryable: bool,
         *,
         now: bool = False,
-        traceback: str = "",
+        traceback: str | None = None,
     ) -> None:
         intent = self._intents.get(entry.key)
         policy = intent.policy if intent is not None else DEFAULT_RETRY
@@ -330,6 +338,7 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
             error_type=error_type,
             error_message=clip_message(message),
             next_attempt_at_ms=next_at,
+            traceback=traceback,
         )
         if traceback:
             self.tracebacks[(entry.key, entry.attempt)] = traceback
@@ -347,8 +356,9 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
             return
         exc = self._task.exception()
         if exc is not None:
-            self.tracebacks[WORKFLOW_TRACEBACK] = "".join(format_exception(exc)).rstrip()
-            self._fail_workflow(type(exc).__name__, str(exc) or repr(exc))
+            trace = format_traceback(exc)
+            self.tracebacks[WORKFLOW_TRACEBACK] = trace
+            self._fail_workflow(type(exc).__name__, str(exc) or repr(exc), trace)
             return
         try:
             result = check_size(
@@ -361,9 +371,12 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
             return
         self._finish(WorkflowCompleted, result=result)
 
-    def _fail_workflow(self, error_type: str, message: str) -> None:
+    def _fail_workflow(self, error_type: str, message: str, trace: str | None = None) -> None:
         self._finish(
-            WorkflowFailedRecord, error_type=error_type, error_message=clip_message(message)
+            WorkflowFailedRecord,
+            error_type=error_type,
+            error_message=clip_message(message),
+            traceback=trace,
         )
 
     def _finish(self, cls: type[HistoryRecord], **attrs: Any) -> None:

@@ -47,9 +47,9 @@ class StepOutcome:
     error_type: str = ""
     error_message: str = ""
     retryable: bool = True
-    # The body's exception as the executor formatted it, for the log line made once the
-    # failure is durable; never recorded.
-    traceback: str = ""
+    # The body's exception, formatted (clipped): recorded with the failure (StepFailed
+    # v2) and logged once the failure is durable.
+    traceback: str | None = None
 
     @property
     def command_id(self) -> str:

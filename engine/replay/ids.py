@@ -49,6 +49,11 @@ def loop_prefixes(key: str, iteration: int) -> tuple[str, str]:
     return f"{key}/{iteration}/", f"{key}/{iteration}."
 
 
+# The entry that holds a run's time limit (``@workflow(timeout=)``): its timer is a sleep's,
+# but no code visits it (``~`` is not for user names).
+RUN_TIMEOUT_KEY = "~run/timeout"
+
+
 def timer_id(instance_id: str, purpose: str, key: str, n: int) -> str:
     return f"{instance_id}/{purpose}/{n}/{key}"
 

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stepstream.engine.replay.effects import LOST_PURPOSE, StepOutcome
-from stepstream.engine.replay.ids import parse_child_command, split_timer_id
+from stepstream.engine.replay.ids import RUN_TIMEOUT_KEY, parse_child_command, split_timer_id
+from stepstream.engine.replay.reset import on_fork, on_reset, on_start_fork
 from stepstream.engine.replay.state import EntryState, Status
 from stepstream.engine.wire.codec import (
     clip_message,
@@ -15,27 +16,47 @@ from stepstream.engine.wire.codec import (
 from stepstream.engine.wire.records import (
     CancelWorkflow,
     EventBuffered,
+    ForkWorkflow,
     PauseWorkflow,
+    ResetWorkflow,
     ResumeWorkflow,
+    RetryWorkflow,
     SendEvent,
     SleepElapsed,
+    StartFork,
     StartWorkflow,
+    TerminateWorkflow,
     TimerFired,
     WaitTimedOut,
     WorkflowCancelledRecord,
     WorkflowPaused,
+    WorkflowRestarted,
     WorkflowResumed,
     WorkflowStarted,
+    WorkflowTerminatedRecord,
+    WorkflowTimeoutSet,
 )
 from stepstream.engine.wire.records import StepSucceeded as StepSucceededRecord
+from stepstream.engine.wire.settle import REFUSED_START
 
 if TYPE_CHECKING:
     from stepstream.engine.replay.runtime import InstanceRuntime
 
 
 def on_start(rt: InstanceRuntime, msg: StartWorkflow) -> None:
-    if rt.state.workflow:
-        rt._ignore(msg, f"instance already exists (status {rt.state.status.value})")
+    restart = msg.if_exists == "restart_if_failed" and rt.state.status.restartable
+    if rt.state.workflow and restart:
+        # The owner decides against the state it owns: two clients restarting at once
+        # start one new run (the second finds it running).
+        previous = rt.state.status.value
+        rt.close()
+        rt.stale_attempts |= rt.inflight
+        rt._intents.clear()
+        rt._ephemeral.clear()
+        rt._emit(WorkflowRestarted, run=rt.state.run + 1, previous_status=previous)
+    elif rt.state.workflow:
+        policy = f"; {REFUSED_START}" if msg.if_exists == "fail" else ""
+        rt._ignore(msg, f"instance already exists (status {rt.state.status.value}){policy}")
         asker = parse_child_command(msg.command_id)
         if asker is not None and asker != (rt.state.parent_id, rt.state.parent_key):
             rt._refuse_child(msg, *asker)
@@ -51,6 +72,12 @@ def on_start(rt: InstanceRuntime, msg: StartWorkflow) -> None:
         priority=msg.priority,
         queue_key=msg.queue_key,
     )
+    if rt.definition.timeout is not None:
+        # A durable timer like a sleep's: it survives restarts and owner changes, and
+        # the run's end cancels it (``_finish`` cancels every pending timer).
+        timeout_at = rt.clock.now_ms() + round(rt.definition.timeout * 1000)
+        rt._emit(WorkflowTimeoutSet, timeout_at_ms=timeout_at)
+        rt._schedule(rt.state.entries[RUN_TIMEOUT_KEY], "timeout")
     rt._drive()
 
 
@@ -82,6 +109,31 @@ def on_cancel(rt: InstanceRuntime, msg: CancelWorkflow) -> None:
     rt._finish(WorkflowCancelledRecord, reason=clip_message(msg.reason))
 
 
+def on_terminate(rt: InstanceRuntime, msg: TerminateWorkflow) -> None:
+    if rt.state.status.finished:
+        rt._ignore(msg, f"instance is {rt.state.status.value}")
+        return
+    # At once: no compensation runs, running attempts are given up (not awaited), and
+    # the children it still waits for are terminated too.
+    rt._cancel_children(
+        rt._waited_children(), f"its parent {rt.state.instance_id} was terminated", terminate=True
+    )
+    rt._finish(WorkflowTerminatedRecord, reason=clip_message(msg.reason))
+
+
+def _on_run_timeout(rt: InstanceRuntime) -> None:
+    """The run passed its ``@workflow(timeout=)``: it fails as a cancel would end it
+    (children cancelled, attempts given up), with the error type ``WorkflowTimeout``."""
+    limit = rt.definition.timeout if rt.definition is not None else None
+    rt._cancel_children(rt._waited_children(), f"its parent {rt.state.instance_id} timed out")
+    after = f" of {limit:g} s" if limit is not None else ""
+    rt._fail_workflow(
+        "WorkflowTimeout",
+        f"instance {rt.state.instance_id} did not finish within its timeout{after} "
+        "(@workflow(timeout=)); start it again, or raise the timeout",
+    )
+
+
 def on_pause(rt: InstanceRuntime, msg: PauseWorkflow) -> None:
     if rt.state.status.finished or rt.state.status is Status.PAUSED:
         rt._ignore(msg, f"instance is {rt.state.status.value}")
@@ -108,6 +160,9 @@ def on_timer(rt: InstanceRuntime, msg: TimerFired) -> None:
         return  # cancelled, superseded or already fired: a duplicate fire is harmless
     if entry.fire_at_ms is not None and msg.fire_at_ms < entry.fire_at_ms:
         return  # a fire of an older schedule: the timer is not due yet
+    if entry.key == RUN_TIMEOUT_KEY:
+        _on_run_timeout(rt)
+        return
     if entry.state is EntryState.SLEEPING:
         rt._emit(SleepElapsed, key=entry.key)
         rt._resolve(entry)
@@ -153,6 +208,12 @@ def _on_lost_timer(rt: InstanceRuntime, fired: str) -> None:
 
 def on_outcome(rt: InstanceRuntime, o: StepOutcome) -> None:
     entry = rt.state.entries.get(o.key)
+    if (o.key, o.attempt) in rt.stale_attempts:
+        # Given up when the previous run ended; a restart came before its outcome.
+        rt.stale_attempts.discard((o.key, o.attempt))
+        if entry is None or entry.state is not EntryState.RUNNING or entry.attempt != o.attempt:
+            rt.inflight.discard((o.key, o.attempt))
+        return
     rt.inflight.discard((o.key, o.attempt))
     if entry is None and rt._ephemeral.get(o.key) == o.attempt:
         del rt._ephemeral[o.key]
@@ -195,6 +256,11 @@ HANDLERS: dict[type, Handler] = {
     StartWorkflow: on_start,
     SendEvent: on_event,
     CancelWorkflow: on_cancel,
+    TerminateWorkflow: on_terminate,
     PauseWorkflow: on_pause,
     ResumeWorkflow: on_resume,
+    ResetWorkflow: on_reset,
+    RetryWorkflow: on_reset,
+    ForkWorkflow: on_fork,
+    StartFork: on_start_fork,
 }

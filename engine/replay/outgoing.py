@@ -20,6 +20,7 @@ from stepstream.engine.wire.records import (
     Payload,
     SendEvent,
     StartWorkflow,
+    TerminateWorkflow,
 )
 
 
@@ -104,15 +105,20 @@ class OutgoingMixin(RuntimeCore):
         )
         self._out.commands.append((state.instance_id, refusal))
 
-    def _cancel_children(self, children: list[Entry], reason: str) -> None:
+    def _cancel_children(
+        self, children: list[Entry], reason: str, *, terminate: bool = False
+    ) -> None:
+        """Cancel (or terminate) children; the command id makes it apply once."""
+        cls = TerminateWorkflow if terminate else CancelWorkflow
+        prefix = "terminatechild" if terminate else "cancelchild"
         for entry in children:
             assert entry.child_id is not None
             self._out.commands.append(
                 (
                     self.state.instance_id,
-                    CancelWorkflow(
+                    cls(
                         instance_id=entry.child_id,
-                        command_id=f"cancelchild:{entry.child_id}",
+                        command_id=f"{prefix}:{entry.child_id}",
                         time_ms=self.clock.now_ms(),
                         reason=reason,
                     ),
@@ -151,7 +157,11 @@ class OutgoingMixin(RuntimeCore):
         assert entry.child_id is not None and entry.result is not None
         return SendEvent(
             instance_id=entry.child_id,
-            command_id=message_command(self.state.instance_id, entry.key),
+            # A restarted run's messages are new ones: the receiver applies an id once.
+            command_id=message_command(
+                self.state.instance_id,
+                entry.key if self.state.run == 1 else f"run{self.state.run}/{entry.key}",
+            ),
             time_ms=self.clock.now_ms(),
             name=entry.event_name or "",
             payload=entry.result,

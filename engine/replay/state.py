@@ -4,7 +4,7 @@
 runtime just decided) and on restore (records read back from the history topic), so a
 restored instance is exactly the instance that was lost. How the state is stored and read
 back is ``engine.replay.state_json``'s; the ids it derives (timers, child starts, message
-answers) are ``engine.replay.ids``'s.
+answers) are ``engine.replay.ids``'s, the status machine ``engine.replay.status``'s.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from stepstream.engine.api.queues import QUEUE_ADMITTED
-from stepstream.engine.errors import StepstreamError
 from stepstream.engine.replay.ids import (
+    RUN_TIMEOUT_KEY,
     is_client_command,
     loop_prefixes,
     parse_child_command,
@@ -25,6 +25,11 @@ from stepstream.engine.replay.ids import (
     split_timer_id,
     timer_id,
 )
+
+# The status machine is its own module; readers of the state import it from here too.
+from stepstream.engine.replay.status import InvalidTransition as InvalidTransition
+from stepstream.engine.replay.status import Status as Status
+from stepstream.engine.replay.status import check_transition
 from stepstream.engine.wire.records import (
     ChildStarted,
     EventBuffered,
@@ -48,45 +53,19 @@ from stepstream.engine.wire.records import (
     WorkflowCancelledRecord,
     WorkflowCompleted,
     WorkflowFailedRecord,
+    WorkflowForked,
     WorkflowPaused,
+    WorkflowRestarted,
     WorkflowResumed,
     WorkflowStarted,
+    WorkflowTerminatedRecord,
+    WorkflowTimeoutSet,
 )
-
-
-class Status(StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    PAUSED = "paused"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-    @property
-    def finished(self) -> bool:
-        return self in _TERMINAL
-
-
-_TERMINAL = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED})
-_ALLOWED: dict[Status, frozenset[Status]] = {
-    Status.PENDING: frozenset(
-        {Status.RUNNING, Status.PAUSED, Status.COMPLETED, Status.FAILED, Status.CANCELLED}
-    ),
-    Status.RUNNING: frozenset({Status.PAUSED, Status.COMPLETED, Status.FAILED, Status.CANCELLED}),
-    Status.PAUSED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED}),
-    Status.COMPLETED: frozenset(),
-    Status.FAILED: frozenset(),
-    Status.CANCELLED: frozenset(),
-}
 
 
 def _admission(names: list[str]) -> bool:
     """Whether a message wait is for a queue's admission."""
     return bool(names) and names[0].startswith(QUEUE_ADMITTED)
-
-
-class InvalidTransition(StepstreamError):
-    """A record asked for a status change the state machine does not allow."""
 
 
 class EntryKind(StrEnum):
@@ -177,6 +156,8 @@ class InstanceState:
     error_message: str = ""
     cancel_reason: str = ""
     finished_ms: int = 0  # when it completed, failed or was cancelled
+    # The run number: 1, and one more at each restart (WorkflowRestarted).
+    run: int = 1
     # Why an unfinished instance cannot advance where it is owned now (its version is
     # not deployed there); "" when it can. Set by the owner, not by history.
     parked: str = ""
@@ -189,6 +170,15 @@ class InstanceState:
     # fires (which carry none of their own) join the trace the client started.
     traceparent: str | None = None
     tracestate: str | None = None
+    # A fork's origin: the instance its history was copied from, and the key there.
+    forked_from: str = ""
+    forked_at: str = ""
+    # After a reset: per step key, the highest attempt number set aside, so the attempts
+    # of the code run on are numbered above it and an outcome of a set-aside attempt
+    # is never taken for theirs (``engine.replay.reset``).
+    attempt_floors: dict[str, int] = field(default_factory=dict)
+    # The finish time a reset took back: its entry in the finished index goes.
+    unfinished_ms: int = 0
     buffered: list[BufferedEvent] = field(default_factory=list)
     entries: dict[str, Entry] = field(default_factory=dict)
     recent_commands: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_COMMANDS))
@@ -225,13 +215,7 @@ class InstanceState:
     # ---- the state machine ----------------------------------------------------------
 
     def _transition_to(self, status: Status) -> None:
-        if status is self.status:
-            return
-        if status not in _ALLOWED[self.status]:
-            raise InvalidTransition(
-                f"instance {self.instance_id}: {self.status.value} -> {status.value} "
-                "is not a valid transition"
-            )
+        check_transition(self.instance_id, self.status, status)
         self.status = status
 
     def apply(self, record: HistoryRecord) -> None:
@@ -386,12 +370,49 @@ class InstanceState:
                 self.finished_ms = record.time_ms
                 self.error_type = record.error_type
                 self.error_message = record.error_message
+            case WorkflowForked():
+                self.forked_from = record.source_id
+                self.forked_at = record.to
             case WorkflowCancelledRecord():
                 self._transition_to(Status.CANCELLED)
                 self.finished_ms = record.time_ms
                 self.cancel_reason = record.reason
+            case WorkflowTerminatedRecord():
+                self._transition_to(Status.TERMINATED)
+                self.finished_ms = record.time_ms
+                self.cancel_reason = record.reason
+            case WorkflowTimeoutSet():
+                entry = self._entry(
+                    RUN_TIMEOUT_KEY, EntryKind.SLEEP, EntryState.SLEEPING, record.seq
+                )
+                entry.timer_id = timer_id(self.instance_id, "timeout", RUN_TIMEOUT_KEY, record.seq)
+                entry.fire_at_ms = record.timeout_at_ms
+            case WorkflowRestarted():
+                self._restart(record)
             case _:
                 pass
+
+    def _restart(self, record: WorkflowRestarted) -> None:
+        """Set the previous run aside: its entries and unclaimed events are dropped from
+        the state (its records stay in the history), so the next ``WorkflowStarted``
+        begins a run that replays from nothing."""
+        self._transition_to(Status.PENDING)
+        self.run = record.run
+        # The engine's own command ids (a step outcome, a timer fire) name a key and an
+        # attempt or a seq, which the new run may use again: only the restart's stays
+        # (client commands are also kept one key each, so they still apply once).
+        self.recent_commands.clear()
+        self.recent_commands.append(record.command_id)
+        self.deleted_entries.update(self.entries)
+        self.dirty_entries.clear()
+        self.entries.clear()
+        self.sorted_keys = None
+        self.open_waits.clear()
+        self.taken_buffered.extend(event.seq for event in self.buffered)
+        self.buffered.clear()  # stored ones taken; new ones are stored, then taken
+        self.result = None
+        self.error_type = self.error_message = self.cancel_reason = self.parked = ""
+        self.finished_ms = 0
 
     def _loop_advanced(self, record: LoopAdvanced) -> None:
         entry = self._entry(record.key, EntryKind.LOOP, EntryState.RECORDED, record.seq)
@@ -450,6 +471,7 @@ class InstanceState:
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = Entry(key, kind, state, seq)
+            self.deleted_entries.discard(key)  # a reset took it back, and it comes again
             if self.sorted_keys is not None:
                 insort(self.sorted_keys, key)
         self.dirty_entries.add(key)

@@ -114,6 +114,7 @@ def meta_json(state: InstanceState) -> bytes:
         "em": state.error_message,
         "cr": state.cancel_reason,
         "fm": state.finished_ms,
+        "rn": state.run,
         "pk": state.parked,
         "pi": [state.parent_id, state.parent_key] if state.parent_id else None,
         "tp": [state.traceparent, state.tracestate] if state.traceparent else None,
@@ -121,6 +122,10 @@ def meta_json(state: InstanceState) -> bytes:
         "bn": len(state.buffered) + state.unread_buffered,
         "rc": list(state.recent_commands),
     }
+    if state.forked_from:
+        raw["fk"] = [state.forked_from, state.forked_at]
+    if state.attempt_floors:
+        raw["af"] = state.attempt_floors
     return orjson.dumps(raw)
 
 
@@ -161,6 +166,7 @@ def state_from_storage(
         # State written before finish times were kept: the last update is the finish.
         finished_ms=raw.get("fm") or (raw["u"] if status.finished else 0),
         parked=raw.get("pk", ""),
+        run=raw.get("rn", 1),
         parent_id=(raw.get("pi") or ["", ""])[0],
         parent_key=(raw.get("pi") or ["", ""])[1],
         traceparent=(raw.get("tp") or [None, None])[0],
@@ -172,6 +178,10 @@ def state_from_storage(
         ],
     )
     state.recent_commands.extend(raw["rc"])
+    if "fk" in raw:
+        state.forked_from, state.forked_at = raw["fk"]
+    if "af" in raw:
+        state.attempt_floors = dict(raw["af"])
     # What an older meta held inline moves to keys of its own at the next write.
     state.new_input = inline is not None
     if inline_buffered is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import traceback
 from typing import Any, Protocol
 
 import orjson
@@ -20,6 +21,7 @@ DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
 # Error messages and reasons are text from user code (an exception's str, a cancel
 # reason): recorded, but never big enough to make a record the broker refuses.
 MAX_MESSAGE_CHARS = 8 * 1024
+MAX_TRACEBACK_CHARS = 16_000
 # JSON values nest at most this deep: deeper ones fail to parse or to encode somewhere
 # down the line (Python's json recurses), so they are refused where they come in.
 MAX_JSON_DEPTH = 512
@@ -200,6 +202,15 @@ def check_size(payload: Payload, limit: int, *, what: str) -> Payload:
             "(STEPSTREAM_MAX_PAYLOAD_BYTES; keep the broker's message.max.bytes above it)"
         )
     return payload
+
+
+def format_traceback(error: BaseException, limit: int = MAX_TRACEBACK_CHARS) -> str:
+    """``error``'s traceback as Python prints it, its last ``limit`` characters (the
+    innermost frames and the error itself) when longer."""
+    text = "".join(traceback.format_exception(error))
+    if len(text) <= limit:
+        return text
+    return f"[{len(text) - limit} characters cut]...\n{text[-limit:]}"
 
 
 def clip_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:

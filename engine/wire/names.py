@@ -29,6 +29,19 @@ def check_name(
     raise InvalidPayload(f"{what} {_shown(value)} {problem}")
 
 
+IF_EXISTS_POLICIES = ("return", "fail", "restart_if_failed")
+
+
+def check_if_exists(value: object) -> str:
+    """``value`` if it is a start policy (``start(if_exists=)``), else ``InvalidPayload``."""
+    if isinstance(value, str) and value in IF_EXISTS_POLICIES:
+        return value
+    raise InvalidPayload(
+        f"if_exists={value!r} is not a start policy; use one of "
+        + ", ".join(repr(p) for p in IF_EXISTS_POLICIES)
+    )
+
+
 def name_problem(value: object) -> str | None:
     """Why ``value`` is not a valid name, or None if it is."""
     if not isinstance(value, str):

@@ -64,6 +64,8 @@ class StartWorkflow(Command):
     workflow: str
     version: str | None = None
     input: Payload
+    # What a start of an existing instance id does: one of ``names.IF_EXISTS_POLICIES``.
+    if_exists: str = "return"
     # Where the instance waits in its workflow's queue (lower first), and the key of a
     # per_key queue; both ignored by a workflow without a queue.
     priority: int | None = None
@@ -82,6 +84,11 @@ class CancelWorkflow(Command):
 
 
 @record
+class TerminateWorkflow(Command):
+    reason: str = ""
+
+
+@record
 class PauseWorkflow(Command):
     pass
 
@@ -95,6 +102,41 @@ class ResumeWorkflow(Command):
 class TimerFired(Command):
     timer_id: str
     fire_at_ms: int
+
+
+@record
+class ResetWorkflow(Command):
+    """Go on from just before the replay key ``to``: what was recorded from that key on
+    is set aside (kept in the history, marked reset) and the code runs on from there."""
+
+    to: str
+    reason: str = ""
+
+
+@record
+class RetryWorkflow(Command):
+    """Go on with a failed instance from its failed step, with fresh attempts."""
+
+    reason: str = ""
+
+
+@record
+class ForkWorkflow(Command):
+    """Sent to the source instance: start ``new_id`` with the source's history up to
+    (not including) the replay key ``to``."""
+
+    to: str
+    new_id: str
+
+
+@record
+class StartFork(Command):
+    """Sent by a fork's source to the new instance: the source's records before ``to``
+    (Avro single-object encoded, as on the history topic), copied as its history."""
+
+    source_id: str
+    to: str
+    records: list[bytes]
 
 
 # ---- history --------------------------------------------------------------------------
@@ -132,7 +174,8 @@ class StepSucceeded(HistoryRecord):
 @record
 class StepFailedRecord(HistoryRecord):
     """An attempt failed. ``next_attempt_at_ms`` is set when another attempt will run;
-    None means the step failed for good and ``StepFailed`` is raised into the workflow."""
+    None means the step failed for good and ``StepFailed`` is raised into the workflow.
+    ``traceback``: where the exception was raised, for operators (schema v2)."""
 
     type_name: ClassVar[str] = "StepFailed"
     key: str
@@ -140,6 +183,7 @@ class StepFailedRecord(HistoryRecord):
     error_type: str
     error_message: str
     next_attempt_at_ms: int | None = None
+    traceback: str | None = None
 
 
 @record
@@ -283,12 +327,60 @@ class WorkflowFailedRecord(HistoryRecord):
     type_name: ClassVar[str] = "WorkflowFailed"
     error_type: str
     error_message: str
+    traceback: str | None = None
 
 
 @record
 class WorkflowCancelledRecord(HistoryRecord):
     type_name: ClassVar[str] = "WorkflowCancelled"
     reason: str = ""
+
+
+@record
+class WorkflowReset(HistoryRecord):
+    """The instance goes on from just before replay key ``to``: its records from
+    ``from_seq`` up to this one are set aside (kept, no longer replayed). ``retry``: the
+    reset of a failed instance to its failed step (``to`` is "" when no step failed:
+    then only the failure is set aside)."""
+
+    to: str
+    from_seq: int
+    reason: str = ""
+    retry: bool = False
+
+
+@record
+class WorkflowForked(HistoryRecord):
+    """The records before this one were copied from instance ``source_id``'s history up
+    to (not including) its replay key ``to``, first set aside at its ``from_seq``."""
+
+    source_id: str
+    to: str
+    from_seq: int
+
+
+@record
+class WorkflowTerminatedRecord(HistoryRecord):
+    """The instance was ended at once (``terminate``): no compensations, no waiting."""
+
+    type_name: ClassVar[str] = "WorkflowTerminated"
+    reason: str = ""
+
+
+@record
+class WorkflowTimeoutSet(HistoryRecord):
+    """The run has a time limit; its durable timer fires at ``timeout_at_ms``."""
+
+    timeout_at_ms: int
+
+
+@record
+class WorkflowRestarted(HistoryRecord):
+    """A start with ``if_exists="restart_if_failed"`` begins run ``run`` of an instance
+    that ended ``previous_status``; what came before is kept but no longer replayed."""
+
+    run: int
+    previous_status: str
 
 
 @record
@@ -392,6 +484,11 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     PauseWorkflow,
     ResumeWorkflow,
     TimerFired,
+    ResetWorkflow,
+    RetryWorkflow,
+    ForkWorkflow,
+    StartFork,
+    TerminateWorkflow,
 )
 HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     WorkflowStarted,
@@ -420,6 +517,11 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     CommandIgnored,
     PartitionFenced,
     InstanceForgotten,
+    WorkflowReset,
+    WorkflowForked,
+    WorkflowTerminatedRecord,
+    WorkflowTimeoutSet,
+    WorkflowRestarted,
 )
 TIMER_TYPES: tuple[type[TimerRecord], ...] = (TimerScheduled, TimerCancelled)
 SNAPSHOT_TYPES: tuple[type[SnapshotRecord], ...] = (StateChunk, SnapshotTaken)

@@ -10,20 +10,35 @@ well-known prefixes, turned back into the user's error here.
 from __future__ import annotations
 
 from stepstream.engine.errors import (
+    InstanceExists,
     InstanceFinished,
+    InstanceNotFailed,
     InstanceNotPaused,
     StepstreamError,
     UnknownInstance,
+    UnknownReplayKey,
     UnknownWorkflow,
 )
-from stepstream.engine.wire.records import Command, PauseWorkflow, ResumeWorkflow
+from stepstream.engine.wire.records import Command, PauseWorkflow, ResumeWorkflow, StartWorkflow
 
 FINISHED = "instance finished:"
 NOT_PAUSED = "instance not paused:"
+EXISTS = "instance exists:"
+# How the CommandIgnored of a start refused by ``if_exists="fail"`` ends its reason.
+REFUSED_START = "if_exists=fail"
 UNKNOWN_INSTANCE = "unknown instance"
 UNKNOWN_WORKFLOW = "unknown workflow"
 IGNORED = "ignored"
-_FINISHED_STATUSES = ("completed", "failed", "cancelled")
+# A reset or fork to a key the history lacks, a retry of an instance that has not
+# failed: recorded (CommandIgnored) with the whole reason, which starts with these.
+NO_SUCH_KEY = "no such key:"
+NOT_FAILED = "instance not failed:"
+REFUSALS = (NO_SUCH_KEY, NOT_FAILED)
+_FINISHED_STATUSES = ("completed", "failed", "cancelled", "terminated")
+
+
+_STATUSES = ("pending", "running", "paused", *_FINISHED_STATUSES)
+_RESTARTABLE = ("failed", "cancelled", "terminated")
 
 
 def finished_reason(status: str) -> str:
@@ -33,7 +48,13 @@ def finished_reason(status: str) -> str:
 def recorded_reason(command_type: str, ignored_because: str) -> str | None:
     """The settlement of a command recorded as ignored (a ``CommandIgnored`` with its
     type and reason), for a publisher that asks after the fact (another owner now)."""
-    words = ignored_because.replace(",", " ").split()
+    if ignored_because.startswith(REFUSALS):
+        return ignored_because
+    words = ignored_because.replace(",", " ").replace(")", " ").split()
+    if command_type == "StartWorkflow":
+        if not ignored_because.endswith(REFUSED_START):
+            return None  # a start of an existing id returns it
+        return f"{EXISTS} {next((w for w in words if w in _STATUSES), '')}"
     finished = next((w for w in words if w in _FINISHED_STATUSES), None)
     if finished is not None:
         return finished_reason(finished)
@@ -46,6 +67,9 @@ def recorded_reason(command_type: str, ignored_because: str) -> str | None:
 def ignored_reason(command: Command, status: str) -> str | None:
     """What the publisher of a command recorded as ignored is told: nothing for a pause
     of a paused instance (pausing is idempotent), else why it had no effect."""
+    if isinstance(command, StartWorkflow):
+        # Refused only when its policy says so; else the existing instance is its answer.
+        return f"{EXISTS} {status}" if command.if_exists == "fail" else None
     if status in _FINISHED_STATUSES:
         return finished_reason(status)
     if isinstance(command, ResumeWorkflow):
@@ -58,7 +82,7 @@ def ignored_reason(command: Command, status: str) -> str | None:
 def recorded_and_ignored(reason: str) -> bool:
     """Whether ``reason`` says the command was recorded and ignored (its instance had
     finished, or was in a state the command had no effect on) rather than dead-lettered."""
-    return reason.startswith((FINISHED, NOT_PAUSED, IGNORED))
+    return reason.startswith((FINISHED, NOT_PAUSED, IGNORED, EXISTS, *REFUSALS))
 
 
 def finished_error(instance_id: str, status: str, action: str) -> InstanceFinished:
@@ -76,6 +100,19 @@ def error_for(reason: str, instance_id: str, action: str) -> StepstreamError:
         return InstanceNotPaused(
             f"instance {instance_id} is {status}, not paused; only a paused instance can be "
             "resumed (check `stepstream status`)"
+        )
+    if reason.startswith(NO_SUCH_KEY):
+        return UnknownReplayKey(reason[len(NO_SUCH_KEY) :].strip())
+    if reason.startswith(NOT_FAILED):
+        return InstanceNotFailed(reason[len(NOT_FAILED) :].strip())
+    if reason.startswith(EXISTS):
+        status = reason[len(EXISTS) :].strip()
+        return InstanceExists(
+            f"instance {instance_id} already exists (status {status}); start it under "
+            'another id, or with if_exists="return" to get the existing one'
+            + (', or "restart_if_failed" to run it again' if status in _RESTARTABLE else ""),
+            instance_id=instance_id,
+            status=status,
         )
     if reason.startswith(UNKNOWN_INSTANCE):
         return UnknownInstance(reason)

@@ -20,7 +20,9 @@ from aiohttp import web
 
 from stepstream.engine.errors import (
     ConnectionFailed,
+    InstanceExists,
     InstanceFinished,
+    InstanceNotFailed,
     InstanceNotPaused,
     InvalidPayload,
     PayloadTooLarge,
@@ -34,6 +36,10 @@ from stepstream.engine.errors import (
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.replay.state import Status
 from stepstream.engine.wire.codec import parse_json_text
+from stepstream.ops.api.repair import add_repair_routes
+from stepstream.ops.api.schedule_routes import API_ROOT as SCHEDULES_API
+from stepstream.ops.api.schedule_routes import UI_ROOT as SCHEDULES_UI
+from stepstream.ops.api.schedule_routes import add_schedule_routes
 from stepstream.ops.api.security import ApiSecurity
 from stepstream.ops.api.session import (
     CommandWaiter,
@@ -58,8 +64,10 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
     InvalidPayload: 400,
     UnknownInstance: 404,
     UnknownWorkflow: 404,
+    InstanceExists: 409,
     InstanceFinished: 409,
     InstanceNotPaused: 409,
+    InstanceNotFailed: 409,
     PayloadTooLarge: 413,
     WorkflowFailed: 422,
     WorkflowCancelled: 422,
@@ -70,7 +78,7 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
 }
 _STATUSES = tuple(s.value for s in Status)
 # Any of these asks ``GET /v1/instances`` for one page (``engine.reads.listing``) rather than all.
-_PAGE_PARAMS = frozenset({"limit", "after", "workflow", "prefix"})
+_PAGE_PARAMS = frozenset({"limit", "after", "workflow", "prefix", "order", "since", "until"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -123,8 +131,10 @@ def make_app(
     app.router.add_get("/v1/instances/{id}/result", api.result)
     app.router.add_post("/v1/instances/{id}/events", api.send_event)
     app.router.add_post("/v1/instances/{id}/cancel", api.cancel)
+    app.router.add_post("/v1/instances/{id}/terminate", api.terminate)
     app.router.add_post("/v1/instances/{id}/pause", api.pause)
     app.router.add_post("/v1/instances/{id}/resume", api.resume)
+    add_repair_routes(app, transport)
     if commands is not None:
         app.router.add_get("/v1/commands/{id}", api.command)
     session = Session(transport, commands, max_body_bytes)
@@ -134,6 +144,8 @@ def make_app(
     # The overview and the web UI (ops.api.ui), kept in one block.
     app.router.add_get("/v1/overview", api.overview)
     add_ui_routes(app, ui_transport or functools.partial(_ready, transport), registry_names)
+    add_schedule_routes(app, SCHEDULES_API, functools.partial(_ready, transport))
+    add_schedule_routes(app, SCHEDULES_UI, ui_transport or functools.partial(_ready, transport))
     return app
 
 
@@ -199,7 +211,7 @@ class _Api:
         body = await _body(
             request,
             required=("workflow",),
-            optional=("input", "instance_id", "version", "priority", "queue_key"),
+            optional=("input", "instance_id", "version", "if_exists", "priority", "queue_key"),
         )
         workflow = string_field(body, "workflow")
         instance_id = (
@@ -207,11 +219,14 @@ class _Api:
         )
         # A version pins the instance to it; absent or null, it gets the latest.
         version = string_field(body, "version") if body.get("version") is not None else None
+        # What a start of an existing id does (``Client.start(if_exists=)``).
+        if_exists = string_field(body, "if_exists") if "if_exists" in body else "return"
         started = await self._transport.start(
             workflow,
             body.get("input"),
             instance_id or str(uuid.uuid4()),
             version,
+            if_exists,
             **queue_fields(body),
         )
         return web.json_response({"instance_id": started}, status=201)
@@ -228,6 +243,12 @@ class _Api:
         body = await _body(request, optional=("reason",))
         reason = string_field(body, "reason", allow_empty=True) if "reason" in body else ""
         await self._transport.cancel(_instance_id(request), reason)
+        return _accepted()
+
+    async def terminate(self, request: web.Request) -> web.Response:
+        body = await _body(request, optional=("reason",))
+        reason = string_field(body, "reason", allow_empty=True) if "reason" in body else ""
+        await self._transport.terminate(_instance_id(request), reason)
         return _accepted()
 
     async def pause(self, request: web.Request) -> web.Response:

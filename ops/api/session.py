@@ -40,7 +40,10 @@ log = logging.getLogger("stepstream.api")
 # Session calls that are commands (``cancel`` withdraws a call of the session itself),
 # with their required and optional fields (those of their HTTP routes, and the instance).
 _COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "start": (("workflow",), ("input", "instance_id", "version", "priority", "queue_key")),
+    "start": (
+        ("workflow",),
+        ("input", "instance_id", "version", "if_exists", "priority", "queue_key"),
+    ),
     "send_event": (("instance_id", "name"), ("payload", "event_id")),
     "cancel_workflow": (("instance_id",), ("reason",)),
     "pause": (("instance_id",), ()),
@@ -212,6 +215,7 @@ class Session:
                 call.get("input"),
                 instance_id or str(uuid.uuid4()),
                 version,
+                string_field(call, "if_exists") if "if_exists" in call else "return",
                 **queue_fields(call),
             )
             return {"instance_id": started}

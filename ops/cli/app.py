@@ -15,7 +15,18 @@ import sys
 from collections.abc import Sequence
 
 from stepstream.engine.errors import ResultTimeout, StepstreamError
-from stepstream.ops.cli import bench, history, instances, kafka, listing, run, serve, tools
+from stepstream.ops.cli import (
+    bench,
+    history,
+    instances,
+    kafka,
+    listing,
+    repair,
+    run,
+    schedules,
+    serve,
+    tools,
+)
 from stepstream.ops.cli.options import LOGGING
 from stepstream.ops.cli.table import (
     EXIT_ERROR,
@@ -38,8 +49,10 @@ COMMANDS: tuple[Command, ...] = (
     *run.COMMANDS,
     *serve.COMMANDS,
     *instances.COMMANDS,
+    *repair.COMMANDS,
     *history.COMMANDS,
     *listing.COMMANDS,
+    *schedules.COMMANDS,
     *tools.COMMANDS,
     *kafka.COMMANDS,
     *bench.COMMANDS,

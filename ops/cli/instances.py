@@ -1,5 +1,5 @@
 """The commands on one instance of a running engine: ``start``, ``send``, ``cancel``,
-``pause``, ``resume`` (each returns once the command is durable), ``status`` and
+``terminate``, ``pause``, ``resume`` (each returns once the command is durable), ``status`` and
 ``result`` (which waits for the outcome). ``history`` and ``list`` are in ``history``
 and ``listing``."""
 
@@ -13,7 +13,9 @@ from stepstream.engine.errors import (
     StepstreamError,
     WorkflowCancelled,
     WorkflowFailed,
+    WorkflowTerminated,
 )
+from stepstream.engine.wire.names import IF_EXISTS_POLICIES
 from stepstream.ops.cli import render
 from stepstream.ops.cli.options import CONNECT, JSON, json_flag, timeout_flag, with_client
 from stepstream.ops.cli.table import EXIT_OK, Command, UsageError, arg
@@ -43,6 +45,7 @@ def _start(args: argparse.Namespace) -> int:
             value,
             instance_id=args.id,
             version=args.version,
+            if_exists=args.if_exists,
             priority=args.priority,
             queue_key=args.queue_key,
         )
@@ -83,6 +86,16 @@ def _cancel(args: argparse.Namespace) -> int:
     return with_client(args, command)
 
 
+def _terminate(args: argparse.Namespace) -> int:
+    async def command(client: Client) -> int:
+        await client.terminate(args.id, reason=args.reason)
+        done = {"instance_id": args.id, "command": "terminate", "reason": args.reason}
+        render.output(args, done, f"terminated {args.id}")
+        return EXIT_OK
+
+    return with_client(args, command)
+
+
 def _control(action: str, past: str) -> Any:
     """``pause`` or ``resume``: the command, said in the past tense once durable."""
 
@@ -113,7 +126,13 @@ def _result(args: argparse.Namespace) -> int:
         try:
             value = await client.result(args.id, timeout=args.timeout)
         except (WorkflowFailed, WorkflowCancelled) as exc:
-            status = "failed" if isinstance(exc, WorkflowFailed) else "cancelled"
+            status = (
+                "failed"
+                if isinstance(exc, WorkflowFailed)
+                else "terminated"
+                if isinstance(exc, WorkflowTerminated)
+                else "cancelled"
+            )
             _say_json(args, status, exc)
             raise
         except ResultTimeout as exc:
@@ -156,7 +175,17 @@ COMMANDS = (
             arg(
                 "--id",
                 metavar="ID",
-                help="instance id (default: a new uuid); starting an existing id does nothing",
+                help="instance id (default: a new uuid); what starting an existing id does "
+                "is --if-exists's",
+            ),
+            arg(
+                "--if-exists",
+                choices=IF_EXISTS_POLICIES,
+                default="return",
+                help="when --id exists: 'return' it as it is (default), 'fail' "
+                "(InstanceExists, exit 1), or 'restart_if_failed' (a failed, cancelled or "
+                "terminated instance starts afresh as its next run; its history keeps the "
+                "earlier runs)",
             ),
             arg(
                 "--version",
@@ -216,6 +245,17 @@ COMMANDS = (
         shared=_SHARED,
         epilog="example: stepstream cancel o-1 --reason 'ordered twice'",
         args=(_ID, arg("--reason", default="", help="recorded with the cancellation")),
+    ),
+    Command(
+        "terminate",
+        "terminate an instance: it ends at once with status terminated; no compensation "
+        "runs, running steps are given up, not awaited, and its children are terminated "
+        "too; result() raises WorkflowTerminated. A finished instance is refused "
+        "(InstanceFinished, exit 1)",
+        _terminate,
+        shared=_SHARED,
+        epilog="example: stepstream terminate o-1 --reason 'stuck on a dead supplier'",
+        args=(_ID, arg("--reason", default="", help="recorded with the termination")),
     ),
     Command(
         "pause",

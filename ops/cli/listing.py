@@ -16,7 +16,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from stepstream.engine.reads.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
+from stepstream.engine.errors import InvalidPayload
+from stepstream.engine.reads.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, parse_instant
 from stepstream.engine.reads.views import InstanceStatus
 from stepstream.engine.replay.state import Status
 from stepstream.ops.cli import render
@@ -32,19 +33,31 @@ def _list(args: argparse.Namespace) -> int:
     if limit < 0:
         raise UsageError(f"--limit must be 0 (all) or more, got {limit}")
     order = args.order or "newest"
+    since, until = (
+        None if given is None else _instant(given, flag)
+        for given, flag in ((args.since, "--since"), (args.until, "--until"))
+    )
     after = _created_cursor(args.after) if args.after and order != "id" else None
     # A command line that asks for a page gets the page's cursor with it; the plain
     # `stepstream list --json` keeps printing an array, as it always did.
     paged = any(
         given is not None and given != ""
-        for given in (args.limit, args.after, args.workflow, args.prefix, args.order)
+        for given in (
+            args.limit,
+            args.after,
+            args.workflow,
+            args.prefix,
+            args.order,
+            args.since,
+            args.until,
+        )
     )
 
     async def command(client: Client) -> int:
         if order == "id":
-            instances, cursor = await _by_id(client, args, limit)
+            instances, cursor = await _by_id(client, args, limit, since, until)
         else:
-            instances, cursor = await _by_created(client, args, order, after, limit)
+            instances, cursor = await _by_created(client, args, order, after, limit, since, until)
         text = render.instance_table(instances)
         if cursor is not None:
             text += (
@@ -67,7 +80,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 async def _by_id(
-    client: Client, args: argparse.Namespace, limit: int
+    client: Client, args: argparse.Namespace, limit: int, since: str | None, until: str | None
 ) -> tuple[list[InstanceStatus], str | None]:
     """Up to ``limit`` instances (0: all) in id order from the cursor on, a page of the
     engine at a time, and the cursor after them (None: there are no more)."""
@@ -81,6 +94,9 @@ async def _by_id(
             prefix=args.prefix or "",
             after=cursor,
             limit=want,
+            since=since,
+            until=until,
+            order="id",
         )
         found += [i for i in page.instances if i.diverged or not args.diverged]
         cursor = page.next
@@ -96,6 +112,8 @@ async def _by_created(
     order: str,
     after: tuple[str, str] | None,
     limit: int,
+    since: str | None,
+    until: str | None,
 ) -> tuple[list[InstanceStatus], str | None]:
     """Up to ``limit`` instances (0: all) by created time, after the cursor, and the
     cursor of the next page (None: there are no more)."""
@@ -106,6 +124,8 @@ async def _by_created(
         if (args.workflow is None or i.workflow == args.workflow)
         and i.instance_id.startswith(args.prefix or "")
         and (i.diverged or not args.diverged)
+        and (since is None or i.created_at >= since)
+        and (until is None or i.created_at < until)
     ]
     newest = order == "newest"
     chosen.sort(key=_created_key, reverse=newest)
@@ -118,6 +138,13 @@ async def _by_created(
     shown = chosen[:limit]
     last = shown[-1]
     return shown, f"{last.created_at}/{last.instance_id}"
+
+
+def _instant(text: str, flag: str) -> str:
+    try:
+        return parse_instant(text, flag)
+    except InvalidPayload as bad:
+        raise UsageError(str(bad).replace(f"{flag}=", f"{flag} ", 1)) from None
 
 
 def _created_key(instance: InstanceStatus) -> tuple[str, str]:
@@ -145,8 +172,10 @@ COMMANDS = (
         _list,
         shared=(CONNECT, JSON),
         epilog="examples: stepstream list; stepstream list --status failed --limit 0; "
+        "stepstream list --since 1h --order newest; "
         "stepstream list --order oldest --after CURSOR. With --json it prints an array of "
-        "instances; once any of --limit, --after, --order, --workflow, --prefix is given, "
+        "instances; once any of --limit, --after, --order, --workflow, --prefix, --since, "
+        "--until is given, "
         'an object {"instances": [...], "next": CURSOR or null, "order": ...}',
         args=(
             arg("--status", choices=_STATUSES, help="only instances in this status"),
@@ -170,6 +199,18 @@ COMMANDS = (
                 metavar="CURSOR",
                 help="the page after this cursor, as the previous page printed it (an "
                 "instance id with --order id)",
+            ),
+            arg(
+                "--since",
+                metavar="WHEN",
+                help="only instances created at or after WHEN: an ISO 8601 time "
+                "(2026-01-31T08:00:00Z; UTC when it names no zone) or how long ago (90s, "
+                "30m, 1h, 2d, 1w)",
+            ),
+            arg(
+                "--until",
+                metavar="WHEN",
+                help="only instances created before WHEN (the same forms as --since)",
             ),
             arg(
                 "--diverged",

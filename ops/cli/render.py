@@ -70,6 +70,8 @@ def describe_status(status: InstanceStatus) -> str:
         pairs.append(("buffered", f"{status.buffered_events} event(s) nobody waits for yet"))
     if status.error:
         pairs.append(("error", status.error))
+    if status.origin:
+        pairs.append(("origin", status.origin))
     return key_values(pairs)
 
 
@@ -111,6 +113,9 @@ _RECORD_DETAILS = (
     "error_type",
     "error_message",
     "reason",
+    "to",  # a reset's or a fork's key, and where what it set aside begins
+    "from_seq",
+    "source_id",
 )
 
 
@@ -126,6 +131,8 @@ def record_line(entry: HistoryEntry) -> str:
         value = attributes.get(name)
         if value not in (None, ""):
             parts.append(f"{name}={_short(value)}")
+    if entry.set_aside:
+        parts.append("(set aside by a reset)")
     return "  ".join(parts).rstrip()
 
 

@@ -48,12 +48,20 @@ class ProcessesTransport:
         input: Any,
         instance_id: str,
         version: str | None = None,
+        if_exists: str = "return",
         *,
         priority: int | None = None,
         queue_key: str | None = None,
     ) -> str:
-        return await self._to(instance_id).start(
-            workflow, input, instance_id, version, priority=priority, queue_key=queue_key
+        to = self._to(instance_id)
+        return await to.start(
+            workflow,
+            input,
+            instance_id,
+            version,
+            if_exists,
+            priority=priority,
+            queue_key=queue_key,
         )
 
     async def send_event(
@@ -64,6 +72,9 @@ class ProcessesTransport:
     async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
         return await self._to(instance_id).reply(instance_id, message_id, timeout)
 
+    async def terminate(self, instance_id: str, reason: str) -> None:
+        await self._to(instance_id).terminate(instance_id, reason)
+
     async def cancel(self, instance_id: str, reason: str) -> None:
         await self._to(instance_id).cancel(instance_id, reason)
 
@@ -72,6 +83,15 @@ class ProcessesTransport:
 
     async def resume(self, instance_id: str) -> None:
         await self._to(instance_id).resume(instance_id)
+
+    async def reset(self, instance_id: str, to: str, reason: str) -> None:
+        await self._to(instance_id).reset(instance_id, to, reason)
+
+    async def retry(self, instance_id: str, reason: str) -> None:
+        await self._to(instance_id).retry(instance_id, reason)
+
+    async def fork(self, instance_id: str, to: str, new_id: str) -> str:
+        return await self._to(instance_id).fork(instance_id, to, new_id)
 
     async def status(self, instance_id: str) -> InstanceStatus:
         return await self._to(instance_id).status(instance_id)
@@ -88,7 +108,7 @@ class ProcessesTransport:
         return sorted(merged, key=lambda v: (v.created_at, v.instance_id))
 
     async def list_page(self, query: ListQuery) -> InstancePage:
-        return merge_pages(await self._every(lambda t: t.list_page(query)), query.limit)
+        return merge_pages(await self._every(lambda t: t.list_page(query)), query.limit, query)
 
     async def overview(self) -> Overview:
         return merge_overviews(await self._every(lambda t: t.overview()))

@@ -36,6 +36,7 @@ from stepstream.consumers.telemetry import DEAD_LETTER_REASONS, Histogram
 from stepstream.ops.telemetry import gc_pauses
 from stepstream.ops.telemetry.gc_pauses import GcPauses
 from stepstream.ops.telemetry.http_metrics import HttpMetrics
+from stepstream.ops.telemetry.schedule_metrics import ScheduleCollector
 from stepstream.ops.telemetry.span_export import DROP_REASONS, SpanExportProcess
 from stepstream.ops.version import version
 
@@ -96,7 +97,7 @@ class EngineCollector(Collector):
         yield _counter(
             "stepstream_workflows",
             "Workflow instances started and finished, by workflow and outcome "
-            "(started, completed, failed, cancelled).",
+            "(started, completed, failed, cancelled, terminated).",
             ["workflow", "outcome"],
             t.workflows,
         )
@@ -387,6 +388,7 @@ def observability_for(
         backend=backend,
     )
     registry = metrics_registry(collector)
+    registry.register(ScheduleCollector(host))
     http = HttpMetrics()
     registry.register(http)
     return Observability(registry, health, http)

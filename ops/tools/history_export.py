@@ -60,6 +60,12 @@ class ExportedHistory:
 # ---- records -> document ----------------------------------------------------------------
 
 
+# Fields that later schema versions added (StepFailed and WorkflowFailed v2, WorkflowStarted
+# v2), written only when set: an older history exports as it did, and older readers skip
+# them anyway.
+_LATER_FIELDS = frozenset({"traceback", *SHOWN_WHEN_SET})
+
+
 def to_document(instance_id: str, records: Sequence[HistoryRecord]) -> dict[str, Any]:
     """The export document of ``records``, the history of ``instance_id``."""
     started = next((r for r in records if isinstance(r, WorkflowStarted)), None)
@@ -84,8 +90,7 @@ def record_to_json(record: HistoryRecord) -> dict[str, Any]:
         f.name: _attribute_json(getattr(record, f.name))
         for f in dataclasses.fields(record)
         if f.name not in _NOT_ATTRIBUTES
-        # A later version's field left unset: the document reads as before it existed.
-        and not (f.name in SHOWN_WHEN_SET and getattr(record, f.name) is None)
+        and not (f.name in _LATER_FIELDS and getattr(record, f.name) is None)
     }
     return out
 

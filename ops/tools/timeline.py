@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
-from stepstream.engine.reads.views import HistoryEntry
+from stepstream.engine.reads.views import HistoryEntry, mark_set_aside
 
 # Open rows are keyed by (kind, key) so the record that ends a span finds its start.
 _SpanKey = tuple[str, str]
@@ -87,7 +87,9 @@ def timeline_rows(history: Sequence[HistoryEntry]) -> list[TimelineRow]:
             end(at, kind, name, "abandoned", why)
 
     children: dict[str, str] = {}  # a child's key in the parent -> its instance id
-    for entry in history:
+    for entry in mark_set_aside(list(history)):
+        if entry.set_aside:
+            continue  # a reset took it back: the history keeps it, the timeline does not
         at = _ms(entry.time)
         a = entry.attributes
         key = str(a.get("key", ""))
@@ -180,6 +182,29 @@ def timeline_rows(history: Sequence[HistoryEntry]) -> list[TimelineRow]:
             case "WorkflowCancelled":
                 abandon_open(at, "the workflow was cancelled")
                 point(at, "workflow", "", "cancelled", _short(a.get("reason")) or "no reason")
+            case "WorkflowReset":
+                open_spans.clear()  # what was running is set aside with the rest
+                first = int(a.get("from_seq", 0))
+                aside = f"set aside seq {first}-{entry.seq - 1}" if entry.seq > first else ""
+                point(
+                    at,
+                    "retry" if a.get("retry") else "reset",
+                    str(a.get("to", "")),
+                    "goes on",
+                    "  ".join(part for part in (aside, _short(a.get("reason"))) if part),
+                )
+            case "WorkflowForked":
+                point(at, "fork", str(a.get("to", "")), "goes on", f"from {a.get('source_id')}")
+            case "WorkflowTerminated":
+                abandon_open(at, "the workflow was terminated")
+                point(at, "workflow", "", "terminated", _short(a.get("reason")) or "no reason")
+            case "WorkflowTimeoutSet":
+                due = a.get("timeout_at_ms")
+                until = f"times out at +{_duration(due - start)}" if isinstance(due, int) else ""
+                point(at, "workflow", "", "timeout set", until)
+            case "WorkflowRestarted":
+                ended = a.get("previous_status")
+                point(at, "workflow", "", "restarted", f"run {a.get('run')}, after {ended}")
             case "CommandIgnored":
                 point(
                     at,

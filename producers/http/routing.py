@@ -85,14 +85,21 @@ class RoutedHttpTransport:
         input: Any,
         instance_id: str,
         version: str | None = None,
+        if_exists: str = "return",
         *,
         priority: int | None = None,
         queue_key: str | None = None,
     ) -> str:
-        owner = await self._to(instance_id)
+        to = await self._to(instance_id)
         return str(
-            await owner.start(
-                workflow, input, instance_id, version, priority=priority, queue_key=queue_key
+            await to.start(
+                workflow,
+                input,
+                instance_id,
+                version,
+                if_exists,
+                priority=priority,
+                queue_key=queue_key,
             )
         )
 
@@ -107,11 +114,24 @@ class RoutedHttpTransport:
     async def cancel(self, instance_id: str, reason: str) -> None:
         await (await self._to(instance_id)).cancel(instance_id, reason)
 
+    async def terminate(self, instance_id: str, reason: str) -> None:
+        await (await self._to(instance_id)).terminate(instance_id, reason)
+
     async def pause(self, instance_id: str) -> None:
         await (await self._to(instance_id)).pause(instance_id)
 
     async def resume(self, instance_id: str) -> None:
         await (await self._to(instance_id)).resume(instance_id)
+
+    async def reset(self, instance_id: str, to: str, reason: str) -> None:
+        await (await self._to(instance_id)).reset(instance_id, to, reason)
+
+    async def retry(self, instance_id: str, reason: str) -> None:
+        await (await self._to(instance_id)).retry(instance_id, reason)
+
+    async def fork(self, instance_id: str, to: str, new_id: str) -> str:
+        forked: str = await (await self._to(instance_id)).fork(instance_id, to, new_id)
+        return forked
 
     async def status(self, instance_id: str) -> InstanceStatus:
         status: InstanceStatus = await (await self._to(instance_id)).status(instance_id)

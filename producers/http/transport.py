@@ -68,6 +68,7 @@ class HttpTransport:
         input: Any,
         instance_id: str,
         version: str | None = None,
+        if_exists: str = "return",
         *,
         priority: int | None = None,
         queue_key: str | None = None,
@@ -75,6 +76,8 @@ class HttpTransport:
         body = {"workflow": workflow, "input": input, "instance_id": instance_id}
         if version is not None:
             body["version"] = version
+        if if_exists != "return":
+            body["if_exists"] = if_exists
         if priority is not None:
             body["priority"] = priority
         if queue_key is not None:
@@ -96,11 +99,29 @@ class HttpTransport:
         data = _encode({"reason": reason}, "cancel reason")
         await self._command("cancel_workflow", data, f"{_path(instance_id)}/cancel", instance_id)
 
+    async def terminate(self, instance_id: str, reason: str) -> None:
+        data = _encode({"reason": reason}, "terminate reason")
+        # A request, not a session call: a server that predates it answers 404.
+        await self._call("POST", f"{_path(instance_id)}/terminate", data=data)
+
     async def pause(self, instance_id: str) -> None:
         await self._command("pause", b"{}", f"{_path(instance_id)}/pause", instance_id)
 
     async def resume(self, instance_id: str) -> None:
         await self._command("resume", b"{}", f"{_path(instance_id)}/resume", instance_id)
+
+    async def reset(self, instance_id: str, to: str, reason: str) -> None:
+        data = _encode({"to": to, "reason": reason}, "reset")
+        await self._call("POST", f"{_path(instance_id)}/reset", data=data)
+
+    async def retry(self, instance_id: str, reason: str) -> None:
+        data = _encode({"reason": reason}, "retry")
+        await self._call("POST", f"{_path(instance_id)}/retry", data=data)
+
+    async def fork(self, instance_id: str, to: str, new_id: str) -> str:
+        data = _encode({"to": to, "instance_id": new_id}, "fork")
+        answer = await self._call("POST", f"{_path(instance_id)}/fork", data=data)
+        return str(answer["instance_id"])
 
     async def _command(
         self, op: str, body: bytes, path: str, instance_id: str | None = None

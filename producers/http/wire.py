@@ -19,7 +19,9 @@ from stepstream.engine.errors import (
     AccessDenied,
     ConnectionFailed,
     HistoryDiverged,
+    InstanceExists,
     InstanceFinished,
+    InstanceNotFailed,
     InstanceNotPaused,
     InvalidPayload,
     PayloadTooLarge,
@@ -27,9 +29,12 @@ from stepstream.engine.errors import (
     StepstreamError,
     UndecodableRecord,
     UnknownInstance,
+    UnknownReplayKey,
     UnknownWorkflow,
     WorkflowCancelled,
     WorkflowFailed,
+    WorkflowTerminated,
+    WorkflowTimeout,
 )
 
 _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
@@ -41,10 +46,15 @@ _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
         InvalidPayload,
         PayloadTooLarge,
         UnknownInstance,
+        InstanceExists,
         InstanceFinished,
         InstanceNotPaused,
+        UnknownReplayKey,
+        InstanceNotFailed,
         WorkflowFailed,
+        WorkflowTimeout,
         WorkflowCancelled,
+        WorkflowTerminated,
         ResultTimeout,
         ConnectionFailed,
         UndecodableRecord,
@@ -55,7 +65,10 @@ _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
 # rebuilds the same exception (``WorkflowFailed.error_type`` and so on).
 _ERROR_FIELDS: dict[type[StepstreamError], tuple[str, ...]] = {
     WorkflowFailed: ("instance_id", "error_type"),
+    WorkflowTimeout: ("instance_id", "error_type"),
     WorkflowCancelled: ("instance_id", "reason"),
+    WorkflowTerminated: ("instance_id", "reason"),
+    InstanceExists: ("instance_id", "status"),
     HistoryDiverged: ("key",),
 }
 

@@ -69,9 +69,10 @@ def code_hash(definition: WorkflowDefinition) -> str:
 
 
 def registrations(registry: Registry, worker_id: str, now_ms: int) -> list[Registration]:
-    """What a worker with ``registry`` writes when it starts: every version it runs."""
+    """What a worker with ``registry`` writes when it starts: every version it runs (the
+    engine's own workflows too, so clients may start schedules)."""
     out = []
-    for name, versions in registry.names().items():
+    for name, versions in registry.names(builtin=True).items():
         latest = registry.resolve(name).version
         for version in versions:
             definition = registry.resolve(name, version)

@@ -170,7 +170,8 @@ class Router:
         async def ask(api: WorkerSession) -> InstancePage:
             return await api.list_page(query)
 
-        return merge_pages(await self.every_worker(ask, "list instances"), query.limit)
+        pages = await self.every_worker(ask, "list instances")
+        return merge_pages(pages, query.limit, query)
 
     async def overview(self) -> Overview:
         async def ask(api: WorkerSession) -> Overview:

@@ -128,6 +128,7 @@ class KafkaTransport(CommandPublisher):
         input: Any,
         instance_id: str,
         version: str | None = None,
+        if_exists: str = "return",
         *,
         priority: int | None = None,
         queue_key: str | None = None,
@@ -142,7 +143,13 @@ class KafkaTransport(CommandPublisher):
             while definitions.empty and loop.time() < deadline:
                 await definitions.changed(deadline - loop.time())
         return await super().start(
-            workflow, input, instance_id, version, priority=priority, queue_key=queue_key
+            workflow,
+            input,
+            instance_id,
+            version,
+            if_exists,
+            priority=priority,
+            queue_key=queue_key,
         )
 
     async def _produce(self, command: Command) -> None:
@@ -170,8 +177,11 @@ class KafkaTransport(CommandPublisher):
             if len(self._unconfirmed) > _UNCONFIRMED_KEPT:
                 del self._unconfirmed[next(iter(self._unconfirmed))]
             self._latest[partition] = max(landed.offset, self._latest.get(partition, -1))
-            self._settlements.settle(command.command_id, None)
-            return
+            if command.if_exists != "fail":
+                self._settlements.settle(command.command_id, None)
+                return
+            # if_exists="fail": the owner decides against the state it owns, so its
+            # answer is awaited as a cancel's is (InstanceExists).
 
         # Durable now. A live owner says soon whether it applied or refused the command
         # (an unknown or finished instance); without one, or if it takes longer, the

@@ -80,7 +80,7 @@ class Dev:
                     "stepstream.ops.cli",
                     "dev",
                     "--workflows",
-                    "tests.workflows",
+                    "tests.workflows,tests.lifecycle_workflows",
                     "--data",
                     str(self.data),
                     "--port",

@@ -48,6 +48,7 @@ _ENVELOPE = ("seq", "time_ms", "command_id", "epoch")
 def _registry() -> Registry:
     registry = Registry()
     registry.add_module("tests.workflows")
+    registry.add_module("tests.lifecycle_workflows")
     return registry
 
 
@@ -98,7 +99,7 @@ def load(path: Path) -> tuple[dict[str, Any], list[HistoryRecord]]:
 
 # name -> (workflow, input, inputs after start). An input is "run" (run the oldest
 # launched step body), ("fail", message) (its attempt fails), "fire" (the earliest timer
-# fires) or ("send", event, payload).
+# fires), ("send", event, payload) or ("start", if_exists, input) (a start of the same id).
 SCENARIOS: dict[str, tuple[str, Any, list[Any]]] = {
     "arith": ("arith", 4, ["run", "run"]),
     "values": ("values", None, ["fire"]),
@@ -110,6 +111,14 @@ SCENARIOS: dict[str, tuple[str, Any, list[Any]]] = {
     ),
     "parallel": ("parallel", 3, ["run", "run", "run"]),
     "two-events": ("two-events", None, [("send", "item", 1), ("send", "item", 2)]),
+    # A run under a time limit (WorkflowTimeoutSet, its entry no code visits), and a
+    # second run after a failed one: replay runs the second run alone.
+    "deadline": ("deadline", {"sleep": 1.0}, ["fire"]),
+    "restarted": (
+        "flaky-once",
+        {"fail": True},
+        [("start", "restart_if_failed", {"wait": True, "n": 2}), ("send", "go", None)],
+    ),
 }
 
 
@@ -155,6 +164,16 @@ def _produce(name: str) -> dict[str, Any]:
                     command_id=f"fire:{timer}",
                     timer_id=timer,
                     fire_at_ms=clock.ms,
+                )
+            )
+        elif step[0] == "start":
+            feed(
+                StartWorkflow(
+                    instance_id=instance_id,
+                    command_id=f"start-{n + 2}",
+                    workflow=workflow,
+                    input=CODEC.encode(step[2]),
+                    if_exists=step[1],
                 )
             )
         elif step[0] == "send":

@@ -53,6 +53,8 @@ METRICS: dict[str, str] = {
     "python_gc_objects_collected_total": "counter",
     "python_gc_objects_uncollectable_total": "counter",
     "python_gc_collections_total": "counter",
+    "stepstream_schedule_slots_skipped_total": "counter",
+    "stepstream_schedule_instances_started_total": "counter",
 }
 
 # Served besides by `stepstream dev --processes N` (every other series gets a `process`

@@ -241,3 +241,27 @@ def test_the_example_reports_failed_attempts_and_status_changes(tmp_path: Path) 
     assert "tx-a-1-25" in done.stdout
     for said in ("attempt 1 failed", "attempt 2 failed", "None -> pending", "-> completed"):
         assert said in done.stderr, done.stderr
+
+
+async def test_status_changes_of_a_terminate_and_a_restart(backend: Any, notes_dir: Path) -> None:
+    """A terminate is recorded like any end: on_status_change gets it (nothing waits for
+    the hook); a restart begins again at pending."""
+    client: Client = backend.client
+    ended = await client.start("hooked-waiter", None, instance_id=_id("terminated"))
+    await _waiting_for_go(client, ended)
+    await client.terminate(ended, reason="stop now")
+    notes = await _until_notes(
+        notes_dir, lambda n: ("running", "terminated") in _changes(n, ended), "the terminate"
+    )
+    assert _of(notes, ended, "status")[-1]["error"] == "terminated: stop now"
+
+    await client.start("hooked-waiter", None, instance_id=ended, if_exists="restart_if_failed")
+    await _waiting_for_go(client, ended)
+    notes = await _until_notes(
+        notes_dir, lambda n: _changes(n, ended)[-1] == ("pending", "running"), "the second run"
+    )
+    assert _changes(notes, ended)[-3:] == [
+        ("running", "terminated"),
+        ("terminated", "pending"),
+        ("pending", "running"),
+    ], notes

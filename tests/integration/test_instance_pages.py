@@ -10,7 +10,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import pytest
+
+from stepstream import InvalidPayload, UnknownInstance
 from stepstream.consumers.kafka import create_topics
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.wire.topics import partition_for
@@ -39,7 +43,7 @@ async def test_pages_cover_every_instance_once_in_id_order(client: Client) -> No
     seen: list[str] = []
     after = None
     while True:
-        page = await client.list_page(limit=4, after=after)
+        page = await client.list_page(limit=4, after=after, order="id")
         assert len(page.instances) <= 4
         seen += [i.instance_id for i in page.instances]
         after = page.next
@@ -52,15 +56,65 @@ async def test_pages_cover_every_instance_once_in_id_order(client: Client) -> No
 
 async def test_filters_by_status_workflow_and_prefix(client: Client) -> None:
     waiting, done = await _fill(client)
-    completed = await client.list_page(status="completed")
+    completed = await client.list_page(status="completed", order="id")
     assert [i.instance_id for i in completed.instances] == done
     assert completed.next is None
-    by_workflow = await client.list_page(workflow="waiter", limit=100)
+    by_workflow = await client.list_page(workflow="waiter", limit=100, order="oldest")
     assert [i.instance_id for i in by_workflow.instances] == waiting
-    prefixed = await client.list_page(prefix="w-1")
+    prefixed = await client.list_page(prefix="w-1", order="id")
     assert [i.instance_id for i in prefixed.instances] == ["w-10", "w-11"]
     both = await client.list_page(prefix="a-", status="running")
     assert both.instances == [] and both.next is None
+
+
+async def test_newest_first_by_default_within_a_time_range(client: Client) -> None:
+    """The list an operator wants: newest first, pages that do not shift, a time range
+    (``bulk-10`` after ``bulk-2``, not before it as in id order)."""
+    ids = [f"bulk-{n}" for n in range(1, 12)]
+    for instance_id in ids:
+        await client.start("waiter", None, instance_id=instance_id)
+        # Started (on Kafka a start returns once its command is durable), and in another
+        # millisecond than the next one.
+        await _started(client, instance_id)
+        await asyncio.sleep(0.002)
+    everything = (await client.list_page(prefix="bulk-", order="id")).instances
+    assert [i.instance_id for i in everything][:3] == ["bulk-1", "bulk-10", "bulk-11"]
+    created = {i.instance_id: i.created_at for i in everything}
+    seen: list[str] = []
+    after = None
+    while True:
+        page = await client.list_page(prefix="bulk-", limit=4, after=after)
+        seen += [i.instance_id for i in page.instances]
+        if page.next is None:
+            break
+        after = page.next
+    assert seen == ids[::-1]
+    oldest = await client.list_page(prefix="bulk-", order="oldest", limit=3)
+    assert [i.instance_id for i in oldest.instances] == ids[:3]
+
+    since, until = created[ids[2]], created[ids[6]]
+    window = await client.list_page(prefix="bulk-", since=since, until=until, order="oldest")
+    expected = ids[2:6]
+    assert [i.instance_id for i in window.instances] == expected
+    by_id = await client.list_page(prefix="bulk-", since=since, until=until, order="id")
+    assert [i.instance_id for i in by_id.instances] == sorted(expected)
+    recent = await client.list_page(prefix="bulk-", since="1h")
+    assert len(recent.instances) == len(ids)
+    assert (await client.list_page(prefix="bulk-", until="1h")).instances == []
+    with pytest.raises(InvalidPayload, match="is not a time: give an ISO 8601 time"):
+        await client.list_page(since="yesterday")
+    with pytest.raises(InvalidPayload, match="order='sideways' is not one of"):
+        await client.list_page(order="sideways")
+
+
+async def _started(client: Client, instance_id: str) -> None:
+    for _ in range(300):
+        try:
+            await client.status(instance_id)
+            return
+        except UnknownInstance:
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{instance_id} never started")
 
 
 async def test_a_short_slice_never_skips_instances(tmp_path: Path) -> None:
@@ -99,10 +153,21 @@ def test_cli_pages_and_bad_page_queries(tmp_path: Path) -> None:
         assert [i["instance_id"] for i in json.loads(rest.stdout)["instances"]] == ["p-2"]
         refused = server.cli("list", "--limit", "-1")
         assert refused.returncode == 2 and "--limit must be 0 (all) or more" in refused.stderr
+        newest = server.cli("list", "--prefix", "p-", "--since", "1h", "--json")
+        assert [i["instance_id"] for i in json.loads(newest.stdout)["instances"]] == [
+            "p-2",
+            "p-1",
+            "p-0",
+        ]
+        bad = server.cli("list", "--since", "a while")
+        assert bad.returncode == 2 and "--since 'a while' is not a time" in bad.stderr
         for query, expected in (
             ("limit=0", "limit='0' is not a whole number from 1 to 500"),
             ("limit=x", "limit='x' is not a whole number"),
             ("status=lost&limit=5", "unknown status 'lost'; use one of pending, running"),
+            ("order=up", "order='up' is not one of newest, oldest, id"),
+            ("since=soon", "since='soon' is not a time"),
+            ("order=newest&after=p-1", "after='p-1' is not a cursor of order=newest"),
         ):
             try:
                 urllib.request.urlopen(f"{server.url}/v1/instances?{query}", timeout=10)
@@ -151,6 +216,15 @@ async def test_a_workers_ui_covers_every_workers_partitions(
             )
             listed = [i["instance_id"] for i in page["instances"] + second_page["instances"]]
             assert listed == ids and second_page["next"] is None
+            newest = await asyncio.to_thread(_get, f"{ui}/instances?limit=5&order=newest")
+            older = await asyncio.to_thread(
+                _get, f"{ui}/instances?limit=5&order=newest&after={quote(newest['next'])}"
+            )
+            rows = newest["instances"] + older["instances"]
+            listed = [i["instance_id"] for i in rows]
+            positions = [(i["created_at"], i["instance_id"]) for i in rows]
+            assert sorted(listed) == ids and older["next"] is None
+            assert positions == sorted(positions, reverse=True)
             # An instance on the other worker's partition, controlled from this UI.
             elsewhere = next(i for i in ids if partition_for(i, 2) not in first.worker.owned)
             code = await asyncio.to_thread(

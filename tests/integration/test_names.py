@@ -154,7 +154,7 @@ async def test_an_id_that_extends_another_with_a_nul_cannot_touch_its_state(
     """The key layout alone keeps instances apart: with the name checks switched off, an
     instance "victim\\0x" that runs steps and is forgotten by retention leaves the
     instance "victim" whole: it replays after a restart and completes."""
-    monkeypatch.setattr("stepstream.consumers.partition.name_problem", lambda value: None)
+    monkeypatch.setattr("stepstream.consumers.partition.intake.name_problem", lambda value: None)
     config = EmbeddedConfig(
         data_dir=str(tmp_path / "data"), partitions=1, retention_s=0.5, sweep_interval_s=0.05
     )

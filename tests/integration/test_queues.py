@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stepstream import Client
+from stepstream import Client, WorkflowFailed
 from stepstream.engine.api.workflow import Registry
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from tests.queue_checks import most_at_once, most_per_window, slot_spans
@@ -119,3 +119,13 @@ async def test_a_step_queue_limits_its_calls_across_instances(client: Client) ->
     spans = [s for i in ids for s in slot_spans(await client.history(i), "#slot")]
     assert len(spans) == 48
     assert 1 < most_at_once(spans) <= 2
+
+
+async def test_a_restarted_run_asks_its_queue_afresh(client: Client) -> None:
+    await client.start("picky", "bad", instance_id="pk")
+    with pytest.raises(WorkflowFailed):
+        await client.result("pk", timeout=30)
+    await client.start("picky", "good", instance_id="pk", if_exists="restart_if_failed")
+    assert await client.result("pk", timeout=30) == "good"
+    await client.start("quick", None, instance_id="after")  # nothing kept the one slot
+    assert await client.result("after", timeout=30) == "after"

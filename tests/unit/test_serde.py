@@ -8,7 +8,7 @@ import json
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from stepstream.engine.wire.records import (
     CommandIgnored,
     DeadLetter,
     EventBuffered,
+    ForkWorkflow,
     InstanceForgotten,
     LoopAdvanced,
     MessageCompleted,
@@ -37,16 +38,20 @@ from stepstream.engine.wire.records import (
     Payload,
     RaceDecided,
     Record,
+    ResetWorkflow,
     ResumeWorkflow,
+    RetryWorkflow,
     SendEvent,
     SleepElapsed,
     SleepStarted,
     SnapshotTaken,
+    StartFork,
     StartWorkflow,
     StateChunk,
     StepAttemptStarted,
     StepFailedRecord,
     StepSucceeded,
+    TerminateWorkflow,
     TimerCancelled,
     TimerFired,
     TimerScheduled,
@@ -57,9 +62,14 @@ from stepstream.engine.wire.records import (
     WorkflowCancelledRecord,
     WorkflowCompleted,
     WorkflowFailedRecord,
+    WorkflowForked,
     WorkflowPaused,
+    WorkflowReset,
+    WorkflowRestarted,
     WorkflowResumed,
     WorkflowStarted,
+    WorkflowTerminatedRecord,
+    WorkflowTimeoutSet,
 )
 from stepstream.engine.wire.serde import CLUSTER_DOMAINS, RecordSerde, default_serde
 from stepstream.schemas import schema_root
@@ -181,12 +191,24 @@ SAMPLES: list[Record] = [
         commands_offset=7_890,
         timers_offset=456,
     ),
+    ResetWorkflow(**env(0), to="charge#2", reason="card fixed"),
+    RetryWorkflow(**env(0)),
+    ForkWorkflow(**env(0), to="charge#2", new_id="order-7f3a-b"),
+    StartFork(**env(0), source_id="order-7f3a", to="charge#2", records=[b"\xc3\x01abc"]),
+    WorkflowReset(**env(21), to="charge#2", from_seq=5, reason="card fixed", retry=False),
+    WorkflowForked(**env(5), source_id="order-7f3a", to="charge#2", from_seq=5),
+    StartWorkflow(**env(0), workflow="checkout", input=pl("1"), if_exists="restart_if_failed"),
+    TerminateWorkflow(**env(0), reason="stuck on a dead supplier"),
+    WorkflowTerminatedRecord(**env(17), reason="stuck"),
+    WorkflowTimeoutSet(**env(2), timeout_at_ms=T0 + 7 * 86_400_000),
+    WorkflowRestarted(**env(19), run=2, previous_status="failed"),
 ]
 
-# CRC-64-AVRO of every released schema. A change here means a released schema was edited:
-# records already on the topics would no longer decode. Add a new version instead.
+# CRC-64-AVRO of the schema each record type is written with. A change here means a
+# released schema was edited (records already on the topics would no longer decode) or a
+# new version was added: then its older fingerprint goes to OLDER_FINGERPRINTS.
 RELEASED_FINGERPRINTS = {
-    "StartWorkflow": 0x69750B2A863C24C3,  # v2: priority, queue_key
+    "StartWorkflow": 0xAA961E12158457F2,  # v3 (priority, queue_key)
     "SendEvent": 0xDF93966B91E95BD6,
     "CancelWorkflow": 0x67507C0717C05534,
     "PauseWorkflow": 0xF5C9E883908E6DFA,
@@ -195,7 +217,7 @@ RELEASED_FINGERPRINTS = {
     "WorkflowStarted": 0xB7AA8E4164A8AC18,  # v2: priority, queue_key
     "StepAttemptStarted": 0x44A09FFFD6C426F9,
     "StepSucceeded": 0xD1FA5079AD23317B,
-    "StepFailed": 0xB6A4BD9DA433C091,
+    "StepFailed": 0x6DC6D236DBD60821,
     "SleepStarted": 0x36AC2F871277A115,
     "SleepElapsed": 0x7EB644C35155BFB1,
     "WaitStarted": 0xEF693B9D631EF672,
@@ -213,7 +235,7 @@ RELEASED_FINGERPRINTS = {
     "WorkflowPaused": 0xB3B46E1326F4E289,
     "WorkflowResumed": 0x0583DC6A6145B1E9,
     "WorkflowCompleted": 0x2A10E4A3CCB962DB,
-    "WorkflowFailed": 0x5F30228D4DFFB81F,
+    "WorkflowFailed": 0x440B00E9C26AF6F6,
     "WorkflowCancelled": 0xE0B8D35159E48AAF,
     "CommandIgnored": 0x86EC1ADBBC01BD16,
     "PartitionFenced": 0x093A9B81DAC9A2BD,
@@ -223,6 +245,24 @@ RELEASED_FINGERPRINTS = {
     "DeadLetter": 0x7957B60467690570,
     "StateChunk": 0x0FE98AA0F413F858,
     "SnapshotTaken": 0xA785D6253084131F,
+    "ResetWorkflow": 0xC24D81FC150CCF3D,
+    "RetryWorkflow": 0x37986EE9824BF9F6,
+    "ForkWorkflow": 0x0F65679B6531EAE3,
+    "StartFork": 0x44BEAB10A90F91E3,
+    "WorkflowReset": 0x7B15A6FF2A74876F,
+    "WorkflowForked": 0xA511583C0942133A,
+    "TerminateWorkflow": 0x6198398C37021FFE,
+    "WorkflowTerminated": 0x57C726EFE283EAF9,
+    "WorkflowTimeoutSet": 0x536E56028E32FA5E,
+    "WorkflowRestarted": 0x114BCDF3671A8B34,
+}
+# Released versions that a newer one replaced for writing; records of them still decode.
+OLDER_FINGERPRINTS = {
+    "StartWorkflow v1": 0x1FF2187003F97F90,
+    "StartWorkflow v2": 0xAFF10D7732366A21,
+    "WorkflowStarted v1": 0x8E783271B0CCB3DA,
+    "StepFailed v1": 0xB6A4BD9DA433C091,
+    "WorkflowFailed v1": 0x5F30228D4DFFB81F,
 }
 
 
@@ -318,6 +358,31 @@ def test_every_record_type_has_one_documented_schema_file() -> None:
 def test_released_schemas_keep_their_fingerprints() -> None:
     serde = default_serde()
     assert {cls.type_name: serde.fingerprint(cls) for cls in ALL_TYPES} == RELEASED_FINGERPRINTS
+    assert set(OLDER_FINGERPRINTS.values()) <= set(serde.writer_schemas())
+
+
+def test_failures_written_with_v1_read_without_a_traceback() -> None:
+    """StepFailed and WorkflowFailed v2 add ``traceback``: a v1 record (as any Avro
+    writer made it before) reads with None there."""
+    serde = default_serde()
+    schemas = serde.writer_schemas()
+    records: list[StepFailedRecord | WorkflowFailedRecord] = [
+        StepFailedRecord(**env(3), key="pay", attempt=2, error_type="E", error_message="no"),
+        WorkflowFailedRecord(**env(4), error_type="E", error_message="no"),
+    ]
+    for record in records:
+        with_trace = replace(record, traceback="Traceback (most recent call last):\n  ...")
+        new = serde.encode(with_trace)
+        assert serde.decode(new) == with_trace
+        # The same record as a v1 writer wrote it: no traceback field at all.
+        v2 = fastavro.parse_schema(schemas[int.from_bytes(new[2:10], "little")])
+        raw = fastavro.schemaless_reader(io.BytesIO(new[10:]), v2, None)
+        assert isinstance(raw, dict) and raw.pop("traceback").startswith("Traceback")
+        fingerprint = OLDER_FINGERPRINTS[f"{record.type_name} v1"]
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, fastavro.parse_schema(schemas[fingerprint]), raw)
+        old = b"\xc3\x01" + fingerprint.to_bytes(8, "little") + body.getvalue()
+        assert serde.decode(old) == record and record.traceback is None
 
 
 def test_samples_cover_every_record_type() -> None:
@@ -637,10 +702,37 @@ def test_v1_reader_that_knows_the_v2_writer_ignores_the_new_field(compiled: bool
 def test_added_union_branch_reads_old_writers(compiled: bool, version: str | None) -> None:
     v1, v2, v1_knowing_v2 = evolution_serdes(compiled)
     assert v2.schema(StartWorkflow)["fields"][2]["type"] == ["null", "string", "long"]
+    assert v2.schema(StartWorkflow)["namespace"] == "stepstream.commands.v4"
     record = StartWorkflow(**env(0), workflow="checkout", version=version, input=pl("{}"))
     assert v2.decode(v1.encode(record)) == record
     assert v1_knowing_v2.decode(v2.encode(record)) == record
     assert v2.decode(v2.encode(record)) == record
+
+
+def test_a_v1_start_reads_as_if_exists_return(serde: RecordSerde) -> None:
+    """Producers that write the v1 StartWorkflow (wire-contract.md) keep working: the
+    field v2 added reads as its default."""
+    named: dict[str, Any] = {}
+    for common in sorted((ROOT / "stepstream/common/v1").glob("*.avsc"), reverse=True):
+        fastavro.parse_schema(json.loads(common.read_text()), named)  # Payload first
+    v1 = fastavro.parse_schema(
+        json.loads((ROOT / "stepstream/commands/v1/StartWorkflow.avsc").read_text()), named
+    )
+    body = io.BytesIO()
+    fastavro.schemaless_writer(
+        body,
+        v1,
+        {
+            "header": {**env(0), "tracestate": None},
+            "workflow": "checkout",
+            "version": None,
+            "input": {"content_type": JSON, "data": b"{}"},
+        },
+    )
+    value = b"\xc3\x01" + (0x1FF2187003F97F90).to_bytes(8, "little") + body.getvalue()
+    record = serde.decode(value)
+    assert isinstance(record, StartWorkflow)
+    assert (record.workflow, record.if_exists) == ("checkout", "return")
 
 
 # ---- schema trees that must be refused ------------------------------------------------------

@@ -102,6 +102,13 @@ _VALID = {
     (Status.PAUSED, Status.RUNNING),
     (Status.PAUSED, Status.FAILED),
     (Status.PAUSED, Status.CANCELLED),
+    (Status.PENDING, Status.TERMINATED),
+    (Status.RUNNING, Status.TERMINATED),
+    (Status.PAUSED, Status.TERMINATED),
+    # A restart (WorkflowRestarted) begins a new run of an instance that ended so.
+    (Status.FAILED, Status.PENDING),
+    (Status.CANCELLED, Status.PENDING),
+    (Status.TERMINATED, Status.PENDING),
 }
 _MOVES = [(a, b) for a in Status for b in Status if a is not b]
 
@@ -133,6 +140,7 @@ def test_finished_statuses() -> None:
         Status.COMPLETED,
         Status.FAILED,
         Status.CANCELLED,
+        Status.TERMINATED,
     }
 
 

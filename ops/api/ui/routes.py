@@ -22,6 +22,7 @@ from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.reads.views import HistoryEntry
 from stepstream.engine.wire.codec import parse_json_text
+from stepstream.ops.api.repair import REPAIRS, repair
 from stepstream.ops.tools.timeline import timeline_rows
 from stepstream.producers.client import Transport
 
@@ -30,7 +31,22 @@ STATIC_PREFIX = "/ui/static/"
 TransportSource = Callable[[], Awaitable[Transport]]
 _STATIC = resources.files("stepstream.ops.api.ui") / "static"
 UI_FILES = frozenset(
-    {"app.js", "api.js", "dom.js", "timeline.js", "pages.js", "style.css", "index.html"}
+    {
+        "app.js",
+        "api.js",
+        "controls.js",
+        "dom.js",
+        "index.html",
+        "instance.js",
+        "pages.js",
+        "parts.js",
+        "repair.js",
+        "schedules.js",
+        "style.css",
+        "theme.js",
+        "timeline.js",
+        "tree.js",
+    }
 )
 _TYPES = {".js": "text/javascript", ".css": "text/css", ".html": "text/html"}
 
@@ -104,10 +120,15 @@ class _Ui:
             raise InvalidPayload("the request body must be a JSON object")
         if control == "cancel":
             await transport.cancel(instance_id, str(body.get("reason") or ""))
+        elif control == "terminate":
+            await transport.terminate(instance_id, str(body.get("reason") or ""))
         elif control == "pause":
             await transport.pause(instance_id)
         elif control == "resume":
             await transport.resume(instance_id)
+        elif control in REPAIRS:
+            answer = await repair(transport, instance_id, control, body)
+            return web.json_response(answer, status=202)
         elif control == "events":
             name = body.get("name")
             if not isinstance(name, str) or not name:

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from stepstream.engine.api.workflow import Registry, WorkflowDefinition
 from stepstream.engine.errors import HistoryDiverged, StepstreamError, UnknownWorkflow
 from stepstream.engine.replay.effects import Output
-from stepstream.engine.replay.state import InstanceState
+from stepstream.engine.replay.reset import fold, set_aside
 from stepstream.engine.wire.codec import JsonCodec, PayloadCodec, decode_safely
 from stepstream.engine.wire.records import (
     HistoryRecord,
@@ -93,15 +93,19 @@ def replay_history(
         ended.append("end:returned")
         return value
 
-    state = InstanceState(history.instance_id)
     end: HistoryRecord | None = None
     try:
+        # What a reset set aside does not count (engine.replay.reset); the terminal
+        # record kept is the one that still counts, if any.
+        aside = set_aside(records)
+        counted = []
         for record in records:
             if isinstance(record, _TERMINAL):
-                end = record
+                end = record if record.seq not in aside else end
             elif not isinstance(record, WorkflowPaused | WorkflowResumed):
                 # Pauses only stop the code between commands; replay runs it regardless.
-                state.apply(record)
+                counted.append(record)
+        state = fold(history.instance_id, counted)
     except Exception as exc:
         return made("error", message=f"folding the history raised {type(exc).__name__}: {exc}")
     recorded = {key: (e.kind.value, e.seq) for key, e in state.entries.items()}

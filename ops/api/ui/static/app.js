@@ -2,7 +2,9 @@
 // renders into <main>; a 401 from the API shows the token form instead.
 import { ApiError, hasToken, setToken, takeTokenFromAddress } from "./api.js";
 import { h } from "./dom.js";
-import { definitionsPage, instancePage, listPage } from "./pages.js";
+import { instancePage } from "./instance.js";
+import { definitionsPage, listPage } from "./pages.js";
+import { schedulesPage } from "./schedules.js";
 
 const main = document.getElementById("main");
 let current = null; // the rendered route's cleanup (a live page stops polling)
@@ -13,6 +15,7 @@ function route() {
   const params = new URLSearchParams(query);
   if (path.startsWith("/i/")) return { name: "instance", id: decodeURIComponent(path.slice(3)), params };
   if (path === "/definitions") return { name: "definitions", params };
+  if (path === "/schedules") return { name: "schedules", params };
   return { name: "instances", params };
 }
 
@@ -42,12 +45,13 @@ async function render() {
   current = null;
   const r = route();
   for (const link of document.querySelectorAll("[data-nav]")) {
-    if (link.dataset.nav === (r.name === "definitions" ? "definitions" : "instances")) link.setAttribute("aria-current", "page");
+    if (link.dataset.nav === (r.name === "instance" ? "instances" : r.name)) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
   try {
     if (r.name === "instance") current = await instancePage(main, r.id);
     else if (r.name === "definitions") await definitionsPage(main);
+    else if (r.name === "schedules") current = await schedulesPage(main);
     else await listPage(main, r.params);
   } catch (err) {
     if (err instanceof ApiError && err.status === 401) {

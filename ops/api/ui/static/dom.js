@@ -14,10 +14,6 @@ export function h(tag, attrs = {}, ...children) {
   return el;
 }
 
-export function json(value) {
-  return value === undefined ? "—" : JSON.stringify(value, null, 2);
-}
-
 export function when(iso) {
   if (!iso) return "";
   const d = new Date(iso);

@@ -1,6 +1,7 @@
 // The step timeline drawn to time scale (CSS bars over a shared axis), from the rows
-// of ops/tools/timeline.py: attempts, their backoff until the next attempt, sleeps, waits,
-// children, compensations (steps named ".../undo") and points in time.
+// of ops/tools/timeline.py: one line per step with its attempts on it (and the backoff
+// before each retry; a click shows them as a table), sleeps, waits, children,
+// compensations (steps named ".../undo") and points in time.
 import { h } from "./dom.js";
 
 export function duration(ms) {
@@ -12,13 +13,35 @@ export function duration(ms) {
   return `${Math.floor(m / 60)}h${String(m % 60).padStart(2, "0")}m`;
 }
 
+// One line per step (all its attempts on it, in order) and one per anything else.
+function lines(rows) {
+  const out = [];
+  const steps = new Map();
+  for (const row of rows) {
+    const kind = kindOf(row);
+    if (row.kind !== "step") {
+      out.push({ kind, name: row.name, attempts: [row] });
+      continue;
+    }
+    let line = steps.get(row.name);
+    if (!line) {
+      line = { kind, name: row.name, attempts: [] };
+      steps.set(row.name, line);
+      out.push(line);
+    }
+    line.attempts.push(row);
+  }
+  return out;
+}
+
 function kindOf(row) {
   return row.kind === "step" && /\/undo(#\d+)?$/.test(row.name) ? "compensation" : row.kind;
 }
 
 // rows: the model; sinceStartMs: the time now, in ms since the first record (open
-// spans run up to it while the instance runs).
-export function drawTimeline(rows, sinceStartMs, running) {
+// spans run up to it while the instance runs); expanded: the names of the steps whose
+// attempts are shown (kept across redraws).
+export function drawTimeline(rows, sinceStartMs, running, expanded = new Set()) {
   let end = 1;
   for (const row of rows) {
     end = Math.max(end, row.at_ms + (row.took_ms ?? 0));
@@ -39,30 +62,56 @@ export function drawTimeline(rows, sinceStartMs, running) {
         tick.style.left = pct(end * f);
         return tick;
       })));
-  const items = rows.map((row) => {
-    const kind = kindOf(row);
-    const open = row.is_span && row.took_ms == null;
-    const took = row.took_ms ?? (open && running ? Math.max(0, sinceStartMs - row.at_ms) : 0);
-    const text = [`${kind} ${row.name}`.trim(), row.outcome, `at +${duration(row.at_ms)}`,
-      row.took_ms != null ? `took ${duration(row.took_ms)}` : open ? "still open" : "", row.detail]
-      .filter(Boolean).join(" · ");
+  const describe = (row, kind) => [`${kind} ${row.name}`.trim(), row.outcome, `at +${duration(row.at_ms)}`,
+    row.took_ms != null ? `took ${duration(row.took_ms)}` : row.is_span && row.took_ms == null ? "still open" : "", row.detail]
+    .filter(Boolean).join(" · ");
+  const items = [];
+  for (const line of lines(rows)) {
+    const { kind, attempts } = line;
+    const last = attempts.at(-1);
     const track = h("span", { class: "tl-track" });
-    if (row.is_span) {
-      track.append(place(h("span", { class: `tl-bar${open ? " tl-open" : ""}`, title: text }), row.at_ms, row.at_ms + took));
+    for (const [n, row] of attempts.entries()) {
+      const open = row.is_span && row.took_ms == null;
+      const took = row.took_ms ?? (open && running ? Math.max(0, sinceStartMs - row.at_ms) : 0);
+      const text = (attempts.length > 1 ? `attempt ${n + 1}: ` : "") + describe(row, kind);
+      if (row.is_span) {
+        track.append(place(h("span", { class: `tl-bar${open ? " tl-open" : ""}${kind === "step" || kind === "compensation" ? " tl-attempt" : ""}`,
+          "data-outcome": row.outcome, title: text }), row.at_ms, row.at_ms + took));
+      } else {
+        const dot = h("span", { class: "tl-point", "data-outcome": row.outcome, title: text });
+        dot.style.left = pct(row.at_ms);
+        track.append(dot);
+      }
+      if (row.retry_at_ms != null) {
+        const from = row.at_ms + (row.took_ms ?? 0);
+        track.append(place(h("span", { class: "tl-backoff", title: `backoff until +${duration(row.retry_at_ms)}` }), from, row.retry_at_ms));
+      }
+    }
+    const many = attempts.length > 1 ? ` · ${attempts.length} attempts` : "";
+    const outcome = h("span", { class: "tl-outcome" }, last.outcome, last.took_ms != null ? ` ${duration(last.took_ms)}` : "", many);
+    const li = h("li", { class: "tl-row", "data-kind": kind, "data-outcome": last.outcome, "data-attempts": attempts.length });
+    if (kind === "step" || kind === "compensation") {
+      // Its attempts in detail, under the row, on a click of its name or of a bar.
+      const details = h("li", { class: "tl-details", hidden: !expanded.has(line.name) },
+        h("table", { class: "data attempts" },
+          h("caption", {}, `Attempts of ${line.name}`),
+          h("thead", {}, h("tr", {}, ...["attempt", "at", "took", "outcome", "detail"].map((c) => h("th", { scope: "col" }, c)))),
+          h("tbody", {}, ...attempts.map((row, n) => h("tr", {}, h("td", {}, n + 1), h("td", {}, `+${duration(row.at_ms)}`),
+            h("td", {}, row.took_ms != null ? duration(row.took_ms) : "…"), h("td", {}, row.outcome), h("td", {}, row.detail))))));
+      const toggle = h("button", { type: "button", class: "tl-toggle", "aria-expanded": String(!details.hidden), onclick: () => {
+        details.hidden = !details.hidden;
+        if (details.hidden) expanded.delete(line.name);
+        else expanded.add(line.name);
+        toggle.setAttribute("aria-expanded", String(!details.hidden));
+      } }, h("span", { class: "tl-kind" }, kind), " ", line.name);
+      track.addEventListener("click", () => toggle.click());
+      li.append(h("span", { class: "tl-label" }, toggle), track, outcome);
+      items.push(li, details);
     } else {
-      const dot = h("span", { class: "tl-point", title: text });
-      dot.style.left = pct(row.at_ms);
-      track.append(dot);
+      li.append(h("span", { class: "tl-label" }, h("span", { class: "tl-kind" }, kind), " ", line.name), track, outcome);
+      items.push(li);
     }
-    if (row.retry_at_ms != null) {
-      const from = row.at_ms + (row.took_ms ?? 0);
-      track.append(place(h("span", { class: "tl-backoff", title: `backoff until +${duration(row.retry_at_ms)}` }), from, row.retry_at_ms));
-    }
-    return h("li", { class: "tl-row", "data-kind": kind, "data-outcome": row.outcome },
-      h("span", { class: "tl-label" }, h("span", { class: "tl-kind" }, kind), " ", row.name),
-      track,
-      h("span", { class: "tl-outcome" }, row.outcome, row.took_ms != null ? ` ${duration(row.took_ms)}` : ""));
-  });
+  }
   const chart = h("ol", { class: "tl", "aria-label": `Timeline over ${duration(end)}` }, axis, ...items);
   const table = h("table", { class: "data" },
     h("caption", {}, "Timeline rows"),

@@ -1,0 +1,10 @@
+// Small pieces the pages share: status badges, links to instances, table heads.
+import { h } from "./dom.js";
+
+export const STATUSES = ["pending", "running", "paused", "completed", "failed", "cancelled", "terminated"];
+export const FINISHED = new Set(["completed", "failed", "cancelled", "terminated"]);
+
+export const badge = (status) => h("span", { class: `badge badge-${status}` }, status);
+export const instanceLink = (id) => h("a", { href: `#/i/${encodeURIComponent(id)}` }, id);
+export const scroll = (table) => h("div", { class: "scroll" }, table);
+export const headRow = (...names) => h("thead", {}, h("tr", {}, ...names.map((n) => h("th", { scope: "col" }, n))));
