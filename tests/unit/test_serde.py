@@ -251,15 +251,15 @@ RELEASED_FINGERPRINTS = {
     "StartFork": 0x44BEAB10A90F91E3,
     "WorkflowReset": 0x7B15A6FF2A74876F,
     "WorkflowForked": 0xA511583C0942133A,
+    "TerminateWorkflow": 0x6198398C37021FFE,
+    "WorkflowTerminated": 0x57C726EFE283EAF9,
+    "WorkflowTimeoutSet": 0x536E56028E32FA5E,
+    "WorkflowRestarted": 0x114BCDF3671A8B34,
 }
 # Released versions that a newer one replaced for writing; records of them still decode.
 OLDER_FINGERPRINTS = {
     "StepFailed v1": 0xB6A4BD9DA433C091,
     "WorkflowFailed v1": 0x5F30228D4DFFB81F,
-    "TerminateWorkflow": 0x6198398C37021FFE,
-    "WorkflowTerminated": 0x57C726EFE283EAF9,
-    "WorkflowTimeoutSet": 0x536E56028E32FA5E,
-    "WorkflowRestarted": 0x114BCDF3671A8B34,
 }
 
 
