@@ -23,7 +23,14 @@ from stepstream.ops.api.serving import address, api_runner, reachable
 from stepstream.ops.api.serving import listen as _listen
 from stepstream.ops.api.serving import stop_on_signals as _stop_on_signals
 from stepstream.ops.cli import render
-from stepstream.ops.cli.options import JSON, KAFKA, SERVING, api_security, kafka_settings
+from stepstream.ops.cli.options import (
+    JSON,
+    KAFKA,
+    SERVING,
+    api_limits,
+    api_security,
+    kafka_settings,
+)
 from stepstream.ops.cli.options import put_cwd_on_path as _put_cwd_on_path
 from stepstream.ops.cli.table import EXIT_ERROR, EXIT_OK, Command, UsageError, arg
 from stepstream.ops.gc_tuning import tune_for_serving
@@ -79,6 +86,7 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
     if args.processes < 1:
         raise UsageError(f"--processes must be 1 or more, got {args.processes}")
     security = api_security(args)
+    limits = api_limits(args)
     tls = security.ssl_context()
     spec = os.environ.get(processes.SPEC_ENV)
     if spec:  # one of the engine processes of a `stepstream dev --processes N`
@@ -105,6 +113,7 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
             max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * config.max_payload_bytes),
             security=security,
             served_hosts=(args.host,),
+            limits=limits,
             observability=observability_for(
                 engine.host,
                 Health(
@@ -163,6 +172,7 @@ def _public_app(
     args: argparse.Namespace, config: Any, security: ApiSecurity
 ) -> Callable[[Any, Any, Any], web.Application]:
     """How an engine process of `stepstream dev --processes N` makes the API clients use."""
+    limits = api_limits(args)
 
     def public_app(transport: Any, engine: Any, observability: Any) -> web.Application:
         return make_app(
@@ -172,6 +182,7 @@ def _public_app(
             security=security,
             served_hosts=(args.host,),
             observability=observability,
+            limits=limits,
         )
 
     return public_app
@@ -233,6 +244,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
         port=args.port,
         advertise=args.advertise,
         api=api_security(args),
+        api_limits=api_limits(args),
         span_sink=traced.exporter if traced is not None else None,
     )
     worker = KafkaWorker(registry, config)
