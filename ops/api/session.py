@@ -103,9 +103,9 @@ class Session:
     the session cancels its calls.
 
     What all of them can hold (``ops.api.limits``): ``limits.max_pending`` calls, each
-    from when it is read until its reply is written (over that, ``ServerBusy`` at once);
-    and a client that has not accepted a frame of replies within
-    ``limits.write_timeout_s`` loses its session, and its calls with it.
+    from when it is read until it ends (over that, ``ServerBusy`` at once); and a client
+    that has not accepted a frame of replies within ``limits.write_timeout_s`` loses its
+    session, and its calls with it. Big frames take turns (``_Connection._take``).
     """
 
     def __init__(
