@@ -52,6 +52,7 @@ from stepstream.engine.wire.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, P
 from stepstream.engine.wire.records import Command
 from stepstream.engine.wire.serde import RecordSerde, default_serde
 from stepstream.engine.wire.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
+from stepstream.ops.api.limits import ApiLimits
 from stepstream.ops.api.routes import DEFAULT_MAX_BODY_BYTES, make_app
 from stepstream.ops.api.security import ApiSecurity
 from stepstream.ops.api.ui.cluster import ClusterView
@@ -84,6 +85,8 @@ class KafkaWorkerConfig:
     snapshot_every: int = DEFAULT_SNAPSHOT_EVERY
     # Who may use the API: token, allowed hosts, TLS (STEPSTREAM_API_TOKEN and so on).
     api: ApiSecurity = field(default_factory=ApiSecurity)
+    # What the API holds at once over all its clients (STEPSTREAM_MAX_PENDING).
+    api_limits: ApiLimits = field(default_factory=ApiLimits)
     # Where spans of runs and step attempts go (None: no tracing; the CLI builds one
     # from the OTEL_* variables).
     tracer_provider: TracerProvider | None = None
@@ -114,6 +117,7 @@ class KafkaWorkerConfig:
         if "STEPSTREAM_ADVERTISE" in env:
             values["advertise"] = env["STEPSTREAM_ADVERTISE"]
         values["api"] = ApiSecurity.from_env(env)
+        values["api_limits"] = ApiLimits.from_env(env)
         values["sources"] = SourcesConfig.from_env(env)
         values["outbox_bootstrap"] = env.get(OUTBOX_ENV) or None
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -428,6 +432,7 @@ class KafkaWorker:
                 backend="kafka",
             ),
             ui_transport=self._ui.transport,
+            limits=self.config.api_limits,
         )
         tls = security.ssl_context()
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

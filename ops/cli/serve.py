@@ -29,6 +29,7 @@ from stepstream.ops.cli.options import (
     JSON,
     KAFKA,
     SERVING,
+    api_limits,
     api_security,
     codec_from_args,
     kafka_settings,
@@ -95,6 +96,7 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
     if args.processes < 1:
         raise UsageError(f"--processes must be 1 or more, got {args.processes}")
     security = api_security(args)
+    limits = api_limits(args)
     tls = security.ssl_context()
     spec = os.environ.get(processes.SPEC_ENV)
     if spec:  # one of the engine processes of a `stepstream dev --processes N`
@@ -122,6 +124,7 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
             max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * config.max_payload_bytes),
             security=security,
             served_hosts=(args.host,),
+            limits=limits,
             observability=observability_for(
                 engine.host,
                 Health(
@@ -180,6 +183,7 @@ def _public_app(
     args: argparse.Namespace, config: Any, security: ApiSecurity
 ) -> Callable[[Any, Any, Any], web.Application]:
     """How an engine process of `stepstream dev --processes N` makes the API clients use."""
+    limits = api_limits(args)
 
     def public_app(transport: Any, engine: Any, observability: Any) -> web.Application:
         return make_app(
@@ -189,6 +193,7 @@ def _public_app(
             security=security,
             served_hosts=(args.host,),
             observability=observability,
+            limits=limits,
         )
 
     return public_app
@@ -264,6 +269,7 @@ async def _run_worker(
         port=args.port,
         advertise=args.advertise,
         api=api_security(args),
+        api_limits=api_limits(args),
         span_sink=traced.exporter if traced is not None else None,
     )
     worker = KafkaWorker(registry, config, codec=codec)
