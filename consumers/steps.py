@@ -14,6 +14,7 @@ import contextvars
 import functools
 import inspect
 import logging
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -325,6 +326,7 @@ class StepExecutor:
             error_type=type(exc).__name__,
             error_message=str(exc) or repr(exc),
             retryable=retryable,
+            stacktrace="".join(traceback.format_exception(exc)),
         )
 
     def shutdown(self) -> None:

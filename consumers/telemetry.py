@@ -14,13 +14,24 @@ instance id.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, cast
 
+from stepstream.consumers.spans import (
+    IN_PROCESS,
+    ActivationSpan,
+    FlatStepSink,
+    SpanSink,
+    StepSpan,
+)
+from stepstream.engine.replay.effects import StepOutcome
 from stepstream.engine.wire.records import (
+    Command,
     HistoryRecord,
+    StartWorkflow,
     StepAttemptStarted,
     StepFailedRecord,
     StepSucceeded,
@@ -83,56 +94,22 @@ class Histogram:
         return out
 
 
-class StepSpan(NamedTuple):
-    """One step attempt that ended, as a span: from its durable start to its outcome."""
+class _Activation:
+    """The inputs of one instance applied in the batch being made, until its commit."""
 
-    workflow: str
-    instance_id: str
-    partition: int
-    key: str
-    step: str
-    attempt: int
-    start_ms: int
-    end_ms: int
-    outcome: str
-    error_type: str
-    error_message: str
-    traceparent: str | None
-    tracestate: str | None
-    run_start_ms: int  # the run's start: names the run span the attempt belongs to
+    __slots__ = ("command_id", "commands", "first", "inputs", "links", "offset", "start_ns")
+
+    def __init__(self) -> None:
+        self.start_ns = time.time_ns()
+        self.inputs: list[str] = []
+        self.command_id = ""
+        self.offset = -1
+        self.commands = 0
+        self.links: list[tuple[str, str | None]] = []
+        self.first = False
 
 
-class RunSpan(NamedTuple):
-    """A workflow run that finished, as a span: from its start to its end."""
-
-    workflow: str
-    version: str
-    instance_id: str
-    partition: int
-    start_ms: int
-    end_ms: int
-    outcome: str
-    error_type: str
-    error_message: str
-    traceparent: str | None
-    tracestate: str | None
-
-
-class SpanSink(Protocol):
-    def step(self, span: StepSpan) -> None: ...
-
-    def run(self, span: RunSpan) -> None: ...
-
-
-@runtime_checkable
-class FlatStepSink(Protocol):
-    """A sink that takes a step span as a plain tuple of ``StepSpan``'s fields, in order:
-    making the named tuple is most of what a span costs the engine's thread (1.3 of
-    1.5 µs)."""
-
-    def step_flat(self, fields: tuple[object, ...]) -> None: ...
-
-
+_STACKTRACES_KEPT = 1024  # failed attempts' tracebacks waiting for their span
 _RUN_ENDS = frozenset((WorkflowCompleted, WorkflowFailedRecord, WorkflowCancelledRecord))
 _LABELS: dict[str, str] = {}  # step key -> label, for the keys seen most recently
 _LABELS_KEPT = 10_000
@@ -215,13 +192,19 @@ class Telemetry:
         self.rebalances = 0
         self._spans: SpanSink | None = None
         self._step_flat: FlatStepSink | None = None
+        self.messaging = IN_PROCESS  # the backend's, set by whoever assembles it
+        # Only while traced: partition -> instance -> its activation in the batch being
+        # made; and the tracebacks of failed attempts, (instance, key, attempt) -> text.
+        self._activations: dict[int, dict[str, _Activation]] = {}
+        self._stacktraces: dict[tuple[str, str, int], str] = {}
         # When each running attempt was durably started:
         # partition -> instance -> key -> (attempt, ms).
         self._started: dict[int, dict[str, dict[str, tuple[int, int]]]] = {}
 
     @property
     def spans(self) -> SpanSink | None:
-        """Where finished runs and step attempts go as spans (None: not traced)."""
+        """Where activations of runs and finished step attempts go as spans (None: not
+        traced)."""
         return self._spans
 
     @spans.setter
@@ -229,8 +212,51 @@ class Telemetry:
         self._spans = sink
         self._step_flat = sink if isinstance(sink, FlatStepSink) else None
 
+    @property
+    def traced(self) -> bool:
+        """Whether spans are made (then the processor reports each input it applies)."""
+        return self._spans is not None
+
     def command_applied(self, kind: str) -> None:
         self.commands[kind] += 1
+
+    def _activation(self, partition: int, instance_id: str) -> _Activation:
+        activations = self._activations.get(partition)
+        if activations is None:
+            activations = self._activations[partition] = {}
+        activation = activations.get(instance_id)
+        if activation is None:
+            activation = activations[instance_id] = _Activation()
+        return activation
+
+    def input_applied(
+        self,
+        partition: int,
+        record: Command,
+        offset: int,
+        run_traceparent: str | None,
+    ) -> None:
+        """A command (``offset`` >= 0: read from the commands log) or a timer fire took
+        effect on its instance, whose run's trace is ``run_traceparent`` (only when
+        ``traced``)."""
+        activation = self._activation(partition, record.instance_id)
+        activation.inputs.append(record.type)
+        if offset >= 0:
+            if not activation.commands:
+                activation.command_id, activation.offset = record.command_id, offset
+            activation.commands += 1
+        carried = record.traceparent
+        if carried and carried != run_traceparent and not isinstance(record, StartWorkflow):
+            activation.links.append((carried, record.tracestate))
+
+    def outcome_applied(self, partition: int, outcome: StepOutcome) -> None:
+        """A step attempt's outcome was applied to its instance (only when ``traced``)."""
+        self._activation(partition, outcome.instance_id).inputs.append("StepOutcome")
+        if outcome.stacktrace:
+            if len(self._stacktraces) >= _STACKTRACES_KEPT:
+                self._stacktraces.clear()
+            key = (outcome.instance_id, outcome.key, outcome.attempt)
+            self._stacktraces[key] = outcome.stacktrace
 
     def timer_fired(self, lateness_s: float, *, direct: bool) -> None:
         self.timer_lateness.observe(lateness_s)
@@ -258,6 +284,7 @@ class Telemetry:
         started = self._started.get(partition)
         if started is None:
             started = self._started[partition] = {}
+        activations = self._activations.pop(partition, None) if self._spans is not None else None
         for record in history:  # by exact type: every record of every commit passes here
             kind = type(record)
             if kind is StepAttemptStarted:
@@ -273,12 +300,59 @@ class Telemetry:
                 self._step_ended(partition, ended, touched.get(record.instance_id), began)
             elif kind is WorkflowStarted:
                 self.workflows[(cast(WorkflowStarted, record).workflow, "started")] += 1
+                if activations is not None and record.instance_id in activations:
+                    activations[record.instance_id].first = True
             elif kind in _RUN_ENDS:
                 end = cast(
                     "WorkflowCompleted | WorkflowFailedRecord | WorkflowCancelledRecord", record
                 )
                 started.pop(record.instance_id, None)
-                self._run_ended(partition, end, touched.get(record.instance_id))
+                self._run_ended(end, touched.get(record.instance_id))
+        if activations:
+            self._activated(partition, activations, touched)
+
+    def _activated(
+        self,
+        partition: int,
+        activations: dict[str, _Activation],
+        touched: Mapping[str, InstanceRuntime],
+    ) -> None:
+        """An activation span for each instance the commit drove with inputs."""
+        assert self._spans is not None
+        end_ns = time.time_ns()
+        system, destination, group = self.messaging
+        for instance_id, activation in activations.items():
+            runtime = touched.get(instance_id)
+            if runtime is None or not runtime.state.workflow:
+                continue  # not driven (its inputs were undone), or no run to speak of
+            state = runtime.state
+            failed = state.status.value == "failed"
+            self._spans.activation(
+                ActivationSpan(
+                    state.workflow,
+                    state.version,
+                    instance_id,
+                    partition,
+                    activation.start_ns,
+                    end_ns,
+                    state.created_ms,
+                    activation.first,
+                    ",".join(activation.inputs),
+                    activation.command_id,
+                    activation.offset,
+                    activation.commands,
+                    state.status.value,
+                    state.error_type if failed else "",
+                    state.error_message if failed else "",
+                    runtime.failure_stacktrace if failed else "",
+                    state.traceparent,
+                    state.tracestate,
+                    tuple(activation.links),
+                    system,
+                    destination,
+                    group,
+                )
+            )
 
     def _step_ended(
         self,
@@ -315,6 +389,9 @@ class Telemetry:
                 state.traceparent,
                 state.tracestate,
                 state.created_ms,
+                self._stacktraces.pop((record.instance_id, record.key, record.attempt), "")
+                if self._stacktraces
+                else "",
             )
             if self._step_flat is not None:
                 self._step_flat.step_flat(fields)
@@ -323,7 +400,6 @@ class Telemetry:
 
     def _run_ended(
         self,
-        partition: int,
         record: WorkflowCompleted | WorkflowFailedRecord | WorkflowCancelledRecord,
         runtime: InstanceRuntime | None,
     ) -> None:
@@ -342,25 +418,10 @@ class Telemetry:
             histogram = Histogram(LATENCY_BUCKETS_S)
             self.workflow_seconds[(state.workflow, outcome)] = histogram
         histogram.observe(seconds)
-        if self._spans is not None:
-            self._spans.run(
-                RunSpan(
-                    workflow=state.workflow,
-                    version=state.version,
-                    instance_id=state.instance_id,
-                    partition=partition,
-                    start_ms=state.created_ms,
-                    end_ms=record.time_ms,
-                    outcome=outcome,
-                    error_type=state.error_type,
-                    error_message=state.error_message or state.cancel_reason,
-                    traceparent=state.traceparent,
-                    tracestate=state.tracestate,
-                )
-            )
 
     def partition_released(self, partition: int) -> None:
         """The partition is no longer owned here: forget its attempts' start times, and
         its last restore's duration (its new owner reports that)."""
         self._started.pop(partition, None)
+        self._activations.pop(partition, None)
         self.restore_seconds.pop(partition, None)

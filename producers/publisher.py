@@ -12,6 +12,7 @@ import abc
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from stepstream.engine.api.workflow import WorkflowDefinition
@@ -134,8 +135,8 @@ _ACTIONS = {
 class CommandPublisher(abc.ABC):
     """The command half of a transport; subclasses say how to read."""
 
-    # Where commands go, for the producer span's name (``send <destination>``).
-    destination = "stepstream.commands"
+    # Where commands go, for their producer spans (a Kafka transport names its topic).
+    destination = trace_context.IN_PROCESS
 
     def __init__(
         self,
@@ -152,13 +153,30 @@ class CommandPublisher(abc.ABC):
         self._limit = max_payload_bytes
         self._on_close = on_close
 
+    def _partition(self, instance_id: str) -> int:
+        """The partition a command for ``instance_id`` goes to, for its producer span;
+        -1 where the transport does not choose it."""
+        return -1
+
     async def _submit(self, command: Command) -> None:
-        settled = self._publishing.settled(command.command_id)
-        try:
-            await self._publish(command)
-            reason = await settled
-        finally:
-            self._publishing.forget(command.command_id)
+        """Publish ``command`` inside its producer span, which it carries (every command
+        gets one here: a new kind of command needs nothing more)."""
+        instance_id = command.instance_id
+        with trace_context.sending(
+            self.destination,
+            instance_id,
+            command.type,
+            command.command_id,
+            self._partition(instance_id),
+        ) as (traceparent, tracestate):
+            if traceparent is not None:
+                command = replace(command, traceparent=traceparent, tracestate=tracestate)
+            settled = self._publishing.settled(command.command_id)
+            try:
+                await self._publish(command)
+                reason = await settled
+            finally:
+                self._publishing.forget(command.command_id)
         if reason is not None:
             action = _ACTIONS.get(command.type, command.type)
             raise error_for(reason, command.instance_id, action)
@@ -181,18 +199,15 @@ class CommandPublisher(abc.ABC):
             check_name(version, f"version of workflow {workflow!r}:")
         definition = self._publishing.resolve(workflow, version)
         payload = self._encode(input, f"input of instance {instance_id}")
-        with trace_context.sending(self.destination, instance_id, "StartWorkflow") as trace:
-            await self._submit(
-                StartWorkflow(
-                    instance_id=instance_id,
-                    command_id=str(uuid.uuid4()),
-                    workflow=definition.name,
-                    version=definition.version,
-                    input=payload,
-                    traceparent=trace[0],
-                    tracestate=trace[1],
-                )
+        await self._submit(
+            StartWorkflow(
+                instance_id=instance_id,
+                command_id=str(uuid.uuid4()),
+                workflow=definition.name,
+                version=definition.version,
+                input=payload,
             )
+        )
         return instance_id
 
     async def send_event(
@@ -204,17 +219,14 @@ class CommandPublisher(abc.ABC):
             check_name(event_id, "event id", event_id_problem)
         encoded = self._encode(payload, f"event {name!r} for instance {instance_id}")
         await self._check_exists(instance_id)
-        with trace_context.sending(self.destination, instance_id, "SendEvent") as trace:
-            await self._submit(
-                SendEvent(
-                    instance_id=instance_id,
-                    command_id=event_id or str(uuid.uuid4()),
-                    name=name,
-                    payload=encoded,
-                    traceparent=trace[0],
-                    tracestate=trace[1],
-                )
+        await self._submit(
+            SendEvent(
+                instance_id=instance_id,
+                command_id=event_id or str(uuid.uuid4()),
+                name=name,
+                payload=encoded,
             )
+        )
 
     @abc.abstractmethod
     async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:

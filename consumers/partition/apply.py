@@ -146,6 +146,8 @@ class Applier:
                 continue  # the instance finished or was dropped; a late outcome changes nothing
             if self._containment.handle(runtime, outcome, batch) is None:
                 batch.applied_outcomes.setdefault(outcome.instance_id, []).append(outcome)
+                if self._telemetry.traced:
+                    self._telemetry.outcome_applied(self._partition, outcome)
             self._undo_poisoned(batch)
         self._settle_undone(batch)
         appends = batch.commit.appends
@@ -221,10 +223,13 @@ class Applier:
             record = self._intake.read(entry)
         if isinstance(record, Rejected):
             return record.command_id, record.reason, True
-        return self._apply(record, batch)
+        return self._apply(record, batch, offset=entry.offset)
 
-    def _apply(self, record: Command, batch: Batch, *, direct: bool = False) -> Applied:
-        """Apply one command read from the log, or a timer fire handed over directly."""
+    def _apply(
+        self, record: Command, batch: Batch, *, direct: bool = False, offset: int = -1
+    ) -> Applied:
+        """Apply one command read from the log (at ``offset``), or a timer fire handed
+        over directly."""
         batch.last_instance = ""
         instance_id = record.instance_id
         runtime = batch.touched.get(instance_id) or self._cache.get_or_load(instance_id)
@@ -270,6 +275,10 @@ class Applier:
             return record.command_id, error, True
         batch.last_instance = instance_id
         self._telemetry.command_applied(record.type)
+        if self._telemetry.traced:
+            self._telemetry.input_applied(
+                self._partition, record, offset, runtime.state.traceparent
+            )
         if isinstance(record, TimerFired):
             self._telemetry.timer_fired(
                 max(0, self._clock.now_ms() - record.fire_at_ms) / 1000, direct=direct

@@ -87,6 +87,8 @@ class RuntimeCore:
         self._phase = Phase.IDLE
         # How long the last replay of the code took (seconds), until telemetry takes it.
         self.replayed_s: float | None = None
+        # The traceback of the exception that failed the run, for its span (not recorded).
+        self.failure_stacktrace = ""
         self._diverged: HistoryDiverged | None = None
         self._out: Output = Output()
         self._command_id = ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import traceback
 from typing import Any
 
 from stepstream.engine.api.context import Context
@@ -317,6 +318,7 @@ class DrivingMixin(OutgoingMixin):
             return
         exc = self._task.exception()
         if exc is not None:
+            self.failure_stacktrace = "".join(traceback.format_exception(exc))
             self._fail_workflow(type(exc).__name__, str(exc) or repr(exc))
             return
         try:

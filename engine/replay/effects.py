@@ -47,6 +47,8 @@ class StepOutcome:
     error_type: str = ""
     error_message: str = ""
     retryable: bool = True
+    # The body's traceback, for the attempt's span (never recorded in history).
+    stacktrace: str = ""
 
     @property
     def command_id(self) -> str:

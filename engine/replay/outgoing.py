@@ -21,6 +21,7 @@ from stepstream.engine.wire.records import (
     SendEvent,
     StartWorkflow,
 )
+from stepstream.engine.wire.run_trace import run_traceparent
 
 
 class OutgoingMixin(RuntimeCore):
@@ -49,8 +50,12 @@ class OutgoingMixin(RuntimeCore):
             time_ms=self.clock.now_ms(),
             workflow=entry.event_name or "",
             input=entry.result,
-            traceparent=self._traceparent,
-            tracestate=self._tracestate,
+            # The child's run is a span of this run, in this run's trace (whatever
+            # trace the input that started it came in).
+            traceparent=run_traceparent(
+                self.state.instance_id, self.state.created_ms, self.state.traceparent
+            ),
+            tracestate=self.state.tracestate,
         )
 
     def _notify_parent(self) -> None:

@@ -23,7 +23,7 @@ def version() -> str:
 
 
 def _checkout_version() -> str:
-    # stepstream/ops is a symlink to the checkout's ops/: its parent is the checkout.
+    # stepstream/engine is a symlink to the checkout's engine/: its parent is the checkout.
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     try:
         project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
