@@ -358,6 +358,11 @@ async def test_kafka_spans_name_the_topic_group_partition_and_offset(
         attributes = _attrs(activation)
         assert {k: attributes[k] for k in consumer} == consumer
         assert "messaging.kafka.offset" not in attributes
+    # The operator's guide lists every attribute the spans carry.
+    guide = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    traces = guide[guide.index("### Traces") : guide.index("What tracing costs")]
+    keys = {key for group in spans.values() for span in group for key in _attrs(span)}
+    assert keys and not [key for key in keys if f"`{key}`" not in traces]
 
 
 def _start_record(settings: Any, instance_id: str) -> tuple[dict[str, bytes], str, int, str]:
