@@ -407,6 +407,9 @@ class KafkaWorker:
             reader,
             codec=self._codec,
             max_payload_bytes=self.config.max_payload_bytes,
+            destination=trace_context.Destination(
+                "kafka", TopicNames(self.config.settings.prefix).commands
+            ),
         )
         security = self.config.api
         advertised = urlsplit(self.config.advertise).hostname if self.config.advertise else None

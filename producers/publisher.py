@@ -294,11 +294,13 @@ class LogTransport(CommandPublisher):
         codec: PayloadCodec,
         max_payload_bytes: int,
         on_close: Callable[[], Awaitable[None]] | None = None,
+        destination: trace_context.Destination = trace_context.IN_PROCESS,
     ) -> None:
         super().__init__(
             publish, reader, codec=codec, max_payload_bytes=max_payload_bytes, on_close=on_close
         )
         self._reader = reader
+        self.destination = destination  # a Kafka worker's API publishes to its topic
 
     async def _check_exists(self, instance_id: str) -> None:
         # Raises UnknownInstance. A command for a finished instance is published: the
