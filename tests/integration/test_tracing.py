@@ -183,10 +183,14 @@ async def test_failures_record_exception_events_and_children_join_the_parents_tr
     parent_run, _ = _activations(spans, "process parent", instance_id)
     kids = {_attrs(s)["stepstream.instance_id"] for s in spans["process kid"]}
     assert len(kids) == 3 and f"{instance_id}-bad" in kids, kids
+    _, parent_later = _activations(spans, "process parent", instance_id)
+    linked = {link.context.span_id for a in parent_later for link in a.links}
     for kid in kids:
         kid_run, _ = _activations(spans, "process kid", kid)
-        # A child's run is a span of its parent's run, in its parent's trace.
+        # A child's run is a span of its parent's run, in its parent's trace; the
+        # parent's activation that learnt how the child ended links to the child's run.
         assert _parent_id(kid_run) == _span_id(parent_run), kid
+        assert _span_id(kid_run) in linked, kid
     # The failed attempt: ERROR, and an exception event with type, message, stacktrace.
     (attempt,) = spans["step break"]
     assert attempt.status.status_code is StatusCode.ERROR
