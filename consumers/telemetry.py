@@ -3,9 +3,11 @@
 One ``Telemetry`` per process (the host's), shared by every partition it owns, so its
 counters stay monotonic across rebalances. The hot path only bumps plain counters and
 bucket arrays here; ``ops/telemetry/metrics.py`` turns them into Prometheus families when scraped,
-and an optional ``SpanSink`` (``ops/telemetry/tracing.py``) turns finished work into spans. Both are
-fed from records once they are durable, so they count what happened, once, whichever
-worker saw it happen.
+and an optional ``SpanSink`` (``ops/telemetry/tracing.py``) turns each activation of a run
+and each finished step attempt into a span (``consumers/spans.py``). Both are fed from
+records once they are durable, so they count what happened, once, whichever worker saw
+it happen. Only while traced does the processor report the inputs it applies
+(``input_applied``, ``outcome_applied``): untraced, spans cost nothing.
 
 Labels are bounded: a workflow name, a step name (the name the code gave, without the
 scope path or the ``#n`` of a repeated name), an outcome, a partition. Never an
