@@ -25,11 +25,14 @@ def dead_letter(
     """``command_id``: the refused command's id, when its record could be read (a reader
     of the dead letters correlates by it without decoding the value)."""
     log.warning(
-        "%s partition=%d offset=%d sent to dead-letters: %s",
+        "%s record sent to dead-letters: %s",
         entry.topic,
-        entry.partition,
-        entry.offset,
         reason,
+        extra={
+            "instance_id": entry.key.decode(errors="replace"),
+            "partition": entry.partition,
+            "offset": entry.offset,
+        },
     )
     letter = DeadLetter(
         instance_id=entry.key.decode(errors="replace"),

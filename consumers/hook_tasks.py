@@ -65,11 +65,15 @@ class HookTask:
     def instance_id(self) -> str:
         return self.event.instance_id
 
-    @property
-    def label(self) -> str:
-        hook = "on_error" if self.kind == ERROR else "on_status_change"
-        seq = keys.split_hook(self.key)[1]
-        return f"instance={self.instance_id} hook={hook} seq={seq}"
+    def log_fields(self, partition: int) -> dict[str, Any]:
+        """What a log line about this call says about it (``extra=``)."""
+        return {
+            "instance_id": self.instance_id,
+            "workflow": self.event.workflow,
+            "hook": "on_error" if self.kind == ERROR else "on_status_change",
+            "seq": keys.split_hook(self.key)[1],
+            "partition": partition,
+        }
 
     def to_json(self) -> bytes:
         e = self.event

@@ -163,10 +163,10 @@ class HookRunner:
         left = len(self._known)
         if left:
             log.warning(
-                "partition=%d: %d hook calls still owed after the drain timeout; they are "
-                "made when this state (data or state directory) owns the partition again",
-                self._backend.partition,
+                "%d hook calls still owed after the drain timeout; they are made when this "
+                "state (data or state directory) owns the partition again",
                 left,
+                extra={"partition": self._backend.partition},
             )
         return left
 
@@ -196,7 +196,9 @@ class HookRunner:
             try:
                 await self._backend.commit(batch)
             except Exception as exc:  # revoked already: the calls are made again later
-                log.debug("partition=%d: hook tasks not deleted: %s", self._backend.partition, exc)
+                log.debug(
+                    "hook tasks not deleted: %s", exc, extra={"partition": self._backend.partition}
+                )
             self._done = []
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -259,7 +261,12 @@ class HookRunner:
                 task = HookTask.from_json(key, value)
             except Exception:
                 log.exception(
-                    "hook task of instance=%s seq=%d is unreadable: dropped", instance_id, seq
+                    "hook task unreadable: dropped",
+                    extra={
+                        "instance_id": instance_id,
+                        "seq": seq,
+                        "partition": self._backend.partition,
+                    },
                 )
                 self._forget(key)
                 continue
@@ -272,11 +279,11 @@ class HookRunner:
             self._enqueue(task)
         if loaded or dropped:
             log.info(
-                "partition=%d: %d hook calls owed from before this start (%d dropped: their "
-                "records were never committed)",
-                self._backend.partition,
+                "%d hook calls owed from before this start (%d dropped: their records were "
+                "never committed)",
                 loaded,
                 dropped,
+                extra={"partition": self._backend.partition},
             )
 
     def _enqueue(self, task: HookTask) -> None:
@@ -300,7 +307,9 @@ class HookRunner:
                 try:
                     await self._run(task)
                 except Exception:  # a bug here must not keep the task owed for ever
-                    log.exception("hook runner failed %s", task.label)
+                    log.exception(
+                        "hook runner failed", extra=task.log_fields(self._backend.partition)
+                    )
                 queue.popleft()
                 self._forget(task.key)
         finally:
@@ -333,10 +342,10 @@ class HookRunner:
                 return
             except Exception as exc:
                 log.warning(
-                    "partition=%d: deleting %d finished hook tasks failed (%s); retrying",
-                    self._backend.partition,
+                    "deleting %d finished hook tasks failed (%s); retrying",
                     len(done),
                     exc,
+                    extra={"partition": self._backend.partition},
                 )
                 self._done[:0] = done
                 await asyncio.sleep(_RETRY_FLUSH_S)
@@ -358,23 +367,21 @@ class HookRunner:
                 return
             if attempt == config.attempts:
                 log.error(
-                    "hook failed %s attempt=%d, dropped after %d attempts: %s: %s",
-                    task.label,
-                    attempt,
+                    "hook failed, dropped after %d attempts: %s: %s",
                     config.attempts,
                     type(error).__name__,
                     error,
                     exc_info=error,
+                    extra={**task.log_fields(self._backend.partition), "attempt": attempt},
                 )
                 return
             delay = min(config.backoff_s * 2 ** (attempt - 1), MAX_HOOK_BACKOFF_S)
             log.warning(
-                "hook failed %s attempt=%d, retrying in %.1f s: %s: %s",
-                task.label,
-                attempt,
+                "hook failed, retrying in %.1f s: %s: %s",
                 delay,
                 type(error).__name__,
                 error,
+                extra={**task.log_fields(self._backend.partition), "attempt": attempt},
             )
             await asyncio.sleep(delay)
 
@@ -383,11 +390,17 @@ class HookRunner:
         try:
             definition = self._registry.resolve(event.workflow, event.version)
         except UnknownWorkflow:
-            log.warning("hook dropped %s: its workflow version is not deployed here", task.label)
+            log.warning(
+                "hook dropped: its workflow version is not deployed here",
+                extra=task.log_fields(self._backend.partition),
+            )
             return None
         hook = definition.on_error if task.kind == ERROR else definition.on_status_change
         if hook is None:
-            log.info("hook dropped %s: the deployed workflow no longer has it", task.label)
+            log.info(
+                "hook dropped: the deployed workflow no longer has it",
+                extra=task.log_fields(self._backend.partition),
+            )
         return hook
 
     async def _call(self, hook: Any, event: StepErrorEvent | StatusChangeEvent) -> Exception | None:

@@ -104,10 +104,10 @@ class Sweeper:
         await backend.commit(batch)
         if forgotten:
             log.info(
-                "partition=%d forgot %d instances finished before the retention of %.0f s",
-                backend.partition,
+                "forgot %d instances finished before the retention of %.0f s",
                 forgotten,
                 self._retention_s,
+                extra={"partition": backend.partition},
             )
         return forgotten
 

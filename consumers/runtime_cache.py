@@ -148,11 +148,11 @@ class RuntimeCache:
             if (state.workflow, state.version) not in self._missing_versions:
                 self._missing_versions.add((state.workflow, state.version))
                 log.error(
-                    "partition=%d: instances of %s v%s cannot advance: %s",
-                    self._partition,
+                    "instances of %s v%s cannot advance: %s",
                     state.workflow,
                     state.version,
                     exc,
+                    extra={"partition": self._partition, "workflow": state.workflow},
                 )
             return None
         state.parked = ""

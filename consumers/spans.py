@@ -1,10 +1,18 @@
 """The spans the engine hands to a ``SpanSink``: plain tuples made on the hot path
 (``consumers/telemetry.py``), turned into OpenTelemetry spans elsewhere
-(``ops/telemetry/``), often in another process."""
+(``ops/telemetry/``), often in another process; and ``Activations``, what an activation
+span is made of while its batch is built."""
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, runtime_checkable
+import time
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+
+from stepstream.engine.wire.records import Command, StartWorkflow
+
+if TYPE_CHECKING:
+    from stepstream.engine.replay.runtime import InstanceRuntime
 
 
 class StepSpan(NamedTuple):
@@ -83,3 +91,101 @@ class FlatStepSink(Protocol):
     1.5 µs)."""
 
     def step_flat(self, fields: tuple[object, ...]) -> None: ...
+
+
+class _Activation:
+    """The inputs of one instance applied in the batch being made, until its commit."""
+
+    __slots__ = ("command_id", "commands", "first", "inputs", "links", "offset", "start_ns")
+
+    def __init__(self) -> None:
+        self.start_ns = time.time_ns()
+        self.inputs: list[str] = []
+        self.command_id = ""
+        self.offset = -1
+        self.commands = 0
+        self.links: list[tuple[str, str | None]] = []
+        self.first = False  # it started the run
+
+
+class Activations:
+    """The inputs each instance took in the batch being made, by partition, until the
+    batch's commit makes them activation spans. Fed only while traced."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, dict[str, _Activation]] = {}
+
+    def _of(self, partition: int, instance_id: str) -> _Activation:
+        pending = self._pending.get(partition)
+        if pending is None:
+            pending = self._pending[partition] = {}
+        activation = pending.get(instance_id)
+        if activation is None:
+            activation = pending[instance_id] = _Activation()
+        return activation
+
+    def input_applied(
+        self, partition: int, record: Command, offset: int, run_traceparent: str | None
+    ) -> None:
+        """A command (``offset`` >= 0: read from the commands log) or a timer fire took
+        effect on its instance, whose run's trace is ``run_traceparent``."""
+        activation = self._of(partition, record.instance_id)
+        activation.inputs.append(record.type)
+        if offset >= 0:
+            if not activation.commands:
+                activation.command_id, activation.offset = record.command_id, offset
+            activation.commands += 1
+        carried = record.traceparent
+        if carried and carried != run_traceparent and not isinstance(record, StartWorkflow):
+            activation.links.append((carried, record.tracestate))
+
+    def outcome_applied(self, partition: int, instance_id: str) -> None:
+        """A step attempt's outcome was applied to its instance."""
+        self._of(partition, instance_id).inputs.append("StepOutcome")
+
+    def take(self, partition: int) -> dict[str, _Activation] | None:
+        """The partition's activations of the batch being committed (forgotten here)."""
+        return self._pending.pop(partition, None)
+
+    @staticmethod
+    def spans(
+        partition: int,
+        taken: dict[str, _Activation],
+        touched: Mapping[str, InstanceRuntime],
+        messaging: Messaging,
+        run_tracebacks: Mapping[str, str],
+    ) -> Iterator[ActivationSpan]:
+        """An activation span for each instance the commit drove with inputs; a run that
+        failed in it has the traceback ``run_tracebacks`` holds for it."""
+        end_ns = time.time_ns()
+        system, destination, group = messaging
+        for instance_id, activation in taken.items():
+            runtime = touched.get(instance_id)
+            if runtime is None or not runtime.state.workflow:
+                continue  # not driven (its inputs were undone), or no run to speak of
+            state = runtime.state
+            failed = state.status.value == "failed"
+            yield ActivationSpan(
+                state.workflow,
+                state.version,
+                instance_id,
+                partition,
+                activation.start_ns,
+                end_ns,
+                state.created_ms,
+                activation.first,
+                ",".join(activation.inputs),
+                activation.command_id,
+                activation.offset,
+                activation.commands,
+                state.status.value,
+                state.error_type if failed else "",
+                state.error_message if failed else "",
+                run_tracebacks.get(instance_id, "") if failed else "",
+                state.traceparent,
+                state.tracestate,
+                tuple(activation.links),
+                system,
+                destination,
+                group,
+            )

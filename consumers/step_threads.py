@@ -16,6 +16,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from stepstream.consumers.log_context import LogSubject
+
 log = logging.getLogger("stepstream.steps")
 
 # Called in the worker thread with the body's return value, or the exception it raised.
@@ -29,14 +31,14 @@ class _JobState(enum.Enum):
 
 
 class Job:
-    """One call on a step thread. ``label`` names it in logs (instance, step, attempt)."""
+    """One call on a step thread. ``about`` names it in logs (instance, step, attempt)."""
 
-    __slots__ = ("_fn", "_settle", "held", "label", "state")
+    __slots__ = ("_fn", "_settle", "about", "held", "state")
 
-    def __init__(self, fn: Callable[[], Any], settle: Settle, label: str) -> None:
+    def __init__(self, fn: Callable[[], Any], settle: Settle, about: LogSubject | None) -> None:
         self._fn = fn
         self._settle = settle
-        self.label = label
+        self.about = about
         self.state = _JobState.QUEUED
         self.held = False  # given up while running: its result is discarded
 
@@ -75,8 +77,10 @@ class StepThreads:
         """Bodies waiting for a thread."""
         return len(self._queue)
 
-    def submit(self, fn: Callable[[], Any], settle: Settle, *, label: str) -> Job:
-        job = Job(fn, settle, label)
+    def submit(
+        self, fn: Callable[[], Any], settle: Settle, *, about: LogSubject | None = None
+    ) -> Job:
+        job = Job(fn, settle, about)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the step executor is shut down")
@@ -157,11 +161,11 @@ class StepThreads:
                     self._workers -= 1
             if held:
                 log.info(
-                    "step body returned after its attempt was given up %s outcome=%s; "
-                    "discarded, its thread is free again (held=%d)",
-                    job.label,
+                    "step body returned after its attempt was given up (%s); discarded, its "
+                    "thread is free again (held=%d)",
                     "returned" if error is None else type(error).__name__,
                     self._held,
+                    extra=job.about.log_fields() if job.about is not None else None,
                 )
             else:
                 job._settle(value, error)

@@ -14,10 +14,12 @@ import contextvars
 import functools
 import inspect
 import logging
-import traceback
 from collections.abc import Callable
+from traceback import format_exception
 from typing import Any
 
+from stepstream.consumers import log_context
+from stepstream.consumers.log_context import TRACE_OF
 from stepstream.consumers.step_threads import StepThreads
 from stepstream.engine.api.attempts import AttemptFlag, current_flag
 from stepstream.engine.api.outbox import Outbox
@@ -70,14 +72,17 @@ class _Attempt:
         self.task: asyncio.Task[Any] | None = None
         self.deadline: asyncio.TimerHandle | None = None
 
-    @property
-    def label(self) -> str:
+    def log_fields(self) -> dict[str, Any]:
+        """What a line about this attempt says about it (``log_context.LogSubject``)."""
         launch = self.launch
-        return (
-            f"instance={launch.instance_id} workflow={launch.workflow} step={launch.key} "
-            f"attempt={launch.attempt} partition={self.partition} "
-            f"trace={launch.traceparent or '-'}"
-        )
+        return {
+            "instance_id": launch.instance_id,
+            "workflow": launch.workflow,
+            "step": launch.key,
+            "attempt": launch.attempt,
+            "partition": self.partition,
+            TRACE_OF: (launch.instance_id, launch.run_start_ms, launch.traceparent),
+        }
 
 
 class StepExecutor:
@@ -126,6 +131,7 @@ class StepExecutor:
         fn = launch.fn
         context = contextvars.copy_context()
         context.run(current_flag.set, attempt.flag)
+        context.run(log_context.current.set, attempt)  # the body's log lines name it
         if inspect.iscoroutinefunction(fn):
             try:
                 body = fn(*launch.args, **launch.kwargs)
@@ -181,11 +187,11 @@ class StepExecutor:
         if attempt.delivered or task is None or task.done():
             return
         log.warning(
-            "async step body still running %.1f s after its attempt was given up %s "
-            "reason=%s: it ignores cancellation; its outcome is reported without it",
+            "async step body still running %.1f s after its attempt was given up (%s): it "
+            "ignores cancellation; its outcome is reported without it",
             self._grace,
-            attempt.label,
             attempt.reason,
+            extra=attempt.log_fields(),
         )
         self._stragglers.add(task)
         self._deliver(attempt, self._given_up(attempt))
@@ -272,7 +278,7 @@ class StepExecutor:
         job = self._threads.submit(
             lambda: thread_context.run(launch.fn, *launch.args, **launch.kwargs),
             settle,
-            label=attempt.label,
+            about=attempt,
         )
         try:
             return await done
@@ -280,13 +286,13 @@ class StepExecutor:
             if self._threads.give_up(job):
                 threads = self._threads
                 log.warning(
-                    "sync step body still running after its attempt was given up "
-                    "%s reason=%s: it keeps its thread until it returns (threads held=%d, "
-                    "max=%d); it should return when stepstream.attempt_cancelled() is True",
-                    attempt.label,
+                    "sync step body still running after its attempt was given up (%s): it "
+                    "keeps its thread until it returns (threads held=%d, max=%d); it should "
+                    "return when stepstream.attempt_cancelled() is True",
                     attempt.reason or "cancelled",
                     threads.held,
                     threads.max_threads,
+                    extra=attempt.log_fields(),
                 )
                 if threads.at_cap:
                     log.warning(
@@ -317,8 +323,9 @@ class StepExecutor:
 
     @staticmethod
     def _failed(attempt: _Attempt, exc: BaseException, *, retryable: bool) -> StepOutcome:
+        # Logged once the failure is durable, at the level its outcome deserves
+        # (``consumers/failure_log.py``), with this traceback.
         launch = attempt.launch
-        log.info("step failed %s error=%s: %s", attempt.label, type(exc).__name__, exc)
         return StepOutcome(
             launch.instance_id,
             launch.key,
@@ -326,7 +333,7 @@ class StepExecutor:
             error_type=type(exc).__name__,
             error_message=str(exc) or repr(exc),
             retryable=retryable,
-            stacktrace="".join(traceback.format_exception(exc)),
+            traceback="".join(format_exception(exc)).rstrip(),
         )
 
     def shutdown(self) -> None:

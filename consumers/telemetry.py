@@ -12,28 +12,28 @@ it happen. Only while traced does the processor report the inputs it applies
 Labels are bounded: a workflow name, a step name (the name the code gave, without the
 scope path or the ``#n`` of a repeated name), an outcome, a partition. Never an
 instance id.
+
+Failures are logged from here too (``consumers/failure_log.py``): once, when durable.
 """
 
 from __future__ import annotations
 
-import time
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, cast
 
+from stepstream.consumers import failure_log
 from stepstream.consumers.spans import (
     IN_PROCESS,
-    ActivationSpan,
+    Activations,
     FlatStepSink,
     SpanSink,
     StepSpan,
 )
-from stepstream.engine.replay.effects import StepOutcome
+from stepstream.engine.replay.core import WORKFLOW_TRACEBACK
 from stepstream.engine.wire.records import (
-    Command,
     HistoryRecord,
-    StartWorkflow,
     StepAttemptStarted,
     StepFailedRecord,
     StepSucceeded,
@@ -96,22 +96,6 @@ class Histogram:
         return out
 
 
-class _Activation:
-    """The inputs of one instance applied in the batch being made, until its commit."""
-
-    __slots__ = ("command_id", "commands", "first", "inputs", "links", "offset", "start_ns")
-
-    def __init__(self) -> None:
-        self.start_ns = time.time_ns()
-        self.inputs: list[str] = []
-        self.command_id = ""
-        self.offset = -1
-        self.commands = 0
-        self.links: list[tuple[str, str | None]] = []
-        self.first = False
-
-
-_STACKTRACES_KEPT = 1024  # failed attempts' tracebacks waiting for their span
 _RUN_ENDS = frozenset((WorkflowCompleted, WorkflowFailedRecord, WorkflowCancelledRecord))
 _LABELS: dict[str, str] = {}  # step key -> label, for the keys seen most recently
 _LABELS_KEPT = 10_000
@@ -188,6 +172,10 @@ class Telemetry:
         self.commit_seconds = Histogram(LATENCY_BUCKETS_S)
         self.replay_seconds = Histogram(LATENCY_BUCKETS_S)
         self.restore_seconds: dict[int, float] = {}
+        # Schedule-to-start: a start command's acceptance to its instance's start, by
+        # workflow; a step attempt becoming due to its launch, by (workflow, step).
+        self.start_delay_seconds: dict[str, Histogram] = {}
+        self.step_delay_seconds: dict[tuple[str, str], Histogram] = {}
         self.dead_letters: Counter[str] = Counter()
         self.cache_hits = 0
         self.cache_misses = 0
@@ -195,10 +183,8 @@ class Telemetry:
         self._spans: SpanSink | None = None
         self._step_flat: FlatStepSink | None = None
         self.messaging = IN_PROCESS  # the backend's, set by whoever assembles it
-        # Only while traced: partition -> instance -> its activation in the batch being
-        # made; and the tracebacks of failed attempts, (instance, key, attempt) -> text.
-        self._activations: dict[int, dict[str, _Activation]] = {}
-        self._stacktraces: dict[tuple[str, str, int], str] = {}
+        # Only while traced: the inputs each instance took in the batch being made.
+        self.activations = Activations()
         # When each running attempt was durably started:
         # partition -> instance -> key -> (attempt, ms).
         self._started: dict[int, dict[str, dict[str, tuple[int, int]]]] = {}
@@ -222,47 +208,28 @@ class Telemetry:
     def command_applied(self, kind: str) -> None:
         self.commands[kind] += 1
 
-    def _activation(self, partition: int, instance_id: str) -> _Activation:
-        activations = self._activations.get(partition)
-        if activations is None:
-            activations = self._activations[partition] = {}
-        activation = activations.get(instance_id)
-        if activation is None:
-            activation = activations[instance_id] = _Activation()
-        return activation
-
-    def input_applied(
-        self,
-        partition: int,
-        record: Command,
-        offset: int,
-        run_traceparent: str | None,
-    ) -> None:
-        """A command (``offset`` >= 0: read from the commands log) or a timer fire took
-        effect on its instance, whose run's trace is ``run_traceparent`` (only when
-        ``traced``)."""
-        activation = self._activation(partition, record.instance_id)
-        activation.inputs.append(record.type)
-        if offset >= 0:
-            if not activation.commands:
-                activation.command_id, activation.offset = record.command_id, offset
-            activation.commands += 1
-        carried = record.traceparent
-        if carried and carried != run_traceparent and not isinstance(record, StartWorkflow):
-            activation.links.append((carried, record.tracestate))
-
-    def outcome_applied(self, partition: int, outcome: StepOutcome) -> None:
-        """A step attempt's outcome was applied to its instance (only when ``traced``)."""
-        self._activation(partition, outcome.instance_id).inputs.append("StepOutcome")
-        if outcome.stacktrace:
-            if len(self._stacktraces) >= _STACKTRACES_KEPT:
-                self._stacktraces.clear()
-            key = (outcome.instance_id, outcome.key, outcome.attempt)
-            self._stacktraces[key] = outcome.stacktrace
-
     def timer_fired(self, lateness_s: float, *, direct: bool) -> None:
         self.timer_lateness.observe(lateness_s)
         self.timers_fired["direct" if direct else "log"] += 1
+
+    def instance_started(self, workflow: str, accepted_ms: int, now_ms: int) -> None:
+        """A start command made a new instance: how long after its client stamped it
+        (``accepted_ms``; 0 from a producer that does not stamp it: not counted)."""
+        if accepted_ms <= 0:
+            return
+        histogram = self.start_delay_seconds.get(workflow)
+        if histogram is None:
+            histogram = self.start_delay_seconds[workflow] = Histogram(LATENCY_BUCKETS_S)
+        # Clamped: a client's clock may run ahead of the worker's.
+        histogram.observe(max(0, now_ms - accepted_ms) / 1000)
+
+    def step_launched(self, workflow: str, key: str, due_ms: int, now_ms: int) -> None:
+        """A step attempt handed to the executor, ``now_ms - due_ms`` after it was due."""
+        label = (workflow, step_label(key))
+        histogram = self.step_delay_seconds.get(label)
+        if histogram is None:
+            histogram = self.step_delay_seconds[label] = Histogram(LATENCY_BUCKETS_S)
+        histogram.observe(max(0, now_ms - due_ms) / 1000)
 
     def dead_lettered(self, reason: str) -> None:
         self.dead_letters[dead_letter_reason(reason)] += 1
@@ -286,7 +253,8 @@ class Telemetry:
         started = self._started.get(partition)
         if started is None:
             started = self._started[partition] = {}
-        activations = self._activations.pop(partition, None) if self._spans is not None else None
+        activations = self.activations.take(partition) if self._spans is not None else None
+        run_tracebacks: dict[str, str] = {}
         for record in history:  # by exact type: every record of every commit passes here
             kind = type(record)
             if kind is StepAttemptStarted:
@@ -297,9 +265,15 @@ class Telemetry:
                 attempts[attempt.key] = (attempt.attempt, record.time_ms)
             elif kind is StepSucceeded or kind is StepFailedRecord:
                 ended = cast("StepSucceeded | StepFailedRecord", record)
+                owner = touched.get(record.instance_id)
+                traceback = ""
+                if kind is StepFailedRecord:
+                    if owner is not None and self._spans is not None:  # before the log takes it
+                        traceback = owner.tracebacks.get((ended.key, ended.attempt), "")
+                    failure_log.step_failed(partition, cast(StepFailedRecord, record), owner)
                 attempts = started.get(record.instance_id)
                 began = attempts.pop(ended.key, None) if attempts is not None else None
-                self._step_ended(partition, ended, touched.get(record.instance_id), began)
+                self._step_ended(partition, ended, owner, began, traceback)
             elif kind is WorkflowStarted:
                 self.workflows[(cast(WorkflowStarted, record).workflow, "started")] += 1
                 if activations is not None and record.instance_id in activations:
@@ -309,52 +283,20 @@ class Telemetry:
                     "WorkflowCompleted | WorkflowFailedRecord | WorkflowCancelledRecord", record
                 )
                 started.pop(record.instance_id, None)
-                self._run_ended(end, touched.get(record.instance_id))
+                owner = touched.get(record.instance_id)
+                if kind is WorkflowFailedRecord:
+                    if owner is not None and activations:  # before the log takes it
+                        run_tracebacks[record.instance_id] = owner.tracebacks.get(
+                            WORKFLOW_TRACEBACK, ""
+                        )
+                    failure_log.run_failed(partition, cast(WorkflowFailedRecord, record), owner)
+                self._run_ended(end, owner)
         if activations:
-            self._activated(partition, activations, touched)
-
-    def _activated(
-        self,
-        partition: int,
-        activations: dict[str, _Activation],
-        touched: Mapping[str, InstanceRuntime],
-    ) -> None:
-        """An activation span for each instance the commit drove with inputs."""
-        assert self._spans is not None
-        end_ns = time.time_ns()
-        system, destination, group = self.messaging
-        for instance_id, activation in activations.items():
-            runtime = touched.get(instance_id)
-            if runtime is None or not runtime.state.workflow:
-                continue  # not driven (its inputs were undone), or no run to speak of
-            state = runtime.state
-            failed = state.status.value == "failed"
-            self._spans.activation(
-                ActivationSpan(
-                    state.workflow,
-                    state.version,
-                    instance_id,
-                    partition,
-                    activation.start_ns,
-                    end_ns,
-                    state.created_ms,
-                    activation.first,
-                    ",".join(activation.inputs),
-                    activation.command_id,
-                    activation.offset,
-                    activation.commands,
-                    state.status.value,
-                    state.error_type if failed else "",
-                    state.error_message if failed else "",
-                    runtime.failure_stacktrace if failed else "",
-                    state.traceparent,
-                    state.tracestate,
-                    tuple(activation.links),
-                    system,
-                    destination,
-                    group,
-                )
-            )
+            assert self._spans is not None
+            for span in self.activations.spans(
+                partition, activations, touched, self.messaging, run_tracebacks
+            ):
+                self._spans.activation(span)
 
     def _step_ended(
         self,
@@ -362,6 +304,7 @@ class Telemetry:
         record: StepSucceeded | StepFailedRecord,
         runtime: InstanceRuntime | None,
         started: tuple[int, int] | None,
+        traceback: str,
     ) -> None:
         workflow = runtime.state.workflow if runtime is not None else ""
         step = step_label(record.key)
@@ -391,9 +334,7 @@ class Telemetry:
                 state.traceparent,
                 state.tracestate,
                 state.created_ms,
-                self._stacktraces.pop((record.instance_id, record.key, record.attempt), "")
-                if self._stacktraces
-                else "",
+                traceback,
             )
             if self._step_flat is not None:
                 self._step_flat.step_flat(fields)
@@ -425,5 +366,5 @@ class Telemetry:
         """The partition is no longer owned here: forget its attempts' start times, and
         its last restore's duration (its new owner reports that)."""
         self._started.pop(partition, None)
-        self._activations.pop(partition, None)
+        self.activations.take(partition)
         self.restore_seconds.pop(partition, None)

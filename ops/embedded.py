@@ -115,6 +115,7 @@ class EmbeddedEngine:
             codec=self._codec,
             max_payload_bytes=self._config.max_payload_bytes,
             on_close=self.close if owns_engine else None,
+            clock=self.host.clock,
         )
 
     async def publish(self, command: Command) -> None:

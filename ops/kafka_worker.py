@@ -220,11 +220,13 @@ class KafkaWorker:
             await self.stop()
             raise
         log.info(
-            "worker started id=%s url=%s prefix=%s partitions=%d",
-            worker_id,
-            self.url,
-            settings.prefix,
-            partitions,
+            "worker started",
+            extra={
+                "worker_id": worker_id,
+                "url": self.url,
+                "prefix": settings.prefix,
+                "partitions": partitions,
+            },
         )
 
     async def wait_assigned(self, partitions: int | None = None, timeout: float = 60.0) -> None:
@@ -338,7 +340,9 @@ class KafkaWorker:
             for r in registrations(self.registry, worker_id, self._clock.now_ms())
         ]
         await self._producer.send(records)
-        log.info("registered workflows=%s on %s", sorted(self.registry.names()), topic)
+        log.info(
+            "registered workflows on %s", topic, extra={"workflows": sorted(self.registry.names())}
+        )
 
     async def _announce(self, owned: dict[int, int]) -> None:
         assert self._producer is not None and self._state_dir is not None
@@ -354,7 +358,10 @@ class KafkaWorker:
         await self._producer.send(
             [OutRecord(self._topics.name(MEMBERS), 0, member.worker_id.encode(), member.encode())]
         )
-        log.info("announced partitions=%s url=%s", list(member.partitions), self.url)
+        log.info(
+            "announced its partitions",
+            extra={"partitions": list(member.partitions), "url": self.url},
+        )
         self._announced += 1
         self._changed.set()
 
@@ -407,6 +414,7 @@ class KafkaWorker:
             reader,
             codec=self._codec,
             max_payload_bytes=self.config.max_payload_bytes,
+            clock=self._clock,
             destination=trace_context.Destination(
                 "kafka", TopicNames(self.config.settings.prefix).commands
             ),
@@ -425,6 +433,7 @@ class KafkaWorker:
                 Health(ready=self._ready, reason=self._not_ready_reason),
                 rebalances=lambda: self._runner.rebalances if self._runner is not None else 0,
                 source_lag=lambda: self.source_lag.records() if self.source_lag else {},
+                backend="kafka",
             ),
             ui_transport=self._ui.transport,
         )

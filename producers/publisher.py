@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any, Protocol
 
 from stepstream.engine.api.workflow import WorkflowDefinition
@@ -26,6 +26,7 @@ from stepstream.engine.errors import (
 from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview, merge_overviews
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.replay.state import InstanceState, Status
+from stepstream.engine.seams import Clock, SystemClock
 from stepstream.engine.wire.codec import (
     MAX_MESSAGE_CHARS,
     PayloadCodec,
@@ -146,8 +147,10 @@ class CommandPublisher(abc.ABC):
         codec: PayloadCodec,
         max_payload_bytes: int,
         on_close: Callable[[], Awaitable[None]] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._publish = publish
+        self._clock = clock or SystemClock()
         self._publishing = publishing
         self._codec = codec
         self._limit = max_payload_bytes
@@ -169,8 +172,14 @@ class CommandPublisher(abc.ABC):
             command.command_id,
             self._partition(instance_id),
         ) as (traceparent, tracestate):
-            if traceparent is not None:
-                command = replace(command, traceparent=traceparent, tracestate=tracestate)
+            # Stamped when accepted: the owner measures its start's schedule-to-start
+            # from it.
+            command = dataclasses.replace(
+                command,
+                time_ms=self._clock.now_ms(),
+                traceparent=traceparent if traceparent is not None else command.traceparent,
+                tracestate=tracestate if traceparent is not None else command.tracestate,
+            )
             settled = self._publishing.settled(command.command_id)
             try:
                 await self._publish(command)
@@ -294,10 +303,16 @@ class LogTransport(CommandPublisher):
         codec: PayloadCodec,
         max_payload_bytes: int,
         on_close: Callable[[], Awaitable[None]] | None = None,
+        clock: Clock | None = None,
         destination: trace_context.Destination = trace_context.IN_PROCESS,
     ) -> None:
         super().__init__(
-            publish, reader, codec=codec, max_payload_bytes=max_payload_bytes, on_close=on_close
+            publish,
+            reader,
+            codec=codec,
+            max_payload_bytes=max_payload_bytes,
+            on_close=on_close,
+            clock=clock,
         )
         self._reader = reader
         self.destination = destination  # a Kafka worker's API publishes to its topic

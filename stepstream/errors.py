@@ -41,6 +41,8 @@ them; this module gathers them (``tests/unit/test_errors.py`` fails if one is mi
     └── starting and running an engine (operators)
         ├── ConfigError              a flag or STEPSTREAM_* variable is not usable
         ├── KafkaSettingsError       a Kafka setting is malformed or missing
+        │   └── KafkaAuthenticationFailed  the cluster refused the SASL login or
+        │                            the TLS handshake (the message names the setting)
         ├── InsecureBind             serving beyond loopback without a token (--insecure)
         ├── BrokerError              a local broker cannot start: Java, Maven or a jar is
         │                            missing (the message says what to install)
@@ -80,7 +82,7 @@ from stepstream.consumers.kafka.producer import ProduceFailed
 from stepstream.consumers.kafka.restore import RestoreFailed
 from stepstream.consumers.kafka.state_dir import StateDirInUse
 from stepstream.engine.config.environ import ConfigError
-from stepstream.engine.config.kafka import KafkaSettingsError
+from stepstream.engine.config.kafka import KafkaAuthenticationFailed, KafkaSettingsError
 from stepstream.engine.errors import (
     AccessDenied,
     ChildFailed,
@@ -137,6 +139,7 @@ __all__ = [
     "InvalidTransition",
     "InvalidWorkflowCall",
     "JoinError",
+    "KafkaAuthenticationFailed",
     "KafkaSettingsError",
     "NonRetryableError",
     "NondeterministicCall",

@@ -10,6 +10,7 @@ counts cannot change later (the partition of an instance is a function of the co
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +19,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from stepstream.consumers.kafka.clients import make_client
+from stepstream.consumers.kafka.clients import Refusals, make_client
 from stepstream.consumers.kafka.topic_rules import CLUSTER_TOPICS, topic_config
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import StepstreamError
@@ -48,23 +49,43 @@ class TopicState:
 ADMIN_DEFAULTS: dict[str, object] = {"log_level": 2}
 
 
-def admin_client(settings: KafkaSettings) -> AdminClient:
-    config: dict[str, Any] = settings.client_config("admin", ADMIN_DEFAULTS, ADMIN_REQUIRED)
+def admin_client(settings: KafkaSettings, refusals: Refusals | None = None) -> AdminClient:
+    required = {**ADMIN_REQUIRED, "error_cb": refusals} if refusals else ADMIN_REQUIRED
+    config: dict[str, Any] = settings.client_config("admin", ADMIN_DEFAULTS, required)
     return make_client(AdminClient, config, "admin client")
+
+
+# A metadata request is asked again after this long, and the refusals heard meanwhile
+# checked: a wrong password fails in about a second, not after the whole timeout.
+_METADATA_SLICE_S = 1.0
+
+
+def cluster_metadata(settings: KafkaSettings, timeout: float = 10.0) -> tuple[AdminClient, Any]:
+    """An admin client and the cluster's metadata (every topic), asked with it. Raises
+    ``KafkaAuthenticationFailed`` once the cluster refuses the login or the TLS handshake
+    fails, ``StepstreamError`` if it does not answer within ``timeout``."""
+    refusals = Refusals()
+    client = admin_client(settings, refusals)
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return client, client.list_topics(timeout=max(0.1, min(_METADATA_SLICE_S, left)))
+        except KafkaException as exc:
+            client.poll(0)  # serves the error callback
+            refusals.raise_if_refused(settings.bootstrap)
+            if time.monotonic() >= deadline:
+                raise StepstreamError(
+                    f"cannot reach Kafka at {settings.bootstrap} within {timeout:.0f} s: {exc}; "
+                    "check --bootstrap and the security settings"
+                ) from None
 
 
 def existing_partitions(settings: KafkaSettings, timeout: float = 10.0) -> dict[str, int]:
     """Partition counts of the prefix's topics that exist. Never creates a topic."""
     names = TopicNames(settings.prefix)
     wanted = {names.name(kind) for kind in (*TOPIC_KINDS, *CLUSTER_TOPICS)}
-    client = admin_client(settings)
-    try:
-        metadata = client.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise StepstreamError(
-            f"cannot reach Kafka at {settings.bootstrap}: {exc}; check --bootstrap and the "
-            "security settings"
-        ) from None
+    _, metadata = cluster_metadata(settings, timeout)
     return {
         name: len(topic.partitions)
         for name, topic in metadata.topics.items()

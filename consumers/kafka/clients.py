@@ -1,7 +1,9 @@
 """Making confluent-kafka clients, and calling them while the cluster moves.
 
 A configuration librdkafka refuses (a misspelt property, a bad value) becomes a
-``KafkaSettingsError`` that says which client and why, instead of a traceback. A call
+``KafkaSettingsError`` that says which client and why, instead of a traceback; a cluster
+that refuses the client's SASL login or TLS handshake, a ``KafkaAuthenticationFailed``
+that names the settings to check (``Refusals``). A call
 that meets a leader election or a moving coordinator is made again until the cluster
 settles (``through_elections``), instead of stopping the worker."""
 
@@ -14,7 +16,7 @@ from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
-from stepstream.engine.config.kafka import KafkaSettingsError
+from stepstream.engine.config.kafka import KafkaSettingsError, authentication_failed
 
 C = TypeVar("C")
 log = logging.getLogger("stepstream.kafka.clients")
@@ -28,6 +30,28 @@ def make_client(factory: Callable[[dict[str, Any]], C], config: dict[str, Any], 
             f"the Kafka {what} refused its configuration: {exc}; check --kafka-opt, "
             "--kafka-config and STEPSTREAM_KAFKA_* variables"
         ) from None
+
+
+# librdkafka errors that trying again does not clear, and whether each is TLS's.
+_REFUSED = {KafkaError._AUTHENTICATION: False, KafkaError._SSL: True}
+
+
+class Refusals:
+    """A client's ``error_cb`` that keeps the first refused SASL login or failed TLS
+    handshake: librdkafka only reports those through the callback (a metadata request
+    just times out, as if the broker were down) and tries again for ever."""
+
+    def __init__(self) -> None:
+        self.error: KafkaError | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if self.error is None and err.code() in _REFUSED:
+            self.error = err
+
+    def raise_if_refused(self, bootstrap: str) -> None:
+        if self.error is not None:
+            tls = _REFUSED[self.error.code()]
+            raise authentication_failed(bootstrap, self.error.str(), tls=tls)
 
 
 T = TypeVar("T")

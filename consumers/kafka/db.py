@@ -105,12 +105,12 @@ class PartitionDB:
         stored_count = self._meta_u64(keys.META_PARTITIONS)
         if stored_count is not None and stored_count != partitions:
             log.warning(
-                "partition=%d state in %s was made for %d partitions, the topics have %d: "
-                "discarding it and restoring from the history topic",
-                self.partition,
+                "state in %s was made for %d partitions, the topics have %d: discarding it "
+                "and restoring from the history topic",
                 self.path,
                 stored_count,
                 partitions,
+                extra={"partition": self.partition},
             )
             self.wiped()
         if stored_count != partitions:

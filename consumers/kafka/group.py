@@ -317,7 +317,9 @@ class GroupConsumer:
             try:
                 consumer.seek(TopicPartition(self._topics.name(kind), partition, offset))
             except Exception as exc:
-                log.error("partition=%d %s: cannot seek to %d: %s", partition, kind, offset, exc)
+                log.error(
+                    "%s: cannot seek to %d: %s", kind, offset, exc, extra={"partition": partition}
+                )
                 continue
             started.append((kind, partition))
         if started and self._loop is not None:
@@ -330,7 +332,13 @@ class GroupConsumer:
             try:
                 consumer.pause(tp) if pause else consumer.resume(tp)
             except Exception as exc:
-                log.warning("partition=%d %s: cannot %s: %s", partition, kind, pause, exc)
+                log.warning(
+                    "%s: cannot %s: %s",
+                    kind,
+                    "pause" if pause else "resume",
+                    exc,
+                    extra={"partition": partition},
+                )
 
     def _commit(
         self, consumer: Consumer, *, asynchronous: bool, only: set[int] | None = None
@@ -376,7 +384,7 @@ class GroupConsumer:
                 self._taken
             )
             return
-        log.info("group assigned partitions=%s", partitions)
+        log.info("group assigned partitions", extra={"partitions": partitions})
         try:
             wanted = [
                 TopicPartition(self._topics.name(kind), p) for p in partitions for kind in KINDS
@@ -390,7 +398,9 @@ class GroupConsumer:
                 kind = self._kind_of[tp.topic]
                 committed[(kind, tp.partition)] = tp.offset if tp.offset >= 0 else None
         except BaseException as exc:
-            log.exception("reading the group's offsets of partitions %s failed", partitions)
+            log.exception(
+                "reading the group's offsets of partitions failed", extra={"partitions": partitions}
+            )
             self._fail(exc)
             return
         taking = asyncio.run_coroutine_threadsafe(
@@ -405,21 +415,25 @@ class GroupConsumer:
 
     def _revoked(self, consumer: Consumer, revoked: list[TopicPartition]) -> None:
         partitions = sorted({tp.partition for tp in revoked})
-        log.info("group revoked partitions=%s", partitions)
+        log.info("group revoked partitions", extra={"partitions": partitions})
         began = time.monotonic()
         try:
             self._call(self._on_revoke(partitions))
         except BaseException as exc:
-            log.exception("giving up partitions %s failed", partitions)
+            log.exception("giving up partitions failed", extra={"partitions": partitions})
             self._fail(exc)
         self._commit(consumer, asynchronous=False, only=set(partitions))
         self._stop_fetching(consumer, partitions)
         # Fetching for every other partition stood still meanwhile.
-        log.info("gave up partitions=%s in %.3f s", partitions, time.monotonic() - began)
+        log.info(
+            "gave up partitions in %.3f s",
+            time.monotonic() - began,
+            extra={"partitions": partitions},
+        )
 
     def _lost(self, consumer: Consumer, lost: list[TopicPartition]) -> None:
         partitions = sorted({tp.partition for tp in lost})
-        log.warning("group lost partitions=%s (session timed out?)", partitions)
+        log.warning("group lost partitions (session timed out?)", extra={"partitions": partitions})
         with self._lock:
             for key in [k for k in self._to_commit if k[1] in partitions]:
                 del self._to_commit[key]

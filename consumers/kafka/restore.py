@@ -241,14 +241,13 @@ async def restore_partition(
             pass
     if not fold.matches:
         log.warning(
-            "partition=%d local state covers history up to offset %d, but %s[%d]: %s; "
-            "the topics were recreated or lost: discarding the local state and restoring "
-            "from offset 0",
-            partition,
+            "local state covers history up to offset %d, but %s[%d]: %s; the topics were "
+            "recreated or lost: discarding the local state and restoring from offset 0",
             start,
             topics.history,
             partition,
             reason,
+            extra={"partition": partition},
         )
         db = await asyncio.to_thread(db.wiped)
         start = 0
@@ -273,10 +272,10 @@ async def restore_partition(
             break
         # Another owner fenced higher between our read and our fence: ours is void.
         log.warning(
-            "partition=%d: a fence of epoch %d landed before ours (%d); fencing again",
-            partition,
+            "a fence of epoch %d landed before ours (%d); fencing again",
             fold.restorer.fence_epoch,
             epoch,
+            extra={"partition": partition},
         )
         epoch = max(fold.restorer.fence_epoch + 1, clock.now_ms())
     else:
@@ -320,19 +319,20 @@ async def restore_partition(
     timers = _reindex_timers(db, reindex, timers_offset=starts[TIMERS], replace=rebuild)
     seconds = time.monotonic() - began
     log.info(
-        "partition=%d restored epoch=%d snapshot=%s history=%d..%d records=%d instances=%d "
-        "timers=%d commands_from=%d timers_from=%d in %.3fs",
-        partition,
-        epoch,
-        snapshot,
-        start,
-        end,
-        fold.records,
-        len(touched),
-        timers,
-        starts[COMMANDS],
-        starts[TIMERS],
+        "restored in %.3f s",
         seconds,
+        extra={
+            "partition": partition,
+            "epoch": epoch,
+            "snapshot": snapshot,
+            "history_from": start,
+            "history_to": end,
+            "records": fold.records,
+            "instances": len(touched),
+            "timers": timers,
+            "commands_from": starts[COMMANDS],
+            "timers_from": starts[TIMERS],
+        },
     )
     return db, Restored(epoch, starts, fold.records, seconds, snapshot)
 

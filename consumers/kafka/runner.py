@@ -164,10 +164,9 @@ class KafkaRunner:
                 starts = {kind: backend.source(kind).position for kind in KINDS}
                 self._group.fetch(partition, starts)
                 log.info(
-                    "took partition=%d epoch=%d in %.3f s",
-                    partition,
-                    backend.epoch,
+                    "took the partition in %.3f s",
                     time.monotonic() - began,
+                    extra={"partition": partition, "epoch": backend.epoch},
                 )
                 await self._on_owned(self.owned)
         finally:

@@ -156,10 +156,10 @@ class Snapshotter:
             raise
         except Exception:
             log.exception(
-                "partition=%d: snapshot %s failed; trying again after %d more history records",
-                self.partition,
+                "snapshot %s failed; trying again after %d more history records",
                 snapshot_id,
                 self.every,
+                extra={"partition": self.partition},
             )
             self._retry_at = history + self.every
             return
@@ -175,13 +175,13 @@ class Snapshotter:
             )
         self.taken += 1
         log.info(
-            "partition=%d snapshot %s: %d entries in %d chunks, history to %d, in %.3fs",
-            self.partition,
+            "snapshot %s: %d entries in %d chunks, history to %d, in %.3f s",
             snapshot_id,
             entries,
             count,
             history,
             time.monotonic() - began,
+            extra={"partition": self.partition},
         )
 
     def _envelope(self, snapshot_id: str) -> dict[str, Any]:
@@ -301,7 +301,7 @@ class SnapshotReader:
         try:
             return self._serde.decode(value)
         except UndecodableRecord as exc:
-            log.warning("partition=%d: an unreadable snapshot record: %s", partition, exc)
+            log.warning("an unreadable snapshot record: %s", exc, extra={"partition": partition})
             return None
 
     def load(self, partition: int, db: PartitionDB) -> SnapshotTaken | None:
@@ -330,11 +330,11 @@ class SnapshotReader:
             self._reader.read(partition, taken.first_offset, stop, apply)
         if loaded != taken.chunks:
             log.warning(
-                "partition=%d: snapshot %s has %d of its %d chunks; not used",
-                partition,
+                "snapshot %s has %d of its %d chunks; not used",
                 taken.snapshot_id,
                 loaded,
                 taken.chunks,
+                extra={"partition": partition},
             )
             return None
         db.write(

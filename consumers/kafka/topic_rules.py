@@ -108,14 +108,10 @@ class Finding:
 def check_topics(settings: KafkaSettings, timeout: float = 15.0) -> list[Finding]:
     """What is wrong with the topics of ``settings.prefix`` on its cluster (nothing: an
     empty list). Raises ``StepstreamError`` if the cluster cannot be asked."""
-    from stepstream.consumers.kafka.admin import admin_client
+    from stepstream.consumers.kafka.admin import cluster_metadata
 
     names = TopicNames(settings.prefix)
-    admin = admin_client(settings)
-    try:
-        metadata = admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise StepstreamError(f"cannot reach Kafka at {settings.bootstrap}: {exc}") from None
+    admin, metadata = cluster_metadata(settings, timeout)
     brokers = len(metadata.brokers)
     present = {name: topic for name, topic in metadata.topics.items() if topic.error is None}
     kinds = (*TOPIC_KINDS, *CLUSTER_TOPICS)
@@ -286,13 +282,15 @@ def log_findings(settings: KafkaSettings, timeout: float = 10.0) -> list[Finding
     try:
         findings = check_topics(settings, timeout)
     except Exception as exc:  # an old or partial broker: the check is advice, not a gate
-        log.warning("could not check the topics' settings prefix=%s: %s", settings.prefix, exc)
+        log.warning(
+            "could not check the topics' settings: %s", exc, extra={"prefix": settings.prefix}
+        )
         return []
     for finding in findings:
         log.warning(
-            "topic setting breaks a guarantee topic=%s problem=%s fix=%s",
-            finding.topic,
+            "topic setting breaks a guarantee: %s; %s",
             finding.problem,
             finding.fix,
+            extra={"topic": finding.topic},
         )
     return findings

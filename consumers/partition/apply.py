@@ -12,6 +12,7 @@ import logging
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.dead_letters import dead_letter
 from stepstream.consumers.instance_store import InstanceReads
+from stepstream.consumers.log_context import instance_fields
 from stepstream.consumers.partition.batch import Batch
 from stepstream.consumers.partition.containment import Containment
 from stepstream.consumers.partition.intake import CommandIntake, Rejected
@@ -147,7 +148,9 @@ class Applier:
             if self._containment.handle(runtime, outcome, batch) is None:
                 batch.applied_outcomes.setdefault(outcome.instance_id, []).append(outcome)
                 if self._telemetry.traced:
-                    self._telemetry.outcome_applied(self._partition, outcome)
+                    self._telemetry.activations.outcome_applied(
+                        self._partition, outcome.instance_id
+                    )
             self._undo_poisoned(batch)
         self._settle_undone(batch)
         appends = batch.commit.appends
@@ -183,7 +186,7 @@ class Applier:
                 continue
             except Exception:
                 log.exception(
-                    "partition=%d instance=%s: recovery failed", self._partition, instance_id
+                    "recovery failed", extra=instance_fields(runtime.state, self._partition)
                 )
                 self._cache.drop(instance_id)
                 continue
@@ -233,6 +236,7 @@ class Applier:
         batch.last_instance = ""
         instance_id = record.instance_id
         runtime = batch.touched.get(instance_id) or self._cache.get_or_load(instance_id)
+        accepted_ms = 0  # set for a start that makes a new instance
         if runtime is None:
             if isinstance(record, TimerFired):
                 # The timer of an instance that is gone: harmless.
@@ -252,6 +256,7 @@ class Applier:
                     batch.notices.append(notice)
                 return record.command_id, str(exc), True
             runtime = self._cache.new(InstanceState(instance_id), definition)
+            accepted_ms = record.time_ms
         elif self.reads.applied(runtime.state, record.command_id):
             return record.command_id, None, False  # re-delivered: it changes nothing
         error = self._containment.handle(runtime, record, batch)
@@ -276,8 +281,12 @@ class Applier:
         batch.last_instance = instance_id
         self._telemetry.command_applied(record.type)
         if self._telemetry.traced:
-            self._telemetry.input_applied(
+            self._telemetry.activations.input_applied(
                 self._partition, record, offset, runtime.state.traceparent
+            )
+        if accepted_ms:
+            self._telemetry.instance_started(
+                runtime.state.workflow, accepted_ms, self._clock.now_ms()
             )
         if isinstance(record, TimerFired):
             self._telemetry.timer_fired(

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 
+from stepstream.consumers import log_context
+from stepstream.consumers.log_context import InstanceSubject, instance_fields
 from stepstream.consumers.partition.batch import Batch
 from stepstream.consumers.runtime_cache import RuntimeCache
 from stepstream.engine.errors import HistoryDiverged
@@ -31,13 +33,17 @@ class Containment:
     def handle(
         self, runtime: InstanceRuntime, msg: Command | StepOutcome, batch: Batch
     ) -> str | None:
-        """Apply ``msg``; None when it took effect (or parked the instance), else why not."""
+        """Apply ``msg``; None when it took effect (or parked the instance), else why not.
+        Lines logged meanwhile (the workflow code's too) are about the instance."""
+        token = log_context.current.set(InstanceSubject(runtime.state, self._partition))
         try:
             runtime.handle(msg, batch.out)
         except HistoryDiverged as exc:
             return self.park(runtime, exc, batch, msg)
         except Exception as exc:
             return self._undo(runtime, msg, batch, exc)
+        finally:
+            log_context.current.reset(token)
         batch.touched[runtime.state.instance_id] = runtime
         return None
 
@@ -45,10 +51,9 @@ class Containment:
         self, runtime: InstanceRuntime, msg: Command | StepOutcome, batch: Batch, exc: Exception
     ) -> str:
         log.exception(
-            "partition=%d instance=%s workflow=%s: internal error",
-            self._partition,
-            runtime.state.instance_id,
-            runtime.state.workflow,
+            "internal error while applying %s",
+            type(msg).__name__,
+            extra=instance_fields(runtime.state, self._partition),
         )
         # Undo every decision of this instance in the batch, not only this input's: its
         # in-memory state is gone, so its earlier records would have no state.
@@ -94,18 +99,18 @@ class Containment:
                 parked.handle(msg, batch.out)
             except Exception as exc:
                 log.exception(
-                    "partition=%d instance=%s: internal error", self._partition, instance_id
+                    "internal error while applying %s",
+                    type(msg).__name__,
+                    extra=instance_fields(parked.state, self._partition),
                 )
                 batch.strip(instance_id)
                 self._cache.drop(instance_id)
                 return f"internal error while applying {type(msg).__name__}: {exc!r}"
         batch.touched[instance_id] = parked
         log.warning(
-            "partition=%d instance=%s workflow=%s parked: %s; deploy code that matches its "
-            "history to let it go on (stepstream list --diverged)",
-            self._partition,
-            instance_id,
-            parked.state.workflow,
+            "instance parked: %s; deploy code that matches its history to let it go on "
+            "(stepstream list --diverged)",
             diverged,
+            extra=instance_fields(parked.state, self._partition),
         )
         return None

@@ -138,14 +138,18 @@ class PartitionProcessor:
         await self._commit(batch)
         touched = batch.touched
         if touched:
-            log.info("partition=%d resumed %d unfinished instances", self.partition, len(touched))
+            log.info(
+                "resumed %d unfinished instances", len(touched), extra={"partition": self.partition}
+            )
         parked = sum(1 for rt in touched.values() if rt.state.parked)
         if parked:
             log.warning(
-                "partition=%d: %d instances parked (history diverged from the code, or their "
-                "version is not deployed here); stepstream list --diverged lists them",
-                self.partition,
+                "%d instances parked (history diverged from the code, their version is not "
+                "deployed here, or this engine's payload codec cannot read them); stepstream "
+                "list --diverged lists the diverged ones, stepstream status ID says why one "
+                "is parked",
                 parked,
+                extra={"partition": self.partition},
             )
 
     async def stop(self) -> None:
@@ -182,10 +186,10 @@ class PartitionProcessor:
         left = self._cache.running_attempts()
         if left:
             log.warning(
-                "partition=%d: %d step attempts still running after the drain timeout "
+                "%d step attempts still running after the drain timeout "
                 "(STEPSTREAM_DRAIN_TIMEOUT_S); the next owner records them as lost attempts",
-                self.partition,
                 left,
+                extra={"partition": self.partition},
             )
         return left
 
@@ -248,7 +252,7 @@ class PartitionProcessor:
                 # Retrying cannot help (the next owner, or the next start, goes on from
                 # what is durable), also when it is the reload after another failure
                 # that meets it.
-                log.warning("partition=%d: stopped processing: %s", self.partition, exc)
+                log.warning("stopped processing: %s", exc, extra={"partition": self.partition})
                 self._hooks.halt()
                 return
             except Exception as exc:
@@ -257,12 +261,12 @@ class PartitionProcessor:
                 # a reload that fails is tried again, never skipped.
                 log.log(
                     logging.ERROR,
-                    "partition=%d: %s failed; reloading from the last commit in %.1f s%s",
-                    self.partition,
+                    "%s failed; reloading from the last commit in %.1f s%s",
                     "reload" if reload else "processing",
                     backoff,
                     f": {exc}" if isinstance(exc, StepstreamError) else "",
                     exc_info=not isinstance(exc, StepstreamError),
+                    extra={"partition": self.partition},
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_RESTART_BACKOFF_S)
@@ -359,7 +363,9 @@ class PartitionProcessor:
         out, touched = batch.out, batch.touched
         for instance_id, key, attempt in out.cancels:
             self._executor.cancel(instance_id, key, attempt)
+        now_ms = self._clock.now_ms()
         for launch in out.launches:
+            self._telemetry.step_launched(launch.workflow, launch.key, launch.due_ms, now_ms)
             self._executor.launch(launch, self.deliver, self.partition)
         parked = self.parked
         for instance_id, runtime in touched.items():

@@ -105,6 +105,38 @@ class KafkaSettingsError(StepstreamError):
     """A Kafka setting is malformed or missing."""
 
 
+class KafkaAuthenticationFailed(KafkaSettingsError):
+    """The cluster refused the client: its SASL login failed (a wrong user, password or
+    mechanism), or the TLS handshake did (a CA that did not sign the brokers'
+    certificates, a listener that speaks another protocol). Trying again changes nothing:
+    the message names the settings to check."""
+
+
+# Where a client's properties come from, for messages that name a setting to fix.
+_SOURCES = (
+    f"{ENV_PREFIX}* variables, --kafka-opt, the --kafka-config file, or "
+    "Client.connect(..., kafka={...})"
+)
+
+
+def authentication_failed(bootstrap: str, reason: str, *, tls: bool) -> KafkaAuthenticationFailed:
+    """The error for a refused SASL login (``tls`` False) or a failed TLS handshake, with
+    the client library's ``reason`` (which never holds the password)."""
+    if tls:
+        return KafkaAuthenticationFailed(
+            f"TLS with Kafka at {bootstrap} failed: {reason}. Check ssl.ca.location "
+            f"({ENV_PREFIX}SSL_CA_LOCATION): the CA certificate (PEM) that signed the "
+            "brokers' certificates; and security.protocol (SSL or SASL_SSL, as the "
+            f"listener expects). Set them with {_SOURCES}"
+        )
+    return KafkaAuthenticationFailed(
+        f"Kafka at {bootstrap} refused the SASL login: {reason}. Check sasl.username and "
+        f"sasl.password ({ENV_PREFIX}SASL_USERNAME, {ENV_PREFIX}SASL_PASSWORD) and "
+        f"sasl.mechanism ({ENV_PREFIX}SASL_MECHANISM: the broker's, e.g. SCRAM-SHA-512). "
+        f"Set them with {_SOURCES}"
+    )
+
+
 @dataclass(frozen=True)
 class KafkaSettings:
     """``properties`` holds user-given client properties by librdkafka name, scoped ones

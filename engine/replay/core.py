@@ -41,6 +41,10 @@ from stepstream.engine.wire.records import (
 log = logging.getLogger("stepstream.engine")
 
 
+# The key of the workflow's own failure in ``RuntimeCore.tracebacks``.
+WORKFLOW_TRACEBACK = ("", 0)
+
+
 class RuntimeCore:
     """The state of one instance's runtime and what every part of it uses: the
     records it emits, the futures its code awaits, and how the coroutine is closed."""
@@ -87,13 +91,15 @@ class RuntimeCore:
         self._phase = Phase.IDLE
         # How long the last replay of the code took (seconds), until telemetry takes it.
         self.replayed_s: float | None = None
-        # The traceback of the exception that failed the run, for its span (not recorded).
-        self.failure_stacktrace = ""
         self._diverged: HistoryDiverged | None = None
         self._out: Output = Output()
         self._command_id = ""
         self._traceparent: str | None = None
         self._tracestate: str | None = None
+        # Tracebacks of the failures decided since the last commit, by (step key,
+        # attempt) or ``WORKFLOW_TRACEBACK``: the log lines made once they are durable
+        # take them (``consumers/failure_log.py``). Never recorded.
+        self.tracebacks: dict[tuple[str, int], str] = {}
 
     # ---- what Context reads (engine.api.context.WorkflowRuntime) -----------------------
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
-import traceback
+from traceback import format_exception
 from typing import Any
 
 from stepstream.engine.api.context import Context
@@ -17,6 +17,7 @@ from stepstream.engine.errors import (
     PayloadTooLarge,
     StepstreamError,
 )
+from stepstream.engine.replay.core import WORKFLOW_TRACEBACK
 from stepstream.engine.replay.effects import (
     FORGET_AT_LEAST,
     LOST_ATTEMPT,
@@ -92,7 +93,14 @@ class DrivingMixin(OutgoingMixin):
         try:
             arg = decode_safely(self.codec, self.state.input)
         except StepstreamError as exc:
-            self._fail_workflow("InvalidPayload", f"cannot decode workflow input: {exc}")
+            message = f"cannot decode workflow input: {exc}"
+            if self._replaying:
+                # It ran, so a codec read this input: what changed is this engine's codec
+                # (another one, a key dropped). Failing it would lose the instance;
+                # parked, it goes on once an engine with a codec that reads it loads it.
+                self.park(f"InvalidPayload: {message}; restart with the codec that wrote it")
+                return
+            self._fail_workflow("InvalidPayload", message)
             return
         coro = self.definition.fn(self._context(), arg)
         self._task = self._loop.create_task(coro)  # type: ignore[arg-type]
@@ -242,6 +250,9 @@ class DrivingMixin(OutgoingMixin):
         self._resolve(entry)
 
     def _start_attempt(self, key: str, intent: StepIntent, attempt: int) -> None:
+        # Read before the attempt's record clears it: when the backoff of a retry ended.
+        entry = self.state.entries.get(key)
+        backoff_ended = entry.fire_at_ms if entry is not None and attempt > 1 else None
         if intent.ephemeral and key not in self.state.entries:
             # Nothing recorded before the body runs: its result is recorded with the
             # records it comes back to; after a crash before that, it runs again.
@@ -260,6 +271,8 @@ class DrivingMixin(OutgoingMixin):
                 intent.timeout,
                 self.state.workflow,
                 self.state.traceparent,
+                self.state.created_ms,
+                due_ms=backoff_ended if backoff_ended is not None else self.clock.now_ms(),
             )
         )
 
@@ -288,7 +301,14 @@ class DrivingMixin(OutgoingMixin):
         )
 
     def _fail_attempt(
-        self, entry: Entry, error_type: str, message: str, retryable: bool, *, now: bool = False
+        self,
+        entry: Entry,
+        error_type: str,
+        message: str,
+        retryable: bool,
+        *,
+        now: bool = False,
+        traceback: str = "",
     ) -> None:
         intent = self._intents.get(entry.key)
         policy = intent.policy if intent is not None else DEFAULT_RETRY
@@ -304,6 +324,8 @@ class DrivingMixin(OutgoingMixin):
             error_message=clip_message(message),
             next_attempt_at_ms=next_at,
         )
+        if traceback:
+            self.tracebacks[(entry.key, entry.attempt)] = traceback
         if not retry:
             self._resolve(entry)
         elif now and intent is not None and not self.draining:
@@ -318,7 +340,7 @@ class DrivingMixin(OutgoingMixin):
             return
         exc = self._task.exception()
         if exc is not None:
-            self.failure_stacktrace = "".join(traceback.format_exception(exc))
+            self.tracebacks[WORKFLOW_TRACEBACK] = "".join(format_exception(exc)).rstrip()
             self._fail_workflow(type(exc).__name__, str(exc) or repr(exc))
             return
         try:

@@ -47,8 +47,9 @@ class StepOutcome:
     error_type: str = ""
     error_message: str = ""
     retryable: bool = True
-    # The body's traceback, for the attempt's span (never recorded in history).
-    stacktrace: str = ""
+    # The body's exception as the executor formatted it, for the log line made once the
+    # failure is durable; never recorded.
+    traceback: str = ""
 
     @property
     def command_id(self) -> str:
@@ -68,6 +69,11 @@ class StepLaunch:
     timeout: float | None
     workflow: str = ""  # for log lines about the attempt
     traceparent: str | None = None
+    run_start_ms: int = 0  # the run's start: with the instance, names its trace and span
+    # When the attempt became due (ms): when the code reached the step for a first
+    # attempt, when its backoff ended for a retry; its start less this is the attempt's
+    # schedule-to-start latency.
+    due_ms: int = 0
 
 
 @dataclass(slots=True)

@@ -180,7 +180,7 @@ def on_outcome(rt: InstanceRuntime, o: StepOutcome) -> None:
         rt._emit(StepSucceededRecord, key=o.key, attempt=o.attempt, result=o.result)
         rt._resolve(entry)
     else:
-        rt._fail_attempt(entry, o.error_type, o.error_message, o.retryable)
+        rt._fail_attempt(entry, o.error_type, o.error_message, o.retryable, traceback=o.traceback)
     rt._drive()
 
 

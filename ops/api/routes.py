@@ -100,8 +100,11 @@ def make_app(
     this is one worker of several)."""
     api = _Api(transport, registry_names, max_body_bytes, commands)
     guard = (security or ApiSecurity()).guard(served_hosts)
+    # Outermost: request metrics see every answer, refusals and errors included.
+    http = observability.http if observability is not None else None
+    counted = [http.middleware] if http is not None else []
     app = web.Application(
-        client_max_size=max_body_bytes, middlewares=[guard, api.errors, _join_trace]
+        client_max_size=max_body_bytes, middlewares=[*counted, guard, api.errors, _join_trace]
     )
     app.router.add_get("/healthz", api.healthz)
     if observability is not None:

@@ -1,15 +1,21 @@
 """What every serving command shares: a listening socket that says what to do when it
-cannot be had, and a clean stop on SIGTERM or SIGINT."""
+cannot be had, a clean stop on SIGTERM or SIGINT, and a server log that anyone who can
+reach the port cannot flood."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
+import time
 from collections.abc import Iterator
+from typing import Any, cast
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.log import server_logger
 
 from stepstream.engine.errors import StepstreamError
 
@@ -52,10 +58,56 @@ def stop_on_signals() -> Iterator[asyncio.Event]:
             loop.remove_signal_handler(sig)
 
 
+# A peer's malformed requests are logged once per this many seconds at most.
+PROTOCOL_ERROR_EVERY_S = 60.0
+_PEERS_KEPT = 4096
+
+
+class ProtocolErrorLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server log for one API. A request that is not HTTP it can parse (a
+    broken client, a scanner: anyone who can reach the port, before any token is
+    checked) is the client's fault, not the server's: one WARNING line without a
+    traceback, at most once a minute per peer address, saying how many were not
+    logged. Other errors are logged as aiohttp logs them."""
+
+    def __init__(self, every_s: float = PROTOCOL_ERROR_EVERY_S) -> None:
+        super().__init__(server_logger)
+        self._every = every_s
+        self._peers: dict[str, tuple[float, int]] = {}  # peer -> (last logged, not logged)
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        error = kwargs.get("exc_info")
+        if not isinstance(error, HttpProcessingError) or level < logging.WARNING:
+            super().log(level, msg, *args, **kwargs)
+            return
+        peer = str(args[0]) if args else "?"
+        now = time.monotonic()
+        last, skipped = self._peers.get(peer, (-self._every, 0))
+        if now - last < self._every:
+            self._peers[peer] = (last, skipped + 1)
+            return
+        if len(self._peers) >= _PEERS_KEPT:
+            self._peers = {p: v for p, v in self._peers.items() if now - v[0] < self._every}
+        self._peers[peer] = (now, 0)
+        self.logger.warning(  # not through ``process``, which would drop ``extra``
+            "malformed HTTP request from %s: %s%s",
+            peer,
+            " ".join(str(error).split()),
+            f" ({skipped} more from this peer not logged)" if skipped else "",
+            extra={"peer": peer},
+        )
+
+
 def api_runner(app: web.Application) -> web.AppRunner:
     """The runner of an API clients use: a request whose client went away stops waiting
-    (a result wait), and the access log says how long each request took."""
-    return web.AppRunner(app, handler_cancellation=True, access_log_format='%a "%r" %s %b %Tfs')
+    (a result wait), the access log says how long each request took, and malformed
+    requests are logged sparingly (``ProtocolErrorLog``)."""
+    return web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log_format='%a "%r" %s %b %Tfs',
+        logger=cast(logging.Logger, ProtocolErrorLog()),
+    )
 
 
 def address(sock: socket.socket) -> str:

@@ -20,6 +20,12 @@ def _frame_name(frame: str) -> str:
     return f"{name} ({path})"
 
 
+def _runs_loop(name: str) -> bool:
+    # asyncio's own loop shows run_forever; uvloop's runs it in C, so the frame above
+    # it is asyncio.Runner.run (or run_until_complete).
+    return name.startswith(("run_forever ", "Runner.run ", "run_until_complete "))
+
+
 def top_costs(path: str, *, loop_only: bool = True, top: int = 25) -> str:
     """The functions a collapsed-stack profile spent its samples in: self time (the
     function itself) and inclusive time (it and what it called), as shares of the
@@ -34,7 +40,7 @@ def top_costs(path: str, *, loop_only: bool = True, top: int = 25) -> str:
                 continue
             frames = [f for f in stack.split(";") if not f.startswith(("thread ", "process "))]
             names = [_frame_name(f) for f in frames]
-            if not names or (loop_only and not any("run_forever" in n for n in names)):
+            if not names or (loop_only and not any(_runs_loop(n) for n in names)):
                 continue
             total += int(count)
             own[names[-1]] = own.get(names[-1], 0) + int(count)

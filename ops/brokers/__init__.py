@@ -4,7 +4,8 @@
   a fraction of a second and needs nothing but pip (``stepstream broker``).
 - ``apache``: Apache Kafka itself (KRaft, combined broker and controller), one node or a
   cluster on loopback, run from its Maven Central jars (``stepstream broker --apache``);
-  ``jars`` finds Java and Maven and resolves those jars once into a cache.
+  ``apache_config`` writes its nodes' properties and formats their storage (SCRAM users
+  too); ``jars`` finds Java and Maven and resolves those jars once into a cache.
 - ``foreground``: both of them run in the foreground for the CLI until Ctrl-C or SIGTERM.
 """
 

@@ -13,6 +13,10 @@ to 500 ms, no topic auto-creation, replication ``min(3, N)`` with
 ``min.insync.replicas`` 2 from three nodes, a 512 MB heap and a JVM that starts fast
 (serial GC, C1 only; ``STEPSTREAM_BROKER_JVM_OPTS`` replaces these flags).
 
+What a node's ``server.properties`` holds and how its storage is formatted (with SCRAM
+users, for SASL listeners) is in ``apache_config``; ``start_apache(overrides=)`` changes
+the properties, e.g. for TLS and SASL listeners (``tests/secure_kafka.py`` does).
+
 ``start_apache`` returns once every node serves metadata listing all N brokers. The
 returned ``ApacheCluster`` stops, kills, freezes and restarts single nodes for fault
 tests; each node runs in its own process group and is signalled by its pid. Processes
@@ -22,9 +26,7 @@ still running at interpreter exit are stopped; a temporary data directory is rem
 from __future__ import annotations
 
 import atexit
-import base64
 import importlib.resources
-import json
 import os
 import shlex
 import shutil
@@ -33,12 +35,19 @@ import socket
 import subprocess
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stepstream.ops.brokers import BrokerError
+from stepstream.ops.brokers.apache_config import (
+    NodeOverrides,
+    ScramUser,
+    cluster_identity,
+    format_arguments,
+    node_properties,
+)
 from stepstream.ops.brokers.jars import (
     Progress,
     classpath,
@@ -63,62 +72,6 @@ JVM_OPTIONS = (
 )
 _MAIN = "kafka.Kafka"
 _STORAGE_TOOL = "kafka.tools.StorageTool"
-_CLUSTER_FILE = "cluster.json"
-
-
-def _cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding (what
-    ``kafka-storage random-uuid`` prints, without starting a JVM for it)."""
-    while True:
-        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        if not text.startswith("-"):  # Kafka avoids ids that read as a command-line flag
-            return text
-
-
-# A node's extra or changed server.properties, from its index and its defaults.
-NodeOverrides = Callable[[int, Mapping[str, str]], Mapping[str, str]]
-
-
-def node_properties(index: int, nodes: int, port: int, log_dir: Path) -> dict[str, str]:
-    """``server.properties`` of node ``index`` of a loopback cluster of ``nodes``."""
-    replicas = min(3, nodes)
-    voters = ",".join(f"{i}@127.0.0.1:{port + nodes + i}" for i in range(nodes))
-    return {
-        "process.roles": "broker,controller",
-        "node.id": str(index),
-        "controller.quorum.voters": voters,
-        "listeners": f"PLAINTEXT://127.0.0.1:{port + index},"
-        f"CONTROLLER://127.0.0.1:{port + nodes + index}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port + index}",
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
-        "log.dirs": str(log_dir),
-        "auto.create.topics.enable": "false",
-        "num.partitions": "1",
-        "default.replication.factor": str(replicas),
-        "min.insync.replicas": "2" if nodes >= 3 else "1",
-        "unclean.leader.election.enable": "false",
-        "offsets.topic.replication.factor": str(replicas),
-        "offsets.topic.num.partitions": "10",
-        "transaction.state.log.replication.factor": str(replicas),
-        "transaction.state.log.min.isr": str(min(2, nodes)),
-        "transaction.state.log.num.partitions": "10",
-        "share.coordinator.state.topic.replication.factor": str(replicas),
-        "share.coordinator.state.topic.min.isr": str(min(2, nodes)),
-        # Tests join groups with session.timeout.ms=2000 and expect a join to settle at
-        # once, not after the default 3 s wait for more members.
-        "group.initial.rebalance.delay.ms": "0",
-        "group.min.session.timeout.ms": "500",
-        "group.consumer.min.session.timeout.ms": "500",
-        "group.consumer.min.heartbeat.interval.ms": "100",
-        # Small-machine sizing: fewer threads, a 16 MB compaction buffer (128 MB by
-        # default, taken from the heap at start).
-        "num.network.threads": "2",
-        "num.io.threads": "4",
-        "num.recovery.threads.per.data.dir": "1",
-        "log.cleaner.dedupe.buffer.size": str(16 << 20),
-    }
 
 
 def _free_base(count: int) -> int:
@@ -202,9 +155,13 @@ class ApacheCluster:
         jvm_options: Sequence[str],
         version: str,
         overrides: NodeOverrides | None = None,
+        scram_users: Sequence[ScramUser] = (),
+        client_properties: Mapping[str, str] | None = None,
     ) -> None:
         self.version = version
         self._overrides = overrides
+        self._scram_users = tuple(scram_users)
+        self.client_properties: dict[str, str] = dict(client_properties or {})
         self.data = data
         self.port = port
         self._java = java
@@ -272,8 +229,9 @@ class ApacheCluster:
             )
             (node.directory / "log4j2.properties").write_text(log4j)
             if not (node.log_dir / "meta.properties").exists():
-                command = [*self._java_command(node, _STORAGE_TOOL), "format", "-t", cluster_id]
-                formats.append((node, self._spawn(node, [*command, "-c", "server.properties"])))
+                command = self._java_command(node, _STORAGE_TOOL)
+                command += format_arguments(cluster_id, self._scram_users)
+                formats.append((node, self._spawn(node, command)))
         for node, proc in formats:
             if proc.wait(timeout=STOP_TIMEOUT_S) != 0:
                 raise BrokerError(
@@ -334,7 +292,10 @@ class ApacheCluster:
             brokers = self.nodes if brokers is None else brokers
         waiting = list(indexes)
         admins = {
-            i: AdminClient({"bootstrap.servers": self.address(i), "log_level": 0}) for i in waiting
+            i: AdminClient(
+                {**self.client_properties, "bootstrap.servers": self.address(i), "log_level": 0}
+            )
+            for i in waiting
         }
         deadline = time.monotonic() + timeout
         last = "no answer yet"
@@ -439,6 +400,8 @@ def start_apache(
     jvm_options: Sequence[str] | None = None,
     progress: Progress | None = None,
     overrides: NodeOverrides | None = None,
+    scram_users: Sequence[ScramUser] = (),
+    client_properties: Mapping[str, str] | None = None,
 ) -> ApacheCluster:
     """Start ``nodes`` Apache Kafka nodes on loopback and return once every one serves
     metadata listing all of them.
@@ -446,8 +409,12 @@ def start_apache(
     ``port`` is node 0's client port (free ports when None); ``data`` keeps the cluster
     across starts (a temporary directory, removed by ``stop()``, when None). ``overrides``
     gives a node's extra or changed ``server.properties`` from its index and its defaults
-    (another listener, SASL or TLS settings). The jars are
-    resolved first if they are not cached (``progress`` hears about it). Raises
+    (another listener, SASL or TLS settings). ``scram_users`` are created when new storage
+    is formatted (a broker that authenticates with SCRAM needs its own user before it
+    starts); ``client_properties`` are what a client needs to reach the nodes' client
+    listeners (librdkafka names: ``security.protocol``, ``sasl.*``, ``ssl.*``): the
+    readiness check uses them, and they are kept as ``cluster.client_properties``. The
+    jars are resolved first if they are not cached (``progress`` hears about it). Raises
     ``BrokerError`` with the reason and the nodes' log tails if the cluster cannot start.
     """
     if nodes < 1:
@@ -462,7 +429,19 @@ def start_apache(
     for attempt in range(attempts):
         chosen = port if port is not None else _free_base(2 * nodes)
         try:
-            return _start(java, jars, nodes, chosen, data, version, jvm_options, timeout, overrides)
+            return _start(
+                data,
+                nodes,
+                version,
+                timeout,
+                java=java,
+                jars=jars,
+                port=chosen,
+                jvm_options=jvm_options,
+                overrides=overrides,
+                scram_users=scram_users,
+                client_properties=client_properties,
+            )
         except BrokerError as exc:
             # A free port taken by someone else between the probe and the bind.
             if "Address already in use" not in str(exc) or attempt == attempts - 1:
@@ -471,30 +450,14 @@ def start_apache(
 
 
 def _start(
-    java: str,
-    jars: Path,
-    nodes: int,
-    port: int,
-    data: str | os.PathLike[str] | None,
-    version: str,
-    jvm_options: Sequence[str],
-    timeout: float,
-    overrides: NodeOverrides | None,
+    data: str | os.PathLike[str] | None, nodes: int, version: str, timeout: float, **options: Any
 ) -> ApacheCluster:
     owns_data = data is None
     directory = Path(tempfile.mkdtemp(prefix="stepstream-kafka-")) if data is None else Path(data)
     directory.mkdir(parents=True, exist_ok=True)
-    cluster_id = _cluster_identity(directory, nodes, version)
+    cluster_id = cluster_identity(directory, nodes, version)
     cluster = ApacheCluster(
-        java=java,
-        jars=jars,
-        data=directory,
-        nodes=nodes,
-        port=port,
-        owns_data=owns_data,
-        jvm_options=jvm_options,
-        version=version,
-        overrides=overrides,
+        data=directory, nodes=nodes, owns_data=owns_data, version=version, **options
     )
     try:
         cluster.prepare(cluster_id)
@@ -505,23 +468,3 @@ def _start(
         cluster.stop()
         raise
     return cluster
-
-
-def _cluster_identity(directory: Path, nodes: int, version: str) -> str:
-    """The cluster id kept in ``directory`` (made on first use), checked against the node
-    count: a data directory holds one cluster and its count cannot change."""
-    path = directory / _CLUSTER_FILE
-    if path.exists():
-        kept = json.loads(path.read_text())
-        if kept["nodes"] != nodes:
-            raise BrokerError(
-                f"{directory} holds a cluster of {kept['nodes']} node(s), not {nodes}: start "
-                f"it with --nodes {kept['nodes']}, or use another --data"
-            )
-        cluster_id: str = kept["cluster_id"]
-        return cluster_id
-    cluster_id = _cluster_id()
-    path.write_text(
-        json.dumps({"cluster_id": cluster_id, "nodes": nodes, "kafka_version": version}) + "\n"
-    )
-    return cluster_id

@@ -8,7 +8,14 @@ import argparse
 from stepstream.engine.errors import ResultTimeout, WorkflowCancelled, WorkflowFailed
 from stepstream.engine.reads.views import HistoryEntry
 from stepstream.ops.cli import render
-from stepstream.ops.cli.options import CONNECT, JSON, with_client
+from stepstream.ops.cli.options import (
+    CONNECT,
+    JSON,
+    client_codec,
+    decodes_remotely,
+    with_client,
+)
+from stepstream.ops.cli.payload_codecs import say_undecoded
 from stepstream.ops.cli.table import EXIT_OK, Command, UsageError, arg
 from stepstream.producers.client import Client
 
@@ -21,15 +28,19 @@ FOLLOW_INTERVAL_S = 1.0
 def _history(args: argparse.Namespace) -> int:
     if args.follow and args.export is not None:
         raise UsageError("--follow prints records as they come; --export writes a file once")
+    codec = client_codec(args)
 
     async def command(client: Client) -> int:
         if args.follow:
             return await _follow(client, args)
         history = await client.history(args.id)
+        say_undecoded(history, codec, by_server=decodes_remotely(args))
         if args.export is not None:
             from stepstream.ops.tools.history_export import records_from_entries, write_export
 
-            records = records_from_entries(args.id, history)
+            # Payloads are written again with the codec that read them, so a file of an
+            # encrypted history holds no plaintext (`replay --file F --codec` reads it).
+            records = records_from_entries(args.id, history, codec)
             write_export(args.export, args.id, records)
             done = {"instance_id": args.id, "records": len(records), "file": args.export}
             render.output(args, done, f"wrote {len(records)} records of {args.id} to {args.export}")
@@ -37,7 +48,7 @@ def _history(args: argparse.Namespace) -> int:
         render.output(args, [entry.to_json() for entry in history], render.render_timeline(history))
         return EXIT_OK
 
-    return with_client(args, command)
+    return with_client(args, command, codec)
 
 
 async def _follow(client: Client, args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """The options several commands share, and how the commands read them: logging, the
-engine to talk to (``--connect``), the API a server offers, Kafka's settings, JSON
-flags and the working directory on the import path."""
+engine to talk to (``--connect``), the payload codec (``--codec``), the API a server
+offers, Kafka's settings, JSON flags and the working directory on the import path."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from stepstream.engine.errors import InvalidPayload
-from stepstream.engine.wire.codec import parse_json_text
+from stepstream.engine.wire.codec import PayloadCodec, parse_json_text
 from stepstream.ops import event_loop
 from stepstream.ops.api.security import ApiSecurity, InsecureBind
-from stepstream.ops.cli.table import UsageError, arg
+from stepstream.ops.cli.payload_codecs import load_codec
+from stepstream.ops.cli.table import Arg, UsageError, arg
 from stepstream.ops.telemetry import logs
 from stepstream.producers.client import DEFAULT_CONNECT, Client
 
@@ -33,7 +34,8 @@ LOGGING = (
         "--log-format",
         choices=logs.FORMATS,
         help="text (key=value) or json: one object per line with instance_id, workflow, "
-        "step, attempt, partition and trace_id as fields when a line concerns them "
+        "step, attempt, partition, trace_id and span_id as fields when a line concerns "
+        "them, and a failure's traceback in exception; see docs/operations.md#logs "
         "(default: $STEPSTREAM_LOG_FORMAT, else text)",
     ),
 )
@@ -41,12 +43,37 @@ LOGGING = (
 JSON = (arg("--json", action="store_true", help="print JSON only (machine-readable)"),)
 
 
+CODEC_ENV = "STEPSTREAM_CODEC"
+
+
+def codec_option(what_it_does: str) -> tuple[Arg, ...]:
+    """``--codec``, its help saying what the command does with the codec."""
+    return (
+        arg(
+            "--codec",
+            metavar="MODULE:OBJECT",
+            help="the payload codec: MODULE:OBJECT names a stepstream.PayloadCodec, or a "
+            "class or function of no arguments that returns one, imported from the working "
+            f"directory (e.g. examples.aes_gcm_codec:codec; default: ${CODEC_ENV}, else "
+            f"JSON; docs/encryption.md). {what_it_does}",
+        ),
+    )
+
+
+# For the commands that run workflows: dev, worker, run.
+CODEC = codec_option(
+    "Every input, step result, event and result is encoded with it before it is recorded "
+    "and decoded with it when read; the HTTP API and the web UI serve decoded values"
+)
+
 CONNECT = (
     arg(
         "--connect",
         metavar="URL",
         help="engine to talk to: http://HOST:PORT, https://HOST:PORT, embedded:PATH or "
-        f"kafka://HOST:PORT (default: $STEPSTREAM_CONNECT, else {DEFAULT_CONNECT})",
+        "kafka://HOST:PORT?prefix=P, whose Kafka client properties (TLS, SASL) come from "
+        "the STEPSTREAM_KAFKA_* variables and $STEPSTREAM_KAFKA_CONFIG as a worker's do "
+        f"(default: $STEPSTREAM_CONNECT, else {DEFAULT_CONNECT})",
     ),
     arg(
         "--token",
@@ -59,6 +86,12 @@ CONNECT = (
         metavar="FILE",
         help="a CA certificate (PEM) to trust for https:// besides the system's "
         "(default: $STEPSTREAM_TLS_CA)",
+    ),
+    *codec_option(
+        "With --connect embedded:DIR it encodes what is sent and decodes what is read; with "
+        "kafka:// it encodes what is sent (the workers decode what is read, with theirs); "
+        "over http(s):// the server's codec applies (start the server with --codec), so the "
+        f"flag is refused there and ${CODEC_ENV} ignored"
     ),
 )
 
@@ -116,14 +149,23 @@ KAFKA = (
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a client property, e.g. security.protocol=SASL_SSL (repeatable; also "
-        "STEPSTREAM_KAFKA_<NAME> variables, e.g. STEPSTREAM_KAFKA_SASL_MECHANISM)",
+        help="a client property by its librdkafka name, e.g. security.protocol=SASL_SSL "
+        "(repeatable). Each is also read from STEPSTREAM_KAFKA_<NAME> (. as _): TLS and "
+        "SASL/SCRAM take STEPSTREAM_KAFKA_SECURITY_PROTOCOL (SSL or SASL_SSL), "
+        "_SSL_CA_LOCATION, _SASL_MECHANISM (e.g. SCRAM-SHA-512), _SASL_USERNAME and "
+        "_SASL_PASSWORD (prefer the variables for secrets: flags show in ps); see "
+        "docs/kafka.md#security-tls-and-saslscram",
     ),
 )
 
 
-def with_client(args: argparse.Namespace, command: Callable[[Client], Awaitable[int]]) -> int:
-    """Runs ``command`` with a client of ``--connect`` on the servers' event loop."""
+def with_client(
+    args: argparse.Namespace,
+    command: Callable[[Client], Awaitable[int]],
+    codec: PayloadCodec | None = None,
+) -> int:
+    """Runs ``command`` with a client of ``--connect`` on the servers' event loop, with
+    ``codec`` (else the one ``client_codec`` loads)."""
     url = connect_url(args)
     scheme = url.split(":", 1)[0]
     module = _TRANSPORT_MODULES.get(scheme)
@@ -133,6 +175,9 @@ def with_client(args: argparse.Namespace, command: Callable[[Client], Awaitable[
     if scheme in ("http", "https", "kafka"):
         # Without the flags the transports read STEPSTREAM_API_TOKEN / STEPSTREAM_TLS_CA.
         options = {"token": args.token, "tls_ca": args.tls_ca}
+    codec = codec or client_codec(args)
+    if codec is not None:
+        options["codec"] = codec
 
     async def go() -> int:
         async with Client.connect(url, **options) as client:
@@ -187,6 +232,40 @@ def timeout_flag(value: float | None, flag: str = "--timeout") -> float | None:
     if value is not None and value <= 0:
         raise UsageError(f"{flag} must be a positive number of seconds, got {value:g}")
     return value
+
+
+def decodes_remotely(args: argparse.Namespace) -> bool:
+    """Whether the engine ``--connect`` names decodes what this client reads (http(s)://,
+    and kafka://, whose reads the workers answer) rather than this process (embedded:)."""
+    return connect_url(args).split(":", 1)[0] in ("http", "https", "kafka")
+
+
+def client_codec(args: argparse.Namespace) -> PayloadCodec | None:
+    """The codec a client command encodes and decodes with: ``codec_from_args``, except
+    over http(s), where the server's applies (the flag is refused, the variable ignored)."""
+    url = connect_url(args)
+    if url.split(":", 1)[0] not in ("http", "https"):
+        return codec_from_args(args)
+    if getattr(args, "codec", None):
+        raise UsageError(
+            f"--codec does not apply to {url}: over http(s) the server encodes and decodes "
+            "payloads with its own codec; start the server (stepstream dev or worker) with "
+            "--codec, or connect with embedded:DIR or kafka://"
+        )
+    return None
+
+
+def codec_from_args(args: argparse.Namespace) -> PayloadCodec | None:
+    """The codec ``--codec`` (else STEPSTREAM_CODEC) names, loaded; None for neither (the
+    JSON codec). A name that does not load is a usage error saying why."""
+    if getattr(args, "codec", None):
+        spec, flag = str(args.codec), "--codec"
+    else:
+        spec, flag = os.environ.get(CODEC_ENV, "").strip(), f"${CODEC_ENV}"
+    if not spec:
+        return None
+    put_cwd_on_path()
+    return load_codec(spec, flag)
 
 
 def put_cwd_on_path() -> None:

@@ -11,9 +11,17 @@ from typing import Any
 
 from stepstream.engine.api.workflow import Registry, WorkflowDefinition, definition_of
 from stepstream.engine.errors import StepstreamError
+from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.ops import event_loop
 from stepstream.ops.cli import render
-from stepstream.ops.cli.options import JSON, json_flag, put_cwd_on_path, timeout_flag
+from stepstream.ops.cli.options import (
+    CODEC,
+    JSON,
+    codec_from_args,
+    json_flag,
+    put_cwd_on_path,
+    timeout_flag,
+)
 from stepstream.ops.cli.table import EXIT_OK, Command, UsageError, arg
 from stepstream.producers.client import Client
 from stepstream.producers.http.wire import error_to_wire
@@ -23,10 +31,16 @@ def _run(args: argparse.Namespace) -> int:
     value = json_flag(args.input, "--input")
     timeout_flag(args.timeout)
     definition = load_workflow(args.target)
-    return event_loop.run(_run_once(definition, value, args))
+    codec = codec_from_args(args)
+    return event_loop.run(_run_once(definition, value, args, codec))
 
 
-async def _run_once(definition: WorkflowDefinition, value: Any, args: argparse.Namespace) -> int:
+async def _run_once(
+    definition: WorkflowDefinition,
+    value: Any,
+    args: argparse.Namespace,
+    codec: PayloadCodec | None,
+) -> int:
     from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 
     with _data_dir(args.data) as data_dir:
@@ -38,7 +52,7 @@ async def _run_once(definition: WorkflowDefinition, value: Any, args: argparse.N
         # sends to other workflows of that module run too.
         registry = Registry([definition])
         registry.add_module(definition.fn.__module__)
-        engine = await open_embedded(registry, config)
+        engine = await open_embedded(registry, config, codec=codec)
         try:
             client = Client(engine.transport)
             instance_id = await client.start(definition.name, value)
@@ -118,7 +132,7 @@ COMMANDS = (
         "run one workflow to completion on a throwaway embedded engine; prints its "
         "result and timeline (exit 1 if it failed)",
         _run,
-        shared=(JSON,),
+        shared=(CODEC, JSON),
         args=(
             arg(
                 "target",
@@ -127,7 +141,12 @@ COMMANDS = (
                 "Kafka cluster named by STEPSTREAM_OUTBOX_BOOTSTRAP, HOST:PORT)",
             ),
             arg("--input", metavar="JSON", help="the workflow's input (default: null)"),
-            arg("--data", metavar="DIR", help="data directory (default: a temporary one)"),
+            arg(
+                "--data",
+                metavar="DIR",
+                help="data directory (default: a temporary one); keep one to read the "
+                "instance afterwards with --connect embedded:DIR",
+            ),
             arg("--timeout", type=float, metavar="S", help="give up after S seconds"),
         ),
         epilog='example: stepstream run examples.order:order --input \'{"card": "x"}\'',

@@ -16,6 +16,7 @@ from aiohttp import web
 
 from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import StepstreamError
+from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.ops import event_loop
 from stepstream.ops.api.routes import DEFAULT_MAX_BODY_BYTES, make_app
 from stepstream.ops.api.security import ApiSecurity
@@ -23,7 +24,15 @@ from stepstream.ops.api.serving import address, api_runner, reachable
 from stepstream.ops.api.serving import listen as _listen
 from stepstream.ops.api.serving import stop_on_signals as _stop_on_signals
 from stepstream.ops.cli import render
-from stepstream.ops.cli.options import JSON, KAFKA, SERVING, api_security, kafka_settings
+from stepstream.ops.cli.options import (
+    CODEC,
+    JSON,
+    KAFKA,
+    SERVING,
+    api_security,
+    codec_from_args,
+    kafka_settings,
+)
 from stepstream.ops.cli.options import put_cwd_on_path as _put_cwd_on_path
 from stepstream.ops.cli.table import EXIT_ERROR, EXIT_OK, Command, UsageError, arg
 from stepstream.ops.gc_tuning import tune_for_serving
@@ -36,6 +45,12 @@ _PROCESS_TUNING = (
     "It runs on uvloop, libuv's event loop ($STEPSTREAM_EVENT_LOOP=asyncio: the standard "
     "library's), with the garbage collector's thresholds raised ($STEPSTREAM_GC=default: "
     "Python's own)."
+)
+_OBSERVED = (
+    " It serves Prometheus metrics at /metrics (with the API token when one is set): "
+    "stepstream_* (work done, latencies, schedule-to-start, HTTP requests by route, "
+    "partitions owned, build info) and the process_* and python_* collectors; "
+    "docs/operations.md lists them. /healthz and /readyz are its probes."
 )
 
 
@@ -66,11 +81,12 @@ def _dev(args: argparse.Namespace) -> int:
     _put_cwd_on_path()
     registry = Registry()
     registry.add_modules(args.workflows)
+    codec = codec_from_args(args)
     tune_for_serving()
-    return event_loop.run(_serve(registry, args))
+    return event_loop.run(_serve(registry, args, codec))
 
 
-async def _serve(registry: Registry, args: argparse.Namespace) -> int:
+async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCodec | None) -> int:
     from stepstream.ops import processes
     from stepstream.ops.embedded import EmbeddedConfig, open_embedded
     from stepstream.ops.embedded_sources import start_embedded_sources
@@ -88,11 +104,12 @@ async def _serve(registry: Registry, args: argparse.Namespace) -> int:
             processes.Spec.from_env(spec),
             _public_app(args, config, security),
             tls,
+            codec=codec,
         )
     if args.processes > 1:
-        return await _serve_processes(registry, args, config, security)
+        return await _serve_processes(registry, args, config, security, codec)
     sock = _listen(args.host, args.port)
-    engine = await open_embedded(registry, config)
+    engine = await open_embedded(registry, config, codec=codec)
     traced = tracing.setup(engine.host, service="stepstream-dev")
     sources = None
     try:
@@ -178,7 +195,11 @@ def _public_app(
 
 
 async def _serve_processes(
-    registry: Registry, args: argparse.Namespace, config: Any, security: ApiSecurity
+    registry: Registry,
+    args: argparse.Namespace,
+    config: Any,
+    security: ApiSecurity,
+    codec: PayloadCodec | None,
 ) -> int:
     from stepstream.ops import processes
 
@@ -204,7 +225,14 @@ async def _serve_processes(
     sock = _listen(args.host, args.port)
     try:
         return await processes.serve_parent(
-            registry, config, args.processes, sock, public_app, security.ssl_context(), announce
+            registry,
+            config,
+            args.processes,
+            sock,
+            public_app,
+            security.ssl_context(),
+            announce,
+            codec=codec,
         )
     finally:
         sock.close()
@@ -217,11 +245,14 @@ def _worker(args: argparse.Namespace) -> int:
     _put_cwd_on_path()
     registry = Registry()
     registry.add_modules(args.workflows)
+    codec = codec_from_args(args)
     tune_for_serving()
-    return event_loop.run(_run_worker(registry, args))
+    return event_loop.run(_run_worker(registry, args, codec))
 
 
-async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
+async def _run_worker(
+    registry: Registry, args: argparse.Namespace, codec: PayloadCodec | None
+) -> int:
     from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
 
     settings = kafka_settings(args)
@@ -235,7 +266,7 @@ async def _run_worker(registry: Registry, args: argparse.Namespace) -> int:
         api=api_security(args),
         span_sink=traced.exporter if traced is not None else None,
     )
-    worker = KafkaWorker(registry, config)
+    worker = KafkaWorker(registry, config, codec=codec)
     await worker.start()
     with _stop_on_signals() as signalled:
         try:
@@ -314,9 +345,10 @@ COMMANDS = (
         "serve the embedded engine, its HTTP API and the web UI (at /ui; it asks for the "
         "API token when one is set)",
         _dev,
-        shared=(SERVING, JSON),
+        shared=(SERVING, CODEC, JSON),
         serves=True,
         epilog=_PROCESS_TUNING
+        + _OBSERVED
         + " It prints one line once it listens (with --json, a JSON object: listening, "
         "data, partitions, processes, workflows). "
         "Example: stepstream dev --workflows examples.order --port 8233" + _TRACING_HELP,
@@ -368,7 +400,7 @@ COMMANDS = (
         "<prefix>.definitions, so clients accept them from then on, even while no worker "
         "runs",
         _worker,
-        shared=(KAFKA, SERVING, JSON),
+        shared=(KAFKA, SERVING, CODEC, JSON),
         serves=True,
         epilog="Workers with one --prefix form one consumer group and share its partitions. "
         "Rebalances are incremental: a worker joining, or leaving on SIGTERM, moves only "
@@ -376,6 +408,7 @@ COMMANDS = (
         "$STEPSTREAM_DRAIN_TIMEOUT_S); the others keep running. Workers of a stepstream "
         "version with eager rebalancing cannot share the group: stop them all first. "
         + _PROCESS_TUNING
+        + _OBSERVED
         + " Example: stepstream worker --workflows pkg.flows --bootstrap kafka:9092"
         + _TRACING_HELP,
         args=(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from stepstream.ops.cli.options import JSON, put_cwd_on_path
+from stepstream.ops.cli.options import JSON, codec_from_args, codec_option, put_cwd_on_path
 from stepstream.ops.cli.table import ArgGroup, Command, UsageError, arg
 
 
@@ -28,7 +28,7 @@ def _replay(args: argparse.Namespace) -> int:
     from stepstream.ops.tools.replay import command as replay
 
     put_cwd_on_path()
-    return replay.main(args)
+    return replay.main(args, codec_from_args(args))
 
 
 _SOURCES = ArgGroup(
@@ -117,6 +117,11 @@ COMMANDS = (
                 "--trace",
                 action="store_true",
                 help="print what the code saw at each ctx call: the recorded value, in order",
+            ),
+            *codec_option(
+                "The recorded payloads are decoded with it: give the codec the engine that "
+                "recorded them ran with (with --connect, the server decoded them and they "
+                "are encoded again with this one)"
             ),
             *JSON,
         ),

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from stepstream.consumers.embedded.errors import DataDirInUse
 from stepstream.consumers.embedded.forwarding import ForwardReceiver
+from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.ops.api.security import ApiSecurity
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.ops.processes.children import (
@@ -45,7 +46,11 @@ OPEN_RETRY_S = 15.0  # a restarted child waits this long for its predecessor's l
 
 
 async def open_share(
-    registry: Any, config: EmbeddedConfig, layout: ProcessLayout, process: int
+    registry: Any,
+    config: EmbeddedConfig,
+    layout: ProcessLayout,
+    process: int,
+    codec: PayloadCodec | None = None,
 ) -> EmbeddedEngine:
     """Process ``process``'s engine: its own directory, its partitions. A child started
     again right after one that died may find the lock still held for a moment."""
@@ -56,7 +61,7 @@ async def open_share(
     deadline = loop.time() + OPEN_RETRY_S
     while True:
         try:
-            return await open_embedded(registry, share, owned=layout.owns(process))
+            return await open_embedded(registry, share, codec=codec, owned=layout.owns(process))
         except DataDirInUse:
             if loop.time() >= deadline:
                 raise
@@ -69,6 +74,8 @@ async def serve_child(
     spec: Spec,
     public_app: Callable[[Transport, EmbeddedEngine, Observability], web.Application],
     tls: Any,
+    *,
+    codec: PayloadCodec | None = None,
 ) -> int:
     """A child: its partitions, their API on the sockets it was handed (the processes'
     one, behind their token; the clients' one, as the server's), forwarding; until
@@ -82,19 +89,23 @@ async def serve_child(
     sock.setblocking(False)
     public = socket.socket(fileno=spec.public_fd)
     public.setblocking(False)
-    engine = await open_share(registry, config, layout, spec.process)
+    engine = await open_share(registry, config, layout, spec.process, codec)
     traced = tracing.setup(engine.host, service="stepstream-dev")
     others = [g for g in range(spec.processes) if g != spec.process]
     remotes = {g: remote_transport(spec.urls[g], spec.token) for g in others}
+    # One registry for both APIs: process 0 scrapes it through the internal one, and it
+    # counts the requests of the clients' one.
+    observability = _observability(engine)
     try:
         async with forwarding(engine, layout, spec.process, spec.urls, spec.token) as receiver:
             runner = web.AppRunner(
-                internal_app(engine, config, spec.token, receiver), handler_cancellation=True
+                internal_app(engine, config, spec.token, receiver, observability),
+                handler_cancellation=True,
             )
             await runner.setup()
             # Its own partitions straight, any other instance through its owner.
             everyone = ProcessesTransport(engine.transport, layout, spec.process, remotes)
-            clients = api_runner(public_app(everyone, engine, _observability(engine)))
+            clients = api_runner(public_app(everyone, engine, observability))
             await clients.setup()
             try:
                 await web.SockSite(runner, sock).start()
@@ -121,10 +132,15 @@ async def serve_child(
 
 
 def internal_app(
-    engine: EmbeddedEngine, config: EmbeddedConfig, token: str, receiver: ForwardReceiver
+    engine: EmbeddedEngine,
+    config: EmbeddedConfig,
+    token: str,
+    receiver: ForwardReceiver,
+    observability: Observability,
 ) -> web.Application:
     """A process's API for the other processes: its own partitions, forwarding, /metrics
-    and /readyz, behind their token, on loopback."""
+    and /readyz, behind their token, on loopback. Its requests are not counted as HTTP
+    requests: each is one that process 0 took from a client, and counted there."""
     from stepstream.ops.api.routes import DEFAULT_MAX_BODY_BYTES, make_app
 
     app = make_app(
@@ -133,7 +149,7 @@ def internal_app(
         max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * config.max_payload_bytes),
         security=ApiSecurity(token=token),
         served_hosts=("127.0.0.1",),
-        observability=_observability(engine),
+        observability=dataclasses.replace(observability, http=None),
     )
     add_forward_routes(app, receiver)
     return app
@@ -178,6 +194,8 @@ async def serve_parent(
     make_public_app: Callable[[Transport, EmbeddedEngine, Observability], web.Application],
     tls: Any,
     announce: Callable[[str, ProcessLayout], None],
+    *,
+    codec: PayloadCodec | None = None,
 ) -> int:
     """Process 0: starts the others, runs its partitions, serves the public API over all
     of them on ``public``; until SIGTERM or its data directory fails."""
@@ -205,23 +223,24 @@ async def serve_parent(
     remotes = {g: remote_transport(urls[g], token) for g in range(1, processes)}
     stack = contextlib.AsyncExitStack()
     try:
-        engine = await open_share(registry, config, layout, 0)
+        engine = await open_share(registry, config, layout, 0, codec)
         traced = tracing.setup(engine.host, service="stepstream-dev")
         sources = await start_embedded_sources(registry, engine)
         if sources is not None:
             stack.push_async_callback(sources.stop)
+        base = _observability(
+            engine, source_lag=sources.lag.records if sources is not None else dict
+        )
         async with forwarding(engine, layout, 0, urls, token) as receiver:
-            internal = web.AppRunner(internal_app(engine, config, token, receiver))
+            internal = web.AppRunner(internal_app(engine, config, token, receiver, base))
             await internal.setup()
             await web.SockSite(internal, sockets[0]).start()
             await wait_ready(urls, token, children)
             transport = ProcessesTransport(engine.transport, layout, 0, remotes)
-            base = _observability(
-                engine, source_lag=sources.lag.records if sources is not None else dict
-            )
             observability = ProcessesObservability(
                 base.registry,
                 base.health,
+                base.http,
                 peers=urls[1:],
                 token=token,
                 restarts=lambda: children.restarts,

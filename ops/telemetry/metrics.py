@@ -10,12 +10,19 @@ in ``_total``, durations are histograms in seconds. No label carries an instance
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -26,8 +33,10 @@ from prometheus_client.registry import Collector
 
 from stepstream.consumers.host import PartitionHost
 from stepstream.consumers.telemetry import DEAD_LETTER_REASONS, Histogram
+from stepstream.engine.version import version
 from stepstream.ops.telemetry import gc_pauses
 from stepstream.ops.telemetry.gc_pauses import GcPauses
+from stepstream.ops.telemetry.http_metrics import HttpMetrics
 from stepstream.ops.telemetry.span_export import DROP_REASONS, SpanExportProcess
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -54,8 +63,15 @@ class EngineCollector(Collector):
         rebalances: Callable[[], int] = lambda: 0,
         source_lag: SourceLagReader | None = None,
         gc_pauses: GcPauses | None = None,
+        backend: str = "embedded",
     ) -> None:
         self._gc_pauses = gc_pauses
+        self._build = {
+            "version": version(),
+            "python": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "backend": backend,
+        }
         self._host = host
         self._health = health
         self._rebalances = rebalances
@@ -63,6 +79,14 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         t = self._host.telemetry
+        build = self._build
+        yield _gauge(
+            "stepstream_build_info",
+            "Always 1; its labels say which stepstream (version), Python and backend "
+            "this process runs.",
+            list(build),
+            {tuple(build.values()): 1},
+        )
         yield _counter(
             "stepstream_commands_applied",
             "Commands applied by the partition processors, by command type.",
@@ -94,6 +118,20 @@ class EngineCollector(Collector):
             "Workflow instances from their start to their end, by outcome.",
             ["workflow", "outcome"],
             t.workflow_seconds,
+        )
+        yield _histograms(
+            "stepstream_workflow_schedule_to_start_seconds",
+            "From a start command's acceptance (the time its client stamped on it) to its "
+            "instance's start being applied by the partition's owner.",
+            ["workflow"],
+            {(w,): h for w, h in t.start_delay_seconds.items()},
+        )
+        yield _histograms(
+            "stepstream_step_schedule_to_start_seconds",
+            "From a step attempt becoming due (the code reached the step, or its retry "
+            "backoff ended) to the attempt being started.",
+            ["workflow", "step"],
+            t.step_delay_seconds,
         )
         yield _histograms(
             "stepstream_timer_lateness_seconds",
@@ -205,6 +243,13 @@ class EngineCollector(Collector):
             {(): len(gauges)},
         )
         yield _gauge(
+            "stepstream_partition_owned",
+            "1 for each partition this process owns (restored and processing); a "
+            "partition owned elsewhere has no series here.",
+            ["partition"],
+            {(str(g.partition),): 1 for g in gauges},
+        )
+        yield _gauge(
             "stepstream_ready",
             "1 when every owned partition is restored and the process serves them.",
             [],
@@ -270,18 +315,26 @@ def _bound(value: float) -> str:
 
 def metrics_registry(collector: EngineCollector) -> CollectorRegistry:
     """A registry of its own (not the process-wide default), so two engines in one
-    process (tests, an embedding application) never collide."""
+    process (tests, an embedding application) never collide; with the process's own
+    collectors (``process_*``: CPU, memory, file descriptors; ``python_*``: the
+    interpreter, its garbage collector). In ``stepstream dev --processes N`` each process
+    serves its own, and process 0 labels each process's series with ``process``."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
     return registry
 
 
 @dataclass(frozen=True)
 class Observability:
-    """What a server adds to its API: ``/metrics`` and ``/readyz``."""
+    """What a server adds to its API: ``/metrics``, ``/readyz``, and (``http``) the
+    middleware that counts its requests onto the same registry."""
 
     registry: CollectorRegistry
     health: Health
+    http: HttpMetrics | None = None
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.registry)
@@ -303,6 +356,7 @@ def observability_for(
     *,
     rebalances: Callable[[], int] = lambda: 0,
     source_lag: SourceLagReader | None = None,
+    backend: str = "embedded",
 ) -> Observability:
     collector = EngineCollector(
         host,
@@ -310,5 +364,9 @@ def observability_for(
         rebalances=rebalances,
         source_lag=source_lag,
         gc_pauses=gc_pauses.recording(),
+        backend=backend,
     )
-    return Observability(metrics_registry(collector), health)
+    registry = metrics_registry(collector)
+    http = HttpMetrics()
+    registry.register(http)
+    return Observability(registry, health, http)

@@ -7,14 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import ssl
 from typing import Any
 
 import aiohttp
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.conn import create_conn
+from aiokafka.errors import KafkaError, SaslAuthenticationFailed, UnsupportedSaslMechanismError
 
 from stepstream.engine.config.environ import env_int
-from stepstream.engine.config.kafka import KafkaSettings
+from stepstream.engine.config.kafka import KafkaSettings, authentication_failed
 from stepstream.engine.errors import ConnectionFailed, StepstreamError
 from stepstream.engine.wire.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, PayloadCodec
 from stepstream.engine.wire.serde import default_serde
@@ -93,6 +95,8 @@ async def open_kafka_transport(
     except (KafkaError, TimeoutError, OSError) as exc:
         with contextlib.suppress(Exception):
             await producer.stop()
+        if not isinstance(exc, TimeoutError):  # a refusal comes at once, never as a timeout
+            await _raise_if_refused(settings, producer_options)
         raise ConnectionFailed(
             f"cannot reach Kafka at {settings.bootstrap}: {str(exc) or type(exc).__name__}; check "
             "the address and the security settings"
@@ -154,6 +158,44 @@ async def open_kafka_transport(
         request_timeout=request_timeout,
         command_timeout=command_timeout,
     )
+
+
+# aiokafka's own arguments that a single connection takes too.
+_CONNECTION_OPTIONS = (
+    "client_id",
+    "ssl_context",
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_plain_username",
+    "sasl_plain_password",
+    "sasl_kerberos_service_name",
+)
+_PROBE_TIMEOUT_S = 5.0
+
+
+async def _raise_if_refused(settings: KafkaSettings, options: dict[str, Any]) -> None:
+    """After a failed start: connect once to each bootstrap server, as the producer did,
+    and raise ``KafkaAuthenticationFailed`` if one refuses the SASL login or the TLS
+    handshake fails. aiokafka only logs why a bootstrap failed ("Unable to bootstrap")."""
+    arguments = {k: v for k, v in options.items() if k in _CONNECTION_OPTIONS}
+    with contextlib.suppress(TimeoutError):  # all of them within one bound
+        async with asyncio.timeout(_PROBE_TIMEOUT_S):
+            for server in settings.bootstrap.split(","):
+                host, _, port = server.strip().rpartition(":")
+                try:
+                    connection = await create_conn(
+                        host.strip("[]"),
+                        int(port),
+                        request_timeout_ms=int(_PROBE_TIMEOUT_S * 1000),
+                        **arguments,
+                    )
+                except (SaslAuthenticationFailed, UnsupportedSaslMechanismError) as exc:
+                    raise authentication_failed(settings.bootstrap, str(exc), tls=False) from None
+                except ssl.SSLError as exc:
+                    raise authentication_failed(settings.bootstrap, str(exc), tls=True) from None
+                except (KafkaError, OSError, ValueError):
+                    continue  # down or unreachable: the caller's error says so
+                connection.close()
 
 
 register_transport("kafka", _connect)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import uuid
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,6 @@ pytestmark = [pytest.mark.kafka]
 
 SERDE = default_serde()
 EVERY = 40
-RESTORED = re.compile(r"partition=(\d+) restored epoch=\d+ snapshot=(\S+) .* records=(\d+) ")
 
 
 async def worker(settings: KafkaSettings, state_dir: Path) -> ThreadedWorker:
@@ -95,10 +93,10 @@ async def a_snapshot_of_partition_0(settings: KafkaSettings) -> None:
 def restores(caplog: pytest.LogCaptureFixture) -> dict[int, tuple[str, int]]:
     """Partition -> (snapshot id or "None", history records folded), of the last restore."""
     out = {}
-    for message in caplog.messages:
-        match = RESTORED.search(message)
-        if match:
-            out[int(match[1])] = (match[2], int(match[3]))
+    for record in caplog.records:  # its fields, as a JSON log line shows them
+        if record.getMessage().startswith("restored in "):
+            fields = record.__dict__
+            out[fields["partition"]] = (str(fields["snapshot"]), fields["records"])
     return out
 
 

@@ -64,7 +64,9 @@ async def test_a_diverged_instance_is_parked_and_goes_on_with_matching_code(
             status = await client.status("o-1")
         # The warning names the instance and its workflow (fields of a JSON log line).
         assert any(
-            "instance=o-1 workflow=order parked" in r.getMessage() for r in caplog.records
+            r.getMessage().startswith("instance parked")
+            and (r.__dict__.get("instance_id"), r.__dict__.get("workflow")) == ("o-1", "order")
+            for r in caplog.records
         ), caplog.text
         assert status.status == "running" and status.diverged, status
         assert status.error is not None and "'reserve'" in status.error

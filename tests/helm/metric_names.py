@@ -33,6 +33,23 @@ METRICS: dict[str, str] = {
     "stepstream_gc_pause_seconds": "histogram",
     "stepstream_gc_pause_max_seconds": "gauge",
     "stepstream_spans_dropped_total": "counter",
+    "stepstream_build_info": "gauge",
+    "stepstream_workflow_schedule_to_start_seconds": "histogram",
+    "stepstream_step_schedule_to_start_seconds": "histogram",
+    "stepstream_partition_owned": "gauge",
+    "stepstream_http_requests_total": "counter",
+    "stepstream_http_request_duration_seconds": "histogram",
+    # prometheus_client's process and platform collectors (Linux).
+    "process_cpu_seconds_total": "counter",
+    "process_resident_memory_bytes": "gauge",
+    "process_virtual_memory_bytes": "gauge",
+    "process_start_time_seconds": "gauge",
+    "process_open_fds": "gauge",
+    "process_max_fds": "gauge",
+    "python_info": "gauge",
+    "python_gc_objects_collected_total": "counter",
+    "python_gc_objects_uncollectable_total": "counter",
+    "python_gc_collections_total": "counter",
 }
 
 # Served besides by `stepstream dev --processes N` (every other series gets a `process`

@@ -114,3 +114,30 @@ def test_each_new_alert_can_be_turned_off() -> None:
     off = {key: {"enabled": False} for key in names}
     values = {"metrics": {"prometheusRule": {"enabled": True, "alerts": off}}}
     assert not set(names.values()) & set(_rules(values))
+
+
+def test_http_errors_and_late_starts_have_alerts_that_can_be_tuned_and_turned_off() -> None:
+    rules = _rules()
+    http = rules["StepstreamHttpErrors"]["expr"]
+    assert promql_metrics(http) == {"stepstream_http_requests_total"}
+    errors, answered = _matchers(http, "stepstream_http_requests_total")
+    assert errors["code"] == "5.." and "code" not in answered
+    assert http.endswith("> 0.05")
+    for alert, metric, threshold in (
+        ("StepstreamStepsStartLate", "stepstream_step_schedule_to_start_seconds_bucket", "10"),
+        ("StepstreamStartsLate", "stepstream_workflow_schedule_to_start_seconds_bucket", "30"),
+    ):
+        expr = rules[alert]["expr"]
+        assert promql_metrics(expr) == {metric}
+        assert expr.startswith("histogram_quantile(0.99,") and expr.endswith(f"> {threshold}")
+        assert f'job="{HEADLESS}"' in expr
+    tuned = {
+        "httpErrors": {"ratio": 0.2},
+        "stepScheduleToStart": {"thresholdSeconds": 2},
+        "startScheduleToStart": {"enabled": False},
+    }
+    values = {"metrics": {"prometheusRule": {"enabled": True, "alerts": tuned}}}
+    tuned_rules = _rules(values)
+    assert tuned_rules["StepstreamHttpErrors"]["expr"].endswith("> 0.2")
+    assert tuned_rules["StepstreamStepsStartLate"]["expr"].endswith("> 2")
+    assert "StepstreamStartsLate" not in tuned_rules

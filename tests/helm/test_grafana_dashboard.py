@@ -68,6 +68,13 @@ def test_the_panels_cover_what_an_operator_watches() -> None:
         "stepstream_dead_letters_total",
         "stepstream_parked_instances",
         "stepstream_rebalances_total",
+        "stepstream_step_schedule_to_start_seconds_bucket",
+        "stepstream_workflow_schedule_to_start_seconds_bucket",
+        "stepstream_partition_owned",
+        "stepstream_http_requests_total",
+        "stepstream_http_request_duration_seconds_bucket",
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
     ]:
         assert metric in everything, f"no panel shows {metric}"
     assert used_by_title["Steps / s by outcome"] == {"stepstream_steps_total"}

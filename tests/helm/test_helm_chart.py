@@ -350,6 +350,9 @@ def test_alerts_watch_lag_dead_letters_timers_parked_and_readiness() -> None:
         "StepstreamStepsFailing",
         "StepstreamSpansDropped",
         "StepstreamPartitionsUnowned",
+        "StepstreamHttpErrors",
+        "StepstreamStepsStartLate",
+        "StepstreamStartsLate",
     }
     known = series_names()
     for name, alert in alerts.items():

@@ -1,59 +1,165 @@
-"""`--log-format json`: one JSON object per line, with the instance, workflow, step,
-attempt, partition and trace id as fields on a line about a step attempt."""
+"""Log lines an operator can use: with `--log-format json`, one JSON object per line whose
+context (instance, workflow, step, attempt, partition, trace and span ids) are fields,
+failures at WARNING (will retry) or ERROR (for good, workflow failed) with the
+traceback, and the trace id the exported spans have, on `stepstream dev` and on a Kafka
+worker. A client speaking broken HTTP cannot flood the log."""
 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 import textwrap
+import uuid
 from pathlib import Path
+from typing import Any
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 
+from stepstream import WorkflowFailed
+from stepstream.consumers.kafka import create_topics
 from stepstream.producers.client import Client
-from tests.dev_server import run_cli, start_dev
+from tests.conftest import KAFKA_TEST_PARTITIONS, kafka_settings, kafka_url
+from tests.dev_server import REPO, clean_env, run_cli, start_dev
+from tests.kafka_broker import Broker
+from tests.otlp_collector import OtlpCollector
+from tests.processes import launch, worker_command
 
 WORKFLOWS = textwrap.dedent(
     """
+    import logging
+
     from stepstream import Context, RetryPolicy, workflow
 
-    calls = {"n": 0}
+    def charge_card() -> str:
+        logging.getLogger("shop").info("charging the card")
+        raise RuntimeError("card declined")
 
-    def flaky() -> str:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("transient")
-        return "ok"
-
-    @workflow("shaky")
-    async def shaky(ctx: Context, _: None) -> str:
-        return await ctx.step("call", flaky, retry=RetryPolicy(initial_interval=0.01))
+    @workflow("charge")
+    async def charge(ctx: Context, _: None) -> str:
+        return await ctx.step(
+            "card", charge_card, retry=RetryPolicy(max_attempts=2, initial_interval=0.01)
+        )
     """
 )
 
 
-async def test_json_lines_carry_the_instance_and_its_trace(tmp_path: Path) -> None:
-    server = start_dev(tmp_path, "shaky", WORKFLOWS, "--log-format", "json")
+def _lines(log: Path) -> list[dict[str, Any]]:
+    # librdkafka writes its own lines (``%4|...``) to stderr, outside Python's logging.
+    lines = log.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip() and not line.startswith("%")]
+
+
+def _run_span(collector: OtlpCollector) -> tuple[str, str]:
+    """The run span: the first activation, which the run's later ones hang off."""
+    process = [span for span in collector.spans if span.name.startswith("process ")]
+    activations = {span.span_id for span in process}
+    (run,) = [span for span in process if span.parent_span_id not in activations]
+    return run.trace_id.hex(), run.span_id.hex()
+
+
+def _check_failure_lines(lines: list[dict[str, Any]], instance_id: str, ids: tuple[str, str]):
+    assert all({"ts", "level", "logger", "msg"} <= set(line) for line in lines), lines
+    mine = [line for line in lines if line.get("instance_id") == instance_id]
+    context = {"instance_id": instance_id, "workflow": "charge", "trace_id": ids[0]}
+    context["span_id"] = ids[1]
+
+    def one(prefix: str) -> dict[str, Any]:
+        found = [line for line in mine if line["msg"].startswith(prefix)]
+        assert len(found) == 1, (prefix, mine)
+        assert {k: found[0].get(k) for k in context} == context, found[0]
+        assert isinstance(found[0]["partition"], int), found[0]
+        return found[0]
+
+    retry = one("step attempt failed, will retry")
+    assert (retry["level"], retry["step"], retry["attempt"]) == ("WARNING", "card", 1)
+    assert "Traceback" in retry["exception"] and "in charge_card" in retry["exception"]
+    assert "RuntimeError: card declined" in retry["exception"]
+    final = one("step failed for good")
+    assert (final["level"], final["step"], final["attempt"]) == ("ERROR", "card", 2)
+    assert "RuntimeError: card declined" in final["exception"]
+    failed = one("workflow failed")
+    assert failed["level"] == "ERROR" and "step" not in failed
+    assert "Traceback" in failed["exception"] and "StepFailed" in failed["exception"]
+    # The step body's own logging carries the attempt it runs in.
+    attempts = [line for line in mine if line["msg"] == "charging the card"]
+    assert [(line["step"], line["attempt"]) for line in attempts] == [("card", 1), ("card", 2)]
+    assert all(line["trace_id"] == ids[0] for line in attempts)
+
+
+async def test_dev_logs_failures_as_fields_in_the_trace_it_exports(tmp_path: Path) -> None:
+    collector = OtlpCollector()
+    env = clean_env(
+        tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_BSP_SCHEDULE_DELAY="100"
+    )
+    server = start_dev(tmp_path, "shop_flows", WORKFLOWS, "--log-format", "json", env=env)
     tracer = TracerProvider().get_tracer("test")
     try:
         async with Client.connect(server.url) as client:
-            with tracer.start_as_current_span("order") as span:
-                instance_id = await client.start("shaky", None, instance_id="s1")
-            assert await client.result(instance_id, timeout=30) == "ok"
+            with tracer.start_as_current_span("checkout") as checkout:
+                instance_id = await client.start("charge", None, instance_id="c-1")
+            with pytest.raises(WorkflowFailed):
+                await client.result(instance_id, timeout=30)
+    finally:
+        server.stop()  # the exporter process flushes on the way out
+        collector.close()
+    ids = _run_span(collector)
+    assert ids[0] == format(checkout.get_span_context().trace_id, "032x")  # the caller's
+    _check_failure_lines(_lines(server.log), instance_id, ids)
+
+
+@pytest.mark.slow
+async def test_a_kafka_worker_logs_the_trace_of_a_run_started_without_one(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    (tmp_path / "shop_flows.py").write_text(WORKFLOWS)
+    settings = kafka_settings(kafka_broker, f"t{uuid.uuid4().hex[:10]}")
+    create_topics(settings, KAFKA_TEST_PARTITIONS)
+    collector = OtlpCollector()
+    env = clean_env(
+        tmp_path, OTEL_EXPORTER_OTLP_ENDPOINT=collector.url, OTEL_BSP_SCHEDULE_DELAY="100"
+    )
+    env["PYTHONPATH"] = f"{tmp_path}:{REPO}"
+    command = worker_command(
+        "shop_flows", settings.bootstrap, settings.prefix, tmp_path / "state", []
+    )
+    log = tmp_path / "worker.log"
+    proc, _ = launch([*command, "--log-format", "json"], env=env, log=log)
+    try:
+        async with Client.connect(kafka_url(settings)) as client:
+            instance_id = await client.start("charge", None, instance_id="k-1")  # no span
+            with pytest.raises(WorkflowFailed):
+                await client.result(instance_id, timeout=60)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        collector.close()
+    _check_failure_lines(_lines(log), instance_id, _run_span(collector))
+
+
+def test_broken_http_from_one_peer_is_logged_once_without_traceback(tmp_path: Path) -> None:
+    source = "from tests.workflows import arith  # noqa: F401\n"
+    server = start_dev(tmp_path, "plain", source, "--log-format", "json")
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    try:
+        for _ in range(50):
+            with socket.create_connection((host, int(port)), timeout=5) as conn:
+                conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n")
+                assert b" 400 Bad Request" in conn.recv(4096).split(b"\r\n")[0]
     finally:
         server.stop()
-    lines = [json.loads(line) for line in server.log.read_text().splitlines() if line]
-    assert all({"ts", "level", "logger", "msg"} <= set(line) for line in lines)
-    (failed,) = [line for line in lines if line["msg"].startswith("step failed")]
-    trace_id = format(span.get_span_context().trace_id, "032x")
-    assert failed["level"] == "INFO"
-    assert {k: failed[k] for k in ("instance_id", "workflow", "step", "attempt", "trace_id")} == {
-        "instance_id": "s1",
-        "workflow": "shaky",
-        "step": "call",
-        "attempt": 1,
-        "trace_id": trace_id,
-    }
-    assert isinstance(failed["partition"], int)
+    text = server.log.read_text()
+    lines = _lines(server.log)
+    malformed = [line for line in lines if "malformed HTTP" in line["msg"]]
+    assert len(malformed) == 1, text
+    assert malformed[0]["level"] == "WARNING" and "exception" not in malformed[0]
+    assert malformed[0]["peer"] == "127.0.0.1"
+    assert "Traceback" not in text and not [x for x in lines if x["level"] == "ERROR"], text
 
 
 def test_a_bad_log_format_is_refused(tmp_path: Path) -> None:

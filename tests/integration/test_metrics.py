@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import platform
 import textwrap
 import urllib.error
 import urllib.request
@@ -14,6 +15,7 @@ import pytest
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
+import stepstream
 from stepstream.engine.errors import UnknownInstance
 from stepstream.producers.client import Client
 from tests.conftest import ThreadedWorker, kafka_url
@@ -87,6 +89,36 @@ def _value(
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
+def _labels(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str
+) -> list[dict[str, str]]:
+    """The label sets of every sample called ``name``."""
+    return [dict(labels) for (sample, labels), _ in samples.items() if sample == name]
+
+
+def _assert_process_and_build(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], backend: str
+) -> None:
+    """The process's own collectors, and which build this is."""
+    assert _labels(samples, "stepstream_build_info") == [
+        {
+            "version": stepstream.__version__,
+            "python": platform.python_version(),
+            "implementation": platform.python_implementation(),
+            "backend": backend,
+        }
+    ]
+    assert _value(samples, "process_resident_memory_bytes") > 1_000_000
+    assert _value(samples, "process_cpu_seconds_total") > 0
+    assert _value(samples, "process_open_fds") > 0
+    assert {labels["generation"] for labels in _labels(samples, "python_gc_collections_total")} == {
+        "0",
+        "1",
+        "2",
+    }
+    assert _labels(samples, "python_info")[0]["version"] == platform.python_version()
+
+
 def _get(url: str) -> tuple[int, dict[str, object]]:
     try:
         with urllib.request.urlopen(url, timeout=10) as response:
@@ -107,6 +139,12 @@ async def test_dev_metrics_count_what_ran(tmp_path: Path) -> None:
                 await client.result(failing, timeout=30)
             except Exception as exc:
                 assert "card declined" in str(exc)
+        # Plain HTTP requests, as curl or a browser makes them: one found, one not, one
+        # path no route serves.
+        before = _scrape(server.url)
+        assert _get(f"{server.url}/v1/instances/o1")[0] == 200
+        assert _get(f"{server.url}/v1/instances/nobody")[0] == 404
+        assert _get(f"{server.url}/v2/nothing-here")[0] == 404
         # Counters are taken after the commit that made them true; the result above is
         # answered after that same commit.
         samples = _scrape(server.url)
@@ -144,6 +182,57 @@ async def test_dev_metrics_count_what_ran(tmp_path: Path) -> None:
     assert _value(samples, "stepstream_ready") == 1
     assert sum(v for (name, _), v in samples.items() if name == "stepstream_timers_pending") == 0
     assert sum(v for (name, _), v in samples.items() if name == "stepstream_timers_held") == 0
+    # Ownership, partition by partition.
+    owned = {
+        dict(labels)["partition"]: value
+        for (name, labels), value in samples.items()
+        if name == "stepstream_partition_owned"
+    }
+    assert owned == {"0": 1, "1": 1, "2": 1, "3": 1}
+    # Schedule-to-start: every start the client sent, every attempt (first ones and
+    # retries) the engine launched.
+    start_delay = "stepstream_workflow_schedule_to_start_seconds_count"
+    assert _value(samples, start_delay, workflow="orders") == 4
+    assert _value(samples, start_delay, workflow="declined") == 1
+    step_delay = "stepstream_step_schedule_to_start_seconds_count"
+    assert _value(samples, step_delay, workflow="orders", step="charge") == 12
+    assert _value(samples, step_delay, workflow="orders", step="flaky") == 8
+    assert _value(samples, step_delay, workflow="declined", step="pay") == 1
+    # A retry is due 10 ms after its failure; it starts after the timer fires and the
+    # processor applies it: a delay, but not seconds of one.
+    delay_sum = _value(
+        samples, "stepstream_step_schedule_to_start_seconds_sum", workflow="orders", step="flaky"
+    )
+    assert 0 <= delay_sum < 8 * 1.0
+    # HTTP requests, by route template (never the id in the path), method and status.
+    requests = "stepstream_http_requests_total"
+    by_id = "/v1/instances/{id}"
+
+    def made(**labels: str) -> float:
+        return _value(samples, requests, **labels) - _value(before, requests, **labels)
+
+    assert made(route=by_id, method="GET", code="200") == 1
+    assert made(route=by_id, method="GET", code="404") == 1
+    assert made(route="unmatched", method="GET", code="404") == 1
+    assert made(route="/metrics", method="GET", code="200") == 1  # the scrape of `before`
+    assert _value(samples, requests, route="/v1/session", method="GET", code="101") >= 1
+    routes = {labels["route"] for labels in _labels(samples, requests)}
+    assert not [r for r in routes if "o1" in r or "nobody" in r or "nothing-here" in r]
+    durations = "stepstream_http_request_duration_seconds_count"
+    assert _value(samples, durations, route=by_id, method="GET") == 2
+    assert _value(samples, durations, route="unmatched", method="GET") >= 1
+    _assert_process_and_build(samples, "embedded")
+
+
+def test_dev_and_worker_help_say_where_the_metrics_are(tmp_path: Path) -> None:
+    from tests.dev_server import run_cli
+
+    for command in ("dev", "worker"):
+        shown = run_cli(tmp_path, command, "--help")
+        assert shown.returncode == 0, shown.stderr
+        text = " ".join(shown.stdout.split())
+        assert "Prometheus metrics at /metrics" in text, text
+        assert "process_* and python_*" in text and "docs/operations.md" in text
 
 
 def test_probes_answer_without_a_token_and_metrics_need_it(tmp_path: Path) -> None:
@@ -199,6 +288,16 @@ async def test_kafka_worker_metrics_and_readiness(kafka_worker: ThreadedWorker) 
     assert _value(samples, steps, workflow="arith", step="add", outcome="succeeded") == 3
     assert _value(samples, steps, workflow="arith", step="double", outcome="succeeded") == 3
     assert _value(samples, "stepstream_partitions_owned") == 2
+    assert _value(samples, "stepstream_partition_owned", partition="0") == 1
+    assert _value(samples, "stepstream_partition_owned", partition="1") == 1
+    start_delay = "stepstream_workflow_schedule_to_start_seconds_count"
+    assert _value(samples, start_delay, workflow="arith") == 3
+    step_delay = "stepstream_step_schedule_to_start_seconds_count"
+    assert _value(samples, step_delay, workflow="arith", step="add") == 3
+    # The scrapes above were requests too.
+    scrapes = "stepstream_http_requests_total"
+    assert _value(samples, scrapes, route="/metrics", method="GET", code="200") >= 1
+    _assert_process_and_build(samples, "kafka")
     assert _value(samples, "stepstream_rebalances_total") >= 1
     assert _value(samples, "stepstream_restore_duration_seconds", partition="0") > 0
     assert _value(samples, "stepstream_ready") == 1
@@ -229,5 +328,7 @@ async def test_kafka_worker_metrics_and_readiness(kafka_worker: ThreadedWorker) 
     assert "restoring" in str(body["reason"])
     after_loss = _scrape(worker.url)
     assert _value(after_loss, "stepstream_ready") == 0
-    # The partitions' restore durations went with them (their next owner reports its own).
+    # The partitions' restore durations went with them (their next owner reports its own),
+    # and so did their ownership.
     assert not [k for k in after_loss if k[0] == "stepstream_restore_duration_seconds"]
+    assert not _labels(after_loss, "stepstream_partition_owned")

@@ -145,6 +145,26 @@ def test_children_messages_reads_and_metrics_span_both_processes(tmp_path: Path)
         assert started["0"] > 0 and started["1"] > 0
         assert started["0"] + started["1"] == len(parents) + len(kids) + 1
         assert 'stepstream_engine_process_restarts_total{process="1"} 0.0' in text
+        # Each process's own collectors and ownership, under its own label: process 1
+        # serves partitions 1 and 3, process 0 the others.
+        for process in ("0", "1"):
+            assert f'process="{process}"' in _line(text, "process_resident_memory_bytes", process)
+            assert 'backend="embedded"' in _line(text, "stepstream_build_info", process)
+        owned = sorted(
+            line.split(" ")[0]
+            for line in text.splitlines()
+            if line.startswith("stepstream_partition_owned{")
+        )
+        assert owned == [
+            f'stepstream_partition_owned{{partition="{p}",process="{g}"}}'
+            for p, g in ((0, 0), (1, 1), (2, 0), (3, 1))
+        ]
+        # Requests are counted where they arrived (the start probe: process 0); the
+        # processes' own traffic (forwarded messages, process 0 scraping 1) is not.
+        assert 'route="/healthz"' in _line(text, "stepstream_http_requests_total", "0")
+        counted = [line for line in text.splitlines() if line.startswith("stepstream_http_")]
+        assert not [line for line in counted if "forward" in line]
+        assert not [line for line in counted if 'process="1"' in line and "/metrics" in line]
         assert get_json(dev.url + "/readyz") == (200, {"ready": True})
     finally:
         dev.stop()
@@ -153,6 +173,17 @@ def test_children_messages_reads_and_metrics_span_both_processes(tmp_path: Path)
     lines = dev.log.read_text().splitlines()
     assert any("process=1 " in line and "serving partitions [1, 3]" in line for line in lines)
     assert any("process=0 " in line and "shutting down" in line for line in lines)
+
+
+def _line(text: str, prefix: str, process: str) -> str:
+    """The first sample line of ``prefix`` labelled with ``process``."""
+    found = [
+        line
+        for line in text.splitlines()
+        if line.startswith(prefix) and f'process="{process}"' in line
+    ]
+    assert found, f"no {prefix} series of process {process}"
+    return found[0]
 
 
 def test_a_killed_engine_process_is_started_again_and_loses_nothing(tmp_path: Path) -> None:

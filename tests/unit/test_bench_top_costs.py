@@ -28,6 +28,15 @@ def test_shares_of_the_loop_threads(tmp_path: Path) -> None:
     assert "fsync" not in report
 
 
+def test_uvloop_threads_count_as_loop_threads(tmp_path: Path) -> None:
+    # uvloop runs the loop in C: the deepest Python frame above the callbacks is Runner.run.
+    path = tmp_path / "p.txt"
+    uvloop = "thread (1): MainThread;run (/w/ops/event_loop.py:63);Runner.run (/x/runners.py:118)"
+    path.write_text(f"{uvloop};_process (/w/consumers/partition.py:10) 40\n" + PROFILE)
+    report = top_costs(str(path), top=1)
+    assert report.splitlines()[0].endswith("140 samples (event-loop threads)")
+
+
 def test_all_threads(tmp_path: Path) -> None:
     path = tmp_path / "p.txt"
     path.write_text(PROFILE)

@@ -11,6 +11,7 @@ from typing import Any
 
 from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import StepstreamError
+from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.ops import event_loop
 from stepstream.ops.tools.replay.replayer import replay_all
 from stepstream.ops.tools.replay.results import ReplayResult, render_trace
@@ -23,12 +24,13 @@ from stepstream.ops.tools.replay.sources import (
 )
 
 
-def main(args: Any) -> int:
+def main(args: Any, codec: PayloadCodec | None = None) -> int:
     """``stepstream replay``; the arguments were checked by ``ops.cli``. Returns the exit
-    status: 0 when every history replays, 1 when any diverges (or has no code, or fails)."""
+    status: 0 when every history replays, 1 when any diverges (or has no code, or fails).
+    ``codec`` decodes the recorded payloads (JSON by default)."""
     registry = Registry()
     registry.add_modules(args.workflows)
-    histories, total = _histories(args)
+    histories, total = _histories(args, codec)
     single = args.instance is not None or (args.file is not None and len(args.file) == 1)
     results: list[dict[str, Any]] = []
     found = False
@@ -48,6 +50,7 @@ def main(args: Any) -> int:
     summary = replay_all(
         histories,
         registry,
+        codec=codec,
         workflow=args.workflow,
         until_seq=args.until_seq,
         trace=args.trace,
@@ -79,7 +82,7 @@ def _where(args: Any) -> str:
     return ", ".join(args.file)
 
 
-def _histories(args: Any) -> tuple[Iterable[History], int | None]:
+def _histories(args: Any, codec: PayloadCodec | None) -> tuple[Iterable[History], int | None]:
     """The histories the arguments name, and how many there are when that is known."""
     found: list[History]
     if args.data is not None:
@@ -96,13 +99,13 @@ def _histories(args: Any) -> tuple[Iterable[History], int | None]:
         if unreadable:
             print(f"skipped {unreadable} unreadable history records", file=sys.stderr)
     else:
-        found = event_loop.run(_from_client(args))
+        found = event_loop.run(_from_client(args, codec))
     if args.instance is not None:
         found = [h for h in found if h.instance_id == args.instance]
     return found, len(found)
 
 
-async def _from_client(args: Any) -> list[History]:
+async def _from_client(args: Any, codec: PayloadCodec | None) -> list[History]:
     import importlib
 
     from stepstream.producers.client import Client
@@ -112,4 +115,6 @@ async def _from_client(args: Any) -> list[History]:
         importlib.import_module("stepstream.producers.kafka")
     options = {"token": args.token, "tls_ca": args.tls_ca}
     async with Client.connect(args.connect, **options) as client:
-        return await read_client(client, instance_id=args.instance, workflow=args.workflow)
+        return await read_client(
+            client, instance_id=args.instance, workflow=args.workflow, codec=codec
+        )

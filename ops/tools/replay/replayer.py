@@ -32,6 +32,7 @@ from stepstream.ops.tools.replay.runtime import FixedClock, NotedCall, ReplayRun
 from stepstream.ops.tools.replay.sources import History
 
 DIVERGED_TYPE = "HistoryDiverged"
+_INVALID_PAYLOAD = "InvalidPayload"
 PROGRESS_EVERY = 1000
 _TERMINAL = (WorkflowCompleted, WorkflowFailedRecord, WorkflowCancelledRecord)
 # Records that open a new replay key: the code made a call the history does not have.
@@ -122,6 +123,9 @@ def replay_history(
     finally:
         runtime.close()
     steps = tuple(TraceStep(c.kind, c.key, c.seq, c.saw) for c in runtime.calls) if trace else ()
+    undecodable = _undecodable(end, out, runtime.state.parked)
+    if undecodable is not None:
+        return made("error", message=undecodable, trace=steps)
     diverged = _divergence(runtime, out, recorded, ended)
     if diverged is None:
         diverged = _ending_differs(end, out, runtime.calls)
@@ -143,6 +147,26 @@ def replay_history(
         except StepstreamError:
             result = None
     return made("ok", trace=steps, result=result)
+
+
+def _undecodable(end: HistoryRecord | None, out: Output, parked: str) -> str | None:
+    """The codec's refusal, when the replay parked or failed for want of reading a
+    recorded payload (a codec other than the one that recorded them, a key missing): not
+    a divergence of the code, and no verdict on it."""
+    refusals = [parked] if parked.startswith(f"{_INVALID_PAYLOAD}: ") else []
+    if not (isinstance(end, WorkflowFailedRecord) and end.error_type == _INVALID_PAYLOAD):
+        # (a history that ended that way failed so when it ran too)
+        refusals += [
+            record.error_message
+            for record in out.history
+            if isinstance(record, WorkflowFailedRecord) and record.error_type == _INVALID_PAYLOAD
+        ]
+    if not refusals:
+        return None
+    return (
+        f"a recorded payload cannot be decoded: {refusals[0]} (replay with --codec, the "
+        "codec the engine recorded it with)"
+    )
 
 
 def _divergence(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepstream.engine.errors import StepstreamError, UndecodableRecord
+from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.engine.wire.records import (
     HistoryRecord,
     InstanceForgotten,
@@ -133,10 +134,12 @@ async def read_client(
     *,
     instance_id: str | None = None,
     workflow: str | None = None,
+    codec: PayloadCodec | None = None,
     concurrency: int = 16,
 ) -> list[History]:
     """Histories through a client: ``Client.list`` and ``Client.history``, rebuilt into
-    records (``ops.tools.history_export.records_from_entries``)."""
+    records (``ops.tools.history_export.records_from_entries``) whose payloads ``codec``
+    encodes again (JSON by default), so the replay decodes them with the same codec."""
     from stepstream.ops.tools.history_export import records_from_entries
 
     if instance_id is not None:
@@ -150,7 +153,7 @@ async def read_client(
     async def one(instance: str) -> History:
         async with limit:
             entries = await client.history(instance)
-        return History(instance, records_from_entries(instance, entries))
+        return History(instance, records_from_entries(instance, entries, codec))
 
     return list(await asyncio.gather(*(one(i) for i in ids)))
 
