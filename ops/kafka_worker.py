@@ -31,6 +31,7 @@ from stepstream.consumers.kafka import (
     StateDir,
     topic_partitions,
 )
+from stepstream.consumers.kafka.keys import group_id
 from stepstream.consumers.kafka.outbox import KafkaOutbox
 from stepstream.consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from stepstream.consumers.kafka.topic_rules import log_findings
@@ -40,7 +41,7 @@ from stepstream.consumers.partition import (
     ProcessorConfig,
 )
 from stepstream.consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
-from stepstream.consumers.telemetry import SpanSink
+from stepstream.consumers.spans import Messaging, SpanSink
 from stepstream.engine.api.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
 from stepstream.engine.api.sources import Source, declared_sources
 from stepstream.engine.api.workflow import Registry
@@ -195,6 +196,10 @@ class KafkaWorker:
                 max_payload_bytes=self.config.max_payload_bytes,
                 config=self.config.processor,
                 outbox=self._outbox,
+            )
+            # The workers' spans name the topic and group their commands come from.
+            self._host.telemetry.messaging = Messaging(
+                "kafka", TopicNames(settings.prefix).commands, group_id(settings.prefix)
             )
             if self.config.span_sink is not None:
                 self._host.telemetry.spans = self.config.span_sink
@@ -414,6 +419,9 @@ class KafkaWorker:
             codec=self._codec,
             max_payload_bytes=self.config.max_payload_bytes,
             clock=self._clock,
+            destination=trace_context.Destination(
+                "kafka", TopicNames(self.config.settings.prefix).commands
+            ),
         )
         security = self.config.api
         advertised = urlsplit(self.config.advertise).hostname if self.config.advertise else None

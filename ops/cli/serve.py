@@ -337,6 +337,13 @@ def _exit_if_stuck(seconds: float) -> Iterator[None]:
 
 
 _HOST_HELP = "beyond loopback it needs --api-token or --insecure"
+_TRACING_HELP = (
+    " Traces: with OTEL_EXPORTER_OTLP_ENDPOINT (OTLP over HTTP) or "
+    "OTEL_TRACES_EXPORTER=console set, it exports a span for each command it publishes, "
+    "each activation of a run (the instance driven by an input: a start, an event, a "
+    "timer, a step's outcome, a cancel, a pause) and each step attempt, after "
+    "OpenTelemetry's messaging and exception conventions (docs/operations.md, Traces)."
+)
 
 COMMANDS = (
     Command(
@@ -350,7 +357,7 @@ COMMANDS = (
         + _OBSERVED
         + " It prints one line once it listens (with --json, a JSON object: listening, "
         "data, partitions, processes, workflows). "
-        "Example: stepstream dev --workflows examples.order --port 8233",
+        "Example: stepstream dev --workflows examples.order --port 8233" + _TRACING_HELP,
         args=(
             arg(
                 "--workflows",
@@ -408,7 +415,8 @@ COMMANDS = (
         "version with eager rebalancing cannot share the group: stop them all first. "
         + _PROCESS_TUNING
         + _OBSERVED
-        + " Example: stepstream worker --workflows pkg.flows --bootstrap kafka:9092",
+        + " Example: stepstream worker --workflows pkg.flows --bootstrap kafka:9092"
+        + _TRACING_HELP,
         args=(
             arg(
                 "--workflows",
