@@ -3,9 +3,11 @@
 One ``Telemetry`` per process (the host's), shared by every partition it owns, so its
 counters stay monotonic across rebalances. The hot path only bumps plain counters and
 bucket arrays here; ``ops/telemetry/metrics.py`` turns them into Prometheus families when scraped,
-and an optional ``SpanSink`` (``ops/telemetry/tracing.py``) turns finished work into spans. Both are
-fed from records once they are durable, so they count what happened, once, whichever
-worker saw it happen.
+and an optional ``SpanSink`` (``ops/telemetry/tracing.py``) turns each activation of a run
+and each finished step attempt into a span (``consumers/spans.py``). Both are fed from
+records once they are durable, so they count what happened, once, whichever worker saw
+it happen. Only while traced does the processor report the inputs it applies
+(``input_applied``, ``outcome_applied``): untraced, spans cost nothing.
 
 Labels are bounded: a workflow name, a step name (the name the code gave, without the
 scope path or the ``#n`` of a repeated name), an outcome, a partition. Never an
@@ -19,11 +21,19 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, cast
 
 from stepstream.consumers import failure_log
 from stepstream.consumers.queue_telemetry import QueueTelemetry
+from stepstream.consumers.spans import (
+    IN_PROCESS,
+    Activations,
+    FlatStepSink,
+    SpanSink,
+    StepSpan,
+)
 from stepstream.engine.api.queues import QUEUE_INSTANCE_PREFIX
+from stepstream.engine.replay.core import WORKFLOW_TRACEBACK
 from stepstream.engine.wire.records import (
     HistoryRecord,
     StepAttemptStarted,
@@ -87,56 +97,6 @@ class Histogram:
             total += n
             out.append((bound, total))
         return out
-
-
-class StepSpan(NamedTuple):
-    """One step attempt that ended, as a span: from its durable start to its outcome."""
-
-    workflow: str
-    instance_id: str
-    partition: int
-    key: str
-    step: str
-    attempt: int
-    start_ms: int
-    end_ms: int
-    outcome: str
-    error_type: str
-    error_message: str
-    traceparent: str | None
-    tracestate: str | None
-    run_start_ms: int  # the run's start: names the run span the attempt belongs to
-
-
-class RunSpan(NamedTuple):
-    """A workflow run that finished, as a span: from its start to its end."""
-
-    workflow: str
-    version: str
-    instance_id: str
-    partition: int
-    start_ms: int
-    end_ms: int
-    outcome: str
-    error_type: str
-    error_message: str
-    traceparent: str | None
-    tracestate: str | None
-
-
-class SpanSink(Protocol):
-    def step(self, span: StepSpan) -> None: ...
-
-    def run(self, span: RunSpan) -> None: ...
-
-
-@runtime_checkable
-class FlatStepSink(Protocol):
-    """A sink that takes a step span as a plain tuple of ``StepSpan``'s fields, in order:
-    making the named tuple is most of what a span costs the engine's thread (1.3 of
-    1.5 µs)."""
-
-    def step_flat(self, fields: tuple[object, ...]) -> None: ...
 
 
 _RUN_ENDS = frozenset(
@@ -231,19 +191,28 @@ class Telemetry:
         self.queues = QueueTelemetry(lambda: Histogram(LATENCY_BUCKETS_S))
         self._spans: SpanSink | None = None
         self._step_flat: FlatStepSink | None = None
+        self.messaging = IN_PROCESS  # the backend's, set by whoever assembles it
+        # Only while traced: the inputs each instance took in the batch being made.
+        self.activations = Activations()
         # When each running attempt was durably started:
         # partition -> instance -> key -> (attempt, ms).
         self._started: dict[int, dict[str, dict[str, tuple[int, int]]]] = {}
 
     @property
     def spans(self) -> SpanSink | None:
-        """Where finished runs and step attempts go as spans (None: not traced)."""
+        """Where activations of runs and finished step attempts go as spans (None: not
+        traced)."""
         return self._spans
 
     @spans.setter
     def spans(self, sink: SpanSink | None) -> None:
         self._spans = sink
         self._step_flat = sink if isinstance(sink, FlatStepSink) else None
+
+    @property
+    def traced(self) -> bool:
+        """Whether spans are made (then the processor reports each input it applies)."""
+        return self._spans is not None
 
     def command_applied(self, kind: str) -> None:
         self.commands[kind] += 1
@@ -293,6 +262,8 @@ class Telemetry:
         started = self._started.get(partition)
         if started is None:
             started = self._started[partition] = {}
+        activations = self.activations.take(partition) if self._spans is not None else None
+        run_tracebacks: dict[str, str] = {}
         for record in history:  # by exact type: every record of every commit passes here
             kind = type(record)
             if record.instance_id.startswith(QUEUE_INSTANCE_PREFIX):
@@ -305,25 +276,36 @@ class Telemetry:
                 attempts[attempt.key] = (attempt.attempt, record.time_ms)
             elif kind is StepSucceeded or kind is StepFailedRecord:
                 ended = cast("StepSucceeded | StepFailedRecord", record)
+                owner = touched.get(record.instance_id)
+                traceback = ""
                 if kind is StepFailedRecord:
-                    failure_log.step_failed(
-                        partition, cast(StepFailedRecord, record), touched.get(record.instance_id)
-                    )
+                    if owner is not None and self._spans is not None:  # before the log takes it
+                        traceback = owner.tracebacks.get((ended.key, ended.attempt), "")
+                    failure_log.step_failed(partition, cast(StepFailedRecord, record), owner)
                 attempts = started.get(record.instance_id)
                 began = attempts.pop(ended.key, None) if attempts is not None else None
-                self._step_ended(partition, ended, touched.get(record.instance_id), began)
+                self._step_ended(partition, ended, owner, began, traceback)
             elif kind is WorkflowStarted:
                 self.workflows[(cast(WorkflowStarted, record).workflow, "started")] += 1
+                if activations is not None and record.instance_id in activations:
+                    activations[record.instance_id].first = True
             elif kind in _RUN_ENDS:
                 end = cast("RunEnd", record)
                 started.pop(record.instance_id, None)
+                owner = touched.get(record.instance_id)
                 if kind is WorkflowFailedRecord:
-                    failure_log.run_failed(
-                        partition,
-                        cast(WorkflowFailedRecord, record),
-                        touched.get(record.instance_id),
-                    )
-                self._run_ended(partition, end, touched.get(record.instance_id))
+                    if owner is not None and activations:  # before the log takes it
+                        run_tracebacks[record.instance_id] = owner.tracebacks.get(
+                            WORKFLOW_TRACEBACK, ""
+                        )
+                    failure_log.run_failed(partition, cast(WorkflowFailedRecord, record), owner)
+                self._run_ended(end, owner)
+        if activations:
+            assert self._spans is not None
+            for span in self.activations.spans(
+                partition, activations, touched, self.messaging, run_tracebacks
+            ):
+                self._spans.activation(span)
 
     def _step_ended(
         self,
@@ -331,6 +313,7 @@ class Telemetry:
         record: StepSucceeded | StepFailedRecord,
         runtime: InstanceRuntime | None,
         started: tuple[int, int] | None,
+        traceback: str,
     ) -> None:
         workflow = runtime.state.workflow if runtime is not None else ""
         step = step_label(record.key)
@@ -360,6 +343,7 @@ class Telemetry:
                 state.traceparent,
                 state.tracestate,
                 state.created_ms,
+                traceback,
             )
             if self._step_flat is not None:
                 self._step_flat.step_flat(fields)
@@ -368,7 +352,6 @@ class Telemetry:
 
     def _run_ended(
         self,
-        partition: int,
         record: RunEnd,
         runtime: InstanceRuntime | None,
     ) -> None:
@@ -388,26 +371,11 @@ class Telemetry:
             histogram = Histogram(LATENCY_BUCKETS_S)
             self.workflow_seconds[(state.workflow, outcome)] = histogram
         histogram.observe(seconds)
-        if self._spans is not None:
-            self._spans.run(
-                RunSpan(
-                    workflow=state.workflow,
-                    version=state.version,
-                    instance_id=state.instance_id,
-                    partition=partition,
-                    start_ms=state.created_ms,
-                    end_ms=record.time_ms,
-                    outcome=outcome,
-                    error_type=state.error_type,
-                    error_message=state.error_message or state.cancel_reason,
-                    traceparent=state.traceparent,
-                    tracestate=state.tracestate,
-                )
-            )
 
     def partition_released(self, partition: int) -> None:
         """The partition is no longer owned here: forget its attempts' start times, and
         its last restore's duration (its new owner reports that)."""
         self._started.pop(partition, None)
+        self.activations.take(partition)
         self.restore_seconds.pop(partition, None)
         self.queues.partition_released(partition)

@@ -31,6 +31,7 @@ from stepstream.consumers.kafka import (
     StateDir,
     topic_partitions,
 )
+from stepstream.consumers.kafka.keys import group_id
 from stepstream.consumers.kafka.outbox import KafkaOutbox
 from stepstream.consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from stepstream.consumers.kafka.topic_rules import log_findings
@@ -40,7 +41,7 @@ from stepstream.consumers.partition import (
     ProcessorConfig,
 )
 from stepstream.consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
-from stepstream.consumers.telemetry import SpanSink
+from stepstream.consumers.spans import Messaging, SpanSink
 from stepstream.engine.api.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
 from stepstream.engine.api.sources import Source, declared_sources
 from stepstream.engine.api.workflow import Registry
@@ -52,6 +53,7 @@ from stepstream.engine.wire.codec import DEFAULT_MAX_PAYLOAD_BYTES, JsonCodec, P
 from stepstream.engine.wire.records import Command
 from stepstream.engine.wire.serde import RecordSerde, default_serde
 from stepstream.engine.wire.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
+from stepstream.ops.api.limits import ApiLimits
 from stepstream.ops.api.routes import DEFAULT_MAX_BODY_BYTES, make_app
 from stepstream.ops.api.security import ApiSecurity
 from stepstream.ops.api.ui.cluster import ClusterView
@@ -84,6 +86,8 @@ class KafkaWorkerConfig:
     snapshot_every: int = DEFAULT_SNAPSHOT_EVERY
     # Who may use the API: token, allowed hosts, TLS (STEPSTREAM_API_TOKEN and so on).
     api: ApiSecurity = field(default_factory=ApiSecurity)
+    # What the API holds at once over all its clients (STEPSTREAM_MAX_PENDING).
+    api_limits: ApiLimits = field(default_factory=ApiLimits)
     # Where spans of runs and step attempts go (None: no tracing; the CLI builds one
     # from the OTEL_* variables).
     tracer_provider: TracerProvider | None = None
@@ -114,6 +118,7 @@ class KafkaWorkerConfig:
         if "STEPSTREAM_ADVERTISE" in env:
             values["advertise"] = env["STEPSTREAM_ADVERTISE"]
         values["api"] = ApiSecurity.from_env(env)
+        values["api_limits"] = ApiLimits.from_env(env)
         values["sources"] = SourcesConfig.from_env(env)
         values["outbox_bootstrap"] = env.get(OUTBOX_ENV) or None
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -191,6 +196,10 @@ class KafkaWorker:
                 max_payload_bytes=self.config.max_payload_bytes,
                 config=self.config.processor,
                 outbox=self._outbox,
+            )
+            # The workers' spans name the topic and group their commands come from.
+            self._host.telemetry.messaging = Messaging(
+                "kafka", TopicNames(settings.prefix).commands, group_id(settings.prefix)
             )
             if self.config.span_sink is not None:
                 self._host.telemetry.spans = self.config.span_sink
@@ -410,6 +419,9 @@ class KafkaWorker:
             codec=self._codec,
             max_payload_bytes=self.config.max_payload_bytes,
             clock=self._clock,
+            destination=trace_context.Destination(
+                "kafka", TopicNames(self.config.settings.prefix).commands
+            ),
         )
         security = self.config.api
         advertised = urlsplit(self.config.advertise).hostname if self.config.advertise else None
@@ -428,6 +440,7 @@ class KafkaWorker:
                 backend="kafka",
             ),
             ui_transport=self._ui.transport,
+            limits=self.config.api_limits,
         )
         tls = security.ssl_context()
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

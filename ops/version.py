@@ -1,34 +1,6 @@
-"""stepstream's version: one source of truth, the ``version`` of pyproject.toml.
+"""stepstream's version, kept at this path for the code that imports it from here: it
+lives in ``engine/version.py`` now, where the client's spans (``producers/``) reach it."""
 
-Installed (a wheel, or ``pip install -e``), it is read from the distribution's metadata;
-run from a source checkout that was never installed, from the checkout's pyproject.toml.
-"""
+from stepstream.engine.version import DISTRIBUTION, UNKNOWN, version
 
-from __future__ import annotations
-
-import tomllib
-from importlib import metadata
-from pathlib import Path
-
-DISTRIBUTION = "stepstream"
-# What a checkout whose version cannot be read at all says (PEP 440: a local version).
-UNKNOWN = "0+unknown"
-
-
-def version() -> str:
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return _checkout_version()
-
-
-def _checkout_version() -> str:
-    # stepstream/ops is a symlink to the checkout's ops/: its parent is the checkout.
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
-    try:
-        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
-    except (OSError, tomllib.TOMLDecodeError):
-        return UNKNOWN
-    if project.get("name") != DISTRIBUTION or not isinstance(project.get("version"), str):
-        return UNKNOWN
-    return str(project["version"])
+__all__ = ["DISTRIBUTION", "UNKNOWN", "version"]

@@ -154,8 +154,8 @@ _ACTIONS = {
 class CommandPublisher(abc.ABC):
     """The command half of a transport; subclasses say how to read."""
 
-    # Where commands go, for the producer span's name (``send <destination>``).
-    destination = "stepstream.commands"
+    # Where commands go, for their producer spans (a Kafka transport names its topic).
+    destination = trace_context.IN_PROCESS
 
     def __init__(
         self,
@@ -174,15 +174,36 @@ class CommandPublisher(abc.ABC):
         self._limit = max_payload_bytes
         self._on_close = on_close
 
+    def _partition(self, instance_id: str) -> int:
+        """The partition a command for ``instance_id`` goes to, for its producer span;
+        -1 where the transport does not choose it."""
+        return -1
+
     async def _submit(self, command: Command) -> None:
-        settled = self._publishing.settled(command.command_id)
-        # Stamped when accepted: the owner measures its start's schedule-to-start from it.
-        command = dataclasses.replace(command, time_ms=self._clock.now_ms())
-        try:
-            await self._publish(command)
-            reason = await settled
-        finally:
-            self._publishing.forget(command.command_id)
+        """Publish ``command`` inside its producer span, which it carries (every command
+        gets one here: a new kind of command needs nothing more)."""
+        instance_id = command.instance_id
+        with trace_context.sending(
+            self.destination,
+            instance_id,
+            command.type,
+            command.command_id,
+            self._partition(instance_id),
+        ) as (traceparent, tracestate):
+            # Stamped when accepted: the owner measures its start's schedule-to-start
+            # from it.
+            command = dataclasses.replace(
+                command,
+                time_ms=self._clock.now_ms(),
+                traceparent=traceparent if traceparent is not None else command.traceparent,
+                tracestate=tracestate if traceparent is not None else command.tracestate,
+            )
+            settled = self._publishing.settled(command.command_id)
+            try:
+                await self._publish(command)
+                reason = await settled
+            finally:
+                self._publishing.forget(command.command_id)
         if reason is not None:
             action = _ACTIONS.get(command.type, command.type)
             raise error_for(reason, command.instance_id, action)
@@ -214,21 +235,18 @@ class CommandPublisher(abc.ABC):
             check_name(version, f"version of workflow {workflow!r}:")
         definition = self._publishing.resolve(workflow, version)
         payload = self._encode(input, f"input of instance {instance_id}")
-        with trace_context.sending(self.destination, instance_id, "StartWorkflow") as trace:
-            await self._submit(
-                StartWorkflow(
-                    instance_id=instance_id,
-                    command_id=str(uuid.uuid4()),
-                    workflow=definition.name,
-                    version=definition.version,
-                    input=payload,
-                    if_exists=if_exists,
-                    priority=priority,
-                    queue_key=queue_key,
-                    traceparent=trace[0],
-                    tracestate=trace[1],
-                )
+        await self._submit(
+            StartWorkflow(
+                instance_id=instance_id,
+                command_id=str(uuid.uuid4()),
+                workflow=definition.name,
+                version=definition.version,
+                input=payload,
+                if_exists=if_exists,
+                priority=priority,
+                queue_key=queue_key,
             )
+        )
         return instance_id
 
     async def send_event(
@@ -240,17 +258,14 @@ class CommandPublisher(abc.ABC):
             check_name(event_id, "event id", event_id_problem)
         encoded = self._encode(payload, f"event {name!r} for instance {instance_id}")
         await self._check_exists(instance_id)
-        with trace_context.sending(self.destination, instance_id, "SendEvent") as trace:
-            await self._submit(
-                SendEvent(
-                    instance_id=instance_id,
-                    command_id=event_id or str(uuid.uuid4()),
-                    name=name,
-                    payload=encoded,
-                    traceparent=trace[0],
-                    tracestate=trace[1],
-                )
+        await self._submit(
+            SendEvent(
+                instance_id=instance_id,
+                command_id=event_id or str(uuid.uuid4()),
+                name=name,
+                payload=encoded,
             )
+        )
 
     @abc.abstractmethod
     async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
@@ -353,6 +368,7 @@ class LogTransport(CommandPublisher):
         max_payload_bytes: int,
         on_close: Callable[[], Awaitable[None]] | None = None,
         clock: Clock | None = None,
+        destination: trace_context.Destination = trace_context.IN_PROCESS,
     ) -> None:
         super().__init__(
             publish,
@@ -363,6 +379,7 @@ class LogTransport(CommandPublisher):
             clock=clock,
         )
         self._reader = reader
+        self.destination = destination  # a Kafka worker's API publishes to its topic
 
     async def _check_exists(self, instance_id: str) -> None:
         # Raises UnknownInstance. A command for a finished instance is published: the

@@ -1,8 +1,10 @@
 """W3C trace context for the commands a client publishes.
 
-A start or an event sent from inside a span of the caller's (any OpenTelemetry-
-instrumented code) carries that trace: the client opens a producer span named after
-OpenTelemetry's messaging conventions (``send <destination>``) and puts its
+Every command a client publishes (start, event, cancel, pause, resume, and any other:
+``CommandPublisher._submit`` makes the span) carries the trace of the caller's span, if
+any (any OpenTelemetry-instrumented code): the client opens a producer span after
+OpenTelemetry's messaging conventions (``send <topic>`` on Kafka; ``send <command>``
+where no messaging system carries it, embedded or through the HTTP API) and puts its
 ``traceparent``/``tracestate`` into the command's Avro envelope (and, on Kafka, into the
 record headers). Workers' spans for the run and its step attempts join that trace.
 
@@ -26,6 +28,15 @@ from contextlib import contextmanager
 from typing import NamedTuple, Protocol
 
 from opentelemetry import context, trace
+from opentelemetry.semconv._incubating.attributes.messaging_attributes import (
+    MESSAGING_DESTINATION_NAME,
+    MESSAGING_DESTINATION_PARTITION_ID,
+    MESSAGING_KAFKA_MESSAGE_KEY,
+    MESSAGING_MESSAGE_ID,
+    MESSAGING_OPERATION_NAME,
+    MESSAGING_OPERATION_TYPE,
+    MESSAGING_SYSTEM,
+)
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -35,12 +46,26 @@ log = logging.getLogger("stepstream.tracing")
 _SAMPLED = 0x01
 
 
+class Destination(NamedTuple):
+    """Where a transport publishes commands, for its producer spans."""
+
+    system: str  # "kafka"; "" where no messaging system carries them (embedded, HTTP)
+    name: str  # the commands topic ("<prefix>.commands"); "" without a messaging system
+
+
+# The embedded engine's own log, in process (also the API's, for its HTTP clients).
+IN_PROCESS = Destination("", "")
+
+
 class ProducerSpan(NamedTuple):
     """The producer span of one published command, as ``sending`` made it."""
 
+    system: str
     destination: str
+    partition: int  # -1: not known when it was sent (no messaging system)
     instance_id: str
     operation: str
+    command_id: str
     trace_id: int
     span_id: int
     parent_span_id: int  # 0: a root span
@@ -66,15 +91,30 @@ def produce_spans_with(sink: ProducerSink | None) -> None:
     _sink = sink
 
 
+def version() -> str:
+    """stepstream's version, the instrumentation scope's (read once)."""
+    global _version
+    if _version is None:
+        from stepstream.engine.version import version as installed
+
+        _version = installed()
+    return _version
+
+
+_version: str | None = None
+
+
 @contextmanager
 def sending(
-    destination: str, instance_id: str, operation: str
+    destination: Destination, instance_id: str, operation: str, command_id: str, partition: int
 ) -> Iterator[tuple[str | None, str | None]]:
     """A producer span around publishing one command; yields the (traceparent,
     tracestate) to put into it, (None, None) when there is no trace to join."""
     sink = _sink
     if sink is not None:
-        with _sending_to(sink, destination, instance_id, operation) as trace_context:
+        with _sending_to(
+            sink, destination, instance_id, operation, command_id, partition
+        ) as trace_context:
             yield trace_context
         return
     if not trace.get_current_span().get_span_context().is_valid and isinstance(
@@ -84,11 +124,13 @@ def sending(
         # carry no context. Skipping it saves most of a start's tracing cost (~25 µs).
         yield None, None
         return
-    tracer = trace.get_tracer(_TRACER_NAME)
+    tracer = trace.get_tracer(_TRACER_NAME, version())
     with tracer.start_as_current_span(
-        f"send {destination}",
+        producer_name(destination.name, operation),
         kind=SpanKind.PRODUCER,
-        attributes=producer_attributes(destination, instance_id, operation),
+        attributes=producer_attributes(
+            destination.system, destination.name, partition, instance_id, operation, command_id
+        ),
     ) as span:
         if not span.get_span_context().is_valid:
             yield None, None
@@ -96,22 +138,47 @@ def sending(
         yield current()
 
 
-def producer_attributes(destination: str, instance_id: str, operation: str) -> dict[str, str]:
-    """A command's producer span's attributes (OpenTelemetry's messaging conventions)."""
-    return {
-        "messaging.system": "kafka",
-        "messaging.operation.type": "send",
-        "messaging.operation.name": "send",
-        "messaging.destination.name": destination,
-        "messaging.kafka.message.key": instance_id,
-        "stepstream.command": operation,
-        "stepstream.instance_id": instance_id,
-    }
+def producer_name(destination: str, operation: str) -> str:
+    """``send <topic>`` as the messaging conventions name it; without a messaging system,
+    ``send <command>``."""
+    return f"send {destination or operation}"
+
+
+def producer_attributes(
+    system: str,
+    destination: str,
+    partition: int,
+    instance_id: str,
+    operation: str,
+    command_id: str,
+) -> dict[str, str]:
+    """A command's producer span's attributes: OpenTelemetry's messaging conventions
+    where a messaging system (Kafka) carries the command, and stepstream's own."""
+    attributes = {}
+    if system:
+        attributes = {
+            MESSAGING_SYSTEM: system,
+            MESSAGING_OPERATION_TYPE: "send",
+            MESSAGING_OPERATION_NAME: "send",
+            MESSAGING_DESTINATION_NAME: destination,
+        }
+        if partition >= 0:
+            attributes[MESSAGING_DESTINATION_PARTITION_ID] = str(partition)
+        attributes[MESSAGING_KAFKA_MESSAGE_KEY] = instance_id
+        attributes[MESSAGING_MESSAGE_ID] = command_id
+    attributes["stepstream.command"] = operation
+    attributes["stepstream.instance_id"] = instance_id
+    return attributes
 
 
 @contextmanager
 def _sending_to(
-    sink: ProducerSink, destination: str, instance_id: str, operation: str
+    sink: ProducerSink,
+    destination: Destination,
+    instance_id: str,
+    operation: str,
+    command_id: str,
+    partition: int,
 ) -> Iterator[tuple[str | None, str | None]]:
     # The block only publishes the command, which carries the span's context: nothing
     # in it reads the current span, so the span is not made current (a cost per command).
@@ -134,9 +201,12 @@ def _sending_to(
             _hand_over(
                 sink,
                 ProducerSpan(
-                    destination,
+                    destination.system,
+                    destination.name,
+                    partition,
                     instance_id,
                     operation,
+                    command_id,
                     trace_id,
                     span_id,
                     parent.span_id if parent.is_valid else 0,

@@ -42,9 +42,9 @@ from stepstream.engine.errors import (
     WorkflowTimeout,
 )
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
+from stepstream.engine.version import version as _version
 from stepstream.engine.wire.codec import JsonCodec, PayloadCodec
 from stepstream.engine.wire.records import Payload
-from stepstream.ops.version import version as _version
 from stepstream.ops.worker import Worker
 from stepstream.producers.client import Client
 from stepstream.producers.schedules import ScheduleInfo

@@ -23,7 +23,12 @@ them; this module gathers them (``tests/unit/test_errors.py`` fails if one is mi
     │   ├── ConnectionFailed         the engine or worker could not be reached (retriable)
     │   │   └── SessionUnavailable   the server opened no session websocket (an older
     │   │                            server, or a proxy that drops upgrades)
-    │   └── AccessDenied             the API refused the token, Origin or Host
+    │   ├── AccessDenied             the API refused the token, Origin or Host
+    │   └── ServerUnavailable        HTTP 503: the server cannot take the call now, its
+    │       │                        fault, not the call's (a full disk); .retry_after
+    │       │                        seconds (retriable)
+    │       └── ServerBusy           the API holds --max-pending calls and waits over all
+    │                                its clients (STEPSTREAM_MAX_PENDING)
     ├── in workflow code (raised at the ctx call; the workflow may catch them)
     │   ├── StepFailed               a step used up its attempts (.kind says how)
     │   ├── StepTimeout              one attempt ran past its timeout (inside the step)
@@ -127,6 +132,7 @@ from stepstream.ops.brokers import BrokerError
 from stepstream.ops.tools.history_export import InvalidHistoryFile
 from stepstream.ops.tools.replay.results import ReplayDiverged
 from stepstream.producers.http.session import SessionUnavailable
+from stepstream.producers.http.wire import ServerBusy, ServerUnavailable
 
 __all__ = [
     "AccessDenied",
@@ -164,6 +170,8 @@ __all__ = [
     "RestoreFailed",
     "ResultTimeout",
     "RolledBack",
+    "ServerBusy",
+    "ServerUnavailable",
     "SessionUnavailable",
     "StateDirInUse",
     "StateWriteFailed",

@@ -18,6 +18,7 @@ class OtlpCollector:
         )
 
         spans = self.spans = []  # type: list[Any]
+        scopes = self.scopes = []  # type: list[Any]
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
@@ -27,6 +28,7 @@ class OtlpCollector:
                 for resource in request.resource_spans:
                     for scope in resource.scope_spans:
                         spans.extend(scope.spans)
+                        scopes.append(scope.scope)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

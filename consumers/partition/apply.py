@@ -157,6 +157,10 @@ class Applier:
                 continue  # the instance finished or was dropped; a late outcome changes nothing
             if self._containment.handle(runtime, outcome, batch) is None:
                 batch.applied_outcomes.setdefault(outcome.instance_id, []).append(outcome)
+                if self._telemetry.traced:
+                    self._telemetry.activations.outcome_applied(
+                        self._partition, outcome.instance_id
+                    )
             self._undo_poisoned(batch)
         self._settle_undone(batch)
         appends = batch.commit.appends
@@ -232,10 +236,13 @@ class Applier:
             record = self._intake.read(entry)
         if isinstance(record, Rejected):
             return record.command_id, record.reason, True
-        return self._apply(record, batch)
+        return self._apply(record, batch, offset=entry.offset)
 
-    def _apply(self, record: Command, batch: Batch, *, direct: bool = False) -> Applied:
-        """Apply one command read from the log, or a timer fire handed over directly."""
+    def _apply(
+        self, record: Command, batch: Batch, *, direct: bool = False, offset: int = -1
+    ) -> Applied:
+        """Apply one command read from the log (at ``offset``), or a timer fire handed
+        over directly."""
         batch.last_instance = ""
         instance_id = record.instance_id
         runtime = batch.touched.get(instance_id) or self._cache.get_or_load(instance_id)
@@ -295,6 +302,10 @@ class Applier:
             return record.command_id, error, True
         batch.last_instance = instance_id
         self._telemetry.command_applied(record.type)
+        if self._telemetry.traced:
+            self._telemetry.activations.input_applied(
+                self._partition, record, offset, runtime.state.traceparent
+            )
         if accepted_ms:
             self._telemetry.instance_started(
                 runtime.state.workflow, accepted_ms, self._clock.now_ms()

@@ -22,6 +22,7 @@ from stepstream.engine.wire.records import (
     StartWorkflow,
     TerminateWorkflow,
 )
+from stepstream.engine.wire.run_trace import run_traceparent
 
 
 class OutgoingMixin(RuntimeCore):
@@ -50,8 +51,18 @@ class OutgoingMixin(RuntimeCore):
             time_ms=self.clock.now_ms(),
             workflow=entry.event_name or "",
             input=entry.result,
-            traceparent=self._traceparent,
-            tracestate=self._tracestate,
+            # The child's run is a span of this run, in this run's trace (whatever
+            # trace the input that started it came in).
+            traceparent=self._run_trace()[0],
+            tracestate=self._run_trace()[1],
+        )
+
+    def _run_trace(self) -> tuple[str, str | None]:
+        """This run's span as W3C trace context, for what it sends other instances."""
+        state = self.state
+        return (
+            run_traceparent(state.instance_id, state.created_ms, state.traceparent),
+            state.tracestate,
         )
 
     def _notify_parent(self) -> None:
@@ -74,8 +85,7 @@ class OutgoingMixin(RuntimeCore):
             f"childdone:{state.instance_id}",
             encode_safely(self.codec, outcome),
             self.clock.now_ms(),
-            self._traceparent,
-            self._tracestate,
+            *self._run_trace(),  # the parent's activation links to this run
         )
         self._out.commands.append((state.instance_id, notice))
 
@@ -165,8 +175,9 @@ class OutgoingMixin(RuntimeCore):
             time_ms=self.clock.now_ms(),
             name=entry.event_name or "",
             payload=entry.result,
-            traceparent=self._traceparent,
-            tracestate=self._tracestate,
+            # The receiver's activation links to this run.
+            traceparent=self._run_trace()[0],
+            tracestate=self._run_trace()[1],
         )
 
 

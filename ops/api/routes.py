@@ -9,11 +9,12 @@ call at all is ``ops.api.security``'s concern.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -36,6 +37,7 @@ from stepstream.engine.errors import (
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.replay.state import Status
 from stepstream.engine.wire.codec import parse_json_text
+from stepstream.ops.api.limits import ApiLimits, Pending, server_fault
 from stepstream.ops.api.repair import add_repair_routes
 from stepstream.ops.api.schedule_routes import API_ROOT as SCHEDULES_API
 from stepstream.ops.api.schedule_routes import UI_ROOT as SCHEDULES_UI
@@ -51,7 +53,12 @@ from stepstream.ops.api.session import (
 from stepstream.ops.api.ui.routes import TransportSource, add_ui_routes
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport
-from stepstream.producers.http.wire import SESSION_PATH, error_to_wire, wire_error_class
+from stepstream.producers.http.wire import (
+    SESSION_PATH,
+    ServerUnavailable,
+    error_to_wire,
+    wire_error_class,
+)
 
 if TYPE_CHECKING:
     from stepstream.ops.telemetry.metrics import Observability
@@ -75,6 +82,9 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
     # This server cannot answer for that instance now (a worker that does not own its
     # partition); a client asks again, elsewhere.
     ConnectionFailed: 503,
+    # Nor can it take the call now: at its limit of pending calls, or its disk failed
+    # (the server's fault, never the client's: a 4xx would say "do not retry").
+    ServerUnavailable: 503,
 }
 _STATUSES = tuple(s.value for s in Status)
 # Any of these asks ``GET /v1/instances`` for one page (``engine.reads.listing``) rather than all.
@@ -84,6 +94,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 SESSIONS: web.AppKey[Session] = web.AppKey("sessions")
+PENDING: web.AppKey[Pending] = web.AppKey("pending")
 
 
 @web.middleware
@@ -103,6 +114,7 @@ def make_app(
     served_hosts: tuple[str, ...] = (),
     observability: Observability | None = None,
     ui_transport: TransportSource | None = None,
+    limits: ApiLimits | None = None,
 ) -> web.Application:
     """The API over ``transport``. ``registry_names`` answers ``GET /v1/workflows``;
     ``commands`` (if given) ``GET /v1/commands/{id}?instance=ID&timeout=S``. ``security``
@@ -111,8 +123,12 @@ def make_app(
     host). ``observability`` adds ``/metrics`` and ``/readyz``. ``app[SESSIONS]`` counts
     the websocket sessions and their calls. ``ui_transport`` gives the transport the web
     UI reads the whole deployment through (default: ``transport``, which covers it unless
-    this is one worker of several)."""
-    api = _Api(transport, registry_names, max_body_bytes, commands)
+    this is one worker of several). ``limits`` bound what all clients hold at once
+    (``ops.api.limits``; default: ``STEPSTREAM_MAX_PENDING`` or its default);
+    ``app[PENDING]`` counts it."""
+    limits = limits or ApiLimits.from_env()
+    pending = Pending(limits.max_pending)
+    api = _Api(transport, registry_names, max_body_bytes, commands, pending)
     guard = (security or ApiSecurity()).guard(served_hosts)
     # Outermost: request metrics see every answer, refusals and errors included.
     http = observability.http if observability is not None else None
@@ -137,8 +153,9 @@ def make_app(
     add_repair_routes(app, transport)
     if commands is not None:
         app.router.add_get("/v1/commands/{id}", api.command)
-    session = Session(transport, commands, max_body_bytes)
+    session = Session(transport, commands, max_body_bytes, limits, pending)
     app[SESSIONS] = session
+    app[PENDING] = pending
     app.router.add_get(SESSION_PATH, session.serve)
     app.on_shutdown.append(session.close_all)
     # The overview and the web UI (ops.api.ui), kept in one block.
@@ -159,19 +176,21 @@ class _Api:
         transport: Transport,
         registry_names: Callable[[], dict[str, list[str]]] | None,
         max_body_bytes: int,
-        commands: CommandWaiter | None = None,
+        commands: CommandWaiter | None,
+        pending: Pending,
     ) -> None:
         self._transport = transport
         self._registry_names = registry_names
         self._max_body_bytes = max_body_bytes
         self._commands = commands
+        self._pending = pending
 
     @web.middleware
     async def errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         try:
             return await handler(request)
         except StepstreamError as exc:
-            return _error_response(exc)
+            return _error_response(server_fault(exc) or exc)
         except web.HTTPRequestEntityTooLarge:
             return _error_response(
                 PayloadTooLarge(
@@ -286,22 +305,39 @@ class _Api:
         # Waits here, woken by the commit that settles the command: one long request.
         assert self._commands is not None
         command_id = request.match_info["id"]
-        reason = await self._commands.wait_settled(
-            command_id, request.query.get("instance") or None, _timeout(request)
-        )
+        timeout = _timeout(request)
+        with self._waiting():
+            reason = await self._commands.wait_settled(
+                command_id, request.query.get("instance") or None, timeout
+            )
         return web.json_response({"command_id": command_id, "settled": True, "reason": reason})
 
     async def result(self, request: web.Request) -> web.Response:
         # Waits here, woken by the engine when the instance finishes: one long request.
         timeout = _timeout(request)
-        value = await self._transport.result(_instance_id(request), timeout)
+        with self._waiting():
+            value = await self._transport.result(_instance_id(request), timeout)
         return web.json_response({"status": "completed", "result": value})
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        """A long request holds a place in the server's bound of pending calls while it
+        waits; ``ServerBusy`` (503) if there is none."""
+        if not self._pending.take(wait=True):
+            raise self._pending.busy()
+        try:
+            yield
+        finally:
+            self._pending.release(waits=1)
 
 
 def _error_response(exc: StepstreamError) -> web.Response:
     cls = wire_error_class(exc)
     code = next((_STATUS_CODES[c] for c in cls.__mro__ if c in _STATUS_CODES), 400)
-    return web.json_response(error_to_wire(exc), status=code)
+    headers = None
+    if isinstance(exc, ServerUnavailable):
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    return web.json_response(error_to_wire(exc), status=code, headers=headers)
 
 
 def _accepted() -> web.Response:

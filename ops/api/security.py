@@ -5,7 +5,9 @@
   ``Authorization: Bearer <token>``, the websocket upgrade of ``/v1/session``, ``/metrics``
   and the UI's JSON included. Compared in constant time.
 - A server bound beyond loopback refuses to start without a token, unless ``--insecure``.
-- Cross-site requests are refused: an ``Origin`` that is not the server's own (403), a
+- Cross-site requests are refused: an ``Origin`` that is not the server's own (403: its
+  scheme too, so a plain-http server takes only ``http://`` origins and an https one only
+  ``https://``; a page served over one cannot call the other), a
   ``Host`` that is not a loopback name, an IP address, the bound or advertised host, this
   machine's name or an allowed host (``--allowed-host``, ``STEPSTREAM_ALLOWED_HOSTS``; ``*``
   allows any) (403: DNS rebinding), and a POST whose body is not ``application/json``
@@ -159,6 +161,7 @@ def is_loopback(host: str) -> bool:
 class _Guard:
     def __init__(self, security: ApiSecurity, served_hosts: Iterable[str]) -> None:
         self._token = security.token.encode() if security.token else None
+        self._scheme = security.scheme
         names = {_host_name(h) for h in (*served_hosts, *security.allowed_hosts)}
         if names & _WILDCARD_BINDS:
             names.add(_host_name(socket.gethostname()))
@@ -177,12 +180,13 @@ class _Guard:
                 f"with --allowed-host or {ALLOWED_HOSTS_ENV}",
             )
         origin = request.headers.get("Origin")
-        if origin is not None and not _same_origin(origin, host):
+        if origin is not None and not _same_origin(origin, host, self._scheme):
             return _refuse(
                 403,
                 "AccessDenied",
                 f"cross-site request refused: Origin {origin!r} is not this server "
-                f"({host or 'no Host header'}); stepstream's API is not for other web sites",
+                f"({self._scheme}://{host or '(no Host header)'}); stepstream's API is not "
+                "for other web sites, nor for pages served over another scheme",
             )
         if self._token is not None and request.path not in _OPEN_PATHS:
             refusal = self._check_token(request.headers.get("Authorization"))
@@ -231,17 +235,18 @@ def _refuse(
     return web.json_response(body, status=status, headers=headers)
 
 
-def _same_origin(origin: str, host: str | None) -> bool:
-    """Whether ``Origin`` names the server the ``Host`` header names (scheme aside: a port
-    serves one of http and https; a Host without a port is the origin's default one)."""
+def _same_origin(origin: str, host: str | None, scheme: str) -> bool:
+    """Whether ``Origin`` names this server: the scheme it serves (``scheme``), and the
+    host and port the ``Host`` header names (a Host without a port is the scheme's
+    default one)."""
     try:
         parts = urlsplit(origin)
         origin_port = parts.port
     except ValueError:
         return False
-    if host is None or parts.scheme not in ("http", "https") or not parts.hostname:
+    if host is None or parts.scheme != scheme or not parts.hostname:
         return False
-    default = 443 if parts.scheme == "https" else 80
+    default = 443 if scheme == "https" else 80
     name, port = _split_host(host)
     if port is None:
         port = default

@@ -16,6 +16,8 @@ import functools
 import json
 import logging
 import math
+import socket
+import struct
 import time
 import uuid
 from collections.abc import Iterable
@@ -26,6 +28,7 @@ from aiohttp import WSCloseCode, web
 from stepstream.engine.errors import InvalidPayload, StepstreamError
 from stepstream.engine.wire.codec import parse_json_text
 from stepstream.engine.wire.settle import error_for, recorded_and_ignored
+from stepstream.ops.api.limits import ApiLimits, Pending, server_fault
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport
 from stepstream.producers.http.wire import (
@@ -49,6 +52,12 @@ _COMMANDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "pause": (("instance_id",), ()),
     "resume": (("instance_id",), ()),
 }
+# How long a client may take to accept the close frame when the server shuts down.
+_CLOSE_TIMEOUT_S = 1.0
+# Calls of one frame started before the session lets others have the event loop.
+_CALLS_PER_TURN = 10
+# Calls that last until something happens (or their timeout): see ``Pending``.
+_WAITS = frozenset({"result", "reply", "settled"})
 _TRACE_FIELDS = ("traceparent", "tracestate")
 _CALL_FIELDS = frozenset({"id", "op", *_TRACE_FIELDS})
 
@@ -95,14 +104,27 @@ class Session:
     be written (a client that does not read stops being served). So a session holds at
     most ``SESSION_MAX_CALLS`` running calls and about twice that many replies. Closing
     the session cancels its calls.
+
+    What all of them can hold (``ops.api.limits``): ``limits.max_pending`` calls, each
+    from when it is read until it ends (over that, ``ServerBusy`` at once); and a client
+    that has not accepted a frame of replies within ``limits.write_timeout_s`` loses its
+    session, and its calls with it. Big frames take turns (``_Connection._take``).
     """
 
     def __init__(
-        self, transport: Transport, commands: CommandWaiter | None, max_body_bytes: int
+        self,
+        transport: Transport,
+        commands: CommandWaiter | None,
+        max_body_bytes: int,
+        limits: ApiLimits,
+        pending: Pending,
     ) -> None:
         self._transport = transport
         self._commands = commands
         self._max = max_body_bytes
+        self.limits = limits
+        self.pending = pending
+        self.gate = asyncio.Lock()  # whose turn it is to start calls (see _Connection._take)
         self._open: set[_Connection] = set()
 
     @property
@@ -115,14 +137,31 @@ class Session:
         return len(self._open)
 
     async def close_all(self, app: web.Application) -> None:
-        """On shutdown: a session would otherwise keep the server waiting for it."""
-        for connection in list(self._open):
-            await connection.ws.close(code=WSCloseCode.GOING_AWAY, message=b"server shutting down")
+        """On shutdown: a session would otherwise keep the server waiting for it. All at
+        once, and a client that does not take its close frame within a second is cut."""
+
+        async def close(connection: _Connection) -> None:
+            try:
+                async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                    await connection.ws.close(
+                        code=WSCloseCode.GOING_AWAY, message=b"server shutting down"
+                    )
+            except TimeoutError:
+                connection.cut(f"it took no close frame within {_CLOSE_TIMEOUT_S:g} s")
+            except asyncio.CancelledError:
+                # aiohttp's writers share one drain future: the session's sender, blocked
+                # on it and cancelled as the session ends, cancels this close's wait too.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                connection.cut("it took no close frame")
+
+        await asyncio.gather(*(close(c) for c in list(self._open)))
 
     async def serve(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=self._max)
         await ws.prepare(request)
-        connection = _Connection(self, ws)
+        connection = _Connection(self, ws, request)
         self._open.add(connection)
         try:
             await connection.serve()
@@ -235,13 +274,16 @@ class Session:
 
 
 class _Connection:
-    """One client's session: its running calls and the replies waiting to be written."""
+    """One client's session: its running calls and the replies waiting to be written.
+    A call holds its place in the server's ``Pending`` from the moment it is read until
+    it ends (answered, withdrawn, or cancelled with the session)."""
 
-    def __init__(self, session: Session, ws: web.WebSocketResponse) -> None:
+    def __init__(self, session: Session, ws: web.WebSocketResponse, request: web.Request) -> None:
         self.session = session
         self.ws = ws
+        self._request = request
         self.calls: dict[int, asyncio.Task[None]] = {}
-        self._replies: list[str] = []
+        self._replies: list[str] = []  # JSON texts to write
         self._ready = asyncio.Event()  # replies to write
         self._written = asyncio.Event()  # the replies were written
 
@@ -266,6 +308,7 @@ class _Connection:
                 with contextlib.suppress(BaseException):
                     await task
             self.calls.clear()
+            self._replies.clear()
 
     async def _take(self, text: str) -> bool:
         """Start the calls of one frame; False if the frame ended the session."""
@@ -285,45 +328,74 @@ class _Connection:
                 message=f"at most {SESSION_FRAME_CALLS} calls per frame".encode(),
             )
             return False
-        loop = asyncio.get_running_loop()
-        for call in batch:
-            call_id = call.get("id") if isinstance(call, dict) else None
-            if isinstance(call_id, bool) or not isinstance(call_id, int):
-                self._refuse(None, "every session call needs an integer id")
-                continue
-            assert isinstance(call, dict)
-            if call.get("op") == "cancel":
-                task = self.calls.pop(call_id, None)
-                if task is not None:
-                    task.cancel()
-                continue
-            if call_id in self.calls:
-                self._refuse(
-                    call_id,
-                    f"call id {call_id} is still in flight in this session; use a new id "
-                    "for each call",
-                )
-                continue
-            if len(self.calls) >= SESSION_MAX_CALLS:
-                self._refuse(
-                    call_id,
-                    f"this session has {SESSION_MAX_CALLS} calls in flight, the most it "
-                    "takes; wait for some to finish, or cancel them",
-                )
-                continue
-            task = loop.create_task(self._run(call_id, call))
-            self.calls[call_id] = task
-            task.add_done_callback(functools.partial(self._done, call_id))
+        # A frame's first _CALLS_PER_TURN calls start at once; beyond them, sessions take
+        # turns, that many calls at a time, and the calls started in one turn of the
+        # event loop run before more are: a flood of big frames gets its share of the
+        # loop, and a client's small frame never waits behind it.
+        gate = self.session.gate
+        held = False
+        started = 0
+        try:
+            for call in batch:
+                if started == _CALLS_PER_TURN:
+                    await asyncio.sleep(0)  # this turn's calls run first
+                    if held:
+                        gate.release()
+                        held = False
+                    await gate.acquire()  # behind the sessions waiting for a turn
+                    held = True
+                    started = 0
+                started += self._start(call)
+        finally:
+            if held:
+                gate.release()
+        return True
+
+    def _start(self, call: object) -> bool:
+        """Start one call of a frame; False if it was answered at once instead."""
+        call_id = call.get("id") if isinstance(call, dict) else None
+        if isinstance(call_id, bool) or not isinstance(call_id, int):
+            self._refuse(None, "every session call needs an integer id")
+            return False
+        assert isinstance(call, dict)
+        if call.get("op") == "cancel":
+            task = self.calls.pop(call_id, None)
+            if task is not None:
+                task.cancel()
+            return False
+        if call_id in self.calls:
+            self._refuse(
+                call_id,
+                f"call id {call_id} is still in flight in this session; use a new id for each call",
+            )
+            return False
+        if len(self.calls) >= SESSION_MAX_CALLS:
+            self._refuse(
+                call_id,
+                f"this session has {SESSION_MAX_CALLS} calls in flight, the most it "
+                "takes; wait for some to finish, or cancel them",
+            )
+            return False
+        wait = call.get("op") in _WAITS or "after" in call or "after_offset" in call
+        if not self.session.pending.take(wait=wait):
+            self._queue({"id": call_id, **error_to_wire(self.session.pending.busy())})
+            return False
+        task = asyncio.get_running_loop().create_task(self._run(call_id, call))
+        self.calls[call_id] = task
+        task.add_done_callback(functools.partial(self._finished, call_id, wait))
         return True
 
     async def _run(self, call_id: int, call: dict[str, Any]) -> None:
         try:
             reply: dict[str, Any] = {"id": call_id, "ok": await self.session._call(call)}
-        except StepstreamError as exc:
-            reply = {"id": call_id, **error_to_wire(exc)}
-        except Exception:
-            log.exception("session call failed op=%s", call.get("op"))
-            reply = {"id": call_id, **_internal_error()}
+        except Exception as exc:
+            if (fault := server_fault(exc)) is not None:
+                reply = {"id": call_id, **error_to_wire(fault)}
+            elif isinstance(exc, StepstreamError):
+                reply = {"id": call_id, **error_to_wire(exc)}
+            else:
+                log.exception("session call failed op=%s", call.get("op"))
+                reply = {"id": call_id, **_internal_error()}
         self._done(call_id, asyncio.current_task())
         self._queue(reply)
 
@@ -331,6 +403,11 @@ class _Connection:
         # Also on cancellation, which may come before the call ever ran.
         if self.calls.get(call_id) is task:
             del self.calls[call_id]
+
+    def _finished(self, call_id: int, wait: bool, task: asyncio.Task[None]) -> None:
+        # Run however the call ends, even cancelled before it ever ran: its place is free.
+        self._done(call_id, task)
+        self.session.pending.release(waits=int(wait))
 
     def _refuse(self, call_id: int | None, message: str) -> None:
         self._queue({"id": call_id, "error": {"type": "InvalidPayload", "message": message}})
@@ -346,8 +423,11 @@ class _Connection:
 
     async def _send(self) -> None:
         # One sender: replies that finish while a frame is being written share the next,
-        # up to about SESSION_FRAME_BYTES each.
+        # up to about SESSION_FRAME_BYTES each. A client that does not take a frame within
+        # the write timeout loses the session: it is not reading, and its replies would
+        # hold their memory and their places in Pending for as long as it stays.
         ws, replies = self.ws, self._replies
+        deadline = self.session.limits.write_timeout_s
         try:
             while not ws.closed:
                 await self._ready.wait()
@@ -359,10 +439,35 @@ class _Connection:
                         count += 1
                     frame = "[" + ",".join(replies[:count]) + "]"
                     del replies[:count]
-                    await ws.send_str(frame)
+                    try:
+                        async with asyncio.timeout(deadline):
+                            await ws.send_str(frame)
+                    except TimeoutError:
+                        self.cut(f"it took no frame of replies within {deadline:g} s")
+                        return
                 self._written.set()
         finally:
             self._written.set()  # the reader must not wait for a sender that is gone
+
+    def cut(self, why: str) -> None:
+        """End a session whose client does not read: no close handshake (it would not
+        be read either), the connection is cut and the session's calls cancelled."""
+        log.warning(
+            "cutting the session of %s: %s (a client that does not read); its %d calls "
+            "are cancelled",
+            self._request.remote,
+            why,
+            len(self.calls),
+        )
+        transport = self._request.transport
+        if transport is not None:
+            # A reset rather than a close: the kernel drops what it still holds for the
+            # client instead of trickling it out to a reader that takes nothing.
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            transport.abort()
 
 
 def _session_timeout(raw: object) -> float | None:

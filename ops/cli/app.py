@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from stepstream.engine.errors import ResultTimeout, StepstreamError
+from stepstream.engine.version import version
 from stepstream.ops.cli import (
     bench,
     history,
@@ -40,7 +41,6 @@ from stepstream.ops.cli.table import (
     build_parser,
 )
 from stepstream.ops.telemetry import logs
-from stepstream.ops.version import version
 
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 

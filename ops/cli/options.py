@@ -11,9 +11,11 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from stepstream.engine.config.environ import ConfigError
 from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.wire.codec import PayloadCodec, parse_json_text
 from stepstream.ops import event_loop
+from stepstream.ops.api.limits import DEFAULT_MAX_PENDING, MAX_PENDING_ENV, ApiLimits
 from stepstream.ops.api.security import ApiSecurity, InsecureBind
 from stepstream.ops.cli.payload_codecs import load_codec
 from stepstream.ops.cli.table import Arg, UsageError, arg
@@ -129,6 +131,14 @@ SERVING = (
         metavar="FILE",
         help="the certificate's private key, PEM (default: $STEPSTREAM_TLS_KEY)",
     ),
+    arg(
+        "--max-pending",
+        type=int,
+        metavar="N",
+        help="calls and result waits the API holds at once, over all its clients (about "
+        "3 KB each); more are refused at once with ServerBusy, HTTP 503 with Retry-After "
+        f"(default: ${MAX_PENDING_ENV} or {DEFAULT_MAX_PENDING})",
+    ),
 )
 
 KAFKA = (
@@ -214,6 +224,14 @@ def api_security(args: argparse.Namespace) -> ApiSecurity:
     except InsecureBind as exc:
         raise UsageError(str(exc)) from None
     return security
+
+
+def api_limits(args: argparse.Namespace) -> ApiLimits:
+    """What the API holds at once (--max-pending, STEPSTREAM_MAX_PENDING)."""
+    try:
+        return ApiLimits.from_env(max_pending=args.max_pending)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def json_flag(text: str | None, flag: str) -> Any:

@@ -29,6 +29,7 @@ from stepstream.ops.cli.options import (
     JSON,
     KAFKA,
     SERVING,
+    api_limits,
     api_security,
     codec_from_args,
     kafka_settings,
@@ -95,6 +96,7 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
     if args.processes < 1:
         raise UsageError(f"--processes must be 1 or more, got {args.processes}")
     security = api_security(args)
+    limits = api_limits(args)
     tls = security.ssl_context()
     spec = os.environ.get(processes.SPEC_ENV)
     if spec:  # one of the engine processes of a `stepstream dev --processes N`
@@ -122,6 +124,7 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
             max_body_bytes=max(DEFAULT_MAX_BODY_BYTES, 2 * config.max_payload_bytes),
             security=security,
             served_hosts=(args.host,),
+            limits=limits,
             observability=observability_for(
                 engine.host,
                 Health(
@@ -180,6 +183,7 @@ def _public_app(
     args: argparse.Namespace, config: Any, security: ApiSecurity
 ) -> Callable[[Any, Any, Any], web.Application]:
     """How an engine process of `stepstream dev --processes N` makes the API clients use."""
+    limits = api_limits(args)
 
     def public_app(transport: Any, engine: Any, observability: Any) -> web.Application:
         return make_app(
@@ -189,6 +193,7 @@ def _public_app(
             security=security,
             served_hosts=(args.host,),
             observability=observability,
+            limits=limits,
         )
 
     return public_app
@@ -264,6 +269,7 @@ async def _run_worker(
         port=args.port,
         advertise=args.advertise,
         api=api_security(args),
+        api_limits=api_limits(args),
         span_sink=traced.exporter if traced is not None else None,
     )
     worker = KafkaWorker(registry, config, codec=codec)
@@ -331,6 +337,13 @@ def _exit_if_stuck(seconds: float) -> Iterator[None]:
 
 
 _HOST_HELP = "beyond loopback it needs --api-token or --insecure"
+_TRACING_HELP = (
+    " Traces: with OTEL_EXPORTER_OTLP_ENDPOINT (OTLP over HTTP) or "
+    "OTEL_TRACES_EXPORTER=console set, it exports a span for each command it publishes, "
+    "each activation of a run (the instance driven by an input: a start, an event, a "
+    "timer, a step's outcome, a cancel, a pause) and each step attempt, after "
+    "OpenTelemetry's messaging and exception conventions (docs/operations.md, Traces)."
+)
 
 COMMANDS = (
     Command(
@@ -344,7 +357,7 @@ COMMANDS = (
         + _OBSERVED
         + " It prints one line once it listens (with --json, a JSON object: listening, "
         "data, partitions, processes, workflows). "
-        "Example: stepstream dev --workflows examples.order --port 8233",
+        "Example: stepstream dev --workflows examples.order --port 8233" + _TRACING_HELP,
         args=(
             arg(
                 "--workflows",
@@ -402,7 +415,8 @@ COMMANDS = (
         "version with eager rebalancing cannot share the group: stop them all first. "
         + _PROCESS_TUNING
         + _OBSERVED
-        + " Example: stepstream worker --workflows pkg.flows --bootstrap kafka:9092",
+        + " Example: stepstream worker --workflows pkg.flows --bootstrap kafka:9092"
+        + _TRACING_HELP,
         args=(
             arg(
                 "--workflows",

@@ -8,7 +8,7 @@ attempt): given with ``extra=``, or taken from what the processor or the step ex
 is running when the line is logged (``consumers/log_context.py``), so the workflow
 author's own lines inside a step carry them too. ``trace_id`` and ``span_id`` are those
 of the run's span (``process <workflow>``) the tracer exports: the client's trace when
-its start carried one, else the trace the run was given (``ops/telemetry/tracing.py``).
+its start carried one, else the trace the run was given (``engine/wire/run_trace.py``).
 
 JSON lines are made by python-json-logger (its orjson formatter): a standard
 ``logging.Formatter`` that turns every ``extra=`` field into a JSON field, so no list of
@@ -60,7 +60,8 @@ class ContextFilter(logging.Filter):
 @lru_cache(maxsize=4096)
 def run_trace_ids(instance_id: str, run_start_ms: int, traceparent: str | None) -> tuple[str, str]:
     """The trace and span ids (hex) of an instance's run span, as the tracer makes them."""
-    from stepstream.ops.telemetry.tracing import client_context, run_span_id, trace_id_of_run
+    from stepstream.engine.wire.run_trace import run_span_id, trace_id_of_run
+    from stepstream.ops.telemetry.span_attributes import client_context
 
     client = client_context(traceparent, None)
     trace_id = client.trace_id if client else trace_id_of_run(instance_id, run_start_ms)

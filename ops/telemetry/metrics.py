@@ -33,12 +33,12 @@ from prometheus_client.registry import Collector
 
 from stepstream.consumers.host import PartitionHost
 from stepstream.consumers.telemetry import DEAD_LETTER_REASONS, Histogram
+from stepstream.engine.version import version
 from stepstream.ops.telemetry import gc_pauses
 from stepstream.ops.telemetry.gc_pauses import GcPauses
 from stepstream.ops.telemetry.http_metrics import HttpMetrics
 from stepstream.ops.telemetry.schedule_metrics import ScheduleCollector
 from stepstream.ops.telemetry.span_export import DROP_REASONS, SpanExportProcess
-from stepstream.ops.version import version
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

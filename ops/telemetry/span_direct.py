@@ -1,38 +1,45 @@
-"""Spans made as finished ``ReadableSpan``s and handed to the batch processor: how the
-exporter process (``ops/telemetry/span_export.py``) makes them for exporters other than OTLP over
-HTTP (which ``ops/telemetry/otlp_wire.py`` serves without SDK spans).
+"""Spans made as finished ``ReadableSpan``s and handed to a span processor: how the
+exporter process (``ops/telemetry/span_export.py``) makes them for exporters other than
+OTLP over HTTP (which ``ops/telemetry/otlp_wire.py`` serves without SDK spans), and how a
+process given a ``TracerProvider`` (``tracing.install``) makes them in process.
 
-Everything about a run's or an attempt's span is known when it is made (its ids, times,
-parent, status), so the SDK's tracer would only spend time (about 25 µs a span against
-under 2 here) starting and ending a span for it. The same ids, names and attributes as
-``ops.telemetry.tracing.OtelSpans``; the sampler the ``OTEL_*`` variables configure still decides.
+Everything about an activation's or an attempt's span is known when it is made (its
+ids, times, parent, status, events), so the SDK's tracer would only spend time (about
+25 µs a span against under 2 here) starting and ending a span for it. Names, attributes
+and parents come from ``ops/telemetry/span_attributes.py``; the sampler the ``OTEL_*``
+variables configure still decides.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import random
+from collections.abc import Iterable, Mapping, Sequence
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import Decision, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
-
-from stepstream.consumers.telemetry import RunSpan, StepSpan
-from stepstream.ops.telemetry.tracing import (
-    client_context,
-    exporter_from_env,
-    run_attributes,
-    run_parent,
-    run_span_id,
-    step_attributes,
-    trace_id_of_run,
-    tracing_enabled,
+from opentelemetry.trace import (
+    Link,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
 )
-from stepstream.producers.trace_context import ProducerSpan, producer_attributes
+
+from stepstream.consumers.spans import ActivationSpan, StepSpan
+from stepstream.engine.wire.run_trace import run_span_id, trace_id_of_run
+from stepstream.ops.telemetry import span_attributes as shape
+from stepstream.ops.telemetry.tracing import exporter_from_env, tracing_enabled
+from stepstream.producers.trace_context import (
+    ProducerSpan,
+    producer_attributes,
+    producer_name,
+)
 
 EXPORT_QUEUE = 65_536
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -46,21 +53,22 @@ class DirectSpans:
         self._processor = processor
         self._resource = resource
         self._sampler = sampler
-        self._scope = InstrumentationScope("stepstream.worker")
-        self._client_scope = InstrumentationScope("stepstream.client")
-        self._ids = RandomIdGenerator()
+        self._scope = InstrumentationScope(shape.SCOPE, shape.scope_version())
+        self._client_scope = InstrumentationScope(shape.CLIENT_SCOPE, shape.scope_version())
+        self._random = random.Random()
 
     def _end(
         self,
         name: str,
         kind: SpanKind,
-        trace_id: int,
-        span_id: int,
+        ids: tuple[int, int],
         parent: SpanContext | None,
-        attributes: dict[str, str | int],
-        times: tuple[int, int],
-        error: str | None,
+        attributes: shape.Attributes,
+        times_ns: tuple[int, int],
+        error: tuple[str, str, str] | None,
+        links: Sequence[SpanContext] = (),
     ) -> None:
+        trace_id, span_id = ids
         parent_context = (
             trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else None
         )
@@ -69,6 +77,12 @@ class DirectSpans:
             return
         state = parent.trace_state if parent is not None else TraceState()
         context = SpanContext(trace_id, span_id, False, _SAMPLED, state)
+        status: Status = _OK
+        events: tuple[Event, ...] = ()
+        if error is not None:
+            status = Status(StatusCode.ERROR, shape.error_description(error[0], error[1]))
+            event = Event(shape.EXCEPTION, shape.exception_attributes(*error), times_ns[1])
+            events = (event,)
         self._processor.on_end(
             ReadableSpan(
                 name=name,
@@ -76,39 +90,52 @@ class DirectSpans:
                 parent=parent,
                 resource=self._resource,
                 attributes=attributes,
+                events=events,
+                links=[Link(link) for link in links],
                 kind=kind,
-                status=_OK if error is None else Status(StatusCode.ERROR, error),
-                start_time=times[0] * 1_000_000,
-                end_time=times[1] * 1_000_000,
+                status=status,
+                start_time=times_ns[0],
+                end_time=times_ns[1],
                 instrumentation_scope=self._scope,
             )
         )
 
     def step(self, span: StepSpan) -> None:
-        run = run_parent(span)
+        run = shape.run_context(
+            span.instance_id, span.run_start_ms, span.traceparent, span.tracestate
+        )
         self._end(
-            f"step {span.step}",
+            shape.step_name(span),
             SpanKind.INTERNAL,
-            run.trace_id,
-            self._ids.generate_span_id(),
+            (run.trace_id, self._random.getrandbits(64) or 1),
             run,
-            step_attributes(span),
-            (span.start_ms, span.end_ms),
-            f"{span.error_type}: {span.error_message}" if span.error_type else None,
+            shape.step_attributes(span),
+            (span.start_ms * 1_000_000, span.end_ms * 1_000_000),
+            (span.error_type, span.error_message, span.stacktrace) if span.error_type else None,
         )
 
-    def run(self, span: RunSpan) -> None:
-        client = client_context(span.traceparent, span.tracestate)
-        trace_id = client.trace_id if client else trace_id_of_run(span.instance_id, span.start_ms)
+    def activation(self, span: ActivationSpan) -> None:
+        if span.first:  # the run span: under the span that sent the start, if any
+            parent = shape.client_context(span.traceparent, span.tracestate)
+            trace_id = (
+                parent.trace_id if parent else trace_id_of_run(span.instance_id, span.run_start_ms)
+            )
+            span_id = run_span_id(span.instance_id, span.run_start_ms)
+        else:  # a later activation: under the run span
+            parent = shape.run_context(
+                span.instance_id, span.run_start_ms, span.traceparent, span.tracestate
+            )
+            trace_id, span_id = parent.trace_id, self._random.getrandbits(64) or 1
+        failed = span.status == "failed"
         self._end(
-            f"process {span.workflow}",
+            shape.activation_name(span),
             SpanKind.CONSUMER,
-            trace_id,
-            run_span_id(span.instance_id, span.start_ms),
-            client,
-            run_attributes(span),
-            (span.start_ms, span.end_ms),
-            f"{span.error_type}: {span.error_message}" if span.outcome == "failed" else None,
+            (trace_id, span_id),
+            parent,
+            shape.activation_attributes(span),
+            (span.start_ns, span.end_ns),
+            (span.error_type, span.error_message, span.stacktrace) if failed else None,
+            shape.links(span),
         )
 
     def producer(self, span: ProducerSpan) -> None:
@@ -125,11 +152,18 @@ class DirectSpans:
         state = parent.trace_state if parent is not None else TraceState()
         self._processor.on_end(
             ReadableSpan(
-                name=f"send {span.destination}",
+                name=producer_name(span.destination, span.operation),
                 context=SpanContext(span.trace_id, span.span_id, False, _SAMPLED, state),
                 parent=parent,
                 resource=self._resource,
-                attributes=producer_attributes(span.destination, span.instance_id, span.operation),
+                attributes=producer_attributes(
+                    span.system,
+                    span.destination,
+                    span.partition,
+                    span.instance_id,
+                    span.operation,
+                    span.command_id,
+                ),
                 kind=SpanKind.PRODUCER,
                 status=_OK if span.error is None else Status(StatusCode.ERROR, span.error),
                 start_time=span.start_ns,
@@ -138,12 +172,12 @@ class DirectSpans:
             )
         )
 
-    def batch(self, spans: Iterable[StepSpan | RunSpan | ProducerSpan]) -> None:
+    def batch(self, spans: Iterable[StepSpan | ActivationSpan | ProducerSpan]) -> None:
         for span in spans:
             if isinstance(span, StepSpan):
                 self.step(span)
-            elif isinstance(span, RunSpan):
-                self.run(span)
+            elif isinstance(span, ActivationSpan):
+                self.activation(span)
             else:
                 self.producer(span)
 

@@ -1,7 +1,7 @@
 """Spans built and exported by a process of their own, so tracing costs the engine's
 event loop almost nothing.
 
-The engine's loop only appends each finished run and step attempt (named tuples) to a
+The engine's loop only appends each activation and finished step attempt (tuples) to a
 batch; a ``multiprocessing`` queue carries the batches to a child process, which
 exports them as configured by the ``OTEL_*`` variables it inherits. To OTLP over HTTP
 (the usual case) it writes each batch's request bytes itself (``ops/telemetry/otlp_wire.py``,
@@ -24,7 +24,7 @@ import queue
 import time
 from typing import Any
 
-from stepstream.consumers.telemetry import RunSpan, StepSpan
+from stepstream.consumers.spans import ActivationSpan, StepSpan
 from stepstream.ops.telemetry import logs
 from stepstream.producers.trace_context import ProducerSpan
 
@@ -33,10 +33,10 @@ log = logging.getLogger("stepstream.tracing")
 BATCH = 2048  # spans per message to the exporter process (and per OTLP request)
 MAX_BACKLOG = 32  # batches handed over and not yet exported (65,536 spans): beyond, dropped
 WARN_EVERY_S = 10.0
-_STEP, _RUN, _PRODUCER = 0, 1, 2
-_SPAN_TYPES: tuple[type[StepSpan], type[RunSpan], type[ProducerSpan]] = (
+_STEP, _ACTIVATION, _PRODUCER = 0, 1, 2
+_SPAN_TYPES: tuple[type[StepSpan], type[ActivationSpan], type[ProducerSpan]] = (
     StepSpan,
-    RunSpan,
+    ActivationSpan,
     ProducerSpan,
 )
 FLUSH_AFTER_S = 0.2  # the longest a span waits in a batch
@@ -86,8 +86,8 @@ class SpanExportProcess:
         """A step span as ``StepSpan``'s fields (``FlatStepSink``): no named tuple made."""
         self._add(_STEP, fields)
 
-    def run(self, span: RunSpan) -> None:
-        self._add(_RUN, span)
+    def activation(self, span: ActivationSpan) -> None:
+        self._add(_ACTIVATION, span)
 
     def producer(self, span: ProducerSpan) -> None:
         self._add(_PRODUCER, span)
@@ -209,9 +209,9 @@ def _export(
         sink.shutdown()
 
 
-def _spans(flat: list[Any]) -> list[StepSpan | RunSpan | ProducerSpan]:
+def _spans(flat: list[Any]) -> list[StepSpan | ActivationSpan | ProducerSpan]:
     """The spans of a batch: each one's kind, then as many fields as that kind has."""
-    spans: list[StepSpan | RunSpan | ProducerSpan] = []
+    spans: list[StepSpan | ActivationSpan | ProducerSpan] = []
     index, end = 0, len(flat)
     while index < end:
         kind = _SPAN_TYPES[flat[index]]

@@ -37,6 +37,26 @@ from stepstream.engine.errors import (
     WorkflowTimeout,
 )
 
+
+class ServerUnavailable(StepstreamError):
+    """The API cannot take the call now, through no fault of the call (HTTP 503 with
+    ``Retry-After``; the same error over the session): its storage failed (a full disk),
+    or it is at its limit of pending calls (``ServerBusy``). Make the same call again
+    after ``retry_after`` seconds, on this server once it is back or on another."""
+
+    retriable = True
+
+    def __init__(self, message: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class ServerBusy(ServerUnavailable):
+    """The API holds as many pending calls and waits as it takes (``--max-pending``,
+    ``STEPSTREAM_MAX_PENDING``, over every client): retry after ``retry_after`` seconds,
+    wait for fewer things at once, or raise the server's limit."""
+
+
 _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
     cls.__name__: cls
     for cls in (
@@ -59,6 +79,8 @@ _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
         ConnectionFailed,
         UndecodableRecord,
         HistoryDiverged,
+        ServerUnavailable,
+        ServerBusy,
     )
 }
 # Keyword fields an error carries besides its message, sent along so that the client
@@ -70,6 +92,8 @@ _ERROR_FIELDS: dict[type[StepstreamError], tuple[str, ...]] = {
     WorkflowTerminated: ("instance_id", "reason"),
     InstanceExists: ("instance_id", "status"),
     HistoryDiverged: ("key",),
+    ServerUnavailable: ("retry_after",),
+    ServerBusy: ("retry_after",),
 }
 
 # The session websocket: calls one session may have in flight (the server answers more
@@ -106,8 +130,22 @@ def error_to_wire(exc: StepstreamError) -> dict[str, Any]:
 def error_from_wire(raw: dict[str, Any]) -> StepstreamError:
     cls = _WIRE_ERRORS.get(str(raw.get("type")), StepstreamError)
     message = str(raw.get("message", ""))
+    if issubclass(cls, ServerUnavailable):
+        return cls(message, retry_after=retry_after_of(raw.get("retry_after")))
     fields = {name: str(raw.get(name, "")) for name in _ERROR_FIELDS.get(cls, ())}
     return cls(message, **fields)
+
+
+def retry_after_of(raw: object, default: float = 1.0) -> float:
+    """A ``retry_after`` field or ``Retry-After`` header in seconds (``default`` if it
+    is missing or not a number of seconds: an HTTP date is not worth a parser here)."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        return default
+    return value if 0 <= value < 86400 else default
 
 
 def call_text(call_id: int, op: str, args: str) -> str:

@@ -103,6 +103,7 @@ class KafkaTransport(CommandPublisher):
             self._produce, self._settlements, codec=codec, max_payload_bytes=max_payload_bytes
         )
         self._producer = producer
+        self.destination = trace_context.Destination("kafka", topics.commands)
         self._members = members
         self._definitions = definitions
         self._topics = topics

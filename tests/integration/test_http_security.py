@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,28 @@ async def test_a_foreign_origin_is_refused_and_nothing_starts_or_is_cancelled(
         await client.cancel("csrf-target")
 
 
+async def test_a_plain_http_server_takes_only_http_origins(
+    dev: DevServer, http: aiohttp.ClientSession
+) -> None:
+    """The server's own host and port over https is another origin: a page served over
+    https (by whatever listens there) cannot call a plain-http API."""
+    assert dev.url.startswith("http://")
+    secure = dev.url.replace("http://", "https://", 1)
+    start = json.dumps({"workflow": "echo", "input": 1, "instance_id": "scheme-1"})
+    headers = {"Origin": secure, **AUTH, **JSON}
+    async with http.post("/v1/instances", data=start, headers=headers) as r:
+        status, body = await answer(r)
+    assert status == 403, body
+    message = body["error"]["message"]
+    assert f"Origin {secure!r} is not this server ({dev.url})" in message, message
+    with pytest.raises(aiohttp.WSServerHandshakeError) as upgrade:
+        await http.ws_connect("/v1/session", headers={"Origin": secure, **AUTH})
+    assert upgrade.value.status == 403
+    assert "scheme-1" not in await instance_ids(dev)
+    async with http.get("/v1/instances", headers={"Origin": dev.url, **AUTH}) as r:
+        assert r.status == 200
+
+
 async def test_post_bodies_must_be_json(dev: DevServer, http: aiohttp.ClientSession) -> None:
     start = json.dumps({"workflow": "echo", "input": 1, "instance_id": "plain-1"})
     # The engine processes' forwarded records are taken on their internal routes only.
@@ -310,6 +333,21 @@ async def test_tls_with_a_self_signed_certificate(
         async with Client.connect(plain, token=TOKEN, timeout=5) as client:
             with pytest.raises(ConnectionFailed):
                 await client.status("tls-1")
+
+        # Origins with their scheme: only https:// ones of this server.
+        context = ssl.create_default_context(cafile=str(cert))
+        connector = aiohttp.TCPConnector(ssl=context)
+        async with aiohttp.ClientSession(dev.url, connector=connector, headers=AUTH) as http:
+            async with http.get("/v1/instances/tls-1", headers={"Origin": plain}) as r:
+                status, body = await answer(r)
+            assert status == 403, body
+            assert f"Origin {plain!r} is not this server ({dev.url})" in body["error"]["message"]
+            with pytest.raises(aiohttp.WSServerHandshakeError) as upgrade:
+                await http.ws_connect("/v1/session", headers={"Origin": plain})
+            assert upgrade.value.status == 403
+            async with http.get("/v1/instances/tls-1", headers={"Origin": dev.url}) as r:
+                status, body = await answer(r)
+            assert status == 200 and body["status"] == "completed", body
 
         done = dev.cli("status", "tls-1", "--json", "--token", TOKEN, "--tls-ca", str(cert))
         assert done.returncode == 0, done.stderr

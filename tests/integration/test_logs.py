@@ -52,7 +52,10 @@ def _lines(log: Path) -> list[dict[str, Any]]:
 
 
 def _run_span(collector: OtlpCollector) -> tuple[str, str]:
-    (run,) = [span for span in collector.spans if span.name == "process charge"]
+    """The run span: the first activation, which the run's later ones hang off."""
+    process = [span for span in collector.spans if span.name.startswith("process ")]
+    activations = {span.span_id for span in process}
+    (run,) = [span for span in process if span.parent_span_id not in activations]
     return run.trace_id.hex(), run.span_id.hex()
 
 

@@ -3,6 +3,7 @@ for the same runs and attempts: decoded with the OTLP protobuf classes, they mat
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import sys
@@ -16,13 +17,15 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, TraceIdRatioBased
 
-from stepstream.consumers.telemetry import RunSpan, StepSpan
+from stepstream.consumers.spans import ActivationSpan, StepSpan
+from stepstream.engine.wire.run_trace import run_span_id
 from stepstream.ops.telemetry.otlp_wire import SpanEncoder, parse_traceparent
 from stepstream.ops.telemetry.span_direct import DirectSpans
 from stepstream.producers import trace_context
 from stepstream.producers.trace_context import ProducerSpan
 
 REPO = Path(__file__).resolve().parents[2]
+KAFKA = trace_context.Destination("kafka", "shop.commands")
 
 CLIENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 UNSAMPLED = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
@@ -44,32 +47,47 @@ def _step(**changes: Any) -> StepSpan:
         traceparent=CLIENT,
         tracestate="vendor=1,other=x",
         run_start_ms=1_700_000_000_000,
+        stacktrace="",
     )
     return span._replace(**changes)
 
 
-def _run(**changes: Any) -> RunSpan:
-    span = RunSpan(
+def _activation(**changes: Any) -> ActivationSpan:
+    span = ActivationSpan(
         workflow="orders",
         version="2",
         instance_id="o-1",
         partition=3,
-        start_ms=1_700_000_000_000,
-        end_ms=1_700_000_001_000,
-        outcome="completed",
+        start_ns=1_700_000_000_000_000_123,
+        end_ns=1_700_000_001_000_000_456,
+        run_start_ms=1_700_000_000_000,
+        first=True,
+        inputs="StartWorkflow",
+        command_id="c-1",
+        offset=42,
+        commands=1,
+        status="running",
         error_type="",
         error_message="",
+        stacktrace="",
         traceparent=CLIENT,
         tracestate="vendor=1,other=x",
+        links=(),
+        system="kafka",
+        destination="shop.commands",
+        group="shop.workers",
     )
     return span._replace(**changes)
 
 
 def _producer(**changes: Any) -> ProducerSpan:
     span = ProducerSpan(
-        destination="stepstream.commands",
+        system="kafka",
+        destination="shop.commands",
+        partition=5,
         instance_id="o-1",
         operation="StartWorkflow",
+        command_id="c-1",
         trace_id=0x0AF7651916CD43DD8448EB211C80319C,
         span_id=0x00F067AA0BA902B7,
         parent_span_id=0xB7AD6B7169203331,
@@ -85,14 +103,53 @@ def _producer(**changes: Any) -> ProducerSpan:
 SPANS = [
     _step(),
     _step(outcome="failed", error_type="ValueError", error_message="bad card ✗", attempt=1),
+    _step(
+        outcome="retried",
+        error_type="KeyError",
+        error_message="'x'",
+        stacktrace="Traceback (most recent call last):\n" + "  frame\n" * 40 + "KeyError: 'x'\n",
+    ),
     _step(traceparent=None, tracestate=None),
-    _run(),
-    _run(traceparent=None, tracestate=None, outcome="failed", error_type="E", error_message="m"),
-    _run(workflow="négoce", instance_id="ü/1"),
+    _activation(),
+    _activation(
+        traceparent=None,
+        tracestate=None,
+        first=False,
+        inputs="StepOutcome",
+        command_id="",
+        offset=-1,
+        commands=0,
+        status="failed",
+        error_type="E",
+        error_message="m",
+        stacktrace="Traceback ...\nE: m\n",
+    ),
+    _activation(workflow="négoce", instance_id="ü/1", system="", destination="", group=""),
+    _activation(
+        first=False,
+        inputs="SendEvent,SendEvent",
+        commands=2,
+        links=(
+            (UNSAMPLED, None),
+            ("00-" + "1" * 32 + "-" + "2" * 16 + "-01", "k=v"),
+            ("bad", None),
+        ),
+    ),
     _producer(),
     _producer(parent_span_id=0, remote_parent=False, tracestate=None, error="Boom: no"),
-    _producer(remote_parent=False, operation="SendEvent"),
+    _producer(remote_parent=False, operation="SendEvent", partition=-1),
+    _producer(system="", destination="", partition=-1, operation="PauseWorkflow"),
 ]
+
+
+RUN_SPAN_IDS = {
+    base64.b64encode(run_span_id(instance_id, 1_700_000_000_000).to_bytes(8, "big")).decode()
+    for instance_id in ("o-1", "ü/1")
+} | {
+    base64.b64encode(span.span_id.to_bytes(8, "big")).decode()
+    for span in SPANS
+    if isinstance(span, ProducerSpan)
+}
 
 
 class _Keep(SpanProcessor):
@@ -110,8 +167,10 @@ def _decoded(data: bytes) -> dict[str, Any]:
     for resource_spans in decoded["resourceSpans"]:
         for scope_spans in resource_spans["scopeSpans"]:
             for span in scope_spans["spans"]:
-                if span["kind"] == "SPAN_KIND_INTERNAL":
-                    span["spanId"] = "random"  # a step attempt's span id is random
+                if span["kind"] == "SPAN_KIND_INTERNAL" or span["spanId"] not in RUN_SPAN_IDS:
+                    # A step attempt's span id is random, and so is that of an activation
+                    # other than the run's first (which is the run span).
+                    span["spanId"] = "random"
     return decoded
 
 
@@ -129,12 +188,17 @@ def test_the_hand_encoded_request_decodes_as_the_sdk_encodes_the_same_spans() ->
 
 def test_spans_under_an_unsampled_client_span_are_dropped_by_the_default_sampler() -> None:
     encoder = SpanEncoder({"service.name": "s"})
-    spans = [_step(traceparent=UNSAMPLED), _run(traceparent=UNSAMPLED), _run()]
+    spans = [
+        _step(traceparent=UNSAMPLED),
+        _activation(traceparent=UNSAMPLED),
+        _activation(traceparent=UNSAMPLED, first=False),
+        _activation(),
+    ]
     assert encoder.request(spans)[1] == 1
     # An SDK sampler from OTEL_TRACES_SAMPLER decides when one is set.
     assert SpanEncoder({}, ALWAYS_OFF).request(spans)[1] == 0
     ratio = SpanEncoder({}, TraceIdRatioBased(1.0)).request(spans)[1]
-    assert ratio == 3  # a ratio sampler ignores the parent's flag
+    assert ratio == 4  # a ratio sampler ignores the parent's flag
 
 
 def test_a_malformed_traceparent_is_no_parent() -> None:
@@ -142,7 +206,7 @@ def test_a_malformed_traceparent_is_no_parent() -> None:
     for bad in ("", "00-xyz", "00-" + "0" * 32 + "-b7ad6b7169203331-01", "ff-" + CLIENT[3:]):
         assert parse_traceparent(bad, None) is None
     # A run whose start carried garbage is a root span of its own trace, not lost.
-    data, count = SpanEncoder({}).request([_run(traceparent="garbage")])
+    data, count = SpanEncoder({}).request([_activation(traceparent="garbage")])
     assert count == 1 and "parentSpanId" not in str(_decoded(data))
 
 
@@ -171,10 +235,16 @@ def test_a_flushed_batch_reads_back_whole_and_in_order() -> None:
     real_queue = exporter._queue
     try:
         exporter._queue = type("Q", (), {"put": staticmethod(put.append)})()
-        spans = [_step(), _run(), _producer(), _step(attempt=2, error_type="Boom"), _run()]
+        spans = [
+            _step(),
+            _activation(),
+            _producer(),
+            _step(attempt=2, error_type="Boom"),
+            _activation(links=((CLIENT, None),)),
+        ]
         hand_over: dict[type, Any] = {
             StepSpan: exporter.step,
-            RunSpan: exporter.run,
+            ActivationSpan: exporter.activation,
             ProducerSpan: exporter.producer,
         }
         for span in spans:
@@ -209,7 +279,7 @@ def test_an_exporter_that_falls_behind_drops_whole_batches_and_says_so(
     try:
         exporter._sent = span_export.MAX_BACKLOG  # as if the child took none of them
         exporter.step(_step())
-        exporter.run(_run())
+        exporter.activation(_activation())
         exporter.flush()
         assert exporter.dropped == 2
         assert exporter.spans_dropped() == {"backlog": 2, "export_failed": 0}
@@ -233,7 +303,7 @@ def test_a_serving_process_makes_its_producer_spans_as_tuples_in_the_callers_tra
     sink = _Sink()
     trace_context.produce_spans_with(sink)
     try:
-        with trace_context.sending("stepstream.commands", "o-1", "StartWorkflow") as (tp, ts):
+        with trace_context.sending(KAFKA, "o-1", "StartWorkflow", "c", 0) as (tp, ts):
             pass
         (root,) = sink.spans
         assert tp == f"00-{root.trace_id:032x}-{root.span_id:016x}-01" and ts is None
@@ -241,7 +311,7 @@ def test_a_serving_process_makes_its_producer_spans_as_tuples_in_the_callers_tra
 
         caller = SpanContext(0xABC, 0xDEF, True, TraceFlags(TraceFlags.SAMPLED))
         with trace.use_span(NonRecordingSpan(caller)):
-            with trace_context.sending("stepstream.commands", "o-2", "SendEvent") as (tp, _):
+            with trace_context.sending(KAFKA, "o-2", "SendEvent", "c", 0) as (tp, _):
                 pass
         child = sink.spans[-1]
         assert (child.trace_id, child.parent_span_id, child.remote_parent) == (0xABC, 0xDEF, True)
@@ -249,12 +319,12 @@ def test_a_serving_process_makes_its_producer_spans_as_tuples_in_the_callers_tra
 
         unsampled = SpanContext(0xABC, 0xDEF, True, TraceFlags(0))
         with trace.use_span(NonRecordingSpan(unsampled)):
-            with trace_context.sending("stepstream.commands", "o-3", "SendEvent") as (tp, _):
+            with trace_context.sending(KAFKA, "o-3", "SendEvent", "c", 0) as (tp, _):
                 pass
         assert len(sink.spans) == 2 and tp is not None and tp.endswith("-00")
 
         try:
-            with trace_context.sending("stepstream.commands", "o-4", "StartWorkflow"):
+            with trace_context.sending(KAFKA, "o-4", "StartWorkflow", "c", 0):
                 raise ValueError("refused")
         except ValueError:
             pass
@@ -271,12 +341,13 @@ def test_without_an_sdk_a_command_carries_the_callers_trace_or_none() -> None:
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from stepstream.producers import trace_context
+KAFKA = trace_context.Destination("kafka", "shop.commands")
 assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
-with trace_context.sending("stepstream.commands", "o-1", "StartWorkflow") as carried:
+with trace_context.sending(KAFKA, "o-1", "StartWorkflow", "c", 0) as carried:
     print(carried)
 caller = SpanContext(0xABC, 0xDEF, True, TraceFlags(TraceFlags.SAMPLED))
 with trace.use_span(NonRecordingSpan(caller)):
-    with trace_context.sending("stepstream.commands", "o-2", "SendEvent") as carried:
+    with trace_context.sending(KAFKA, "o-2", "SendEvent", "c", 0) as carried:
         print(carried)
 """
     done = subprocess.run(
