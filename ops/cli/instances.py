@@ -6,6 +6,7 @@ and ``listing``."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from stepstream.engine.errors import (
@@ -76,33 +77,17 @@ def _send(args: argparse.Namespace) -> int:
     return with_client(args, command)
 
 
-def _cancel(args: argparse.Namespace) -> int:
-    async def command(client: Client) -> int:
-        await client.cancel(args.id, reason=args.reason)
-        done = {"instance_id": args.id, "command": "cancel", "reason": args.reason}
-        render.output(args, done, f"cancelled {args.id}")
-        return EXIT_OK
-
-    return with_client(args, command)
-
-
-def _terminate(args: argparse.Namespace) -> int:
-    async def command(client: Client) -> int:
-        await client.terminate(args.id, reason=args.reason)
-        done = {"instance_id": args.id, "command": "terminate", "reason": args.reason}
-        render.output(args, done, f"terminated {args.id}")
-        return EXIT_OK
-
-    return with_client(args, command)
-
-
-def _control(action: str, past: str) -> Any:
-    """``pause`` or ``resume``: the command, said in the past tense once durable."""
+def control(action: str, said: Callable[[argparse.Namespace], str], **fields: str) -> Any:
+    """The handler of a command to one instance: ``client.<action>(args.id, **fields)``
+    with each field taken from the argument of that name; prints ``said(args)`` once
+    the command is durable (``--json``: the instance, the command and the fields)."""
 
     def handler(args: argparse.Namespace) -> int:
+        given = {name: getattr(args, attribute) for name, attribute in fields.items()}
+
         async def command(client: Client) -> int:
-            await getattr(client, action)(args.id)
-            render.output(args, {"instance_id": args.id, "command": action}, f"{past} {args.id}")
+            await getattr(client, action)(args.id, **given)
+            render.output(args, {"instance_id": args.id, "command": action, **given}, said(args))
             return EXIT_OK
 
         return with_client(args, command)
@@ -241,7 +226,7 @@ COMMANDS = (
         "cancel",
         "cancel an instance: what it runs and waits for is abandoned, and result() raises "
         "WorkflowCancelled",
-        _cancel,
+        control("cancel", lambda a: f"cancelled {a.id}", reason="reason"),
         shared=_SHARED,
         epilog="example: stepstream cancel o-1 --reason 'ordered twice'",
         args=(_ID, arg("--reason", default="", help="recorded with the cancellation")),
@@ -252,7 +237,7 @@ COMMANDS = (
         "runs, running steps are given up, not awaited, and its children are terminated "
         "too; result() raises WorkflowTerminated. A finished instance is refused "
         "(InstanceFinished, exit 1)",
-        _terminate,
+        control("terminate", lambda a: f"terminated {a.id}", reason="reason"),
         shared=_SHARED,
         epilog="example: stepstream terminate o-1 --reason 'stuck on a dead supplier'",
         args=(_ID, arg("--reason", default="", help="recorded with the termination")),
@@ -260,7 +245,7 @@ COMMANDS = (
     Command(
         "pause",
         "pause an instance: it takes no further steps until resumed",
-        _control("pause", "paused"),
+        control("pause", lambda a: f"paused {a.id}"),
         shared=_SHARED,
         epilog="example: stepstream pause o-1",
         args=(_ID,),
@@ -268,7 +253,7 @@ COMMANDS = (
     Command(
         "resume",
         "resume a paused instance",
-        _control("resume", "resumed"),
+        control("resume", lambda a: f"resumed {a.id}"),
         shared=_SHARED,
         epilog="example: stepstream resume o-1",
         args=(_ID,),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from stepstream.ops.cli import render
+from stepstream.ops.cli.instances import control
 from stepstream.ops.cli.options import CONNECT, JSON, with_client
 from stepstream.ops.cli.table import EXIT_OK, Command, UsageError, arg
 from stepstream.producers.client import Client
@@ -22,26 +23,6 @@ _TO = arg(
 )
 _REASON = arg("--reason", default="", help="recorded with the reset")
 _SHARED = (CONNECT, JSON)
-
-
-def _reset(args: argparse.Namespace) -> int:
-    async def command(client: Client) -> int:
-        await client.reset(args.id, to=args.to, reason=args.reason)
-        done = {"instance_id": args.id, "command": "reset", "to": args.to, "reason": args.reason}
-        render.output(args, done, f"reset {args.id} to just before {args.to}")
-        return EXIT_OK
-
-    return with_client(args, command)
-
-
-def _retry(args: argparse.Namespace) -> int:
-    async def command(client: Client) -> int:
-        await client.retry(args.id, reason=args.reason)
-        done = {"instance_id": args.id, "command": "retry", "reason": args.reason}
-        render.output(args, done, f"retrying {args.id} from its failed step")
-        return EXIT_OK
-
-    return with_client(args, command)
 
 
 def _fork(args: argparse.Namespace) -> int:
@@ -64,7 +45,12 @@ COMMANDS = (
         "it replay (those steps do not run again); everything recorded from it on is set "
         "aside (kept in the history, marked reset) and the code runs on from there. Works "
         "on running and finished instances",
-        _reset,
+        control(
+            "reset",
+            lambda a: f"reset {a.id} to just before {a.to}",
+            to="to",
+            reason="reason",
+        ),
         shared=_SHARED,
         epilog="example: stepstream reset o-1 --to charge#2 --reason 'card fixed'",
         args=(_ID, _TO, _REASON),
@@ -74,7 +60,7 @@ COMMANDS = (
         "make a failed instance go on from its failed step with fresh attempts (if no step "
         "failed, its code runs on from just before the failure); refused for an instance "
         "that has not failed",
-        _retry,
+        control("retry", lambda a: f"retrying {a.id} from its failed step", reason="reason"),
         shared=_SHARED,
         epilog="example: stepstream retry o-1",
         args=(_ID, arg("--reason", default="", help="recorded with the retry")),
