@@ -212,6 +212,7 @@ class InstanceReads:
             marks.append(_STATUS_MARK + query.status.encode() + b'"')
         if query.workflow is not None:
             marks.append(b'"w":' + orjson.dumps(query.workflow))
+        marks.extend(_attribute_mark(key, value) for key, value in query.where)
         found: list[InstanceStatus] = []
         looked = 0
         for key, meta in self._store.scan(scope, start):
@@ -235,8 +236,10 @@ class InstanceReads:
         found: list[tuple[str, bytes, bytes]] = []  # (position, key, meta)
         for key, meta in self._store.scan(keys.META + keys.escape_id(query.prefix)):
             raw = orjson.loads(meta)
-            if (query.status is not None and raw["st"] != query.status) or (
-                query.workflow is not None and raw["w"] != query.workflow
+            if (
+                (query.status is not None and raw["st"] != query.status)
+                or (query.workflow is not None and raw["w"] != query.workflow)
+                or (query.where and not query.has_attributes(raw.get("at", {})))
             ):
                 continue
             created = created_iso(raw["c"])
@@ -299,6 +302,14 @@ class InstanceReads:
                 state = state_from_storage(instance_id, raw, [])
                 failures.append(InstanceStatus.of(state))
         return partial(), None
+
+
+def _attribute_mark(key: str, value: str | int | float | bool) -> bytes:
+    """Bytes every meta holding attribute ``key`` = ``value`` contains (compact JSON):
+    the key with the value when it is text or a bool, else the key alone (25 and 25.0
+    are written differently and match each other)."""
+    mark = orjson.dumps(key) + b":"
+    return mark + orjson.dumps(value) if isinstance(value, str | bool) else mark
 
 
 def _status_in(meta: bytes) -> str:
