@@ -10,7 +10,13 @@ from collections import deque
 import orjson
 
 from stepstream.consumers import state_keys as keys
-from stepstream.engine.reads.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
+from stepstream.engine.reads.listing import (
+    RECENT_FAILURES,
+    InstancePage,
+    ListQuery,
+    Overview,
+    WhereValue,
+)
 from stepstream.engine.reads.views import InstanceStatus, created_iso
 from stepstream.engine.replay.ids import is_client_command
 from stepstream.engine.replay.state import InstanceState
@@ -304,10 +310,10 @@ class InstanceReads:
         return partial(), None
 
 
-def _attribute_mark(key: str, value: str | int | float | bool) -> bytes:
+def _attribute_mark(key: str, value: WhereValue) -> bytes:
     """Bytes every meta holding attribute ``key`` = ``value`` contains (compact JSON):
     the key with the value when it is text or a bool, else the key alone (25 and 25.0
-    are written differently and match each other)."""
+    are written differently and match each other; a tuple matches any of several)."""
     mark = orjson.dumps(key) + b":"
     return mark + orjson.dumps(value) if isinstance(value, str | bool) else mark
 

@@ -12,10 +12,11 @@ import asyncio
 import builtins
 import importlib
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from stepstream.engine.api.attributes import AttributeValue
 from stepstream.engine.api.schedule_spec import (
     DEFAULT_CATCHUP_WINDOW,
     SCHEDULE_ID_PREFIX,
@@ -284,7 +285,7 @@ class Client:
         since: datetime | str | None = None,
         until: datetime | str | None = None,
         order: str = "newest",
-        where: Mapping[str, str | int | float | bool] | None = None,
+        where: Mapping[str, AttributeValue | Sequence[AttributeValue]] | None = None,
     ) -> InstancePage:
         """One page of instances, filtered, newest first by created time (``order=
         "oldest"``: oldest first; ``"id"``: in instance-id order); pass the page's
@@ -294,7 +295,7 @@ class Client:
         owners read their state from the cursor on); the time orders read every
         instance's summary. ``where`` keeps the instances whose search attributes
         (``ctx.set_attributes``) equal every value it gives (numbers compare as numbers,
-        ``1`` never equals ``True``)."""
+        ``1`` never equals ``True``; a list of values matches any of them)."""
         if order not in ORDERS:
             raise InvalidPayload(f"order={order!r} is not one of {', '.join(ORDERS)}")
         bounds = [

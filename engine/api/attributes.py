@@ -75,11 +75,12 @@ def same_value(stored: Any, wanted: Any) -> bool:
     return type(stored) is type(wanted) and bool(stored == wanted)
 
 
-def parse_where(items: list[str]) -> dict[str, AttributeValue]:
-    """``k=v`` pairs (the CLI's ``--where``) as a ``where`` mapping: a value that parses
-    as a JSON number, ``true``, ``false`` or a JSON string is that; anything else is
-    text as typed. ``ValueError`` saying what is wrong."""
-    out: dict[str, AttributeValue] = {}
+def parse_where(items: list[str]) -> dict[str, AttributeValue | list[AttributeValue]]:
+    """``k=v`` pairs (the CLI's ``--where``) as a ``where`` mapping. A value that parses
+    as a JSON number, ``true`` or ``false`` matches that value or the same text (``42``
+    finds ``"42"`` and ``42``), a JSON string only that string (``'"42"'``); anything
+    else is the text as typed. ``ValueError`` saying what is wrong."""
+    out: dict[str, AttributeValue | list[AttributeValue]] = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key:
@@ -91,5 +92,5 @@ def parse_where(items: list[str]) -> dict[str, AttributeValue]:
             value = text
         if not isinstance(value, str | int | float | bool):
             value = text  # null, a list or an object: the text as typed
-        out[key] = value
+        out[key] = value if isinstance(value, str) else [value, text]
     return out

@@ -15,7 +15,8 @@ last row, so a page does not shift when instances start meanwhile, and pages mer
 same way.
 ``since`` and ``until`` bound the created time in every order. ``where`` keeps the
 instances whose search attributes (``ctx.set_attributes``) equal each of its values
-(``engine.api.attributes.same_value``); on the query string it is a JSON object.
+(``engine.api.attributes.same_value``; a list of values: any of them); on the query
+string it is a JSON object.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from stepstream.engine.api.attributes import same_value
+from stepstream.engine.api.attributes import AttributeValue, same_value
 from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.reads.views import InstanceStatus
 from stepstream.engine.replay.state import Status
@@ -36,6 +37,8 @@ from stepstream.engine.replay.state import Status
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 RECENT_FAILURES = 10
+# A ``where`` value: one value, or a tuple of values any of which matches.
+WhereValue = AttributeValue | tuple[AttributeValue, ...]
 ORDERS = ("newest", "oldest", "id")
 _AGO = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -78,8 +81,9 @@ class ListQuery:
     # Created at or after ``since`` and before ``until`` (as ``parse_instant`` writes).
     since: str | None = None
     until: str | None = None
-    # Search attributes each instance must have, as (key, value) pairs (all of them).
-    where: tuple[tuple[str, str | int | float | bool], ...] = ()
+    # Search attributes each instance must have, as (key, value) pairs (all of them; a
+    # tuple of values: any of them).
+    where: tuple[tuple[str, WhereValue], ...] = ()
 
     def matches(self, view: InstanceStatus) -> bool:
         return (
@@ -93,7 +97,15 @@ class ListQuery:
 
     def has_attributes(self, attributes: Mapping[str, Any]) -> bool:
         """Whether ``attributes`` hold every value of ``where``."""
-        return all(k in attributes and same_value(attributes[k], v) for k, v in self.where)
+        return all(
+            k in attributes
+            and (
+                any(same_value(attributes[k], one) for one in v)
+                if isinstance(v, tuple)
+                else same_value(attributes[k], v)
+            )
+            for k, v in self.where
+        )
 
     @property
     def by_id(self) -> bool:
@@ -159,9 +171,7 @@ class ListQuery:
         return replace(self, after=after, limit=limit)
 
 
-def where_pairs(
-    where: str | Mapping[str, Any],
-) -> tuple[tuple[str, str | int | float | bool], ...]:
+def where_pairs(where: str | Mapping[str, Any]) -> tuple[tuple[str, WhereValue], ...]:
     """A ``where`` (a mapping, or its JSON object text from a query string) as the pairs
     of ``ListQuery.where``; ``InvalidPayload`` saying what is wrong."""
     if isinstance(where, str):
@@ -174,14 +184,17 @@ def where_pairs(
                 "where is not a JSON object: give the attributes to match as one, for "
                 'example where={"customer":"42","vip":true}'
             )
-    pairs = []
+    pairs: list[tuple[str, WhereValue]] = []
     for key, value in where.items():
-        if not isinstance(key, str) or not isinstance(value, str | int | float | bool):
+        values = value if isinstance(value, list | tuple) else [value]
+        bad = [v for v in values if not isinstance(v, str | int | float | bool)]
+        if not isinstance(key, str) or bad or not values:
+            shown = type(bad[0]).__name__ if bad else "empty list"
             raise InvalidPayload(
-                f"where {key!r}: {value!r} is a {type(value).__name__}; an attribute is "
-                "matched by a str, int, float or bool"
+                f"where {key!r}: {value!r} is a {shown}; an attribute is matched by a "
+                "str, int, float or bool (or a list of them: any of its values)"
             )
-        pairs.append((key, value))
+        pairs.append((key, tuple(values) if isinstance(value, list | tuple) else value))
     return tuple(pairs)
 
 

@@ -5,8 +5,13 @@ the CLI; they survive a restart without being recorded again."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 
@@ -101,3 +106,60 @@ async def test_attributes_survive_a_restart_and_are_not_recorded_again(tmp_path:
         assert types.count("AttributesSet") == 2, types
         assert (await client.status("r-1")).attributes == {"customer": "42", "stage": "paid"}
         assert await _ids(client, where={"customer": "42", "stage": "paid"}) == ["r-1"]
+
+
+def test_cli_and_http_list_by_attributes(tmp_path: Path) -> None:
+    from tests.dev_server import start_dev
+
+    server = start_dev(tmp_path, "ui_none", "from tests.workflows import *  # noqa: F403\n")
+    try:
+        for instance_id, attrs in (
+            ("c-1", {"customer": "42", "vip": True}),
+            ("c-2", {"customer": 42}),
+            ("c-3", {"customer": "7", "vip": True}),
+        ):
+            started = server.cli(
+                "start", "tagged", "--id", instance_id, "--input", json.dumps(attrs)
+            )
+            assert started.returncode == 0, started.stderr
+        for _ in range(200):
+            shown = json.loads(server.cli("list", "--where", "vip=true", "--json").stdout)
+            if len(shown["instances"]) == 2:
+                break
+            time.sleep(0.05)
+        assert sorted(i["instance_id"] for i in shown["instances"]) == ["c-1", "c-3"]
+        # A number typed on the command line finds the number and the same text; a
+        # quoted JSON string only the text.
+        both = server.cli("list", "--where", "customer=42", "--order", "id", "--json")
+        assert [i["instance_id"] for i in json.loads(both.stdout)["instances"]] == ["c-1", "c-2"]
+        text = server.cli("list", "--where", 'customer="42"', "--where", "vip=true", "--json")
+        rows = json.loads(text.stdout)["instances"]
+        assert [(i["instance_id"], i["attributes"]) for i in rows] == [
+            ("c-1", {"customer": "42", "vip": True})
+        ]
+        table = server.cli("list", "--where", "customer=7")
+        assert "c-3" in table.stdout and "c-1" not in table.stdout
+        bad = server.cli("list", "--where", "customer")
+        assert bad.returncode == 2 and "is not KEY=VALUE" in bad.stderr
+
+        where = urlencode({"where": json.dumps({"customer": "42"}), "order": "id"})
+        page = _get(f"{server.url}/v1/instances?{where}")
+        assert [i["instance_id"] for i in page["instances"]] == ["c-1"]
+        assert _get(f"{server.url}/v1/instances/c-2")["attributes"] == {"customer": 42}
+        for query, expected in (
+            ("where=customer:42", "where is not a JSON object"),
+            (urlencode({"where": '{"customer": {"a": 1}}'}), "is a dict; an attribute"),
+        ):
+            try:
+                urllib.request.urlopen(f"{server.url}/v1/instances?{query}", timeout=10)
+                raise AssertionError(f"{query} was accepted")
+            except urllib.error.HTTPError as exc:
+                assert exc.code == 400
+                assert expected in json.loads(exc.read())["error"]["message"]
+    finally:
+        server.stop()
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
