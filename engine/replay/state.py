@@ -424,6 +424,7 @@ class InstanceState:
         self.result = None
         self.error_type = self.error_message = self.cancel_reason = self.parked = ""
         self.finished_ms = 0
+        self.attributes = {}  # the new run sets its own
 
     def _loop_advanced(self, record: LoopAdvanced) -> None:
         entry = self._entry(record.key, EntryKind.LOOP, EntryState.RECORDED, record.seq)
