@@ -10,7 +10,13 @@ from collections import deque
 import orjson
 
 from stepstream.consumers import state_keys as keys
-from stepstream.engine.reads.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
+from stepstream.engine.reads.listing import (
+    RECENT_FAILURES,
+    InstancePage,
+    ListQuery,
+    Overview,
+    WhereValue,
+)
 from stepstream.engine.reads.views import InstanceStatus, created_iso
 from stepstream.engine.replay.ids import is_client_command
 from stepstream.engine.replay.state import InstanceState
@@ -201,22 +207,23 @@ class InstanceReads:
         """The instances of ``query`` on this partition, in id order, looking at no more
         than ``budget`` instances: a page cut short by the budget has the last id looked
         at as its cursor. Only metas are read, and a filter is checked on the raw bytes
-        before any is decoded, so a rare status or workflow costs one key read each."""
+        before any is decoded, so a rare status, workflow or attribute costs one key read
+        each."""
         scope = keys.META + keys.escape_id(query.prefix)
         start = scope
         if query.after is not None:
             # Escaped ids hold no 0x00: this is the first key after the cursor's.
             start = max(start, keys.meta(query.after) + b"\x00")
-        marks = []
-        if query.status is not None:
-            marks.append(_STATUS_MARK + query.status.encode() + b'"')
-        if query.workflow is not None:
-            marks.append(b'"w":' + orjson.dumps(query.workflow))
+        marks = _marks(query)
         found: list[InstanceStatus] = []
         looked = 0
         for key, meta in self._store.scan(scope, start):
             looked += 1
-            if all(mark in meta for mark in marks):
+            if all(mark in meta for mark in marks) and (
+                # Attributes by parsing the meta, not decoding it into a state: a number
+                # has no mark of its value.
+                not query.where or query.has_attributes(orjson.loads(meta).get("at", {}))
+            ):
                 view = InstanceStatus.of(state_from_storage(keys.split_meta(key), meta, []))
                 if query.matches(view):
                     found.append(view)
@@ -232,11 +239,16 @@ class InstanceReads:
         the prefix is read, but only its status, workflow and created time are looked
         at; just the page's instances are decoded."""
         newest = query.order == "newest"
+        marks = _marks(query)
         found: list[tuple[str, bytes, bytes]] = []  # (position, key, meta)
         for key, meta in self._store.scan(keys.META + keys.escape_id(query.prefix)):
+            if marks and not all(mark in meta for mark in marks):
+                continue  # a rare status or attribute: most metas are never parsed
             raw = orjson.loads(meta)
-            if (query.status is not None and raw["st"] != query.status) or (
-                query.workflow is not None and raw["w"] != query.workflow
+            if (
+                (query.status is not None and raw["st"] != query.status)
+                or (query.workflow is not None and raw["w"] != query.workflow)
+                or (query.where and not query.has_attributes(raw.get("at", {})))
             ):
                 continue
             created = created_iso(raw["c"])
@@ -299,6 +311,26 @@ class InstanceReads:
                 state = state_from_storage(instance_id, raw, [])
                 failures.append(InstanceStatus.of(state))
         return partial(), None
+
+
+def _marks(query: ListQuery) -> list[bytes]:
+    """Bytes a meta of an instance of ``query`` must contain (compact JSON): a meta
+    without one of them is not looked at further."""
+    marks = []
+    if query.status is not None:
+        marks.append(_STATUS_MARK + query.status.encode() + b'"')
+    if query.workflow is not None:
+        marks.append(b'"w":' + orjson.dumps(query.workflow))
+    marks.extend(_attribute_mark(key, value) for key, value in query.where)
+    return marks
+
+
+def _attribute_mark(key: str, value: WhereValue) -> bytes:
+    """Bytes every meta holding attribute ``key`` = ``value`` contains (compact JSON):
+    the key with the value when it is text or a bool, else the key alone (25 and 25.0
+    are written differently and match each other; a tuple matches any of several)."""
+    mark = orjson.dumps(key) + b":"
+    return mark + orjson.dumps(value) if isinstance(value, str | bool) else mark
 
 
 def _status_in(meta: bytes) -> str:

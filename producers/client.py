@@ -12,10 +12,11 @@ import asyncio
 import builtins
 import importlib
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from stepstream.engine.api.attributes import AttributeValue
 from stepstream.engine.api.schedule_spec import (
     DEFAULT_CATCHUP_WINDOW,
     SCHEDULE_ID_PREFIX,
@@ -37,6 +38,7 @@ from stepstream.engine.reads.listing import (
     ListQuery,
     Overview,
     parse_instant,
+    where_pairs,
 )
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus, mark_set_aside
 from stepstream.engine.wire.codec import MAX_MESSAGE_CHARS
@@ -283,6 +285,7 @@ class Client:
         since: datetime | str | None = None,
         until: datetime | str | None = None,
         order: str = "newest",
+        where: Mapping[str, AttributeValue | Sequence[AttributeValue]] | None = None,
     ) -> InstancePage:
         """One page of instances, filtered, newest first by created time (``order=
         "oldest"``: oldest first; ``"id"``: in instance-id order); pass the page's
@@ -290,7 +293,9 @@ class Client:
         ``until`` bound the created time (a datetime, an ISO 8601 string, or how long
         ago: ``"1h"``). ``order="id"`` is fast however many instances there are (the
         owners read their state from the cursor on); the time orders read every
-        instance's summary."""
+        instance's summary. ``where`` keeps the instances whose search attributes
+        (``ctx.set_attributes``) equal every value it gives (numbers compare as numbers,
+        ``1`` never equals ``True``; a list of values matches any of them)."""
         if order not in ORDERS:
             raise InvalidPayload(f"order={order!r} is not one of {', '.join(ORDERS)}")
         bounds = [
@@ -299,7 +304,17 @@ class Client:
         ]
         limit = max(1, min(limit, MAX_PAGE_SIZE))
         return await self._transport.list_page(
-            ListQuery(status, workflow, prefix, after, limit, order, *bounds)
+            ListQuery(
+                status,
+                workflow,
+                prefix,
+                after,
+                limit,
+                order,
+                since=bounds[0],
+                until=bounds[1],
+                where=where_pairs(where or {}),
+            )
         )
 
     # ---- schedules (producers/schedules.py) ----------------------------------------

@@ -58,7 +58,13 @@ TERMINAL = (WorkflowCompleted, WorkflowFailedRecord, WorkflowCancelledRecord)
 # Records only running workflow code makes: none while an instance is paused. (What
 # happens to it meanwhile is recorded: a running attempt's outcome, a timer, an event
 # that a pending wait claims; the code moves on only once resumed.)
-CODE_DRIVEN = ("StepAttemptStarted", "SleepStarted", "WaitStarted", "ValueRecorded")
+CODE_DRIVEN = (
+    "StepAttemptStarted",
+    "SleepStarted",
+    "WaitStarted",
+    "ValueRecorded",
+    "AttributesSet",
+)
 # The record that applying each type of client command makes (or CommandIgnored).
 APPLIES: dict[type[HistoryRecord], str] = {
     WorkflowStarted: StartWorkflow.__name__,

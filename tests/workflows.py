@@ -532,3 +532,12 @@ async def repairable(ctx: Context, order: dict[str, Any]) -> dict[str, Any]:
     go = await ctx.wait_for_event("go")
     shipped = await ctx.step("ship", ship, ctx.instance_id)
     return {"charges": [first, second], "go": go, "ship": shipped}
+
+
+@workflow("tagged")
+async def tagged(ctx: Context, attributes: dict[str, Any]) -> dict[str, Any]:
+    """Sets ``attributes``, waits for an event "more" and merges its payload in too."""
+    ctx.set_attributes(attributes)
+    more: dict[str, Any] = await ctx.wait_for_event("more")
+    ctx.set_attributes(more)
+    return more

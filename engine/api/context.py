@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import random as _random
 import uuid as _uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -120,6 +120,7 @@ class WorkflowRuntime(Protocol):
 
     @property
     def run(self) -> int: ...
+    def set_attributes(self, attributes: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -577,6 +578,19 @@ class Context:
         Call it where the removed call was, in the same scope."""
         _refuse_in_step_body("ctx.removed")
         self._rt.removed(self._rt.key_for(name))
+
+    def set_attributes(self, attributes: Mapping[str, str | int | float | bool | None]) -> None:
+        """Search attributes of this instance (``client.list_page(where=...)`` finds it by
+        them): each key a name without ``=``, each value a str, int, float or bool; a
+        later call merges into what earlier ones set, and None removes a key. Recorded:
+        replay applies the record and does not record again. ``InvalidWorkflowCall``
+        names a key whose value cannot be an attribute."""
+        _refuse_in_step_body("ctx.set_attributes")
+        if not isinstance(attributes, Mapping):
+            raise InvalidWorkflowCall(
+                f"ctx.set_attributes takes a dict, not {type(attributes).__name__}"
+            )
+        self._rt.set_attributes(dict(attributes))
 
     def now(self) -> datetime:
         """The current time, recorded: replay returns the same value."""

@@ -13,7 +13,10 @@ time, so each partition reads every meta of the filters and decodes only its pag
 (``consumers.instance_store``); their cursor is ``<created_at>/<instance id>`` of the
 last row, so a page does not shift when instances start meanwhile, and pages merge the
 same way.
-``since`` and ``until`` bound the created time in every order.
+``since`` and ``until`` bound the created time in every order. ``where`` keeps the
+instances whose search attributes (``ctx.set_attributes``) equal each of its values
+(``engine.api.attributes.same_value``; a list of values: any of them); on the query
+string it is a JSON object.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
+
+from stepstream.engine.api.attributes import AttributeValue, same_value
 from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.reads.views import InstanceStatus
 from stepstream.engine.replay.state import Status
@@ -31,6 +37,8 @@ from stepstream.engine.replay.state import Status
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 500
 RECENT_FAILURES = 10
+# A ``where`` value: one value, or a tuple of values any of which matches.
+WhereValue = AttributeValue | tuple[AttributeValue, ...]
 ORDERS = ("newest", "oldest", "id")
 _AGO = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -73,6 +81,9 @@ class ListQuery:
     # Created at or after ``since`` and before ``until`` (as ``parse_instant`` writes).
     since: str | None = None
     until: str | None = None
+    # Search attributes each instance must have, as (key, value) pairs (all of them; a
+    # tuple of values: any of them).
+    where: tuple[tuple[str, WhereValue], ...] = ()
 
     def matches(self, view: InstanceStatus) -> bool:
         return (
@@ -81,6 +92,19 @@ class ListQuery:
             and view.instance_id.startswith(self.prefix)
             and (self.since is None or view.created_at >= self.since)
             and (self.until is None or view.created_at < self.until)
+            and self.has_attributes(view.attributes)
+        )
+
+    def has_attributes(self, attributes: Mapping[str, Any]) -> bool:
+        """Whether ``attributes`` hold every value of ``where``."""
+        return all(
+            k in attributes
+            and (
+                any(same_value(attributes[k], one) for one in v)
+                if isinstance(v, tuple)
+                else same_value(attributes[k], v)
+            )
+            for k, v in self.where
         )
 
     @property
@@ -94,7 +118,7 @@ class ListQuery:
     @classmethod
     def from_params(cls, query: Mapping[str, str]) -> ListQuery:
         """The page a query string asks for (``status``, ``workflow``, ``prefix``,
-        ``after``, ``limit``, ``order``, ``since``, ``until``); ``InvalidPayload`` saying
+        ``after``, ``limit``, ``order``, ``since``, ``until``, ``where``); ``InvalidPayload`` saying
         what is wrong."""
         status = query.get("status") or None
         statuses = [s.value for s in Status]
@@ -113,6 +137,7 @@ class ListQuery:
                 "next cursor the previous page gave, or order=id for an instance id"
             )
         since, until = (query.get(name) or None for name in ("since", "until"))
+        where = query.get("where") or None
         return cls(
             status=status,
             workflow=query.get("workflow") or None,
@@ -122,6 +147,7 @@ class ListQuery:
             order=order,
             since=None if since is None else parse_instant(since, "since"),
             until=None if until is None else parse_instant(until, "until"),
+            where=() if where is None else where_pairs(where),
         )
 
     def params(self) -> dict[str, str]:
@@ -135,6 +161,7 @@ class ListQuery:
             ("order", None if self.by_id else self.order),
             ("since", self.since),
             ("until", self.until),
+            ("where", orjson.dumps(dict(self.where)).decode() if self.where else None),
         ):
             if value is not None:
                 out[name] = value
@@ -142,6 +169,33 @@ class ListQuery:
 
     def resumed(self, after: str | None, limit: int) -> ListQuery:
         return replace(self, after=after, limit=limit)
+
+
+def where_pairs(where: str | Mapping[str, Any]) -> tuple[tuple[str, WhereValue], ...]:
+    """A ``where`` (a mapping, or its JSON object text from a query string) as the pairs
+    of ``ListQuery.where``; ``InvalidPayload`` saying what is wrong."""
+    if isinstance(where, str):
+        try:
+            where = orjson.loads(where)
+        except orjson.JSONDecodeError:
+            where = None  # type: ignore[assignment]
+        if not isinstance(where, dict):
+            raise InvalidPayload(
+                "where is not a JSON object: give the attributes to match as one, for "
+                'example where={"customer":"42","vip":true}'
+            )
+    pairs: list[tuple[str, WhereValue]] = []
+    for key, value in where.items():
+        values = value if isinstance(value, list | tuple) else [value]
+        bad = [v for v in values if not isinstance(v, str | int | float | bool)]
+        if not isinstance(key, str) or bad or not values:
+            shown = type(bad[0]).__name__ if bad else "empty list"
+            raise InvalidPayload(
+                f"where {key!r}: {value!r} is a {shown}; an attribute is matched by a "
+                "str, int, float or bool (or a list of them: any of its values)"
+            )
+        pairs.append((key, tuple(values) if isinstance(value, list | tuple) else value))
+    return tuple(pairs)
 
 
 @dataclass(frozen=True, slots=True)

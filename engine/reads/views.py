@@ -61,6 +61,8 @@ class InstanceStatus:
     origin: str | None = None
     # The run number: 1, one more each time ``if_exists="restart_if_failed"`` restarted it.
     run: int = 1
+    # Search attributes the workflow set (``ctx.set_attributes``).
+    attributes: dict[str, Any] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -112,6 +114,7 @@ class InstanceStatus:
                 else None
             ),
             run=state.run,
+            attributes=dict(state.attributes),
         )
 
 

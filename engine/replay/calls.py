@@ -1,5 +1,6 @@
 """The calls ``Context`` makes into an instance runtime: steps, sleeps, waits, children,
-loops, races, messages, patches and recorded values, each keyed for replay."""
+loops, races, messages, patches, recorded values and search attributes, each keyed for
+replay."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from stepstream.engine.api.attributes import MAX_ATTRIBUTES, attribute_problem, merged
 from stepstream.engine.api.context import current_scope
 from stepstream.engine.api.retry import DEFAULT_RETRY, RetryPolicy
 from stepstream.engine.errors import (
@@ -26,6 +28,7 @@ from stepstream.engine.wire.codec import (
 )
 from stepstream.engine.wire.names import event_name_problem, name_problem, step_name_problem
 from stepstream.engine.wire.records import (
+    AttributesSet,
     ChildStarted,
     LoopAdvanced,
     MessageCompleted,
@@ -332,7 +335,7 @@ class CallsMixin(DrivingMixin):
             for key in self.state.entries
         )
 
-    def record_value(self, kind: str, produce: Callable[[], Any]) -> Any:
+    def _value_key(self, kind: str) -> str:
         if self._phase is Phase.CLOSING:
             raise Evicted(f"instance {self.state.instance_id} is being evicted")
         # Values have no name, so their key is the task that read them plus a count;
@@ -341,7 +344,29 @@ class CallsMixin(DrivingMixin):
         scope = f"{kind}#" if path == ROOT_TASK else f"{path}/{kind}#"
         n = self._counters.get(scope, 0) + 1
         self._counters[scope] = n
-        key = f"{scope}{n}"
+        return f"{scope}{n}"
+
+    def set_attributes(self, attributes: dict[str, Any]) -> None:
+        """Record search attributes (None removes a key); replay finds the record and
+        records nothing (the state already holds what it set)."""
+        key = self._value_key("attributes")
+        if self._visit(key, EntryKind.VALUE) is not None:
+            return
+        where = f"instance {self.state.instance_id}: ctx.set_attributes"
+        for name, value in attributes.items():
+            problem = attribute_problem(name, value)
+            if problem is not None:
+                raise InvalidWorkflowCall(f"{where}: {problem}")
+        total = len(merged(self.state.attributes, attributes))
+        if total > MAX_ATTRIBUTES:
+            raise InvalidWorkflowCall(
+                f"{where} would give the instance {total} attributes; the limit is "
+                f"{MAX_ATTRIBUTES} (remove some with None, or keep the data in a step result)"
+            )
+        self._emit(AttributesSet, key=key, attributes=attributes)
+
+    def record_value(self, kind: str, produce: Callable[[], Any]) -> Any:
+        key = self._value_key(kind)
         entry = self._visit(key, EntryKind.VALUE)
         if entry is not None:
             assert entry.result is not None

@@ -31,6 +31,7 @@ from stepstream.engine.replay.status import InvalidTransition as InvalidTransiti
 from stepstream.engine.replay.status import Status as Status
 from stepstream.engine.replay.status import check_transition
 from stepstream.engine.wire.records import (
+    AttributesSet,
     ChildStarted,
     EventBuffered,
     HistoryRecord,
@@ -179,6 +180,9 @@ class InstanceState:
     attempt_floors: dict[str, int] = field(default_factory=dict)
     # The finish time a reset took back: its entry in the finished index goes.
     unfinished_ms: int = 0
+    # Search attributes (``ctx.set_attributes``): kept in the meta, so a listing filters
+    # on them without reading history.
+    attributes: dict[str, str | int | float | bool] = field(default_factory=dict)
     buffered: list[BufferedEvent] = field(default_factory=list)
     entries: dict[str, Entry] = field(default_factory=dict)
     recent_commands: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_COMMANDS))
@@ -357,6 +361,13 @@ class InstanceState:
                 self._running()
                 entry = self._entry(record.key, EntryKind.VALUE, EntryState.RECORDED, record.seq)
                 entry.result = record.value
+            case AttributesSet():
+                self._entry(record.key, EntryKind.VALUE, EntryState.RECORDED, record.seq)
+                for name, value in record.attributes.items():
+                    if value is None:
+                        self.attributes.pop(name, None)
+                    else:
+                        self.attributes[name] = value
             case WorkflowPaused():
                 self._transition_to(Status.PAUSED)
             case WorkflowResumed():
@@ -413,6 +424,7 @@ class InstanceState:
         self.result = None
         self.error_type = self.error_message = self.cancel_reason = self.parked = ""
         self.finished_ms = 0
+        self.attributes = {}  # the new run sets its own
 
     def _loop_advanced(self, record: LoopAdvanced) -> None:
         entry = self._entry(record.key, EntryKind.LOOP, EntryState.RECORDED, record.seq)

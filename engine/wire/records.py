@@ -308,6 +308,15 @@ class ValueRecorded(HistoryRecord):
 
 
 @record
+class AttributesSet(HistoryRecord):
+    """Search attributes the workflow set (``ctx.set_attributes``), merged into the
+    instance's: a None value removes its key."""
+
+    key: str
+    attributes: dict[str, str | int | float | bool | None]
+
+
+@record
 class WorkflowPaused(HistoryRecord):
     pass
 
@@ -502,6 +511,7 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     WaitTimedOut,
     EventBuffered,
     ValueRecorded,
+    AttributesSet,
     RaceDecided,
     LoopAdvanced,
     ChildStarted,

@@ -88,7 +88,9 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
 }
 _STATUSES = tuple(s.value for s in Status)
 # Any of these asks ``GET /v1/instances`` for one page (``engine.reads.listing``) rather than all.
-_PAGE_PARAMS = frozenset({"limit", "after", "workflow", "prefix", "order", "since", "until"})
+_PAGE_PARAMS = frozenset(
+    {"limit", "after", "workflow", "prefix", "order", "since", "until", "where"}
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

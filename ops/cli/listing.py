@@ -16,8 +16,15 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from stepstream.engine.api.attributes import AttributeValue, parse_where
 from stepstream.engine.errors import InvalidPayload
-from stepstream.engine.reads.listing import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE, parse_instant
+from stepstream.engine.reads.listing import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    ListQuery,
+    parse_instant,
+    where_pairs,
+)
 from stepstream.engine.reads.views import InstanceStatus
 from stepstream.engine.replay.state import Status
 from stepstream.ops.cli import render
@@ -38,6 +45,10 @@ def _list(args: argparse.Namespace) -> int:
         for given, flag in ((args.since, "--since"), (args.until, "--until"))
     )
     after = _created_cursor(args.after) if args.after and order != "id" else None
+    try:
+        where = parse_where(args.where or [])
+    except ValueError as bad:
+        raise UsageError(str(bad)) from None
     # A command line that asks for a page gets the page's cursor with it; the plain
     # `stepstream list --json` keeps printing an array, as it always did.
     paged = any(
@@ -50,14 +61,17 @@ def _list(args: argparse.Namespace) -> int:
             args.order,
             args.since,
             args.until,
+            where or None,
         )
     )
 
     async def command(client: Client) -> int:
         if order == "id":
-            instances, cursor = await _by_id(client, args, limit, since, until)
+            instances, cursor = await _by_id(client, args, limit, since, until, where)
         else:
-            instances, cursor = await _by_created(client, args, order, after, limit, since, until)
+            instances, cursor = await _by_created(
+                client, args, order, after, limit, since, until, where
+            )
         text = render.instance_table(instances)
         if cursor is not None:
             text += (
@@ -80,7 +94,12 @@ def _list(args: argparse.Namespace) -> int:
 
 
 async def _by_id(
-    client: Client, args: argparse.Namespace, limit: int, since: str | None, until: str | None
+    client: Client,
+    args: argparse.Namespace,
+    limit: int,
+    since: str | None,
+    until: str | None,
+    where: dict[str, AttributeValue | list[AttributeValue]],
 ) -> tuple[list[InstanceStatus], str | None]:
     """Up to ``limit`` instances (0: all) in id order from the cursor on, a page of the
     engine at a time, and the cursor after them (None: there are no more)."""
@@ -97,6 +116,7 @@ async def _by_id(
             since=since,
             until=until,
             order="id",
+            where=where,
         )
         found += [i for i in page.instances if i.diverged or not args.diverged]
         cursor = page.next
@@ -114,10 +134,12 @@ async def _by_created(
     limit: int,
     since: str | None,
     until: str | None,
+    where: dict[str, AttributeValue | list[AttributeValue]],
 ) -> tuple[list[InstanceStatus], str | None]:
     """Up to ``limit`` instances (0: all) by created time, after the cursor, and the
     cursor of the next page (None: there are no more)."""
     everything = await client.list(status=args.status)
+    matching = ListQuery(where=where_pairs(where))
     chosen = [
         i
         for i in everything
@@ -126,6 +148,7 @@ async def _by_created(
         and (i.diverged or not args.diverged)
         and (since is None or i.created_at >= since)
         and (until is None or i.created_at < until)
+        and matching.has_attributes(i.attributes)
     ]
     newest = order == "newest"
     chosen.sort(key=_created_key, reverse=newest)
@@ -173,9 +196,10 @@ COMMANDS = (
         shared=(CONNECT, JSON),
         epilog="examples: stepstream list; stepstream list --status failed --limit 0; "
         "stepstream list --since 1h --order newest; "
+        "stepstream list --where customer=42 --where vip=true; "
         "stepstream list --order oldest --after CURSOR. With --json it prints an array of "
         "instances; once any of --limit, --after, --order, --workflow, --prefix, --since, "
-        "--until is given, "
+        "--until, --where is given, "
         'an object {"instances": [...], "next": CURSOR or null, "order": ...}',
         args=(
             arg("--status", choices=_STATUSES, help="only instances in this status"),
@@ -211,6 +235,15 @@ COMMANDS = (
                 "--until",
                 metavar="WHEN",
                 help="only instances created before WHEN (the same forms as --since)",
+            ),
+            arg(
+                "--where",
+                action="append",
+                metavar="KEY=VALUE",
+                help="only instances whose search attribute KEY (ctx.set_attributes) equals "
+                "VALUE; repeat it and every one must match. A number, true or false matches "
+                'that value or the same text (customer=42 finds "42" and 42); a quoted '
+                "JSON string only that text (customer='\"42\"'); anything else is text",
             ),
             arg(
                 "--diverged",

@@ -159,6 +159,10 @@ def timeline_rows(history: Sequence[HistoryEntry]) -> list[TimelineRow]:
                 point(at, "event", str(a.get("event_name", "")), "buffered")
             case "ValueRecorded":
                 point(at, "value", key, str(a.get("kind", "")))
+            case "AttributesSet":
+                changed = a.get("attributes") or {}
+                shown = ", ".join(f"{k}={_short(json.dumps(v), 40)}" for k, v in changed.items())
+                point(at, "attributes", key, "set", shown)
             case "RaceDecided":
                 losers = tuple(str(p) for p in a.get("losers") or ())
                 for kind, name in [s for s in open_spans if s[1].startswith(losers)]:

@@ -401,7 +401,27 @@ async def _late_success_dropped(client: Client, instance: str, ledger: Path) -> 
     assert ledger_count(ledger, started) <= len(work), why
 
 
+def _check_attributes(instance: str, history: list[HistoryEntry]) -> None:
+    recorded = [h.attributes["attributes"] for h in _of(history, "AttributesSet")]
+    assert recorded == [{"customer": instance}, {"stage": "paid"}], (instance, recorded)
+
+
+async def _attributes_merged(client: Client, instance: str, ledger: Path) -> None:
+    assert (await client.status(instance)).attributes == {"customer": instance, "stage": "paid"}
+    page = await client.list_page(where={"customer": instance, "stage": "paid"})
+    assert [i.instance_id for i in page.instances] == [instance]
+
+
 CASES = [
+    Case(
+        "attributes",
+        "tagged",
+        lambda i: {"customer": i},
+        lambda i: {"stage": "paid"},
+        second=_send_when_waiting("more", {"stage": "paid"}),
+        check=_check_attributes,
+        after=_attributes_merged,
+    ),
     Case(
         "reuse",
         "reuse",

@@ -119,6 +119,7 @@ SCENARIOS: dict[str, tuple[str, Any, list[Any]]] = {
         {"fail": True},
         [("start", "restart_if_failed", {"wait": True, "n": 2}), ("send", "go", None)],
     ),
+    "tagged": ("tagged", {"customer": "42", "amount": 25.0}, [("send", "more", {"vip": True})]),
 }
 
 

@@ -42,6 +42,14 @@ class Expected:
 
 
 EXPECTED = {
+    "examples.attributes:purchase": Expected(
+        {"charge": "ch-25.00"},
+        (
+            ("attributes", "attributes#1", "set"),
+            ("step", "charge", "ok"),
+            ("attributes", "attributes#2", "set"),
+        ),
+    ),
     "examples.scopes:checkout": Expected(
         {"items": 22.0, "shipping": 5.5},
         (

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from stepstream.engine.errors import UndecodableRecord
 from stepstream.engine.wire.records import (
     ALL_TYPES,
+    AttributesSet,
     CancelWorkflow,
     ChildStarted,
     CommandIgnored,
@@ -202,6 +203,11 @@ SAMPLES: list[Record] = [
     WorkflowTerminatedRecord(**env(17), reason="stuck"),
     WorkflowTimeoutSet(**env(2), timeout_at_ms=T0 + 7 * 86_400_000),
     WorkflowRestarted(**env(19), run=2, previous_status="failed"),
+    AttributesSet(
+        **env(6),
+        key="attributes#1",
+        attributes={"customer": "42", "amount": 25.0, "items": 3, "vip": True, "old": None},
+    ),
 ]
 
 # CRC-64-AVRO of the schema each record type is written with. A change here means a
@@ -255,6 +261,7 @@ RELEASED_FINGERPRINTS = {
     "WorkflowTerminated": 0x57C726EFE283EAF9,
     "WorkflowTimeoutSet": 0x536E56028E32FA5E,
     "WorkflowRestarted": 0x114BCDF3671A8B34,
+    "AttributesSet": 0x8789D377EC0AB2C9,
 }
 # Released versions that a newer one replaced for writing; records of them still decode.
 OLDER_FINGERPRINTS = {

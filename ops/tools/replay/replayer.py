@@ -16,6 +16,7 @@ from stepstream.engine.replay.effects import Output
 from stepstream.engine.replay.reset import fold, set_aside
 from stepstream.engine.wire.codec import JsonCodec, PayloadCodec, decode_safely
 from stepstream.engine.wire.records import (
+    AttributesSet,
     HistoryRecord,
     StepAttemptStarted,
     ValueRecorded,
@@ -41,6 +42,7 @@ _NEW_CALLS: dict[type[HistoryRecord], str] = {
     SleepStartedRecord: "sleep",
     WaitStarted: "wait",
     ValueRecorded: "value",
+    AttributesSet: "attributes",
 }
 _QUOTED = re.compile(r"history has \w+ ('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")")
 

@@ -4,7 +4,7 @@
 import { api } from "./api.js";
 import { controlsSection } from "./controls.js";
 import { h, when } from "./dom.js";
-import { badge, FINISHED, headRow, instanceLink, scroll } from "./parts.js";
+import { attributeItem, badge, FINISHED, headRow, instanceLink, scroll } from "./parts.js";
 import { drawTimeline } from "./timeline.js";
 import { repairControls } from "./repair.js";
 import { jsonTree } from "./tree.js";
@@ -101,6 +101,11 @@ export async function instancePage(main, id) {
       s.error ? h("div", { class: "error", id: "instance-error" }, h("strong", {}, "Error: "), s.error,
         end?.attributes.traceback ? h("details", {}, h("summary", {}, "Traceback"), h("pre", { class: "traceback" }, end.attributes.traceback)) : "") : "",
       s.origin ? origin(s.origin) : "",
+      Object.keys(s.attributes || {}).length ? h("section", { "aria-labelledby": "attrs-h" },
+        h("h2", { id: "attrs-h" }, "Search attributes"),
+        h("table", { class: "data", id: "attributes" }, h("tbody", {}, ...Object.entries(s.attributes).map(([k, v]) =>
+          h("tr", {}, h("th", { scope: "row" }, h("a", { href: `#/?attrs=${encodeURIComponent(attributeItem(k, v))}` }, k)),
+            h("td", {}, typeof v === "string" ? v : JSON.stringify(v))))))) : "",
       h("div", { class: "io" },
         h("section", { "aria-labelledby": "in-h" }, h("h2", { id: "in-h" }, "Input"), jsonTree(latest.input, { id: "input" })),
         h("section", { "aria-labelledby": "out-h" }, h("h2", { id: "out-h" }, "Result"), result)),

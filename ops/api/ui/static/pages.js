@@ -2,7 +2,7 @@
 // page; one instance's page is instance.js.
 import { api } from "./api.js";
 import { h, when } from "./dom.js";
-import { badge, headRow, instanceLink, scroll, STATUSES } from "./parts.js";
+import { attributeItem, badge, headRow, instanceLink, scroll, STATUSES } from "./parts.js";
 
 const PAGE_SIZE = 50;
 const ORDERS = [["newest", "Newest first"], ["oldest", "Oldest first"], ["id", "By id"]];
@@ -17,19 +17,42 @@ function toLocal(iso) {
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
+// The attribute filter as typed ("customer=42, vip=true") as the where of the API: a
+// number, true or false matches that value or the same text (as `stepstream list
+// --where` does), a quoted string only that text. Null with the item it cannot read.
+export function whereOf(text) {
+  const where = {};
+  for (const item of text.split(",").map((t) => t.trim()).filter(Boolean)) {
+    const at = item.indexOf("=");
+    if (at < 1) return { where: null, bad: item };
+    const key = item.slice(0, at).trim();
+    const raw = item.slice(at + 1).trim();
+    let value = raw;
+    try { value = JSON.parse(raw); } catch { value = raw; }
+    where[key] = typeof value === "string" ? value
+      : typeof value === "number" || typeof value === "boolean" ? [value, raw] : raw;
+  }
+  return { where, bad: null };
+}
+
+const attributeText = (attrs) => Object.entries(attrs || {}).map(([k, v]) => attributeItem(k, v)).join(", ");
+
 function listHash(params) {
   const query = new URLSearchParams([...params].filter(([, v]) => v)).toString();
   return `#/${query ? `?${query}` : ""}`;
 }
 
 export async function listPage(main, params) {
+  const asked = location.hash;
   const order = params.get("order") || "newest";
   const query = new URLSearchParams({ limit: params.get("limit") || String(PAGE_SIZE), order });
   for (const name of ["status", "workflow", "prefix", "after", "since", "until"]) {
     if (params.get(name)) query.set(name, params.get(name));
   }
+  const { where, bad } = whereOf(params.get("attrs") || "");
+  if (where && Object.keys(where).length) query.set("where", JSON.stringify(where));
   const [page, workflows] = await Promise.all([
-    api(`/ui/api/instances?${query}`),
+    bad ? { instances: [], next: null } : api(`/ui/api/instances?${query}`),
     api("/v1/workflows").catch(() => ({ workflows: {} })),
   ]);
   const field = (id, label, control) => h("div", { class: "field" }, h("label", { for: id }, label), control);
@@ -38,13 +61,14 @@ export async function listPage(main, params) {
     ...STATUSES.map((s) => h("option", { value: s, selected: params.get("status") === s }, s)));
   const workflow = h("input", { id: "f-workflow", name: "workflow", list: "f-workflows", value: params.get("workflow") || "", autocomplete: "off" });
   const prefix = h("input", { id: "f-prefix", name: "prefix", value: params.get("prefix") || "", autocomplete: "off", spellcheck: "false" });
+  const attrs = h("input", { id: "f-attrs", name: "attrs", value: params.get("attrs") || "", placeholder: "customer=42, vip=true", autocomplete: "off", spellcheck: "false" });
   const sort = h("select", { id: "f-order", name: "order" },
     ...ORDERS.map(([value, label]) => h("option", { value, selected: order === value }, label)));
   // A relative since (the "last hour" links) shows as empty here and as the current link.
   const since = h("input", { id: "f-since", type: "datetime-local", step: 1, value: toLocal(params.get("since")) });
   const until = h("input", { id: "f-until", type: "datetime-local", step: 1, value: toLocal(params.get("until")) });
   const filters = (more = {}) => new URLSearchParams({
-    status: status.value, workflow: workflow.value.trim(), prefix: prefix.value,
+    status: status.value, workflow: workflow.value.trim(), prefix: prefix.value, attrs: attrs.value.trim(),
     order: sort.value === "newest" ? "" : sort.value, until: toIso(until.value),
     since: toIso(since.value) || (RECENT.some(([v]) => v === params.get("since")) ? params.get("since") : ""), ...more,
   });
@@ -57,6 +81,7 @@ export async function listPage(main, params) {
   field("f-workflow", "Workflow", workflow),
   h("datalist", { id: "f-workflows" }, ...Object.keys(workflows.workflows).map((w) => h("option", { value: w }))),
   field("f-prefix", "Id starts with", prefix),
+  field("f-attrs", "Attributes", attrs),
   field("f-since", "Started since", since),
   field("f-until", "Started before", until),
   field("f-order", "Sort", sort),
@@ -72,10 +97,11 @@ export async function listPage(main, params) {
     h("td", {}, i.workflow), h("td", {}, i.version),
     h("td", {}, h("time", { datetime: i.created_at }, when(i.created_at))),
     h("td", {}, h("time", { datetime: i.updated_at }, when(i.updated_at))),
+    h("td", { class: "attrs" }, attributeText(i.attributes)),
     h("td", { class: "err", title: i.error || "" }, i.error || "")));
   const table = h("table", { class: "data", id: "instances" },
     h("caption", {}, page.instances.length ? `${page.instances.length} instances${params.get("after") ? ` after ${params.get("after")}` : ""}` : "No instances match"),
-    headRow("Instance", "Status", "Workflow", "Version", "Started", "Updated", "Error"),
+    headRow("Instance", "Status", "Workflow", "Version", "Started", "Updated", "Attributes", "Error"),
     h("tbody", {}, ...rows));
   const pager = h("nav", { class: "pager", "aria-label": "Pages" });
   if (params.get("after")) {
@@ -88,7 +114,11 @@ export async function listPage(main, params) {
     next.set("after", page.next);
     pager.append(h("a", { href: listHash(next), rel: "next" }, "Next page"));
   }
-  main.replaceChildren(h("h1", { tabindex: "-1" }, "Instances"), form, recent, scroll(table), pager);
+  const refused = bad ? h("p", { class: "error", id: "attrs-error", role: "alert" },
+    `Attributes: "${bad}" is not KEY=VALUE; separate several with commas, as in customer=42, vip=true`) : "";
+  // A newer filter was asked for while this page loaded: its render wins, not this one.
+  if (location.hash !== asked) return;
+  main.replaceChildren(h("h1", { tabindex: "-1" }, "Instances"), form, refused, recent, scroll(table), pager);
   performance.mark("stepstream:list-shown"); // read by tests/ui_scale.py
 }
 

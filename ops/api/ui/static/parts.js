@@ -8,3 +8,10 @@ export const badge = (status) => h("span", { class: `badge badge-${status}` }, s
 export const instanceLink = (id) => h("a", { href: `#/i/${encodeURIComponent(id)}` }, id);
 export const scroll = (table) => h("div", { class: "scroll" }, table);
 export const headRow = (...names) => h("thead", {}, h("tr", {}, ...names.map((n) => h("th", { scope: "col" }, n))));
+
+// An attribute as the filter takes it: text that would read as a number or a bool quoted.
+export function attributeItem(key, value) {
+  let plain = typeof value === "string";
+  if (plain) { try { plain = typeof JSON.parse(value) === "string"; } catch { plain = true; } }
+  return `${key}=${plain ? value : JSON.stringify(value)}`;
+}
