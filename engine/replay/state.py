@@ -4,7 +4,8 @@
 runtime just decided) and on restore (records read back from the history topic), so a
 restored instance is exactly the instance that was lost. How the state is stored and read
 back is ``engine.replay.state_json``'s; the ids it derives (timers, child starts, message
-answers) are ``engine.replay.ids``'s, the status machine ``engine.replay.status``'s.
+answers) are ``engine.replay.ids``'s, the status machine ``engine.replay.status``'s, the
+entries it holds per replay key ``engine.replay.entries``'.
 """
 
 from __future__ import annotations
@@ -13,9 +14,15 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from stepstream.engine.api.queues import QUEUE_ADMITTED
+
+# The entries and the status machine are modules of their own; readers of the state
+# import them from here too.
+from stepstream.engine.replay.entries import BufferedEvent as BufferedEvent
+from stepstream.engine.replay.entries import Entry as Entry
+from stepstream.engine.replay.entries import EntryKind as EntryKind
+from stepstream.engine.replay.entries import EntryState as EntryState
 from stepstream.engine.replay.ids import (
     RUN_TIMEOUT_KEY,
     is_client_command,
@@ -25,8 +32,6 @@ from stepstream.engine.replay.ids import (
     split_timer_id,
     timer_id,
 )
-
-# The status machine is its own module; readers of the state import it from here too.
 from stepstream.engine.replay.status import InvalidTransition as InvalidTransition
 from stepstream.engine.replay.status import Status as Status
 from stepstream.engine.replay.status import check_transition
@@ -67,76 +72,6 @@ from stepstream.engine.wire.records import (
 def _admission(names: list[str]) -> bool:
     """Whether a message wait is for a queue's admission."""
     return bool(names) and names[0].startswith(QUEUE_ADMITTED)
-
-
-class EntryKind(StrEnum):
-    STEP = "step"
-    SLEEP = "sleep"
-    WAIT = "wait"
-    VALUE = "value"
-    RACE = "race"
-    LOOP = "loop"
-    CHILD = "child"
-    SENT = "sent"  # a message sent to another instance
-
-
-class EntryState(StrEnum):
-    RUNNING = "running"  # step attempt in flight
-    BACKOFF = "backoff"  # step waiting for its retry timer
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    SLEEPING = "sleeping"
-    ELAPSED = "elapsed"
-    WAITING = "waiting"
-    SATISFIED = "satisfied"
-    TIMED_OUT = "timed_out"
-    RECORDED = "recorded"
-    ABANDONED = "abandoned"  # what a losing race branch was doing when the race ended
-
-    @property
-    def final(self) -> bool:
-        return self not in _OPEN_ENTRY_STATES
-
-
-_OPEN_ENTRY_STATES = frozenset(
-    {EntryState.RUNNING, EntryState.BACKOFF, EntryState.SLEEPING, EntryState.WAITING}
-)
-
-
-@dataclass(slots=True)
-class Entry:
-    """What the history says about one replay key."""
-
-    key: str
-    kind: EntryKind
-    state: EntryState
-    seq: int
-    attempt: int = 0
-    max_attempts: int = 0
-    result: Payload | None = None
-    error_type: str = ""
-    error_message: str = ""
-    timer_id: str | None = None
-    fire_at_ms: int | None = None
-    event_name: str | None = None
-    winner: str | None = None  # a race's winning branch
-    losers: list[str] | None = None  # a race's losing branches, as scope prefixes
-    # A loop's kept iterations: iteration -> seq of the LoopAdvanced that ended it.
-    marks: dict[int, int] | None = None
-    child_id: str | None = None  # a child workflow's instance id (its input in result)
-    # A message wait: the names it takes (``max_attempts``: how many at most), and once
-    # satisfied the messages it took: (id, name, payload, arrived at ms).
-    names: list[str] | None = None
-    messages: list[tuple[str, str, Payload, int]] | None = None
-
-
-@dataclass(slots=True)
-class BufferedEvent:
-    name: str
-    payload: Payload
-    command_id: str
-    seq: int
-    time_ms: int = 0  # when it reached the instance
 
 
 RECENT_COMMANDS = 64
