@@ -36,7 +36,7 @@ async def main() -> None:
         await env.advance(2 * 86400)
         for s in await client.list_schedules():
             print(f"{s.name}: {s.spec}, next run {s.next_run_at}, last {s.last_instance_id}")
-        for instance in (await client.list_page(prefix="nightly@")).instances:
+        for instance in (await client.list_page(prefix="nightly@", order="id")).instances:
             print(instance.instance_id, "->", await client.result(instance.instance_id))
 
 

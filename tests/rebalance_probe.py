@@ -313,7 +313,11 @@ def _balanced(urls: set[str]) -> Callable[[dict[int, str]], bool]:
 
 GROUP_PROTOCOLS = ("classic", "consumer")
 GATES = 40  # short workflows started (and their events sent) while the group changes
-_GROUP_EVENT = re.compile(r"group (assigned|revoked|lost) partitions=\[([\d, ]*)\]")
+# The worker's log line, as its text format writes it (the partitions a field):
+#   msg="group assigned partitions" partitions="[0, 1, 2]"
+_GROUP_EVENT = re.compile(
+    r'msg="group (assigned|revoked|lost) partitions[^"]*".*?partitions="\[([\d, ]*)\]"'
+)
 
 
 def worker_settings(protocol: str) -> tuple[tuple[str, ...], dict[str, str]]:

@@ -96,7 +96,17 @@ def classpath(directory: Path) -> str:
 
 
 def is_resolved(directory: Path) -> bool:
-    return (directory / _COMPLETE).exists()
+    """Whether ``directory`` holds the jars the pom lists now: a directory named by
+    ``STEPSTREAM_BROKER_JARS`` and resolved from an older pom is resolved again."""
+    try:
+        marker = (directory / _COMPLETE).read_text()
+    except FileNotFoundError:
+        return False
+    return marker.startswith(_marker_head())
+
+
+def _marker_head() -> str:
+    return f"# resolved from the pom {_pom_digest()}\n"
 
 
 def resolve_jars(version: str | None = None, *, progress: Progress | None = None) -> Path:
@@ -158,7 +168,7 @@ def _run_maven(mvn: str, version: str, target: Path, progress: Progress) -> None
                 f"Maven finished but copied no Kafka broker jar into {staging}; its last "
                 "lines:\n" + "\n".join(last)
             )
-        (staging / _COMPLETE).write_text("\n".join(jars) + "\n")
+        (staging / _COMPLETE).write_text(_marker_head() + "\n".join(jars) + "\n")
         if target.exists():  # an unfinished copy of an earlier, interrupted run
             shutil.rmtree(target)
         staging.rename(target)

@@ -18,7 +18,7 @@ from tests import workflows
 
 
 async def slot_ids(client: Client, name: str) -> list[str]:
-    page = await client.list_page(prefix=f"{name}@", limit=500)
+    page = await client.list_page(prefix=f"{name}@", limit=500, order="id")
     return [i.instance_id for i in page.instances]
 
 
