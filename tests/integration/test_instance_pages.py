@@ -60,7 +60,10 @@ async def test_filters_by_status_workflow_and_prefix(client: Client) -> None:
     assert [i.instance_id for i in completed.instances] == done
     assert completed.next is None
     by_workflow = await client.list_page(workflow="waiter", limit=100, order="oldest")
-    assert [i.instance_id for i in by_workflow.instances] == waiting
+    # Oldest first by created time: the time each owner applied the start (on Kafka the
+    # partitions apply theirs independently, so not always in the order they were sent).
+    listed = [(i.created_at, i.instance_id) for i in by_workflow.instances]
+    assert listed == sorted(listed) and sorted(i for _, i in listed) == waiting
     prefixed = await client.list_page(prefix="w-1", order="id")
     assert [i.instance_id for i in prefixed.instances] == ["w-10", "w-11"]
     both = await client.list_page(prefix="a-", status="running")
