@@ -77,7 +77,22 @@ class _Attempt:
         self.deadline: asyncio.TimerHandle | None = None
 
     def log_fields(self) -> dict[str, Any]:
-        """What a line about this attempt says about it (``log_context.LogSubject``)."""
+        """What a line about this attempt says about it."""
+        return _AttemptSubject(self.launch, self.partition).log_fields()
+
+
+class _AttemptSubject:
+    """A step body's log subject (``log_context.LogSubject``). Not the ``_Attempt``
+    itself: that holds the task, whose context holds the subject, and the cycle would
+    keep every finished step's task and coroutine alive until a garbage collection."""
+
+    __slots__ = ("launch", "partition")
+
+    def __init__(self, launch: StepLaunch, partition: int) -> None:
+        self.launch = launch
+        self.partition = partition
+
+    def log_fields(self) -> dict[str, Any]:
         launch = self.launch
         return {
             "instance_id": launch.instance_id,
@@ -134,8 +149,7 @@ class StepExecutor:
         self._running[attempt_id] = attempt  # now, so that ``cancel`` finds it at once
         fn = launch.fn
         context = contextvars.copy_context()
-        context.run(current_flag.set, attempt.flag)
-        context.run(log_context.current.set, attempt)  # the body's log lines name it
+        context.run(_enter, attempt.flag, _AttemptSubject(launch, partition))
         if inspect.iscoroutinefunction(fn):
             try:
                 body = fn(*launch.args, **launch.kwargs)
@@ -347,6 +361,12 @@ class StepExecutor:
         for body in self._stragglers:
             body.cancel()
         self._threads.shutdown()
+
+
+def _enter(flag: AttemptFlag, subject: _AttemptSubject) -> None:
+    """Set what a step body's context holds: its cancel flag and its log subject."""
+    current_flag.set(flag)
+    log_context.current.set(subject)
 
 
 async def _raise(exc: Exception) -> Any:

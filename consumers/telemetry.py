@@ -47,6 +47,7 @@ from stepstream.engine.wire.records import (
 )
 
 if TYPE_CHECKING:
+    from stepstream.engine.replay.effects import StepLaunch
     from stepstream.engine.replay.runtime import InstanceRuntime
 
 LATENCY_BUCKETS_S = (
@@ -232,13 +233,18 @@ class Telemetry:
         # Clamped: a client's clock may run ahead of the worker's.
         histogram.observe(max(0, now_ms - accepted_ms) / 1000)
 
-    def step_launched(self, workflow: str, key: str, due_ms: int, now_ms: int) -> None:
-        """A step attempt handed to the executor, ``now_ms - due_ms`` after it was due."""
-        label = (workflow, step_label(key))
-        histogram = self.step_delay_seconds.get(label)
-        if histogram is None:
-            histogram = self.step_delay_seconds[label] = Histogram(LATENCY_BUCKETS_S)
-        histogram.observe(max(0, now_ms - due_ms) / 1000)
+    def steps_launched(self, launches: Sequence[StepLaunch], began_ms: int, now_ms: int) -> None:
+        """Step attempts handed to the executor at ``now_ms``, each after it was due: a
+        retry when its backoff ended (``due_ms``), a first attempt when the batch that
+        decided it began (``began_ms``). One call per commit, not per step."""
+        delays = self.step_delay_seconds
+        for launch in launches:
+            label = (launch.workflow, step_label(launch.key))
+            histogram = delays.get(label)
+            if histogram is None:
+                histogram = delays[label] = Histogram(LATENCY_BUCKETS_S)
+            due_ms = launch.due_ms or began_ms
+            histogram.observe((now_ms - due_ms) / 1000 if now_ms > due_ms else 0.0)
 
     def dead_lettered(self, reason: str) -> None:
         self.dead_letters[dead_letter_reason(reason)] += 1
@@ -264,9 +270,11 @@ class Telemetry:
             started = self._started[partition] = {}
         activations = self.activations.take(partition) if self._spans is not None else None
         run_tracebacks: dict[str, str] = {}
+        # Checked per instance, not per record: most commits touch no queue.
+        queues = [i for i in touched if i[:1] == "~" and i.startswith(QUEUE_INSTANCE_PREFIX)]
         for record in history:  # by exact type: every record of every commit passes here
             kind = type(record)
-            if record.instance_id.startswith(QUEUE_INSTANCE_PREFIX):
+            if queues and record.instance_id in queues:
                 self.queues.recorded(partition, record, touched.get(record.instance_id))
             if kind is StepAttemptStarted:
                 attempt = cast(StepAttemptStarted, record)

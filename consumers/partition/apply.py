@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from stepstream.consumers import log_context
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.dead_letters import dead_letter
 from stepstream.consumers.instance_store import InstanceReads, StoredHistory
@@ -88,7 +89,7 @@ class Applier:
     def resumption(self) -> Batch:
         """The first batch of an owner: its fence, and every unfinished instance driven
         from its committed state."""
-        batch = Batch()
+        batch = Batch(self._clock.now_ms())
         fence = PartitionFenced(
             instance_id="",
             time_ms=self._clock.now_ms(),
@@ -129,11 +130,23 @@ class Applier:
         self, entries: list[LogEntry], outcomes: list[StepOutcome], fires: list[TimerFired]
     ) -> Batch:
         """Apply commands fetched from the log, then timer fires handed over directly,
-        then step outcomes, into one batch."""
-        batch = Batch()
+        then step outcomes, into one batch. Lines logged meanwhile (the workflow code's
+        too) are about the instance an input is applied to (``Containment.handle``)."""
+        token = log_context.current.set(self._containment.subject)
+        try:
+            return self._batch(entries, outcomes, fires)
+        finally:
+            log_context.current.reset(token)
+
+    def _batch(
+        self, entries: list[LogEntry], outcomes: list[StepOutcome], fires: list[TimerFired]
+    ) -> Batch:
+        batch = Batch(self._clock.now_ms())
+        traced = self._telemetry.traced
         for entry in entries:
             command_id, reason, rejected = self._apply_command(entry, batch)
-            self._undo_poisoned(batch)
+            if batch.poisoned:
+                self._undo_poisoned(batch)
             if rejected:
                 assert reason is not None
                 batch.commit.appends.append(self.dead_letter(entry, reason, command_id))
@@ -143,7 +156,8 @@ class Applier:
                 batch.settled[command_id] = reason
         for fire in fires:  # after the commands: none of them was acknowledged later
             self._apply(fire, batch, direct=True)
-            self._undo_poisoned(batch)
+            if batch.poisoned:
+                self._undo_poisoned(batch)
             batch.record_applied(fire, fire.command_id)
         for outcome in outcomes:
             runtime = self._cache.get(outcome.instance_id)
@@ -157,11 +171,12 @@ class Applier:
                 continue  # the instance finished or was dropped; a late outcome changes nothing
             if self._containment.handle(runtime, outcome, batch) is None:
                 batch.applied_outcomes.setdefault(outcome.instance_id, []).append(outcome)
-                if self._telemetry.traced:
+                if traced:
                     self._telemetry.activations.outcome_applied(
                         self._partition, outcome.instance_id
                     )
-            self._undo_poisoned(batch)
+            if batch.poisoned:
+                self._undo_poisoned(batch)
         self._settle_undone(batch)
         appends = batch.commit.appends
         encode = self._serde.encode
@@ -182,7 +197,7 @@ class Applier:
         driven from their committed state (attempts whose outcomes were undone or hit the
         error are recovered as lost), so they do not wait for an input that may never
         come."""
-        batch = Batch()
+        batch = Batch(self._clock.now_ms())
         out = batch.out
         for instance_id in instance_ids:
             runtime = self._cache.get_or_load(instance_id)

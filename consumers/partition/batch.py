@@ -21,6 +21,8 @@ Input = tuple[LogEntry | TimerFired, str]
 
 @dataclass(slots=True, eq=False)
 class Batch:
+    # When the batch was begun (ms): when a first step attempt it launches became due.
+    began_ms: int
     out: Output = field(default_factory=Output)
     commit: CommitBatch = field(default_factory=CommitBatch)
     # Instances the batch changed: their state is written with the commit.

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 
-from stepstream.consumers import log_context
 from stepstream.consumers.log_context import InstanceSubject, instance_fields
 from stepstream.consumers.partition.batch import Batch
 from stepstream.consumers.runtime_cache import RuntimeCache
@@ -29,13 +28,16 @@ class Containment:
     def __init__(self, cache: RuntimeCache, partition: int) -> None:
         self._cache = cache
         self._partition = partition
+        # What lines logged while an input is applied are about (``Applier.batch``).
+        self.subject = InstanceSubject(partition)
 
     def handle(
         self, runtime: InstanceRuntime, msg: Command | StepOutcome, batch: Batch
     ) -> str | None:
         """Apply ``msg``; None when it took effect (or parked the instance), else why not.
         Lines logged meanwhile (the workflow code's too) are about the instance."""
-        token = log_context.current.set(InstanceSubject(runtime.state, self._partition))
+        subject = self.subject
+        subject.state = runtime.state
         try:
             runtime.handle(msg, batch.out)
         except HistoryDiverged as exc:
@@ -43,7 +45,7 @@ class Containment:
         except Exception as exc:
             return self._undo(runtime, msg, batch, exc)
         finally:
-            log_context.current.reset(token)
+            subject.state = None
         batch.touched[runtime.state.instance_id] = runtime
         return None
 

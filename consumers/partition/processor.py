@@ -364,9 +364,11 @@ class PartitionProcessor:
         for instance_id, key, attempt in out.cancels:
             self._executor.cancel(instance_id, key, attempt)
         now_ms = self._clock.now_ms()
-        for launch in out.launches:
-            self._telemetry.step_launched(launch.workflow, launch.key, launch.due_ms, now_ms)
-            self._executor.launch(launch, self.deliver, self.partition)
+        if out.launches:
+            self._telemetry.steps_launched(out.launches, batch.began_ms, now_ms)
+            launch_step, deliver, partition = self._executor.launch, self.deliver, self.partition
+            for launch in out.launches:
+                launch_step(launch, deliver, partition)
         parked = self.parked
         for instance_id, runtime in touched.items():
             state = runtime.state
@@ -376,7 +378,7 @@ class PartitionProcessor:
                 parked.discard(instance_id)
             if state.status.finished and not runtime.busy:
                 self._cache.drop(instance_id)
-        horizon = self._clock.now_ms() + self._config.evict_sleepers_after_s * 1000
+        horizon = now_ms + self._config.evict_sleepers_after_s * 1000
         for instance_id in long_sleepers(batch, horizon):
             self._cache.drop(instance_id)
         self._cache.evict()

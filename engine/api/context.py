@@ -318,6 +318,8 @@ class Context:
         _refuse_in_step_body("ctx.step")
         limit = None if timeout is None else _seconds(timeout)
         key = self._rt.key_for(name)
+        if compensate is None and queue is None:  # the common case, kept short
+            return _awaiting(self._rt.step_future(key, fn, args, kwargs, retry, limit, ephemeral))
         frame = current_saga.get()
         if compensate is not None and frame is None:
             raise InvalidWorkflowCall(

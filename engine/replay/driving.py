@@ -258,11 +258,16 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
         self._resolve(entry)
 
     def _start_attempt(self, key: str, intent: StepIntent, attempt: int) -> None:
-        # Read before the attempt's record clears it: when the backoff of a retry ended.
-        entry = self.state.entries.get(key)
-        backoff_ended = entry.fire_at_ms if entry is not None and attempt > 1 else None
-        # Above every attempt a reset set aside (``engine.replay.reset``).
-        attempt = max(attempt, self.state.attempt_floors.get(key, 0) + 1)
+        # When a retry became due, read before the attempt's record clears it: when its
+        # backoff ended. A first attempt is due as the batch deciding it began (0).
+        due_ms = 0
+        if attempt > 1:
+            entry = self.state.entries.get(key)
+            if entry is not None and entry.fire_at_ms is not None:
+                due_ms = entry.fire_at_ms
+        floors = self.state.attempt_floors
+        if floors:  # above every attempt a reset set aside (``engine.replay.reset``)
+            attempt = max(attempt, floors.get(key, 0) + 1)
         if intent.ephemeral and key not in self.state.entries:
             # Nothing recorded before the body runs: its result is recorded with the
             # records it comes back to; after a crash before that, it runs again.
@@ -282,7 +287,7 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
                 self.state.workflow,
                 self.state.traceparent,
                 self.state.created_ms,
-                due_ms=backoff_ended if backoff_ended is not None else self.clock.now_ms(),
+                due_ms=due_ms,
             )
         )
 

@@ -70,9 +70,9 @@ class StepLaunch:
     workflow: str = ""  # for log lines about the attempt
     traceparent: str | None = None
     run_start_ms: int = 0  # the run's start: with the instance, names its trace and span
-    # When the attempt became due (ms): when the code reached the step for a first
-    # attempt, when its backoff ended for a retry; its start less this is the attempt's
-    # schedule-to-start latency.
+    # When a retry became due (ms): when its backoff ended; 0 for a first attempt, due
+    # when the code reached the step (the batch's start, to the processor). Its start
+    # less this is the attempt's schedule-to-start latency.
     due_ms: int = 0
 
 
