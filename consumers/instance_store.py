@@ -58,33 +58,43 @@ def load_state(
 def write_state(state: InstanceState, batch: CommitBatch) -> None:
     """Queue the changed parts of an instance's state: its input once, buffered events
     as they come and go, the meta, dirty entries, the active index."""
+    # Every transition passes here: the rarely used parts are looked at only when set.
     instance_id = state.instance_id
     if state.new_input and state.input is not None:
         batch.put(keys.input_key(instance_id), payload_bytes(state.input))
         state.new_input = False
-    for event in state.new_buffered:
-        batch.put(keys.buffered(instance_id, event.seq), buffered_json(event))
-    state.new_buffered.clear()
-    for seq in state.taken_buffered:  # after the puts: one taken in the same batch goes
-        batch.delete(keys.buffered(instance_id, seq))
-    state.taken_buffered.clear()
+    if state.new_buffered:
+        for event in state.new_buffered:
+            batch.put(keys.buffered(instance_id, event.seq), buffered_json(event))
+        state.new_buffered.clear()
+    if state.taken_buffered:  # after the puts: one taken in the same batch goes
+        for seq in state.taken_buffered:
+            batch.delete(keys.buffered(instance_id, seq))
+        state.taken_buffered.clear()
     batch.put(keys.meta(instance_id), meta_json(state))
-    for key in state.dirty_entries:
-        batch.put(keys.entry(instance_id, key), entry_json(state.entries[key]))
-    state.dirty_entries.clear()
-    for key in state.deleted_entries:  # pruned by a loop
-        batch.delete(keys.entry(instance_id, key))
-    state.deleted_entries.clear()
-    for low, high in state.pruned_history:
-        for seq in range(low, high):
-            batch.delete(keys.history(instance_id, seq))
-    state.pruned_history.clear()
-    for command_id in state.new_commands:
-        batch.put(keys.command(instance_id, command_id), b"")
-    state.new_commands.clear()
-    for message_id, answer in state.new_replies.items():
-        batch.put(keys.reply(instance_id, message_id), payload_bytes(answer))
-    state.new_replies.clear()
+    dirty = state.dirty_entries
+    if dirty:
+        entries = state.entries
+        for key in dirty:
+            batch.put(keys.entry(instance_id, key), entry_json(entries[key]))
+        dirty.clear()
+    if state.deleted_entries:  # pruned by a loop, or set aside by a reset
+        for key in state.deleted_entries:
+            batch.delete(keys.entry(instance_id, key))
+        state.deleted_entries.clear()
+    if state.pruned_history:
+        for low, high in state.pruned_history:
+            for seq in range(low, high):
+                batch.delete(keys.history(instance_id, seq))
+        state.pruned_history.clear()
+    if state.new_commands:
+        for command_id in state.new_commands:
+            batch.put(keys.command(instance_id, command_id), b"")
+        state.new_commands.clear()
+    if state.new_replies:
+        for message_id, answer in state.new_replies.items():
+            batch.put(keys.reply(instance_id, message_id), payload_bytes(answer))
+        state.new_replies.clear()
     if state.unfinished_ms:  # a reset took the finish back
         batch.delete(keys.finished(state.unfinished_ms, instance_id))
         state.unfinished_ms = 0

@@ -236,15 +236,21 @@ class Telemetry:
     def steps_launched(self, launches: Sequence[StepLaunch], began_ms: int, now_ms: int) -> None:
         """Step attempts handed to the executor at ``now_ms``, each after it was due: a
         retry when its backoff ended (``due_ms``), a first attempt when the batch that
-        decided it began (``began_ms``). One call per commit, not per step."""
+        decided it began (``began_ms``). One call per commit, not per step; the first
+        attempts of a commit share their latency, so its bucket is found once."""
         delays = self.step_delay_seconds
+        first = (now_ms - began_ms) / 1000 if now_ms > began_ms else 0.0
+        first_at = bisect_left(LATENCY_BUCKETS_S, first)
         for launch in launches:
-            label = (launch.workflow, step_label(launch.key))
+            label = (launch.workflow, _LABELS.get(launch.key) or step_label(launch.key))
             histogram = delays.get(label)
             if histogram is None:
                 histogram = delays[label] = Histogram(LATENCY_BUCKETS_S)
-            due_ms = launch.due_ms or began_ms
-            histogram.observe((now_ms - due_ms) / 1000 if now_ms > due_ms else 0.0)
+            if launch.due_ms:
+                histogram.observe(max(0, now_ms - launch.due_ms) / 1000)
+            else:
+                histogram.counts[first_at] += 1
+                histogram.sum += first
 
     def dead_lettered(self, reason: str) -> None:
         self.dead_letters[dead_letter_reason(reason)] += 1

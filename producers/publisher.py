@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import dataclasses
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -191,13 +190,13 @@ class CommandPublisher(abc.ABC):
             self._partition(instance_id),
         ) as (traceparent, tracestate):
             # Stamped when accepted: the owner measures its start's schedule-to-start
-            # from it.
-            command = dataclasses.replace(
-                command,
-                time_ms=self._clock.now_ms(),
-                traceparent=traceparent if traceparent is not None else command.traceparent,
-                tracestate=tracestate if traceparent is not None else command.tracestate,
-            )
+            # from it. In place (records are plain slotted classes at run time): the
+            # command was made for this call and nothing else holds it, and a copy
+            # (``dataclasses.replace``) cost about 1% of W1's whole start path.
+            object.__setattr__(command, "time_ms", self._clock.now_ms())
+            if traceparent is not None:
+                object.__setattr__(command, "traceparent", traceparent)
+                object.__setattr__(command, "tracestate", tracestate)
             settled = self._publishing.settled(command.command_id)
             try:
                 await self._publish(command)

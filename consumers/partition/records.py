@@ -30,8 +30,10 @@ def persist(batch: Batch, serde: RecordSerde, partition: int) -> None:
     for _, command in out.commands:  # to other instances, wherever they live
         appends.append(Append(COMMANDS, command.instance_id.encode(), encode(command)))
     for runtime in batch.touched.values():
-        out.replies.update(runtime.state.new_replies)
-        write_state(runtime.state, commit)
+        state = runtime.state
+        if state.new_replies:
+            out.replies.update(state.new_replies)
+        write_state(state, commit)
 
 
 def long_sleepers(batch: Batch, horizon_ms: float) -> list[str]:

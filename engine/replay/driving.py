@@ -302,8 +302,8 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
             # A reset gives the step a fresh budget above the attempts it set aside.
             max_attempts=(
                 intent.policy.max_attempts + self.state.attempt_floors.get(key, 0)
-                if intent.policy.max_attempts
-                else 0
+                if intent.policy.max_attempts and self.state.attempt_floors
+                else intent.policy.max_attempts or 0
             ),
             deadline_ms=deadline,
         )

@@ -208,7 +208,7 @@ def _on_lost_timer(rt: InstanceRuntime, fired: str) -> None:
 
 def on_outcome(rt: InstanceRuntime, o: StepOutcome) -> None:
     entry = rt.state.entries.get(o.key)
-    if (o.key, o.attempt) in rt.stale_attempts:
+    if rt.stale_attempts and (o.key, o.attempt) in rt.stale_attempts:
         # Given up when the previous run ended; a restart came before its outcome.
         rt.stale_attempts.discard((o.key, o.attempt))
         if entry is None or entry.state is not EntryState.RUNNING or entry.attempt != o.attempt:

@@ -114,14 +114,19 @@ def meta_json(state: InstanceState) -> bytes:
         "em": state.error_message,
         "cr": state.cancel_reason,
         "fm": state.finished_ms,
-        "rn": state.run,
         "pk": state.parked,
         "pi": [state.parent_id, state.parent_key] if state.parent_id else None,
         "tp": [state.traceparent, state.tracestate] if state.traceparent else None,
-        "qr": list(state.queue_request) if state.queue_request != (0, None) else None,
         "bn": len(state.buffered) + state.unread_buffered,
         "rc": list(state.recent_commands),
     }
+    # Written only when they say something (read back with their defaults): the meta
+    # is written at every transition.
+    if state.run != 1:
+        raw["rn"] = state.run
+    priority, queue_key = state.queue_request
+    if priority or queue_key is not None:
+        raw["qr"] = [priority, queue_key]
     if state.forked_from:
         raw["fk"] = [state.forked_from, state.forked_at]
     if state.attempt_floors:
