@@ -1,18 +1,27 @@
 """The engine's side of queues (``engine.api.queues``) in an instance's runtime: a
-request for a slot is published with the start of the queue's instance, and an instance
-that finishes gives back every slot it still holds or waits for."""
+request for a slot is published with the start of the queue's instance, the attempts of
+a queued step start only once the code holds a slot for each, and an instance that
+finishes gives back every slot it still holds or waits for."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from stepstream.engine.api.queues import (
     QUEUE_ACQUIRE,
     QUEUE_INSTANCE_PREFIX,
     QUEUE_RELEASE,
     QUEUE_WORKFLOW,
+    AttemptBackoff,
+    step_backoff_key,
 )
+from stepstream.engine.api.retry import DEFAULT_RETRY, RetryPolicy
 from stepstream.engine.replay.core import RuntimeCore
+from stepstream.engine.replay.effects import Phase, StepIntent
 from stepstream.engine.replay.ids import message_command
-from stepstream.engine.replay.state import Entry, EntryKind
+from stepstream.engine.replay.state import Entry, EntryKind, EntryState
 from stepstream.engine.wire.codec import decode_safely, encode_safely
 from stepstream.engine.wire.records import Command, SendEvent, StartWorkflow
 
@@ -20,6 +29,82 @@ _ACQUIRE_SUFFIX = "#acquire"
 
 
 class AdmissionMixin(RuntimeCore):
+    def queued_attempt_future(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retry: RetryPolicy | None,
+        timeout: float | None,
+        ephemeral: bool,
+        after: int,
+    ) -> asyncio.Future[Any]:
+        """The attempt of step ``key`` after attempt ``after`` (0: the first), which the
+        code calls holding a slot for it: it starts that attempt (unless it ran already)
+        and gives the step's value, raises its failure, or gives ``AttemptBackoff`` when
+        the attempt failed and the step will retry. The step's own retry timer never
+        starts an attempt of a queued step: only the code, admitted again, does."""
+        entries = self.state.entries
+        attempt = max(after + 1, self.state.attempt_floors.get(key, 0) + 1)
+        if after == 0:
+            if not callable(fn):
+                raise TypeError(f"ctx.step({key!r}, ...): {fn!r} is not callable")
+            entry = self._visit(key, EntryKind.STEP)
+            # Recorded by a version that held one slot for every attempt: it goes on so.
+            held = (
+                entry is not None
+                and entry.attempt > attempt
+                and step_backoff_key(key, attempt) not in entries
+            )
+            self._intents[key] = StepIntent(
+                fn, args, kwargs, retry or DEFAULT_RETRY, timeout, ephemeral, queued=not held
+            )
+            if held:
+                return self._held_attempts(key, entry)
+        else:
+            entry = entries.get(key)
+        assert self._loop is not None
+        fut = self._loop.create_future()
+        self._futures[key] = fut
+        if step_backoff_key(key, attempt) in entries:
+            fut.set_result(AttemptBackoff(attempt, None))  # replay: failed, backoff recorded
+        elif entry is None:
+            if key not in self._ephemeral:
+                self._deferred.append(("step", key))
+        elif entry.state.final:
+            self._settle(fut, entry)
+        elif entry.state is EntryState.BACKOFF:
+            if entry.attempt >= attempt:
+                fut.set_result(AttemptBackoff(entry.attempt, entry.fire_at_ms))
+            else:
+                self._deferred.append(("step", key))  # admitted again: the next attempt
+        elif (key, entry.attempt) not in self.inflight:
+            self._deferred.append(("step", key))  # lost with the previous owner
+        return fut
+
+    def _held_attempts(self, key: str, entry: Entry | None) -> asyncio.Future[Any]:
+        """The step future of a queued step whose history held one slot for all its
+        attempts (as ``step_future`` makes it)."""
+        fut = self._future(entry, key)
+        if entry is not None and (
+            (entry.state is EntryState.RUNNING and (key, entry.attempt) not in self.inflight)
+            or (
+                entry.state is EntryState.BACKOFF
+                and self._phase is Phase.RETRIES_DUE
+                and self._overdue(entry)
+            )
+        ):
+            self._deferred.append(("step", key))
+        return fut
+
+    def _backed_off(self, entry: Entry) -> None:
+        """A queued step's attempt failed and the step will retry: its code gives the
+        slot back and waits out the backoff (``engine.api.queues.queued_step``)."""
+        fut = self._futures.get(entry.key)
+        if fut is not None and not fut.done():
+            fut.set_result(AttemptBackoff(entry.attempt, entry.fire_at_ms))
+
     def _queue_start(self, entry: Entry) -> StartWorkflow | None:
         """The start of the queue instance a request goes to, published before it: the
         first one makes the instance, every other one is a repeat of its command id and
