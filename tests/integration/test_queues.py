@@ -68,8 +68,17 @@ async def test_waiters_go_by_priority_then_arrival_and_show_their_wait(client: C
     [wait] = waiting.to_json()["waits"]
     assert wait["kind"] == "queue" and wait["queue"] == "~queue/single"
     await asyncio.sleep(0.5)  # every request has reached the queue
-    await client.send_event("holder", "go", None)
     ids = [i for i, _ in order]
+    # Each one's status says where it stands: the order the queue will admit them in.
+    places = {i: (await client.status(i)).waits[0] for i in ids}
+    assert {i: (w.position, w.waiting) for i, w in places.items()} == {
+        "default": (1, 5),
+        "high-1": (2, 5),
+        "high-2": (3, 5),
+        "low-1": (4, 5),
+        "low-2": (5, 5),
+    }
+    await client.send_event("holder", "go", None)
     for i in ids:
         assert await client.result(i, timeout=30) == i
     admitted = {i: slot_spans(await client.history(i))[0][0] for i in ids}
