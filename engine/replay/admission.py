@@ -19,13 +19,30 @@ from stepstream.engine.api.queues import (
 )
 from stepstream.engine.api.retry import DEFAULT_RETRY, RetryPolicy
 from stepstream.engine.replay.core import RuntimeCore
-from stepstream.engine.replay.effects import Phase, StepIntent
+from stepstream.engine.replay.effects import Output, Phase, StepIntent
 from stepstream.engine.replay.ids import message_command
-from stepstream.engine.replay.state import Entry, EntryKind, EntryState
+from stepstream.engine.replay.state import Entry, EntryKind, EntryState, InstanceState
 from stepstream.engine.wire.codec import decode_safely, encode_safely
 from stepstream.engine.wire.records import Command, SendEvent, StartWorkflow
 
 _ACQUIRE_SUFFIX = "#acquire"
+
+
+def unreleased(state: InstanceState) -> list[tuple[str, Entry]]:
+    """(slot key, request) of each slot the instance asked a queue for and never gave
+    back (held, or still waited for)."""
+    entries = state.entries
+    found = []
+    for entry in entries.values():
+        if (
+            entry.kind is EntryKind.SENT
+            and entry.event_name == QUEUE_ACQUIRE
+            and entry.key.endswith(_ACQUIRE_SUFFIX)
+        ):
+            key = entry.key[: -len(_ACQUIRE_SUFFIX)]
+            if f"{key}#release" not in entries:
+                found.append((key, entry))
+    return found
 
 
 class AdmissionMixin(RuntimeCore):
@@ -133,17 +150,7 @@ class AdmissionMixin(RuntimeCore):
         """Release every slot this instance asked for and did not give back (a cancel,
         a failure past a held slot, a losing race branch): the queue drops a waiter and
         frees a holder; a release of what it no longer knows changes nothing."""
-        entries = self.state.entries
-        for entry in list(entries.values()):
-            if (
-                entry.kind is not EntryKind.SENT
-                or entry.event_name != QUEUE_ACQUIRE
-                or not entry.key.endswith(_ACQUIRE_SUFFIX)
-            ):
-                continue
-            key = entry.key[: -len(_ACQUIRE_SUFFIX)]
-            if f"{key}#release" in entries:
-                continue
+        for key, entry in unreleased(self.state):
             assert entry.child_id is not None and entry.result is not None
             request = decode_safely(self.codec, entry.result)
             token = request.get("key", key) if isinstance(request, dict) else key
@@ -165,3 +172,16 @@ class AdmissionMixin(RuntimeCore):
                     ),
                 )
             )
+
+    def withdraw_again(self, out: Output) -> None:
+        """Publish again what a finished instance withdrew from its queues. A restore
+        asks for it when it folded the record that finished the instance: the commit
+        that made that record may have kept it without its commands (a Kafka worker
+        killed between the two), which would leave the slot held for good. The queue
+        applies each withdrawal once (its command id), and one of a slot it no longer
+        knows changes nothing."""
+        if not self.state.status.finished:
+            return
+        self._out = out
+        self._command_id = f"recover:{self.epoch}"
+        self._withdraw_from_queues()
