@@ -20,6 +20,7 @@ from stepstream.consumers.instance_store import (
     write_state,
 )
 from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.replay.admission import unreleased
 from stepstream.engine.replay.reset import reset_state
 from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.seams import CommitBatch, StateStore
@@ -45,6 +46,9 @@ class Restorer:
         # their stored state is not loaded again.
         self._deletes = CommitBatch()
         self._forgotten: set[str] = set()
+        # Instances that a folded record finished while they held or waited for queue
+        # slots: their withdrawals may not have been published (``withdraw_again``).
+        self._withdraw: set[str] = set()
         self.fence_epoch = 0
         self.applied = 0
         self.skipped = 0
@@ -104,8 +108,11 @@ class Restorer:
             self.applied += 1
             return
         pruned = len(state.pruned_history)
+        was_finished = state.status.finished
         state.apply(record)
         records[record.seq] = value
+        if state.status.finished and not was_finished and unreleased(state):
+            self._withdraw.add(instance_id)
         for low, high in state.pruned_history[pruned:]:  # pruned by a loop: not stored
             for seq in range(low, high):
                 records.pop(seq, None)
@@ -125,6 +132,7 @@ class Restorer:
         """Drop the instance: what was folded of it here, and its stored keys."""
         self._states.pop(instance_id, None)
         self._history.pop(instance_id, None)
+        self._withdraw.discard(instance_id)
         if instance_id not in self._forgotten:
             forget_instance(self._store, instance_id, self._deletes)
             self._forgotten.add(instance_id)
@@ -138,6 +146,9 @@ class Restorer:
                 batch.put(keys.history(instance_id, seq), value)
         for state in self._states.values():
             write_state(state, batch)
+        for instance_id in self._withdraw:
+            batch.put(keys.withdraw(instance_id), b"")
+        self._withdraw.clear()
         self._history.clear()
         self._states.clear()
         return batch

@@ -19,6 +19,9 @@ Layout (all keys local to one partition; ``<id>`` is an instance id, escaped):
   r\\0<id>\\0<message>          the instance's answer to a message (msg.complete)
   k\\0<id>\\0<seq:8>            a hook call still owed for the instance's record ``seq``
                               (``consumers.hooks``; deleted once the hook returned)
+  w\\0<id>                    a finished instance whose queue withdrawals the next owner
+                              publishes again: a restore folded the record that finished
+                              it (``consumers.restore``; deleted once published)
 
 An instance id is escaped so that no id's keys fall under another id's prefix, whatever
 bytes ids hold: 0x01 becomes 0x01 0x01 and 0x00 becomes 0x01 0x02, so an escaped id has no
@@ -45,6 +48,7 @@ FINISHED_INDEXED = b"v\x00finished-indexed"
 TIMER = b"t\x00"
 TIMER_BY_ID = b"T\x00"
 HOOK = b"k\x00"
+WITHDRAW = b"w\x00"
 REPLY = b"r\x00"
 _SEQ = struct.Struct(">Q")
 _END = b"\x00"
@@ -144,6 +148,14 @@ def active(instance_id: str) -> bytes:
 
 def split_active(key: bytes) -> str:
     return unescape_id(key[len(ACTIVE) :])
+
+
+def withdraw(instance_id: str) -> bytes:
+    return WITHDRAW + escape_id(instance_id)
+
+
+def split_withdraw(key: bytes) -> str:
+    return unescape_id(key[len(WITHDRAW) :])
 
 
 def command_prefix(instance_id: str) -> bytes:

@@ -51,6 +51,7 @@ from stepstream.engine.wire.names import (
     text_problem,
 )
 from stepstream.producers import schedules
+from stepstream.producers.queue_positions import with_queue_positions
 from stepstream.producers.schedules import ScheduleInfo
 
 DEFAULT_CONNECT = "http://127.0.0.1:8233"
@@ -258,7 +259,11 @@ class Client:
         return await fork_instance(self._transport, source, _key(to), new_id)
 
     async def status(self, instance_id: str) -> InstanceStatus:
-        return await self._transport.status(_id(instance_id))
+        """The instance's status; a wait for a queue slot says where it stands in the
+        queue (``position``, 1 next, of ``waiting``)."""
+        return await with_queue_positions(
+            self._transport, await self._transport.status(_id(instance_id))
+        )
 
     async def result(self, instance_id: str, *, timeout: float | None = 60.0) -> Any:
         """The workflow's return value; raises ``WorkflowFailed`` or ``WorkflowCancelled``

@@ -17,17 +17,28 @@ def _ms(iso: str) -> int:
 
 def slot_spans(history: Sequence[HistoryEntry], slot: str = "queue") -> list[tuple[int, int]]:
     """(admitted at ms, released at ms) of each slot of one instance whose replay key is
-    ``slot`` or ends with ``/<slot>`` or ``#slot`` (a step's)."""
+    ``slot`` or ends with ``/<slot>`` or ``#slot`` (a step's: one per attempt)."""
     admitted: dict[str, int] = {}
     released: dict[str, int] = {}
     for entry in history:
         key = str(entry.attributes.get("key", ""))
-        if entry.type == "MessagesReceived" and key.endswith(slot):
+        if entry.type == "MessagesReceived" and _held(key, slot):
             admitted[key] = int(entry.attributes["payloads"][0]["admitted_ms"])
-        elif entry.type == "MessageSent" and key.endswith(f"{slot}#release"):
-            released[key.removesuffix("#release")] = _ms(entry.time)
+        elif key.endswith("#release") and _held(key.removesuffix("#release"), slot):
+            if entry.type == "MessageSent":
+                released[key.removesuffix("#release")] = _ms(entry.time)
     assert admitted.keys() == released.keys(), (admitted, released, history)
     return [(admitted[k], released[k]) for k in admitted]
+
+
+def _held(key: str, slot: str) -> bool:
+    """Whether ``key`` is a slot's wait; a queued step's later attempts ask again with
+    ``<step>#slot#<attempt>``."""
+    if slot == "#slot":
+        head, _, tail = key.rpartition("#")
+        if tail.isdigit() and head.endswith("#slot"):
+            return True
+    return key.endswith(slot)
 
 
 def most_at_once(spans: Iterable[tuple[int, int]]) -> int:

@@ -4,15 +4,19 @@ dev` and `stepstream worker` alike)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+from pathlib import Path
 from typing import Any
 
-from stepstream import Context, Queue, workflow
+from stepstream import Context, Queue, RetryPolicy, workflow
 
 pool = Queue("pool", concurrency=5)
 paced = Queue("paced", rate=(10, 0.5))
 single = Queue("single", concurrency=1)
 tenants = Queue("tenants", concurrency=1, per_key=True)
 api = Queue("api", concurrency=2)
+partner = Queue("partner", concurrency=1)
 
 
 async def work(seconds: float) -> float:
@@ -61,3 +65,38 @@ async def picky(ctx: Context, value: str) -> str:
     if value == "bad":
         raise ValueError("bad input")
     return value
+
+
+def partner_call(ledger: str, name: str, fail_first: bool) -> str:
+    """Notes each attempt (who, start and end ms, outcome) in ``ledger``; the first
+    attempt fails when ``fail_first``."""
+    path = Path(ledger)
+    attempt = (
+        1 + sum(1 for line in path.read_text().splitlines() if json.loads(line)["name"] == name)
+        if path.exists()
+        else 1
+    )
+    started = time.time() * 1000
+    time.sleep(0.1)
+    failed = fail_first and attempt == 1
+    with path.open("a") as out:
+        row = {"name": name, "attempt": attempt, "start": started, "end": time.time() * 1000}
+        out.write(json.dumps({**row, "ok": not failed}) + "\n")
+    if failed:
+        raise ConnectionError("partner busy")
+    return name
+
+
+@workflow("partner")
+async def partner_run(ctx: Context, args: dict[str, Any]) -> str:
+    """One call of ``partner_call`` in a slot of ``partner`` (concurrency 1), retried
+    after 1.5 s."""
+    return await ctx.step(
+        "call",
+        partner_call,
+        args["ledger"],
+        ctx.instance_id,
+        bool(args.get("fail_first")),
+        queue=partner,
+        retry=RetryPolicy(max_attempts=3, initial_interval=1.5),
+    )

@@ -410,7 +410,8 @@ class GroupConsumer:
 
     def _taken(self, taking: Future[None]) -> None:
         if not taking.cancelled() and (exc := taking.exception()) is not None:
-            log.error("taking over partitions failed: %s", exc)
+            # With its traceback: an exception's text alone may say nothing.
+            log.error("taking over partitions failed: %r", exc, exc_info=exc)
             self._fail(exc)
 
     def _revoked(self, consumer: Consumer, revoked: list[TopicPartition]) -> None:

@@ -111,6 +111,11 @@ class Applier:
                 self._containment.park(runtime, exc, batch, None)
                 continue
             batch.touched[instance_id] = runtime
+        for key, _ in list(self._backend.store.scan(keys.WITHDRAW)):
+            batch.commit.delete(key)  # with the withdrawals it publishes
+            runtime = self._cache.load(keys.split_withdraw(key))
+            if runtime is not None:
+                runtime.withdraw_again(batch.out)
         self._index_finished(batch.commit)
         return batch
 

@@ -31,7 +31,7 @@ from stepstream.engine.api.outbox import (
     publish_body,
     published,
 )
-from stepstream.engine.api.queues import Queue, holding
+from stepstream.engine.api.queues import Queue, queued_step
 from stepstream.engine.api.retry import RetryPolicy
 from stepstream.engine.api.saga import SagaFrame, current_saga, register, roll_back
 from stepstream.engine.errors import (
@@ -74,6 +74,18 @@ class WorkflowRuntime(Protocol):
         retry: RetryPolicy | None,
         timeout: float | None,
         ephemeral: bool = False,
+    ) -> asyncio.Future[Any]: ...
+
+    def queued_attempt_future(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retry: RetryPolicy | None,
+        timeout: float | None,
+        ephemeral: bool,
+        after: int,
     ) -> asyncio.Future[Any]: ...
 
     def sleep_future(
@@ -334,16 +346,36 @@ class Context:
 
         if queue is None:
             return launch()
-        priority, queue_key = self._rt.queue_request
-        return holding(
-            self,
-            queue,
-            launch,
-            f"{key}#slot",
-            priority=priority,
-            key=queue_key,
-            what=f"step {key}",
+        return self._queued_step(
+            key, queue, fn, args, kwargs, retry, limit, ephemeral, compensate, frame
         )
+
+    async def _queued_step(
+        self,
+        key: str,
+        queue: Queue,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retry: RetryPolicy | None,
+        limit: float | None,
+        ephemeral: bool,
+        compensate: Callable[[Any], Any] | None,
+        frame: SagaFrame | None,
+    ) -> Any:
+        """``ctx.step(..., queue=)``: each attempt runs in a slot of ``queue``."""
+        rt = self._rt
+        priority, queue_key = rt.queue_request
+
+        def attempt_after(after: int) -> asyncio.Future[Any]:
+            return rt.queued_attempt_future(key, fn, args, kwargs, retry, limit, ephemeral, after)
+
+        value = await queued_step(
+            self, queue, key, attempt_after, priority=priority, queue_key=queue_key
+        )
+        if compensate is not None and frame is not None:
+            register(key, compensate, value, frame)
+        return value
 
     async def try_step(
         self,

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 BATCH = 500
 # Iterations whose records are kept (the rest are pruned from state and history).
 KEEP = 2
+# The loop's replay key: its LoopAdvanced records carry the state above.
+LOOP = "serve"
 
 
 def _token(instance: str, key: str) -> str:
@@ -124,7 +126,7 @@ async def _iteration(ctx: Context, state: dict[str, Any]) -> Continue[dict[str, 
 async def serve_queue(ctx: Context, input: Any) -> Any:
     """The queue's instance: admits for ever (it never finishes)."""
     limits = input.get("limits") if isinstance(input, dict) else None
-    return await ctx.loop("serve", _iteration, state=initial_state(limits), keep=KEEP)
+    return await ctx.loop(LOOP, _iteration, state=initial_state(limits), keep=KEEP)
 
 
 QUEUE_DEFINITION = WorkflowDefinition(QUEUE_WORKFLOW, "1", serve_queue)

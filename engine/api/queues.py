@@ -15,6 +15,11 @@ What asks for a slot (this module, from the asking instance's workflow code):
    keeps status ``pending``). Its payload says when the queue admitted it;
 3. sends ``queue.release`` when it is done. A cancelled instance withdraws what it
    asked for (``engine.replay.admission.withdraw``).
+
+A step in a queue (``queued_step``) holds a slot per attempt, not for the whole step: it
+releases the slot when an attempt fails, waits out the backoff durably (a sleep keyed
+``<step>#backoff#<attempt>``), then asks again (``<step>#slot#<attempt>``) before the
+next attempt starts, so a step backing off holds no slot.
 """
 
 from __future__ import annotations
@@ -92,6 +97,16 @@ class Queue:
             "concurrency": self.concurrency,
             "rate": None if self.rate is None else [self.rate[0], float(self.rate[1])],
         }
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptBackoff:
+    """What a queued step's attempt future gives when the attempt failed and the step
+    will retry: the attempt's number and when its backoff ends (None on replay, where the
+    backoff's sleep is already recorded)."""
+
+    attempt: int
+    retry_at_ms: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,3 +210,53 @@ async def queued_run(
         key=key,
         what=f"workflow {ctx.workflow}",
     )
+
+
+def step_slot_key(key: str, attempt: int) -> str:
+    """The replay key of the slot a queued step's ``attempt`` waits for (the first keeps
+    the key a slot for the whole step had, so older histories replay)."""
+    return f"{key}#slot" if attempt <= 1 else f"{key}#slot#{attempt}"
+
+
+def step_backoff_key(key: str, attempt: int) -> str:
+    """The replay key of the sleep that waits out the backoff after ``attempt`` failed."""
+    return f"{key}#backoff#{attempt}"
+
+
+async def queued_step(
+    ctx: Context,
+    queue: Queue,
+    key: str,
+    attempt_after: Callable[[int], Awaitable[Any]],
+    *,
+    priority: int = 0,
+    queue_key: str | None = None,
+) -> Any:
+    """A step whose attempts each run in a slot of ``queue``. ``attempt_after(n)`` starts
+    the attempt after attempt ``n`` (0: the first) and gives the step's value, raises its
+    failure, or gives ``AttemptBackoff`` when that attempt failed and the step retries:
+    the slot goes back, the backoff is waited out holding nothing, and the next attempt
+    asks for a slot again. Every record it makes is keyed by attempt, so replay finds each
+    one and a request or release is sent once per attempt."""
+    rt = ctx._rt
+    after = 0
+    while True:
+        slot = await acquire(
+            ctx,
+            queue,
+            step_slot_key(key, after + 1),
+            priority=priority,
+            key=queue_key,
+            what=f"step {key}",
+        )
+        try:
+            ended = await attempt_after(after)
+        except Exception:
+            release(ctx, slot)
+            raise
+        release(ctx, slot)
+        if not isinstance(ended, AttemptBackoff):
+            return ended
+        wake = ended.retry_at_ms if ended.retry_at_ms is not None else rt.now_ms()
+        await rt.sleep_future(step_backoff_key(key, ended.attempt), wake_at_ms=wake)
+        after = ended.attempt

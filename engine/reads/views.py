@@ -42,8 +42,12 @@ class Wait:
     attempt: int = 0
     until: str | None = None
     event: str | None = None
-    # A wait for a queue's admission (kind "queue"): the queue's instance id.
+    # A wait for a queue's admission (kind "queue"): the queue's instance id, and where
+    # the request stands (1: admitted next) among ``waiting`` waiters, read from the
+    # queue's state (``producers.queue_positions``); unset until the queue has taken it.
     queue: str | None = None
+    position: int | None = None
+    waiting: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,25 +1,127 @@
 """The engine's side of queues (``engine.api.queues``) in an instance's runtime: a
-request for a slot is published with the start of the queue's instance, and an instance
-that finishes gives back every slot it still holds or waits for."""
+request for a slot is published with the start of the queue's instance, the attempts of
+a queued step start only once the code holds a slot for each, and an instance that
+finishes gives back every slot it still holds or waits for."""
 
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
 
 from stepstream.engine.api.queues import (
     QUEUE_ACQUIRE,
     QUEUE_INSTANCE_PREFIX,
     QUEUE_RELEASE,
     QUEUE_WORKFLOW,
+    AttemptBackoff,
+    step_backoff_key,
 )
+from stepstream.engine.api.retry import DEFAULT_RETRY, RetryPolicy
 from stepstream.engine.replay.core import RuntimeCore
+from stepstream.engine.replay.effects import Output, Phase, StepIntent
 from stepstream.engine.replay.ids import message_command
-from stepstream.engine.replay.state import Entry, EntryKind
+from stepstream.engine.replay.state import Entry, EntryKind, EntryState, InstanceState
 from stepstream.engine.wire.codec import decode_safely, encode_safely
 from stepstream.engine.wire.records import Command, SendEvent, StartWorkflow
 
 _ACQUIRE_SUFFIX = "#acquire"
 
 
+def unreleased(state: InstanceState) -> list[tuple[str, Entry]]:
+    """(slot key, request) of each slot the instance asked a queue for and never gave
+    back (held, or still waited for)."""
+    entries = state.entries
+    found = []
+    for entry in entries.values():
+        if (
+            entry.kind is EntryKind.SENT
+            and entry.event_name == QUEUE_ACQUIRE
+            and entry.key.endswith(_ACQUIRE_SUFFIX)
+        ):
+            key = entry.key[: -len(_ACQUIRE_SUFFIX)]
+            if f"{key}#release" not in entries:
+                found.append((key, entry))
+    return found
+
+
 class AdmissionMixin(RuntimeCore):
+    def queued_attempt_future(
+        self,
+        key: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        retry: RetryPolicy | None,
+        timeout: float | None,
+        ephemeral: bool,
+        after: int,
+    ) -> asyncio.Future[Any]:
+        """The attempt of step ``key`` after attempt ``after`` (0: the first), which the
+        code calls holding a slot for it: it starts that attempt (unless it ran already)
+        and gives the step's value, raises its failure, or gives ``AttemptBackoff`` when
+        the attempt failed and the step will retry. The step's own retry timer never
+        starts an attempt of a queued step: only the code, admitted again, does."""
+        entries = self.state.entries
+        attempt = max(after + 1, self.state.attempt_floors.get(key, 0) + 1)
+        if after == 0:
+            if not callable(fn):
+                raise TypeError(f"ctx.step({key!r}, ...): {fn!r} is not callable")
+            entry = self._visit(key, EntryKind.STEP)
+            # Recorded by a version that held one slot for every attempt: it goes on so.
+            held = (
+                entry is not None
+                and entry.attempt > attempt
+                and step_backoff_key(key, attempt) not in entries
+            )
+            self._intents[key] = StepIntent(
+                fn, args, kwargs, retry or DEFAULT_RETRY, timeout, ephemeral, queued=not held
+            )
+            if held:
+                return self._held_attempts(key, entry)
+        else:
+            entry = entries.get(key)
+        assert self._loop is not None
+        fut = self._loop.create_future()
+        self._futures[key] = fut
+        if step_backoff_key(key, attempt) in entries:
+            fut.set_result(AttemptBackoff(attempt, None))  # replay: failed, backoff recorded
+        elif entry is None:
+            if key not in self._ephemeral:
+                self._deferred.append(("step", key))
+        elif entry.state.final:
+            self._settle(fut, entry)
+        elif entry.state is EntryState.BACKOFF:
+            if entry.attempt >= attempt:
+                fut.set_result(AttemptBackoff(entry.attempt, entry.fire_at_ms))
+            else:
+                self._deferred.append(("step", key))  # admitted again: the next attempt
+        elif (key, entry.attempt) not in self.inflight:
+            self._deferred.append(("step", key))  # lost with the previous owner
+        return fut
+
+    def _held_attempts(self, key: str, entry: Entry | None) -> asyncio.Future[Any]:
+        """The step future of a queued step whose history held one slot for all its
+        attempts (as ``step_future`` makes it)."""
+        fut = self._future(entry, key)
+        if entry is not None and (
+            (entry.state is EntryState.RUNNING and (key, entry.attempt) not in self.inflight)
+            or (
+                entry.state is EntryState.BACKOFF
+                and self._phase is Phase.RETRIES_DUE
+                and self._overdue(entry)
+            )
+        ):
+            self._deferred.append(("step", key))
+        return fut
+
+    def _backed_off(self, entry: Entry) -> None:
+        """A queued step's attempt failed and the step will retry: its code gives the
+        slot back and waits out the backoff (``engine.api.queues.queued_step``)."""
+        fut = self._futures.get(entry.key)
+        if fut is not None and not fut.done():
+            fut.set_result(AttemptBackoff(entry.attempt, entry.fire_at_ms))
+
     def _queue_start(self, entry: Entry) -> StartWorkflow | None:
         """The start of the queue instance a request goes to, published before it: the
         first one makes the instance, every other one is a repeat of its command id and
@@ -48,17 +150,7 @@ class AdmissionMixin(RuntimeCore):
         """Release every slot this instance asked for and did not give back (a cancel,
         a failure past a held slot, a losing race branch): the queue drops a waiter and
         frees a holder; a release of what it no longer knows changes nothing."""
-        entries = self.state.entries
-        for entry in list(entries.values()):
-            if (
-                entry.kind is not EntryKind.SENT
-                or entry.event_name != QUEUE_ACQUIRE
-                or not entry.key.endswith(_ACQUIRE_SUFFIX)
-            ):
-                continue
-            key = entry.key[: -len(_ACQUIRE_SUFFIX)]
-            if f"{key}#release" in entries:
-                continue
+        for key, entry in unreleased(self.state):
             assert entry.child_id is not None and entry.result is not None
             request = decode_safely(self.codec, entry.result)
             token = request.get("key", key) if isinstance(request, dict) else key
@@ -80,3 +172,16 @@ class AdmissionMixin(RuntimeCore):
                     ),
                 )
             )
+
+    def withdraw_again(self, out: Output) -> None:
+        """Publish again what a finished instance withdrew from its queues. A restore
+        asks for it when it folded the record that finished the instance: the commit
+        that made that record may have kept it without its commands (a Kafka worker
+        killed between the two), which would leave the slot held for good. The queue
+        applies each withdrawal once (its command id), and one of a slot it no longer
+        knows changes nothing."""
+        if not self.state.status.finished:
+            return
+        self._out = out
+        self._command_id = f"recover:{self.epoch}"
+        self._withdraw_from_queues()

@@ -349,6 +349,8 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
             self.tracebacks[(entry.key, entry.attempt)] = traceback
         if not retry:
             self._resolve(entry)
+        elif intent is not None and intent.queued:
+            self._backed_off(entry)  # the code starts the next attempt once admitted
         elif now and intent is not None and not self.draining:
             self._start_attempt(entry.key, intent, entry.attempt + 1)
         else:

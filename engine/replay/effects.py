@@ -101,6 +101,9 @@ class StepIntent:
     policy: RetryPolicy
     timeout: float | None
     ephemeral: bool = False
+    # Each attempt runs in a queue's slot: the code starts the next attempt once the
+    # queue admits it (``engine.replay.admission``), never the retry's timer.
+    queued: bool = False
 
 
 class Phase(enum.Enum):

@@ -173,6 +173,8 @@ def on_timer(rt: InstanceRuntime, msg: TimerFired) -> None:
         if rt.state.status is Status.PAUSED:
             return  # resume replays and starts overdue retries
         intent = rt._intents.get(entry.key)
+        if intent is not None and intent.queued:
+            return  # its code starts the next attempt once the queue admits it
         if rt.draining:
             rt._schedule(entry, "retry")  # armed again: it fires for the next owner
             return

@@ -154,7 +154,8 @@ def reset_state(old: InstanceState, records: Sequence[HistoryRecord]) -> Instanc
     kept = {event.seq for event in new.buffered}
     new.taken_buffered = [event.seq for event in old.buffered if event.seq not in kept]
     new.new_buffered = list(new.buffered)
-    new.new_input = False
+    # Stored already, unless ``old`` began in the same fold (a restore from scratch).
+    new.new_input = old.new_input
     new.new_commands.clear()  # stored already, when they were applied
     new.new_replies.clear()
     new.pruned_history = []

@@ -59,6 +59,7 @@ from stepstream.producers.http.wire import (
     error_to_wire,
     wire_error_class,
 )
+from stepstream.producers.queue_positions import with_queue_positions
 
 if TYPE_CHECKING:
     from stepstream.ops.telemetry.metrics import Observability
@@ -284,6 +285,7 @@ class _Api:
 
     async def status(self, request: web.Request) -> web.Response:
         status = await self._transport.status(_instance_id(request))
+        status = await with_queue_positions(self._transport, status)
         return web.json_response(status.to_json())
 
     async def history(self, request: web.Request) -> web.Response:

@@ -37,6 +37,7 @@ from stepstream.producers.http.wire import (
     SESSION_MAX_CALLS,
     error_to_wire,
 )
+from stepstream.producers.queue_positions import with_queue_positions
 
 log = logging.getLogger("stepstream.api")
 
@@ -192,7 +193,8 @@ class Session:
             if timeout is not None:  # one timeout for the whole read
                 timeout = max(0.0, timeout - (time.monotonic() - began))
         if op == "status":
-            return (await self._transport.status(instance_id)).to_json()
+            status = await self._transport.status(instance_id)
+            return (await with_queue_positions(self._transport, status)).to_json()
         if op == "history":
             return [e.to_json() for e in await self._transport.history(instance_id)]
         if op == "result":

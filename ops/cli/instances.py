@@ -260,7 +260,8 @@ COMMANDS = (
     ),
     Command(
         "status",
-        "show an instance's status and what it waits for",
+        "show an instance's status and what it waits for; a wait for a queue slot says "
+        "where it stands (position 1 is admitted next, of how many waiting)",
         _status,
         shared=_SHARED,
         epilog="example: stepstream status o-1 --json",

@@ -79,6 +79,8 @@ def _describe_wait(wait: Wait) -> str:
     details = [wait.state]
     if wait.queue:
         details.append(f"for a slot of {wait.queue}")
+        if wait.position is not None:
+            details.append(f"position {wait.position} of {wait.waiting} waiting")
     if wait.event:
         details.append(f"event {wait.event}")
     if wait.attempt:

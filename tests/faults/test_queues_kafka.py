@@ -4,6 +4,7 @@ turn is killed with -9 holding slots and a new one takes its place."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -11,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from stepstream import Client
-from stepstream.consumers.kafka import create_topics
-from tests.conftest import KAFKA_TEST_OPTIONS, kafka_settings, kafka_url
+from stepstream import Client, UnknownInstance
+from stepstream.consumers.kafka import OutRecord, create_topics
+from stepstream.engine.api.workflow import Registry
+from stepstream.engine.wire.records import WorkflowCancelledRecord
+from stepstream.engine.wire.serde import default_serde
+from tests.conftest import KAFKA_TEST_OPTIONS, ThreadedWorker, kafka_settings, kafka_url
 from tests.kafka_broker import Broker
 from tests.processes import launch, repo_env, worker_command
 from tests.queue_checks import most_at_once, most_per_window, slot_spans
@@ -79,3 +83,70 @@ async def test_limits_hold_across_two_workers_and_a_kill_9(
     assert 1 < most_at_once(spans) <= 5
     assert most_per_window(admitted, 500) <= 10
     assert max(admitted) - min(admitted) >= 1500
+
+
+async def test_a_withdrawal_lost_with_its_worker_is_published_by_the_next_owner(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """The commit that records a holder's cancel reaches the history topic, and its
+    worker dies before the withdrawal (a command to the queue) is produced. The next
+    owner restores the cancel and publishes the withdrawal, so the waiter gets the slot."""
+    settings = kafka_settings(kafka_broker)
+    create_topics(settings, PARTITIONS)
+    registry = Registry()
+    registry.add_module("tests.queue_workflows")
+    serde = default_serde()
+    first = ThreadedWorker(settings, tmp_path / "w1", registry)
+    second: ThreadedWorker | None = None
+    cut: list[str] = []
+    try:
+        first.start(PARTITIONS)
+        producer = first.worker._producer
+        send = producer.send
+
+        async def dies_after_the_history(records: list[OutRecord]) -> list[int]:
+            cancels = [
+                r
+                for r in records
+                if r.topic == f"{settings.prefix}.history"
+                and isinstance(serde.decode(r.value), WorkflowCancelledRecord)
+            ]
+            if not cancels:
+                return await send(records)
+            history = [r for r in records if r.topic == f"{settings.prefix}.history"]
+            await send(history)
+            cut.extend(r.topic for r in records if r not in history)
+            raise ConnectionError("killed after the history was acknowledged")
+
+        producer.send = dies_after_the_history
+        async with Client.connect(kafka_url(settings)) as client:
+            await client.start("gate", None, instance_id="holder")
+            await until_status(client, "holder", "running")
+            await client.start("quick", None, instance_id="waiter")
+            await until_status(client, "waiter", "pending")
+            await client.cancel("holder", reason="done with it")
+            for _ in range(500):
+                if cut:
+                    break
+                await asyncio.sleep(0.02)
+            assert cut == [f"{settings.prefix}.commands"], cut  # the withdrawal, lost
+            await asyncio.to_thread(first.stop)
+            second = ThreadedWorker(settings, tmp_path / "w2", registry)
+            await asyncio.to_thread(second.start, PARTITIONS)
+            assert (await client.status("holder")).status == "cancelled"
+            assert await client.result("waiter", timeout=60) == "waiter"
+    finally:
+        await asyncio.to_thread(first.stop)
+        if second is not None:
+            await asyncio.to_thread(second.stop)
+
+
+async def until_status(client: Client, instance_id: str, status: str) -> None:
+    for _ in range(500):
+        try:
+            if (await client.status(instance_id)).status == status:
+                return
+        except UnknownInstance:
+            pass
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"{instance_id} never got {status}: {await client.status(instance_id)}")

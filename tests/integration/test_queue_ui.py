@@ -47,7 +47,9 @@ def test_the_instance_page_shows_a_wait_for_a_queue_slot(
         start(dev.url, "quick", "next")
         page = context.new_page()
         page.goto(f"{dev.url}/ui#/i/next")
-        expect(page.locator("#waits")).to_contain_text("a slot of queue ~queue/single")
+        expect(page.locator("#waits")).to_contain_text(
+            "a slot of queue ~queue/single, position 1 of 1 waiting"
+        )
         expect(page.locator(".meta")).to_contain_text("pending")
     finally:
         context.close()

@@ -6,6 +6,8 @@ step's queue limits its calls."""
 from __future__ import annotations
 
 import asyncio
+import json
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,6 +16,7 @@ import pytest
 from stepstream import Client, WorkflowFailed
 from stepstream.engine.api.workflow import Registry
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+from stepstream.testing import WorkflowEnvironment
 from tests.queue_checks import most_at_once, most_per_window, slot_spans
 
 
@@ -65,8 +68,17 @@ async def test_waiters_go_by_priority_then_arrival_and_show_their_wait(client: C
     [wait] = waiting.to_json()["waits"]
     assert wait["kind"] == "queue" and wait["queue"] == "~queue/single"
     await asyncio.sleep(0.5)  # every request has reached the queue
-    await client.send_event("holder", "go", None)
     ids = [i for i, _ in order]
+    # Each one's status says where it stands: the order the queue will admit them in.
+    places = {i: (await client.status(i)).waits[0] for i in ids}
+    assert {i: (w.position, w.waiting) for i, w in places.items()} == {
+        "default": (1, 5),
+        "high-1": (2, 5),
+        "high-2": (3, 5),
+        "low-1": (4, 5),
+        "low-2": (5, 5),
+    }
+    await client.send_event("holder", "go", None)
     for i in ids:
         assert await client.result(i, timeout=30) == i
     admitted = {i: slot_spans(await client.history(i))[0][0] for i in ids}
@@ -121,6 +133,38 @@ async def test_a_step_queue_limits_its_calls_across_instances(client: Client) ->
     assert 1 < most_at_once(spans) <= 2
 
 
+async def test_a_step_backing_off_gives_its_slot_to_another_instance(
+    client: Client, tmp_path: Path
+) -> None:
+    ledger = str(tmp_path / "ledger")
+    await client.start("partner", {"ledger": ledger, "fail_first": True}, instance_id="slow")
+    for _ in range(500):  # its first attempt failed: it backs off for 1.5 s
+        if Path(ledger).exists():
+            break
+        await asyncio.sleep(0.02)
+    await client.start("partner", {"ledger": ledger}, instance_id="other")
+    assert await client.result("other", timeout=30) == "other"
+    assert await client.result("slow", timeout=30) == "slow"
+    rows = [json.loads(line) for line in Path(ledger).read_text().splitlines()]
+    calls = {(r["name"], r["attempt"]): r for r in rows}
+    assert sorted(calls) == [("other", 1), ("slow", 1), ("slow", 2)], rows
+    # "other" ran while "slow" backed off: after its failed attempt, before its retry.
+    assert calls["slow", 1]["end"] <= calls["other", 1]["start"], rows
+    assert calls["other", 1]["end"] <= calls["slow", 2]["start"], rows
+    slow = await client.history("slow")
+    spans = [s for i in ("slow", "other") for s in slot_spans(await client.history(i), "#slot")]
+    assert len(spans) == 3 and most_at_once(spans) == 1, slow
+    # Each attempt asked for its own slot, and the backoff was waited out holding none.
+    keys = [e.attributes.get("key") for e in slow if e.type in ("MessageSent", "SleepStarted")]
+    assert keys == [
+        "call#slot#acquire",
+        "call#slot#release",
+        "call#backoff#1",
+        "call#slot#2#acquire",
+        "call#slot#2#release",
+    ], slow
+
+
 async def test_a_restarted_run_asks_its_queue_afresh(client: Client) -> None:
     await client.start("picky", "bad", instance_id="pk")
     with pytest.raises(WorkflowFailed):
@@ -129,3 +173,29 @@ async def test_a_restarted_run_asks_its_queue_afresh(client: Client) -> None:
     assert await client.result("pk", timeout=30) == "good"
     await client.start("quick", None, instance_id="after")  # nothing kept the one slot
     assert await client.result("after", timeout=30) == "after"
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_a_queued_step_with_retries_ends_the_same_across_crashes(
+    seed: int, tmp_path: Path
+) -> None:
+    rng = random.Random(seed)
+    ledger = str(tmp_path / "ledger")
+    async with WorkflowEnvironment("tests.queue_workflows", partitions=2) as env:
+        args = {"ledger": ledger, "fail_first": True}
+        await env.client.start("partner", args, instance_id="slow")
+        await env.client.start("partner", {"ledger": ledger}, instance_id="other")
+        await env.crash(after_writes=rng.randint(0, 8))
+        await env.advance(1)
+        await env.crash(after_writes=rng.randint(0, 4))
+        await env.advance(2)
+        assert await env.client.result("slow", timeout=30) == "slow"
+        assert await env.client.result("other", timeout=30) == "other"
+        slow = await env.client.history("slow")
+    assert [e.type for e in slow].count("StepSucceeded") == 1, slow
+    # Every attempt ran in a slot of its own, admitted before it started and given back.
+    attempts = [e.attributes["attempt"] for e in slow if e.type == "StepAttemptStarted"]
+    assert len(slot_spans(slow, "#slot")) == len(attempts) >= 2, slow
+    # The retry came after a backoff waited out holding no slot, whatever was lost.
+    keys = [e.attributes.get("key") for e in slow if e.type == "SleepStarted"]
+    assert keys and all(k.startswith("call#backoff#") for k in keys), slow

@@ -46,7 +46,8 @@ def test_the_try_it_block_runs_as_shown(tmp_path: Path) -> None:
                         break
             if args[1:3] == ["status", "h-2"]:
                 for _ in range(100):  # its request may still be on its way to the queue
-                    if json.loads(done.stdout)["waits"]:
+                    waits = json.loads(done.stdout)["waits"]
+                    if waits and waits[0]["position"] is not None:
                         break
                     done = dev.cli(*args[1:])
                 out[line] = done.stdout
@@ -54,7 +55,9 @@ def test_the_try_it_block_runs_as_shown(tmp_path: Path) -> None:
         assert "receipt-25.00" in charged and "notified receipt-25.00" in charged, charged
         shown = json.loads(out["stepstream status h-2 --json"])
         assert shown["status"] == "pending"
-        assert [(w["kind"], w["queue"]) for w in shown["waits"]] == [("queue", "~queue/front-desk")]
+        assert [(w["kind"], w["queue"], w["position"], w["waiting"]) for w in shown["waits"]] == [
+            ("queue", "~queue/front-desk", 1, 1)
+        ]
         assert out["stepstream result h-2"].strip() == "released"
     finally:
         dev.stop()

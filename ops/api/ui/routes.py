@@ -25,6 +25,7 @@ from stepstream.engine.wire.codec import parse_json_text
 from stepstream.ops.api.repair import REPAIRS, repair
 from stepstream.ops.tools.timeline import timeline_rows
 from stepstream.producers.client import Transport
+from stepstream.producers.queue_positions import with_queue_positions
 
 UI_PATHS = ("/ui", "/ui/")
 STATIC_PREFIX = "/ui/static/"
@@ -102,6 +103,7 @@ class _Ui:
         status, history = await asyncio.gather(
             transport.status(instance_id), transport.history(instance_id)
         )
+        status = await with_queue_positions(transport, status)
         return web.json_response(
             {
                 "status": status.to_json(),

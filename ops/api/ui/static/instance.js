@@ -18,6 +18,11 @@ function origin(text) {
   return h("p", { id: "origin" }, "This instance was forked from ", instanceLink(source), text.slice(at));
 }
 
+// Where a wait for a queue slot stands: ", position 2 of 5 waiting" (1 is admitted next).
+function placed(w) {
+  return w.position ? `, position ${w.position} of ${w.waiting} waiting` : "";
+}
+
 // The failure records of a history, newest last: each attempt that failed and the end.
 function failures(history) {
   return history.filter((e) => e.type === "StepFailed" || e.type === "WorkflowFailed");
@@ -86,7 +91,7 @@ export async function instancePage(main, id) {
       ? scroll(h("table", { class: "data", id: "waits" }, headRow("Key", "Kind", "State", "Attempt", "Until", "Event"),
         h("tbody", {}, ...s.waits.map((w) => h("tr", {}, h("td", {}, w.key), h("td", {}, w.kind), h("td", {}, w.state),
           h("td", {}, w.attempt || ""), h("td", {}, when(w.until)),
-          h("td", {}, w.queue ? `a slot of queue ${w.queue}` : w.event || ""))))))
+          h("td", {}, w.queue ? `a slot of queue ${w.queue}${placed(w)}` : w.event || ""))))))
       : h("p", {}, live ? "Nothing: it is between steps." : "Nothing: it has finished.");
     const children = latest.timeline.filter((r) => r.kind === "child");
     const failed = failures(latest.history);
