@@ -94,6 +94,11 @@ async def fixed_rate_timers(session: Session, pending: int, rate: float) -> dict
         # (both would compete for it).
         lead_s = pending / start_rate * 2 + 5
         first_due_ms = time.time() * 1000 + lead_s * 1000
+        print(
+            f"timers: the engine starts {start_rate:.0f}/s; the first of {pending} is due "
+            f"in {lead_s:.0f} s",
+            file=sys.stderr,
+        )
         due = [round(first_due_ms + i * 1000 / rate) for i in range(pending)]
         progress = Progress("timers scheduled", pending)
 
