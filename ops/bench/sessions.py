@@ -88,6 +88,22 @@ async def server_gc_pauses(servers: list[str]) -> dict[str, Any]:
     return found
 
 
+async def server_gauge_total(servers: list[str], name: str) -> float:
+    """One gauge of the engine subprocesses' ``/metrics``, summed over every server and
+    label (partitions, processes): e.g. the timers they hold pending."""
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total = 0.0
+    async with aiohttp.ClientSession() as http:
+        for url in servers:
+            async with http.get(url.rstrip("/") + "/metrics") as response:
+                text = await response.text()
+            for family in text_string_to_metric_families(text):
+                total += sum(s.value for s in family.samples if s.name == name)
+    return total
+
+
 def registry() -> Registry:
     return Registry(list(WORKFLOWS))
 

@@ -36,7 +36,7 @@ from stepstream.ops.cli.options import (
 )
 from stepstream.ops.cli.options import put_cwd_on_path as _put_cwd_on_path
 from stepstream.ops.cli.table import EXIT_ERROR, EXIT_OK, Command, UsageError, arg
-from stepstream.ops.gc_tuning import tune_for_serving
+from stepstream.ops.gc_tuning import WORKER_THRESHOLDS, tune_for_serving
 from stepstream.ops.telemetry import tracing
 from stepstream.ops.telemetry.metrics import Health, observability_for
 
@@ -251,7 +251,7 @@ def _worker(args: argparse.Namespace) -> int:
     registry = Registry()
     registry.add_modules(args.workflows)
     codec = codec_from_args(args)
-    tune_for_serving()
+    tune_for_serving(default=WORKER_THRESHOLDS)
     return event_loop.run(_run_worker(registry, args, codec))
 
 

@@ -89,6 +89,21 @@ def test_fixed_rate_timers_fire_every_timer_never_early(tmp_path: Path) -> None:
     assert timers["rss_mb_all_pending"] > 0, timers
 
 
+@pytest.mark.kafka
+def test_fixed_rate_timers_through_a_kafka_worker(tmp_path: Path, kafka_broker: Broker) -> None:
+    result = _bench(
+        tmp_path,
+        *("--client", "kafka", "--bootstrap", kafka_broker.bootstrap),
+        *("--workload", "timers", "--pending", "300", "--rate", "500"),
+    )
+    timers = result["timers"]
+    # Pending on the worker itself (its /metrics), not only acknowledged by the broker.
+    assert timers["all_pending_before_first_due"] is True, timers
+    assert timers["all_pending_for_s"] > 0, timers
+    assert timers["early_fires"] == 0 and timers["scheduled_after_due"] == 0, timers
+    assert timers["gc_pauses"]["engine"]["gen0"]["collections"] > 0, timers
+
+
 def test_bench_with_large_inputs(tmp_path: Path) -> None:
     result = _bench(tmp_path, "--workload", "W1", "--input-bytes", "50000")
     w1 = result["W1"]

@@ -7,13 +7,25 @@ import gc
 import pytest
 
 from stepstream.engine.config.environ import ConfigError
-from stepstream.ops.gc_tuning import SERVING_THRESHOLDS, thresholds_from_env, tune_for_serving
+from stepstream.ops.gc_tuning import (
+    SERVING_THRESHOLDS,
+    WORKER_THRESHOLDS,
+    thresholds_from_env,
+    tune_for_serving,
+)
 
 
 def test_serving_thresholds_by_default_and_python_defaults_on_request() -> None:
     assert thresholds_from_env({}) == SERVING_THRESHOLDS
     assert thresholds_from_env({"STEPSTREAM_GC": "default"}) is None
     assert thresholds_from_env({"STEPSTREAM_GC": " 5000,5,5 "}) == (5000, 5, 5)
+
+
+def test_a_worker_takes_its_own_default_and_the_variable_still_wins() -> None:
+    assert WORKER_THRESHOLDS[0] > SERVING_THRESHOLDS[0]
+    assert thresholds_from_env({}, WORKER_THRESHOLDS) == WORKER_THRESHOLDS
+    assert thresholds_from_env({"STEPSTREAM_GC": "5000,5,5"}, WORKER_THRESHOLDS) == (5000, 5, 5)
+    assert thresholds_from_env({"STEPSTREAM_GC": "default"}, WORKER_THRESHOLDS) is None
 
 
 @pytest.mark.parametrize("raw", ["fast", "1,2", "0,10,10", "1,2,x"])
