@@ -28,7 +28,8 @@ from stepstream.consumers.queue_telemetry import QueueTelemetry
 from stepstream.consumers.spans import (
     IN_PROCESS,
     Activations,
-    FlatStepSink,
+    ActivationSpan,
+    FlatSpanSink,
     SpanSink,
     StepSpan,
 )
@@ -191,7 +192,7 @@ class Telemetry:
         self.rebalances = 0
         self.queues = QueueTelemetry(lambda: Histogram(LATENCY_BUCKETS_S))
         self._spans: SpanSink | None = None
-        self._step_flat: FlatStepSink | None = None
+        self._flat: FlatSpanSink | None = None
         self.messaging = IN_PROCESS  # the backend's, set by whoever assembles it
         # Only while traced: the inputs each instance took in the batch being made.
         self.activations = Activations()
@@ -208,7 +209,7 @@ class Telemetry:
     @spans.setter
     def spans(self, sink: SpanSink | None) -> None:
         self._spans = sink
-        self._step_flat = sink if isinstance(sink, FlatStepSink) else None
+        self._flat = sink if isinstance(sink, FlatSpanSink) else None
 
     @property
     def traced(self) -> bool:
@@ -316,10 +317,15 @@ class Telemetry:
                 self._run_ended(end, owner)
         if activations:
             assert self._spans is not None
-            for span in self.activations.spans(
+            spans = self.activations.spans(
                 partition, activations, touched, self.messaging, run_tracebacks
-            ):
-                self._spans.activation(span)
+            )
+            if self._flat is not None:
+                for fields in spans:
+                    self._flat.activation_flat(fields)
+            else:
+                for fields in spans:
+                    self._spans.activation(ActivationSpan._make(fields))
 
     def _step_ended(
         self,
@@ -359,8 +365,8 @@ class Telemetry:
                 state.created_ms,
                 traceback,
             )
-            if self._step_flat is not None:
-                self._step_flat.step_flat(fields)
+            if self._flat is not None:
+                self._flat.step_flat(fields)
             else:
                 self._spans.step(StepSpan._make(fields))
 

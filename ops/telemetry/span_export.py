@@ -83,11 +83,15 @@ class SpanExportProcess:
         self._add(_STEP, span)
 
     def step_flat(self, fields: tuple[object, ...]) -> None:
-        """A step span as ``StepSpan``'s fields (``FlatStepSink``): no named tuple made."""
+        """A step span as ``StepSpan``'s fields (``FlatSpanSink``): no named tuple made."""
         self._add(_STEP, fields)
 
     def activation(self, span: ActivationSpan) -> None:
         self._add(_ACTIVATION, span)
+
+    def activation_flat(self, fields: tuple[object, ...]) -> None:
+        """An activation span as ``ActivationSpan``'s fields (``FlatSpanSink``)."""
+        self._add(_ACTIVATION, fields)
 
     def producer(self, span: ProducerSpan) -> None:
         self._add(_PRODUCER, span)
