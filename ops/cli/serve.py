@@ -64,10 +64,10 @@ def _announce(args: argparse.Namespace, text: str, facts: dict[str, Any]) -> Non
         print(text, flush=True)
 
 
-def _log_serving(url: str) -> None:
+def _log_serving(url: str, security: ApiSecurity) -> None:
     """What a serving process logs once it listens at ``url``: where its web UI is (a
-    URL a browser can open) and the event loop it runs on."""
-    log.info("web UI at %s/ui", reachable(url))
+    URL a browser can open: the public one behind a proxy) and the event loop it runs on."""
+    log.info("web UI at %s/ui", security.public_url() or reachable(url))
     log.info("event loop=%s", event_loop.running_loop_name())
 
 
@@ -153,7 +153,7 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
                         "workflows": registry.names(),
                     },
                 )
-                _log_serving(url)
+                _log_serving(url, security)
                 # A full or damaged disk stops the engine: it says why and what to do.
                 signalled = asyncio.ensure_future(stop.wait())
                 failed = asyncio.ensure_future(engine.db.failed())
@@ -225,7 +225,7 @@ async def _serve_processes(
                 "workflows": registry.names(),
             },
         )
-        _log_serving(url)
+        _log_serving(url, security)
 
     sock = _listen(args.host, args.port)
     try:
@@ -289,7 +289,7 @@ async def _run_worker(
                     "workflows": registry.names(),
                 },
             )
-            _log_serving(worker.url)
+            _log_serving(worker.url, config.api)
             stop = asyncio.ensure_future(signalled.wait())
             failed = asyncio.ensure_future(worker.run())
             await asyncio.wait({stop, failed}, return_when=asyncio.FIRST_COMPLETED)
