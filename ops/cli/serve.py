@@ -50,7 +50,8 @@ _PROCESS_TUNING = (
 _OBSERVED = (
     " It serves Prometheus metrics at /metrics (with the API token when one is set): "
     "stepstream_* (work done, latencies, schedule-to-start, HTTP requests by route, "
-    "partitions owned, build info) and the process_* and python_* collectors; "
+    "API calls pending against --max-pending and refused, partitions owned, build "
+    "info) and the process_* and python_* collectors; "
     "docs/operations.md lists them. /healthz and /readyz are its probes."
 )
 
