@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from stepstream.consumers import state_keys as keys
+from stepstream.consumers.log_context import TRACE_OF
 from stepstream.engine.api.hook_events import StatusChangeEvent, StepErrorEvent
 from stepstream.engine.api.workflow import WorkflowDefinition
 from stepstream.engine.config.environ import env_int, env_seconds
@@ -61,24 +62,33 @@ class HookTask:
     kind: str  # ERROR or STATUS
     crc: int  # CRC-32 of the encoded record (``state_keys.history`` holds it once durable)
     event: StepErrorEvent | StatusChangeEvent
+    # The instance's run (its start ms, and the traceparent its start carried), which its
+    # log lines' trace and span ids come from; None for a task stored by an older release.
+    run: tuple[int, str | None] | None = None
 
     @property
     def instance_id(self) -> str:
         return self.event.instance_id
 
     def log_fields(self, partition: int) -> dict[str, Any]:
-        """What a log line about this call says about it (``extra=``)."""
-        return {
+        """What a log line about this call says about it (``extra=``): the instance, its
+        workflow and its run's trace (``log_context.TRACE_OF``), the hook and the record."""
+        fields: dict[str, Any] = {
             "instance_id": self.instance_id,
             "workflow": self.event.workflow,
             "hook": "on_error" if self.kind == ERROR else "on_status_change",
             "seq": keys.split_hook(self.key)[1],
             "partition": partition,
         }
+        if self.run is not None:
+            fields[TRACE_OF] = (self.instance_id, *self.run)
+        return fields
 
     def to_json(self) -> bytes:
         e = self.event
         raw: dict[str, Any] = {"k": self.kind, "c": self.crc, "w": e.workflow, "v": e.version}
+        if self.run is not None:
+            raw.update(rs=self.run[0], tp=self.run[1])
         if isinstance(e, StepErrorEvent):
             raw.update(
                 s=e.step,
@@ -118,7 +128,22 @@ class HookTask:
                 at=_time(raw["at"]),
                 error=raw["e"],
             )
-        return cls(key, raw["k"], raw["c"], event)
+        run = (raw["rs"], raw.get("tp")) if "rs" in raw else None
+        return cls(key, raw["k"], raw["c"], event, run)
+
+
+class HookSubject:
+    """A hook call being made, as the subject of the lines logged meanwhile
+    (``log_context.LogSubject``): the runner's and the hook's own."""
+
+    __slots__ = ("partition", "task")
+
+    def __init__(self, task: HookTask, partition: int) -> None:
+        self.task = task
+        self.partition = partition
+
+    def log_fields(self) -> dict[str, Any]:
+        return self.task.log_fields(self.partition)
 
 
 def _time(ms: int) -> datetime:

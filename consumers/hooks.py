@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import inspect
 import logging
 import zlib
@@ -40,12 +41,14 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping
 from typing import Any
 
+from stepstream.consumers import log_context
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.hook_tasks import (
     ERROR,
     MAX_HOOK_BACKOFF_S,
     STATUS,
     HookConfig,
+    HookSubject,
     HookTask,
     error_event,
     status_after,
@@ -56,7 +59,7 @@ from stepstream.engine.api.workflow import Registry, WorkflowDefinition
 from stepstream.engine.errors import UnknownWorkflow
 from stepstream.engine.replay.effects import Output
 from stepstream.engine.replay.runtime import InstanceRuntime
-from stepstream.engine.replay.state import Status
+from stepstream.engine.replay.state import InstanceState, Status
 from stepstream.engine.replay.state_json import state_from_storage
 from stepstream.engine.seams import CommitBatch, PartitionBackend, PartitionLost
 from stepstream.engine.wire.records import (
@@ -122,10 +125,12 @@ class HookRunner:
         status: dict[str, Status | None] = {}
         for record in out.history:
             runtime = touched.get(record.instance_id)
-            definition = runtime.definition if runtime is not None else None
+            if runtime is None:
+                continue
+            definition = runtime.definition
             if definition is None or not definition.has_hooks:
                 continue
-            task = self._task_for(record, definition, status)
+            task = self._task_for(record, definition, status, runtime.state)
             if task is not None:
                 self._staged.append(task)
         for instance_id in status:
@@ -211,6 +216,7 @@ class HookRunner:
         record: HistoryRecord,
         definition: WorkflowDefinition,
         status: dict[str, Status | None],
+        state: InstanceState,
     ) -> HookTask | None:
         instance_id = record.instance_id
         event: StepErrorEvent | StatusChangeEvent
@@ -228,7 +234,8 @@ class HookRunner:
                 return None
             kind, event = STATUS, status_event(record, definition, old, new)
         crc = zlib.crc32(self._serde.encode(record))
-        return HookTask(keys.hook(instance_id, record.seq), kind, crc, event)
+        run = (state.created_ms, state.traceparent)
+        return HookTask(keys.hook(instance_id, record.seq), kind, crc, event, run)
 
     def _status_before(self, record: HistoryRecord) -> Status | None:
         """The committed status of the record's instance (before the batch)."""
@@ -304,6 +311,10 @@ class HookRunner:
         try:
             while queue:
                 task = queue[0]
+                # This worker's own context: the runner's lines about the call, and the
+                # hook's own (an async hook's task copies it; a sync one's thread is given
+                # it), name the instance and its run's trace.
+                log_context.current.set(HookSubject(task, self._backend.partition))
                 try:
                     await self._run(task)
                 except Exception:  # a bug here must not keep the task owed for ever
@@ -416,7 +427,8 @@ class HookRunner:
                     thread_name_prefix=f"stepstream-hook-{self._backend.partition}",
                 )
             loop = asyncio.get_running_loop()
-            call = loop.run_in_executor(self._pool, hook, event)
+            context = contextvars.copy_context()
+            call = loop.run_in_executor(self._pool, context.run, hook, event)
             result = await asyncio.wait_for(call, timeout)
             if inspect.isawaitable(result):
                 await asyncio.wait_for(result, timeout)

@@ -37,7 +37,16 @@ log = logging.getLogger("stepstream.host")
 OverviewProgress = tuple[int, dict[int, bytes | None]]
 
 
+# Commands settled lately are kept for publishers that ask how theirs ended once it is
+# durable: a kafka:// client asks the owner right after the broker acknowledged it (and
+# gives up after its command timeout, 5 s by default), so the commit may come first. An
+# applied command can also be found later on its instance (``settled_before``); a refused
+# one (why it was dead-lettered) only here, and without it the client would report a
+# refused command as accepted. So they are kept for RECENT_SETTLED_S, far beyond any
+# client's wait, and at most RECENT_SETTLED of them, enough for that long at a worker's
+# command rate (about 10,000/s): a burst leaves no more behind than that.
 RECENT_SETTLED = 50_000
+RECENT_SETTLED_S = 120.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +94,9 @@ class PartitionHost:
         # two waits on one command share its future, and the first to give up must not
         # take it from the other.
         self._settled_waiters: dict[str, int] = {}
-        # Commands settled lately, for a publisher that asks after the commit (Kafka
-        # clients ask the owner over HTTP once their produce is acknowledged).
-        self._recent: OrderedDict[str, str | None] = OrderedDict()
+        # Commands settled lately (see RECENT_SETTLED): command id -> (when, in the
+        # clock's ms, and None if applied, else why it was refused), oldest first.
+        self._recent: OrderedDict[str, tuple[int, str | None]] = OrderedDict()
         # Waiters per instance, in a dict used as an ordered set: removing one is O(1),
         # however many wait for the same instance.
         self._replies: defaultdict[str, dict[asyncio.Future[Payload], None]] = defaultdict(dict)
@@ -192,14 +201,15 @@ class PartitionHost:
 
     def _committed(self, committed: Committed) -> None:
         recent = self._recent
+        now_ms = self.clock.now_ms()
         for command_id, reason in committed.commands.items():
-            recent[command_id] = reason
+            recent[command_id] = (now_ms, reason)
+            recent.move_to_end(command_id)
             fut = self._settled.pop(command_id, None)
             self._settled_waiters.pop(command_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(reason)
-        while len(recent) > RECENT_SETTLED:
-            recent.popitem(last=False)
+        self._expire_recent(now_ms)
         for state in committed.instances:
             if state.status.finished:
                 for waiter in self._finished.pop(state.instance_id, ()):
@@ -235,10 +245,23 @@ class PartitionHost:
             if not waiters:
                 del self._consumed[partition]
 
+    def _expire_recent(self, now_ms: int) -> None:
+        recent = self._recent
+        oldest = now_ms - int(RECENT_SETTLED_S * 1000)
+        while recent and (len(recent) > RECENT_SETTLED or next(iter(recent.values()))[0] < oldest):
+            recent.popitem(last=False)
+
+    @property
+    def recent_settled(self) -> int:
+        """How many settled commands this process keeps for publishers that ask."""
+        return len(self._recent)
+
     def settled_recently(self, command_id: str) -> tuple[bool, str | None]:
         """Whether this process settled ``command_id`` lately, and how."""
-        if command_id in self._recent:
-            return True, self._recent[command_id]
+        self._expire_recent(self.clock.now_ms())
+        found = self._recent.get(command_id)
+        if found is not None:
+            return True, found[1]
         return False, None
 
     def settled(self, command_id: str) -> asyncio.Future[str | None]:
@@ -247,8 +270,9 @@ class PartitionHost:
         fut = self._settled.get(command_id)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
-            if command_id in self._recent:
-                fut.set_result(self._recent[command_id])
+            found, reason = self.settled_recently(command_id)
+            if found:
+                fut.set_result(reason)
                 return fut
             self._settled[command_id] = fut
         self._settled_waiters[command_id] = self._settled_waiters.get(command_id, 0) + 1

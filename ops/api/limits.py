@@ -68,22 +68,34 @@ class ApiLimits:
         return cls(max_pending=max_pending)
 
 
+# Why a call was refused (``stepstream_api_refused_calls_total{reason}``): the bound was
+# full, or waits had filled their share of it (``Pending``); or the call's session already
+# ran as many calls as one session may (``SESSION_MAX_CALLS``).
+REFUSED_FULL = "max_pending"
+REFUSED_WAITS = "waits_share"
+REFUSED_SESSION = "session_calls"
+REFUSAL_REASONS = (REFUSED_FULL, REFUSED_WAITS, REFUSED_SESSION)
+
+
 class Pending:
     """The calls and waits the API holds now, over every client, and how many it
-    refused for being at its limit."""
+    refused, by reason (``REFUSAL_REASONS``)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.wait_limit = max(1, int(limit * WAITS_SHARE))
         self.count = 0
         self.waits = 0
-        self.refused = 0
+        self.refused = dict.fromkeys(REFUSAL_REASONS, 0)
 
     def take(self, *, wait: bool) -> bool:
         """One more (a wait: one that lasts until something happens), if there is room;
         False (counted as refused) if not."""
-        if self.count >= self.limit or (wait and self.waits >= self.wait_limit):
-            self.refused += 1
+        if self.count >= self.limit:
+            self.refused[REFUSED_FULL] += 1
+            return False
+        if wait and self.waits >= self.wait_limit:
+            self.refused[REFUSED_WAITS] += 1
             return False
         self.count += 1
         self.waits += wait

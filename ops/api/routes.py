@@ -159,6 +159,8 @@ def make_app(
     session = Session(transport, commands, max_body_bytes, limits, pending)
     app[SESSIONS] = session
     app[PENDING] = pending
+    if observability is not None:
+        observability.count_api(pending, session)
     app.router.add_get(SESSION_PATH, session.serve)
     app.on_shutdown.append(session.close_all)
     # The overview and the web UI (ops.api.ui), kept in one block.

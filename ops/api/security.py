@@ -13,6 +13,10 @@
   allows any) (403: DNS rebinding), and a POST whose body is not ``application/json``
   (or, on the internal routes only, ``RECORDS_TYPE``: the engine processes' forwarded
   records) (415): a browser cannot send either cross-site without asking first.
+- Behind a proxy that terminates TLS (an Ingress), browsers send the proxy's origin
+  (``https://flows.example.com``) to a plain-http server: ``--public-url``
+  (``STEPSTREAM_PUBLIC_URL``, comma-separated for several) names the URLs the server is
+  reached at, whose origins are its own too and whose hosts are allowed in ``Host``.
 - Optional TLS (``--tls-cert``, ``--tls-key``).
 """
 
@@ -40,6 +44,7 @@ INTERNAL_PREFIX = "/internal/"
 
 TOKEN_ENV = "STEPSTREAM_API_TOKEN"
 ALLOWED_HOSTS_ENV = "STEPSTREAM_ALLOWED_HOSTS"
+PUBLIC_URL_ENV = "STEPSTREAM_PUBLIC_URL"
 _TLS_CERT_ENV = "STEPSTREAM_TLS_CERT"
 _TLS_KEY_ENV = "STEPSTREAM_TLS_KEY"
 _INSECURE_ENV = "STEPSTREAM_INSECURE"
@@ -68,6 +73,9 @@ class ApiSecurity:
     allowed_hosts: tuple[str, ...] = ()
     tls_cert: str | None = None
     tls_key: str | None = None
+    # The URLs browsers reach the API at through a proxy (``https://flows.example.com``),
+    # as origins: scheme://host[:port], the scheme's default port left out.
+    public_urls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.token is not None and not _printable(self.token):
@@ -81,6 +89,8 @@ class ApiSecurity:
                 "TLS needs both --tls-cert and --tls-key (or STEPSTREAM_TLS_CERT and "
                 "STEPSTREAM_TLS_KEY): a certificate chain and its private key, PEM files"
             )
+        origins = tuple(dict.fromkeys(public_origin(url) for url in self.public_urls))
+        object.__setattr__(self, "public_urls", origins)
 
     @classmethod
     def from_env(
@@ -92,10 +102,13 @@ class ApiSecurity:
         allowed_hosts: Iterable[str] = (),
         tls_cert: str | None = None,
         tls_key: str | None = None,
+        public_urls: Iterable[str] = (),
     ) -> ApiSecurity:
         env = os.environ if environ is None else environ
         hosts = [h.strip() for h in env.get(ALLOWED_HOSTS_ENV, "").split(",")]
         hosts.extend(h.strip() for h in allowed_hosts)
+        urls = [u.strip() for u in env.get(PUBLIC_URL_ENV, "").split(",")]
+        urls.extend(u.strip() for u in public_urls)
         return cls(
             token=token or env.get(TOKEN_ENV) or None,
             insecure=insecure
@@ -104,11 +117,16 @@ class ApiSecurity:
             allowed_hosts=tuple(dict.fromkeys(_host_name(h) for h in hosts if h)),
             tls_cert=tls_cert or env.get(_TLS_CERT_ENV) or None,
             tls_key=tls_key or env.get(_TLS_KEY_ENV) or None,
+            public_urls=tuple(u for u in urls if u),
         )
 
     @property
     def scheme(self) -> str:
         return "https" if self.tls_cert else "http"
+
+    def public_url(self) -> str | None:
+        """The first URL browsers reach the API at through a proxy, if one is set."""
+        return self.public_urls[0] if self.public_urls else None
 
     def check_bind(self, host: str) -> None:
         """Raise ``InsecureBind`` if serving on ``host`` would open the API beyond this
@@ -148,6 +166,32 @@ def _accepted_body(request: web.Request) -> bool:
     return kind == RECORDS_TYPE and request.path.startswith(INTERNAL_PREFIX)
 
 
+def public_origin(url: str) -> str:
+    """``url`` (``--public-url``) as the origin a browser sends for pages under it:
+    ``scheme://host[:port]``, lower case, the scheme's default port left out. Anything
+    but an http(s) URL with a host is refused, saying what to give."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise StepstreamError(
+            f"the public URL {url!r} is not an http(s) URL with a host; give --public-url "
+            f"(or {PUBLIC_URL_ENV}) the address browsers open, as they see it, such as "
+            "https://flows.example.com"
+        )
+    scheme = parts.scheme.lower()
+    name = parts.hostname.lower().rstrip(".")
+    host = f"[{name}]" if ":" in name else name
+    if port is None or port == _DEFAULT_PORTS[scheme]:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
 def is_loopback(host: str) -> bool:
     name = _host_name(host)
     if name == "localhost" or name.endswith(".localhost"):
@@ -162,7 +206,12 @@ class _Guard:
     def __init__(self, security: ApiSecurity, served_hosts: Iterable[str]) -> None:
         self._token = security.token.encode() if security.token else None
         self._scheme = security.scheme
+        self._public = frozenset(security.public_urls)
+        self._public_names = frozenset(
+            _host_name(urlsplit(url).netloc) for url in security.public_urls
+        )
         names = {_host_name(h) for h in (*served_hosts, *security.allowed_hosts)}
+        names |= self._public_names
         if names & _WILDCARD_BINDS:
             names.add(_host_name(socket.gethostname()))
         self._any_host = "*" in names
@@ -180,13 +229,15 @@ class _Guard:
                 f"with --allowed-host or {ALLOWED_HOSTS_ENV}",
             )
         origin = request.headers.get("Origin")
-        if origin is not None and not _same_origin(origin, host, self._scheme):
+        if origin is not None and not self._own_origin(origin, host):
             return _refuse(
                 403,
                 "AccessDenied",
                 f"cross-site request refused: Origin {origin!r} is not this server "
                 f"({self._scheme}://{host or '(no Host header)'}); stepstream's API is not "
-                "for other web sites, nor for pages served over another scheme",
+                "for other web sites, nor for pages served over another scheme. If "
+                "browsers reach this server through a proxy at another URL (one that "
+                f"terminates TLS, say), start it with --public-url URL or {PUBLIC_URL_ENV}",
             )
         if self._token is not None and request.path not in _OPEN_PATHS:
             refusal = self._check_token(request.headers.get("Authorization"))
@@ -201,6 +252,20 @@ class _Guard:
                 f"application/json; this one came with {sent or 'no Content-Type'}",
             )
         return await handler(request)
+
+    def _own_origin(self, origin: str, host: str | None) -> bool:
+        """The server's own origins: its public URLs', and the scheme it serves with the
+        ``Host`` it was reached by, unless that is a public host (reached through the
+        proxy, whose scheme is the public URL's: a plain-http page there is not ours)."""
+        if self._public:
+            try:
+                if public_origin(origin) in self._public:
+                    return True
+            except StepstreamError:  # "null", or not a URL: no origin of ours
+                return False
+            if host is not None and _host_name(host) in self._public_names:
+                return False
+        return _same_origin(origin, host, self._scheme)
 
     def _host_allowed(self, header: str) -> bool:
         name = _host_name(header)

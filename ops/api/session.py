@@ -28,7 +28,7 @@ from aiohttp import WSCloseCode, web
 from stepstream.engine.errors import InvalidPayload, StepstreamError
 from stepstream.engine.wire.codec import parse_json_text
 from stepstream.engine.wire.settle import error_for, recorded_and_ignored
-from stepstream.ops.api.limits import ApiLimits, Pending, server_fault
+from stepstream.ops.api.limits import REFUSED_SESSION, ApiLimits, Pending, server_fault
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport
 from stepstream.producers.http.wire import (
@@ -61,6 +61,19 @@ _CALLS_PER_TURN = 10
 _WAITS = frozenset({"result", "reply", "settled"})
 _TRACE_FIELDS = ("traceparent", "tracestate")
 _CALL_FIELDS = frozenset({"id", "op", *_TRACE_FIELDS})
+# The ops calls are counted by (``stepstream_api_session_calls_total{op}``); any other is
+# ``other``, so a client cannot grow the label's values.
+SESSION_OPS = (
+    *_COMMANDS,
+    "status",
+    "history",
+    "result",
+    "reply",
+    "finished",
+    "settled",
+    "cancel",
+)
+OTHER_OP = "other"
 
 
 class CommandWaiter(Protocol):
@@ -127,6 +140,10 @@ class Session:
         self.pending = pending
         self.gate = asyncio.Lock()  # whose turn it is to start calls (see _Connection._take)
         self._open: set[_Connection] = set()
+        # What clients sent and got, over every session: calls by op (``SESSION_OPS``,
+        # else ``OTHER_OP``), and text frames ``received`` and ``sent``.
+        self.calls_by_op = dict.fromkeys((*SESSION_OPS, OTHER_OP), 0)
+        self.frames = {"received": 0, "sent": 0}
 
     @property
     def calls_in_flight(self) -> int:
@@ -296,6 +313,7 @@ class _Connection:
             async for message in self.ws:
                 if message.type != web.WSMsgType.TEXT:
                     continue
+                self.session.frames["received"] += 1
                 # Backpressure: a client that does not read its replies is not served more.
                 while len(self._replies) >= SESSION_FRAME_CALLS and not sender.done():
                     self._written.clear()
@@ -360,7 +378,10 @@ class _Connection:
             self._refuse(None, "every session call needs an integer id")
             return False
         assert isinstance(call, dict)
-        if call.get("op") == "cancel":
+        op = call.get("op")
+        counted = self.session.calls_by_op
+        counted[op if isinstance(op, str) and op in counted else OTHER_OP] += 1
+        if op == "cancel":
             task = self.calls.pop(call_id, None)
             if task is not None:
                 task.cancel()
@@ -372,6 +393,7 @@ class _Connection:
             )
             return False
         if len(self.calls) >= SESSION_MAX_CALLS:
+            self.session.pending.refused[REFUSED_SESSION] += 1
             self._refuse(
                 call_id,
                 f"this session has {SESSION_MAX_CALLS} calls in flight, the most it "
@@ -444,6 +466,7 @@ class _Connection:
                     try:
                         async with asyncio.timeout(deadline):
                             await ws.send_str(frame)
+                        self.session.frames["sent"] += 1
                     except TimeoutError:
                         self.cut(f"it took no frame of replies within {deadline:g} s")
                         return

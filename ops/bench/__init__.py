@@ -26,6 +26,7 @@ from typing import Any
 
 from stepstream.ops import event_loop
 from stepstream.ops.bench.profile import check_profiler, profiled
+from stepstream.ops.bench.retention import RETENTION_S, SWEEP_INTERVAL_S, retention
 from stepstream.ops.bench.sessions import (
     CLIENTS,
     Session,
@@ -41,9 +42,10 @@ from stepstream.ops.bench.workloads import DEFAULT_N, run_workload
 
 __all__ = ["main", "run_bench"]
 
-WORKLOADS = ("W1", "W2", "W3", "timers", "buffer", "fanout", "loop")
+WORKLOADS = ("W1", "W2", "W3", "timers", "buffer", "fanout", "loop", "retention")
 DEFAULT_PENDING = 1_000_000
 DEFAULT_RATE = 2000.0
+DEFAULT_RETAINED = 10_000
 
 
 def resolve_client(client: str | None, backend: str | None) -> tuple[str, str]:
@@ -71,10 +73,19 @@ def _check_positive(**values: float | None) -> None:
 
 @contextlib.asynccontextmanager
 async def _session(
-    client: str, path: str, bootstrap: str, partitions: int, workers: int, replication: int = 1
+    client: str,
+    path: str,
+    bootstrap: str,
+    partitions: int,
+    workers: int,
+    replication: int = 1,
+    workload: str = "",
 ) -> AsyncIterator[Session]:
     if client == "inprocess":
-        async with inprocess(path) as session:
+        config: dict[str, Any] = {}
+        if workload == "retention":
+            config = {"retention_s": RETENTION_S, "sweep_interval_s": SWEEP_INTERVAL_S}
+        async with inprocess(path, **config) as session:
             yield session
     elif client == "http":
         async with http(path, workers) as session:
@@ -116,6 +127,12 @@ async def run_bench(
             f"bench: --workers {workers} needs at least as many partitions; "
             f"pass --partitions {workers} or more"
         )
+    if "retention" in workloads and client != "inprocess":
+        raise SystemExit(
+            "bench: --workload retention runs on the in-process engine (it sets the "
+            "engine's retention to 1 s and sweeps every 0.5 s); drop --client or pass "
+            "--client inprocess"
+        )
     if profile is not None:
         check_profiler()
     result: dict[str, Any] = {
@@ -152,7 +169,9 @@ async def run_bench(
             for name in workloads:
                 # Fresh state per workload, so one does not slow the next.
                 path = os.path.join(data or tmp, name)
-                session = _session(client, path, bootstrap or "", partitions, workers, replication)
+                session = _session(
+                    client, path, bootstrap or "", partitions, workers, replication, name
+                )
                 async with session as s:
                     roles = process_roles(s.engine_pids, broker_pids)
                     cpu_now = functools.partial(cpu_by_role, roles)
@@ -161,6 +180,8 @@ async def run_bench(
                         if name == "timers":
                             count = pending or n or DEFAULT_PENDING
                             figures = await fixed_rate_timers(s, count, rate)
+                        elif name == "retention":
+                            figures = await retention(s, n or DEFAULT_RETAINED)
                         else:
                             figures = await run_workload(
                                 s.client,

@@ -48,6 +48,8 @@ class Session:
     extra: dict[str, Any] = field(default_factory=dict)
     # The base URLs of engine processes that serve /metrics (the subprocesses).
     servers: list[str] = field(default_factory=list)
+    # The engine's partition host, when it runs in this process (--client inprocess).
+    host: Any = None
 
 
 async def server_gc_pauses(servers: list[str]) -> dict[str, Any]:
@@ -109,15 +111,16 @@ def registry() -> Registry:
 
 
 @contextlib.asynccontextmanager
-async def inprocess(path: str) -> AsyncIterator[Session]:
-    engine = await open_embedded(registry(), EmbeddedConfig(data_dir=path))
+async def inprocess(path: str, **config: Any) -> AsyncIterator[Session]:
+    """``config``: more ``EmbeddedConfig`` settings (the retention workload's)."""
+    engine = await open_embedded(registry(), EmbeddedConfig(data_dir=path, **config))
     # Spans, as `stepstream dev` exports them, when the OTEL_* variables ask for them
     # (the http and kafka clients' server processes read the same variables).
     traced = tracing.setup(engine.host, service="stepstream-bench")
     # The exporter process's start-up (imports, about 0.3 s of CPU) is not the workload's.
     if traced is not None and not await asyncio.to_thread(traced.exporter.wait_ready, 30.0):
         print("bench: the span exporter process did not start in 30 s", file=sys.stderr)
-    session = Session(Client(engine.make_transport()), [os.getpid()])
+    session = Session(Client(engine.make_transport()), [os.getpid()], host=engine.host)
     session.extra["tracing"] = traced is not None
     pauses = GcPauses()
     gc.callbacks.append(pauses)

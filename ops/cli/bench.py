@@ -36,11 +36,17 @@ workloads (all three unless --workload):
   loop    one instance running a ctx.loop of N one-step iterations, one running
           2N steps first (N=1000): iterations_per_s_alone against
           iterations_per_s_after_steps (an iteration must not cost more later)
+  retention
+          N one-step instances run and then forgotten by retention (N=10000; in
+          process only: retention 1 s, swept every 0.5 s): rss_mb_after_run and
+          rss_mb_after_retention (the memory forgotten work leaves behind),
+          settled_commands_kept
 
 examples:
   stepstream bench --client http --workload W1 --json
   stepstream bench --client kafka --workers 2 --workload W1
   stepstream bench --workload timers --pending 100000 --rate 2000
+  stepstream bench --workload retention --n 100000 --json
 
 Every workload's JSON has cpu_s: the CPU seconds each process (client, engine or
 worker<i>, broker) used on it, follow-up measurements included.
@@ -99,7 +105,7 @@ COMMANDS = (
             ),
             arg(
                 "--workload",
-                choices=("W1", "W2", "W3", "timers", "buffer", "fanout", "loop"),
+                choices=("W1", "W2", "W3", "timers", "buffer", "fanout", "loop", "retention"),
                 help="run only this one",
             ),
             arg("--n", type=int, metavar="N", help="instances per workload"),

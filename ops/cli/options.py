@@ -122,6 +122,17 @@ SERVING = (
         "* for any). Requests for other names are refused (DNS rebinding)",
     ),
     arg(
+        "--public-url",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a URL browsers reach the API and UI at through a proxy, e.g. "
+        "https://flows.example.com behind an Ingress that terminates TLS: pages under it "
+        "may call the API (their Origin is this server's own) and its host is allowed "
+        "(repeatable; also $STEPSTREAM_PUBLIC_URL, comma-separated). Without it a plain-"
+        "http server refuses https:// origins",
+    ),
+    arg(
         "--tls-cert",
         metavar="FILE",
         help="serve https with this certificate chain, PEM (default: $STEPSTREAM_TLS_CERT)",
@@ -218,6 +229,7 @@ def api_security(args: argparse.Namespace) -> ApiSecurity:
         allowed_hosts=args.allowed_host,
         tls_cert=args.tls_cert,
         tls_key=args.tls_key,
+        public_urls=args.public_url,
     )
     try:
         security.check_bind(args.host)

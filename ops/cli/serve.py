@@ -50,7 +50,8 @@ _PROCESS_TUNING = (
 _OBSERVED = (
     " It serves Prometheus metrics at /metrics (with the API token when one is set): "
     "stepstream_* (work done, latencies, schedule-to-start, HTTP requests by route, "
-    "partitions owned, build info) and the process_* and python_* collectors; "
+    "API calls pending against --max-pending and refused, partitions owned, build "
+    "info) and the process_* and python_* collectors; "
     "docs/operations.md lists them. /healthz and /readyz are its probes."
 )
 
@@ -64,10 +65,10 @@ def _announce(args: argparse.Namespace, text: str, facts: dict[str, Any]) -> Non
         print(text, flush=True)
 
 
-def _log_serving(url: str) -> None:
+def _log_serving(url: str, security: ApiSecurity) -> None:
     """What a serving process logs once it listens at ``url``: where its web UI is (a
-    URL a browser can open) and the event loop it runs on."""
-    log.info("web UI at %s/ui", reachable(url))
+    URL a browser can open: the public one behind a proxy) and the event loop it runs on."""
+    log.info("web UI at %s/ui", security.public_url() or reachable(url))
     log.info("event loop=%s", event_loop.running_loop_name())
 
 
@@ -153,7 +154,7 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
                         "workflows": registry.names(),
                     },
                 )
-                _log_serving(url)
+                _log_serving(url, security)
                 # A full or damaged disk stops the engine: it says why and what to do.
                 signalled = asyncio.ensure_future(stop.wait())
                 failed = asyncio.ensure_future(engine.db.failed())
@@ -225,7 +226,7 @@ async def _serve_processes(
                 "workflows": registry.names(),
             },
         )
-        _log_serving(url)
+        _log_serving(url, security)
 
     sock = _listen(args.host, args.port)
     try:
@@ -289,7 +290,7 @@ async def _run_worker(
                     "workflows": registry.names(),
                 },
             )
-            _log_serving(worker.url)
+            _log_serving(worker.url, config.api)
             stop = asyncio.ensure_future(signalled.wait())
             failed = asyncio.ensure_future(worker.run())
             await asyncio.wait({stop, failed}, return_when=asyncio.FIRST_COMPLETED)

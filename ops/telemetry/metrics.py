@@ -34,7 +34,9 @@ from prometheus_client.registry import Collector
 from stepstream.consumers.host import PartitionHost
 from stepstream.consumers.telemetry import DEAD_LETTER_REASONS, Histogram
 from stepstream.engine.version import version
+from stepstream.ops.api.limits import Pending
 from stepstream.ops.telemetry import gc_pauses
+from stepstream.ops.telemetry.api_metrics import ApiCollector, SessionCounts
 from stepstream.ops.telemetry.gc_pauses import GcPauses
 from stepstream.ops.telemetry.http_metrics import HttpMetrics
 from stepstream.ops.telemetry.schedule_metrics import ScheduleCollector
@@ -369,6 +371,13 @@ class Observability:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/readyz", self.readyz)
+
+    def count_api(self, pending: Pending, sessions: SessionCounts) -> None:
+        """Serve the API's pending calls, refusals and session traffic: for the API
+        clients use (the one that counts HTTP requests), not the engine processes'
+        internal one, which shares the registry and whose calls process 0 counted."""
+        if self.http is not None:
+            self.registry.register(ApiCollector(pending, sessions))
 
 
 def observability_for(

@@ -42,6 +42,13 @@ METRICS: dict[str, str] = {
     "stepstream_partition_owned": "gauge",
     "stepstream_http_requests_total": "counter",
     "stepstream_http_request_duration_seconds": "histogram",
+    "stepstream_api_pending_calls": "gauge",
+    "stepstream_api_pending_waits": "gauge",
+    "stepstream_api_max_pending_calls": "gauge",
+    "stepstream_api_refused_calls_total": "counter",
+    "stepstream_api_sessions": "gauge",
+    "stepstream_api_session_calls_total": "counter",
+    "stepstream_api_session_frames_total": "counter",
     # prometheus_client's process and platform collectors (Linux).
     "process_cpu_seconds_total": "counter",
     "process_resident_memory_bytes": "gauge",

@@ -141,3 +141,22 @@ def test_http_errors_and_late_starts_have_alerts_that_can_be_tuned_and_turned_of
     assert tuned_rules["StepstreamHttpErrors"]["expr"].endswith("> 0.2")
     assert tuned_rules["StepstreamStepsStartLate"]["expr"].endswith("> 2")
     assert "StepstreamStartsLate" not in tuned_rules
+
+
+def test_an_api_that_keeps_refusing_calls_at_its_bound_alerts_and_can_be_tuned() -> None:
+    rule = _rules()["StepstreamApiBusy"]
+    expr = rule["expr"]
+    assert promql_metrics(expr) == {"stepstream_api_refused_calls_total"}
+    (matchers,) = _matchers(expr, "stepstream_api_refused_calls_total")
+    # a session over its own cap is one client's business, not the worker's bound
+    assert matchers["reason"] == "max_pending|waits_share"
+    assert "by (namespace, job, pod)" in expr and expr.endswith("> 0")
+    assert rule["for"] == "10m" and rule["labels"]["severity"] == "warning"
+    tuned = {"apiBusy": {"window": "15m", "for": "30m", "severity": "critical"}}
+    values = {"metrics": {"prometheusRule": {"enabled": True, "alerts": tuned}}}
+    busy = _rules(values)["StepstreamApiBusy"]
+    assert "[15m]" in busy["expr"] and busy["for"] == "30m"
+    off = {
+        "metrics": {"prometheusRule": {"enabled": True, "alerts": {"apiBusy": {"enabled": False}}}}
+    }
+    assert "StepstreamApiBusy" not in _rules(off)

@@ -150,6 +150,23 @@ def test_the_ingress_serves_the_api_service_and_the_workers_accept_its_hosts() -
         assert backend["name"] == FULLNAME and backend["port"]["name"] in port_names
     allowed = env_of(_worker(rendered))["STEPSTREAM_ALLOWED_HOSTS"]["value"].split(",")
     assert {"workflows.shop.example", "ops.shop.example"} <= set(allowed)
+    # Browsers behind the Ingress send its origin to plain-http workers: https where its
+    # TLS covers the host.
+    public = env_of(_worker(rendered))["STEPSTREAM_PUBLIC_URL"]["value"].split(",")
+    assert public == ["https://workflows.shop.example", "http://ops.shop.example"]
+
+
+def test_public_urls_reach_the_workers_and_none_without_an_ingress() -> None:
+    assert "STEPSTREAM_PUBLIC_URL" not in env_of(_worker(render({})))
+    values = {
+        "api": {"publicUrls": ["https://flows.shop.example"]},
+        "ingress": {"enabled": True, "hosts": [{"host": "*.shop.example"}]},
+    }
+    public = env_of(_worker(_valid(render(values))))["STEPSTREAM_PUBLIC_URL"]["value"]
+    assert public == "https://flows.shop.example"  # a wildcard host is no page's origin
+    with pytest.raises(helm_python.HelmValuesError) as refused:
+        render({"api": {"publicUrls": ["flows.shop.example"]}})
+    assert "/api/publicUrls/0" in str(refused.value)
 
 
 @pytest.mark.parametrize(

@@ -351,6 +351,7 @@ def test_alerts_watch_lag_dead_letters_timers_parked_and_readiness() -> None:
         "StepstreamSpansDropped",
         "StepstreamPartitionsUnowned",
         "StepstreamHttpErrors",
+        "StepstreamApiBusy",
         "StepstreamStepsStartLate",
         "StepstreamStartsLate",
     }

@@ -132,6 +132,16 @@ def test_bench_loop_iterations_alone_and_after_steps(tmp_path: Path) -> None:
     assert figures["iterations_per_s_after_steps"] > 0, figures
 
 
+def test_retention_forgets_every_instance_and_reports_the_memory_left(tmp_path: Path) -> None:
+    figures = _bench(tmp_path, "--workload", "retention")["retention"]
+    assert figures["n"] == N and figures["retention_s"] == 1.0, figures
+    # every instance ran and was then forgotten (the workload waits until none is left)
+    assert figures["all_forgotten_s"] >= figures["ran_s"] > 0, figures
+    assert figures["rss_mb_after_retention"] > 0 and figures["rss_mb_peak"] > 0, figures
+    # one start per instance, each remembered for publishers that ask (within its window)
+    assert figures["settled_commands_kept"] == N, figures
+
+
 def test_http_client_with_kafka_backend_says_what_to_use(tmp_path: Path) -> None:
     done = run_cli(tmp_path, "bench", "--client", "http", "--backend", "kafka")
     assert done.returncode != 0
@@ -159,6 +169,7 @@ def test_bench_starts_a_three_node_apache_kafka_with_replicated_topics(tmp_path:
         (("--client", "kafka", "--workers", "5"), "pass --partitions 5 or more"),
         (("--workload", "W1", "--input-bytes", "-1"), "--input-bytes must be 0 or more"),
         (("--client", "kafka", "--broker-nodes", "3"), "--broker-nodes needs --broker apache"),
+        (("--workload", "retention", "--client", "http"), "drop --client or pass"),
     ],
 )
 def test_bad_bench_flags_say_what_to_pass(tmp_path: Path, args: tuple[str, ...], says: str) -> None:

@@ -24,6 +24,7 @@ import shlex
 import statistics
 import struct
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from stepstream import Client
 from stepstream.errors import ServerBusy, ServerUnavailable
@@ -172,6 +174,80 @@ async def _one_bound(dev: DevServer) -> None:
         assert all(second_replies.by_id[i]["ok"] == "open" for i in range(1, 9))
         await second.close()
         await second_replies.close()
+
+
+# ---- what /metrics shows of the bound -----------------------------------------------------
+
+
+def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def metric(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str):
+    return samples[(name, frozenset(labels.items()))]
+
+
+async def test_metrics_show_the_bound_what_it_holds_and_what_it_refused(tmp_path: Path) -> None:
+    """An operator watching /metrics sees the pending calls against --max-pending, each
+    refusal with its reason, and the session calls by op and frames both ways."""
+    dev = start_dev(tmp_path, MODULE, WORKFLOWS, "--max-pending", "1")
+    try:
+        before = scrape(dev.url)
+        assert metric(before, "stepstream_api_max_pending_calls") == 1
+        for reason in ("max_pending", "waits_share", "session_calls"):
+            assert metric(before, "stepstream_api_refused_calls_total", reason=reason) == 0
+        async with Client.connect(dev.url) as client:
+            await client.start("gate", None, instance_id="g")
+        async with aiohttp.ClientSession(dev.url) as http:
+            ws = await http.ws_connect("/v1/session")
+            replies = Replies(ws)
+            # the wait takes the one place; the status finds none
+            await ws.send_str(
+                calls([1], "result", "g")[:-1] + ',{"id":2,"op":"status","instance_id":"g"}]'
+            )
+            await replies.until({2})
+            assert replies.by_id[2]["error"]["type"] == "ServerBusy"
+            async with http.get("/v1/instances/g/result?timeout=5") as response:
+                assert response.status == 503  # an HTTP wait is refused by the same bound
+            await ws.send_str('[{"id":3,"op":"no-such-op"}]')  # refused too: no place
+            await replies.until({3})
+
+            held = scrape(dev.url)
+            assert metric(held, "stepstream_api_pending_calls") == 1
+            assert metric(held, "stepstream_api_pending_waits") == 1
+            assert metric(held, "stepstream_api_refused_calls_total", reason="max_pending") == 3
+            assert metric(held, "stepstream_api_sessions") == 1
+            by_op = {
+                op: metric(held, "stepstream_api_session_calls_total", op=op)
+                for op in ("result", "status", "other", "start")
+            }
+            # the http:// client's start came over a session of its own
+            assert by_op == {"result": 1, "status": 1, "other": 1, "start": 1}, by_op
+            assert metric(held, "stepstream_api_session_frames_total", direction="received") == 3
+            assert metric(held, "stepstream_api_session_frames_total", direction="sent") >= 3
+
+            # the client withdraws its wait: the place comes back
+            await ws.send_str('[{"id":1,"op":"cancel"}]')
+            await until(
+                lambda: metric(scrape(dev.url), "stepstream_api_pending_calls") == 0,
+                "the withdrawn wait gives its place back",
+            )
+            after = scrape(dev.url)
+            assert metric(after, "stepstream_api_pending_waits") == 0
+            assert metric(after, "stepstream_api_session_calls_total", op="cancel") == 1
+            await ws.close()
+            await replies.close()
+        await until(
+            lambda: metric(scrape(dev.url), "stepstream_api_sessions") == 0, "the session ends"
+        )
+    finally:
+        dev.stop()
 
 
 # ---- 200 hostile sessions and a well-behaved client ---------------------------------------

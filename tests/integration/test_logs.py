@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import textwrap
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,22 @@ WORKFLOWS = textwrap.dedent(
 
     from stepstream import Context, RetryPolicy, workflow
 
+    alerts = []
+
     def charge_card() -> str:
         logging.getLogger("shop").info("charging the card")
         raise RuntimeError("card declined")
 
-    @workflow("charge")
+    def page_on_call(event) -> None:  # sync: runs on the hook runner's threads
+        alerts.append(event)
+        if len(alerts) == 1:
+            raise ConnectionError("pager unreachable")
+        logging.getLogger("shop").info("paged on-call step=%s", event.step)
+
+    async def audit(event) -> None:  # async: runs on the loop
+        logging.getLogger("shop").info("audit %s", event.new_status)
+
+    @workflow("charge", on_error=page_on_call, on_status_change=audit)
     async def charge(ctx: Context, _: None) -> str:
         return await ctx.step(
             "card", charge_card, retry=RetryPolicy(max_attempts=2, initial_interval=0.01)
@@ -86,6 +98,30 @@ def _check_failure_lines(lines: list[dict[str, Any]], instance_id: str, ids: tup
     attempts = [line for line in mine if line["msg"] == "charging the card"]
     assert [(line["step"], line["attempt"]) for line in attempts] == [("card", 1), ("card", 2)]
     assert all(line["trace_id"] == ids[0] for line in attempts)
+    # Hooks: the runner's lines about a call and the hook's own lines (a sync hook on a
+    # thread, an async one on the loop) carry the instance, its run's trace and the hook.
+    hooked = {
+        "hook failed, retrying": "on_error",
+        "paged on-call step=card": "on_error",
+        "audit failed": "on_status_change",
+    }
+    for msg, hook in hooked.items():
+        found = [line for line in mine if line["msg"].startswith(msg)]
+        assert found, (msg, mine)
+        for line in found:
+            assert {k: line.get(k) for k in context} == context, line
+            assert line["hook"] == hook and isinstance(line["partition"], int), line
+    assert "ConnectionError: pager unreachable" in one("hook failed, retrying")["msg"]
+
+
+def _until_hooks_ran(log: Path, timeout: float = 30) -> None:
+    """Hooks run after the failure is durable (a client's result can come first)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "audit failed" in log.read_text() and "paged on-call" in log.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"the hooks did not run within {timeout} s\n{log.read_text()}")
 
 
 async def test_dev_logs_failures_as_fields_in_the_trace_it_exports(tmp_path: Path) -> None:
@@ -101,6 +137,7 @@ async def test_dev_logs_failures_as_fields_in_the_trace_it_exports(tmp_path: Pat
                 instance_id = await client.start("charge", None, instance_id="c-1")
             with pytest.raises(WorkflowFailed):
                 await client.result(instance_id, timeout=30)
+        _until_hooks_ran(server.log)
     finally:
         server.stop()  # the exporter process flushes on the way out
         collector.close()
@@ -131,6 +168,7 @@ async def test_a_kafka_worker_logs_the_trace_of_a_run_started_without_one(
             instance_id = await client.start("charge", None, instance_id="k-1")  # no span
             with pytest.raises(WorkflowFailed):
                 await client.result(instance_id, timeout=60)
+        _until_hooks_ran(log)
     finally:
         proc.terminate()
         try:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.hook_tasks import HookConfig, HookTask
 from stepstream.consumers.hooks import HookRunner
+from stepstream.consumers.log_context import TRACE_OF
 from stepstream.engine.api.hook_events import StatusChangeEvent, StepErrorEvent
 from stepstream.engine.api.workflow import Registry, definition_of, workflow
 from stepstream.engine.replay.runtime import Output
@@ -251,6 +252,38 @@ def test_tasks_read_back() -> None:
         kind = "error" if isinstance(event, StepErrorEvent) else "status"
         task = HookTask(keys.hook(event.instance_id, 3), kind, 123, event)
         assert HookTask.from_json(task.key, task.to_json()) == task
+        for run in ((1000, None), (1000, "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01")):
+            traced = HookTask(task.key, kind, 123, event, run)
+            assert HookTask.from_json(task.key, traced.to_json()) == traced
+
+
+def test_a_task_names_its_instance_and_run_trace_in_log_fields() -> None:
+    """Its log lines carry the run's trace (made into trace_id and span_id by the log
+    formatter); one stored by an older release, without the run, still reads back."""
+    event = StepErrorEvent("i-1", "w", "1", "s", 1, True, None, "E", "m")
+    key = keys.hook("i-1", 3)
+    task = HookTask(key, "error", 1, event, (1000, None))
+    fields = task.log_fields(partition=2)
+    assert fields[TRACE_OF] == ("i-1", 1000, None)
+    assert {k: fields[k] for k in ("instance_id", "workflow", "hook", "seq", "partition")} == {
+        "instance_id": "i-1",
+        "workflow": "w",
+        "hook": "on_error",
+        "seq": 3,
+        "partition": 2,
+    }
+    older = HookTask.from_json(key, HookTask(key, "error", 1, event).to_json())
+    assert older.run is None and TRACE_OF not in older.log_fields(partition=2)
+
+
+async def test_tasks_carry_the_run_of_their_instance() -> None:
+    backend = FakeBackend()
+    runner = _runner(backend)
+    runtime = _runtime("hooked", Status.RUNNING)
+    runtime.state.created_ms, runtime.state.traceparent = 1000, None
+    await runner.write_ahead(Output(history=_records()), {"i-1": runtime})
+    stored = [HookTask.from_json(k, v) for k, v in backend.store.scan(keys.HOOK)]
+    assert stored and all(task.run == (1000, None) for task in stored)
 
 
 ids = st.text(alphabet=st.sampled_from("a\x00\x01\x02/#é") | st.characters(), min_size=1)
