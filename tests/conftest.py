@@ -24,7 +24,7 @@ from stepstream.engine.api.workflow import Registry
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
-from tests.kafka_broker import Broker, start_test_kafka
+from tests.kafka_broker import Broker, discard, start_test_kafka
 
 T = TypeVar("T")
 
@@ -52,7 +52,7 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def kafka_broker() -> Iterator[Broker]:
     broker = start_test_kafka()  # raises with the reason and the broker's log: never a skip
     yield broker
-    broker.stop()
+    discard(broker)
 
 
 def kafka_settings(broker: Broker, prefix: str | None = None) -> KafkaSettings:

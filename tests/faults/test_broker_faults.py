@@ -36,7 +36,7 @@ from confluent_kafka.admin import AdminClient
 from stepstream.engine.wire.topics import COMMANDS, TopicNames
 from stepstream.ops.brokers.apache import ApacheCluster, start_apache
 from tests.faults.test_crash_checker import Kafka, Proc, run_checker
-from tests.kafka_broker import start_test_kafka
+from tests.kafka_broker import discard, start_test_kafka
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -55,7 +55,7 @@ def cluster() -> Iterator[ApacheCluster]:
     try:
         yield started
     finally:
-        started.stop()
+        discard(started)
 
 
 class ClusterFaults(Kafka):
@@ -254,7 +254,7 @@ def proxied_cluster() -> Iterator[tuple[ApacheCluster, list[TcpProxy]]]:
             }
 
         started = start_apache(3, overrides=external)
-        stack.callback(started.stop)
+        stack.callback(discard, started)
         yield started, proxies
 
 

@@ -25,6 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from stepstream.ops.brokers.apache import ApacheCluster, _free_base, start_apache
+from tests.kafka_broker import discard
 from tests.processes import repo_env
 
 CLI = [sys.executable, "-m", "stepstream.ops.cli"]
@@ -123,8 +124,11 @@ def test_the_broker_command_stops_on_sigterm_and_keeps_its_data(tmp_path: Path) 
 
 @pytest.fixture(scope="module")
 def three_nodes() -> Iterator[ApacheCluster]:
-    with start_apache(3) as cluster:
+    cluster = start_apache(3)
+    try:
         yield cluster
+    finally:
+        discard(cluster)
 
 
 def _topics(*args: str) -> subprocess.CompletedProcess[str]:

@@ -26,6 +26,7 @@ import pytest
 from stepstream import Client
 from stepstream.errors import KafkaAuthenticationFailed
 from tests.integration.test_kafka_edges import _STOP_JOBS_NEWEST_FIRST
+from tests.kafka_broker import discard
 from tests.processes import REPO, launch, repo_env, worker_command
 from tests.secure_kafka import (
     MECHANISM,
@@ -44,7 +45,7 @@ FAST_S = 8.0
 def secure_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureKafka]:
     kafka = start_secure_kafka(tmp_path_factory.mktemp("secure-kafka"))
     yield kafka
-    kafka.stop()
+    discard(kafka.cluster)
 
 
 def _cli(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
