@@ -13,7 +13,7 @@ from aiohttp import web
 
 from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.wire.codec import parse_json_text
-from stepstream.ops.api.session import check_fields, string_field
+from stepstream.ops.api.fields import check_fields, string_field
 from stepstream.producers.client import Transport, fork_instance
 
 

@@ -37,19 +37,14 @@ from stepstream.engine.errors import (
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.replay.state import Status
 from stepstream.engine.wire.codec import parse_json_text
+from stepstream.ops.api.fields import check_fields, queue_fields, string_field
 from stepstream.ops.api.limits import ApiLimits, Pending, server_fault
 from stepstream.ops.api.repair import add_repair_routes
 from stepstream.ops.api.schedule_routes import API_ROOT as SCHEDULES_API
 from stepstream.ops.api.schedule_routes import UI_ROOT as SCHEDULES_UI
 from stepstream.ops.api.schedule_routes import add_schedule_routes
 from stepstream.ops.api.security import ApiSecurity
-from stepstream.ops.api.session import (
-    CommandWaiter,
-    Session,
-    check_fields,
-    queue_fields,
-    string_field,
-)
+from stepstream.ops.api.session import CommandWaiter, Session
 from stepstream.ops.api.ui.routes import TransportSource, add_ui_routes
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport

@@ -20,7 +20,6 @@ import socket
 import struct
 import time
 import uuid
-from collections.abc import Iterable
 from typing import Any, Protocol
 
 from aiohttp import WSCloseCode, web
@@ -28,6 +27,7 @@ from aiohttp import WSCloseCode, web
 from stepstream.engine.errors import InvalidPayload, StepstreamError
 from stepstream.engine.wire.codec import parse_json_text
 from stepstream.engine.wire.settle import error_for, recorded_and_ignored
+from stepstream.ops.api.fields import check_fields, queue_fields, string_field
 from stepstream.ops.api.limits import REFUSED_SESSION, ApiLimits, Pending, server_fault
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport
@@ -516,36 +516,3 @@ def _internal_error() -> dict[str, Any]:
 def _close_reason(exc: Exception) -> bytes:
     # A close frame's reason is at most 123 bytes.
     return str(exc).encode()[:120]
-
-
-def string_field(body: dict[str, Any], name: str, *, allow_empty: bool = False) -> str:
-    value = body.get(name)
-    if not isinstance(value, str) or (not value and not allow_empty):
-        kind = "a string" if allow_empty else "a non-empty string"
-        raise InvalidPayload(f"field {name!r} must be {kind}, got {value!r}")
-    return value
-
-
-def check_fields(
-    given: Iterable[str], required: tuple[str, ...], optional: tuple[str, ...], *, what: str
-) -> None:
-    """Exactly the fields a route or call knows about: a missing or unknown one (a typo
-    that would silently drop an ``event_id``) is refused, naming the known ones."""
-    names = set(given)
-    missing = [name for name in required if name not in names]
-    unknown = sorted(names - {*required, *optional})
-    if missing or unknown:
-        known = ", ".join((*required, *optional)) or "none"
-        problems = [f"missing {', '.join(missing)}"] if missing else []
-        problems += [f"unknown {', '.join(unknown)}"] if unknown else []
-        raise InvalidPayload(f"{what} fields: {'; '.join(problems)} (fields: {known})")
-
-
-def queue_fields(body: dict[str, Any]) -> dict[str, Any]:
-    """A start's place in its workflow's queue: ``priority`` (a whole number, lower
-    first) and ``queue_key`` (a per_key queue's key), each optional."""
-    priority = body.get("priority")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-        raise InvalidPayload(f"field 'priority' must be a whole number, got {priority!r}")
-    queue_key = string_field(body, "queue_key") if body.get("queue_key") is not None else None
-    return {"priority": priority, "queue_key": queue_key}
