@@ -51,7 +51,8 @@ IN_PROCESS = Messaging("", "", "")
 
 class ActivationSpan(NamedTuple):
     """One activation of a run: the instance driven by the inputs one commit applied to
-    it (commands, timer fires, step outcomes), from the first of them to the commit. The
+    it (commands, timer fires, step outcomes), from the first input of the commit's batch
+    to the commit. The
     activation that started the run is the run span, which every other span of the run
     (its activations, its step attempts, its children's runs) names as its parent."""
 
@@ -102,16 +103,27 @@ _STATUS_TEXT = {status: status.value for status in Status}
 class _Activation:
     """The inputs of one instance applied in the batch being made, until its commit."""
 
-    __slots__ = ("command_id", "commands", "first", "inputs", "links", "offset", "start_ns")
+    __slots__ = ("command_id", "commands", "first", "inputs", "links", "offset")
 
-    def __init__(self) -> None:
-        self.start_ns = time.time_ns()
-        self.inputs: list[str] = []
+    def __init__(self, first_input: str) -> None:
+        self.inputs = [first_input]
         self.command_id = ""
         self.offset = -1
         self.commands = 0
-        self.links: list[tuple[str, str | None]] = []
+        self.links: list[tuple[str, str | None]] | None = None
         self.first = False  # it started the run
+
+
+class _Pending(dict[str, _Activation]):
+    """A partition's activations of the batch being made, and when its first input was
+    applied: where every activation of the batch starts (the inputs of one batch are
+    applied in one go, milliseconds apart, so a clock read per activation says no more)."""
+
+    __slots__ = ("began_ns",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.began_ns = time.time_ns()
 
 
 class Activations:
@@ -119,44 +131,51 @@ class Activations:
     batch's commit makes them activation spans. Fed only while traced."""
 
     def __init__(self) -> None:
-        self._pending: dict[int, dict[str, _Activation]] = {}
-
-    def _of(self, partition: int, instance_id: str) -> _Activation:
-        pending = self._pending.get(partition)
-        if pending is None:
-            pending = self._pending[partition] = {}
-        activation = pending.get(instance_id)
-        if activation is None:
-            activation = pending[instance_id] = _Activation()
-        return activation
+        self._pending: dict[int, _Pending] = {}
 
     def input_applied(
         self, partition: int, record: Command, offset: int, run_traceparent: str | None
     ) -> None:
         """A command (``offset`` >= 0: read from the commands log) or a timer fire took
         effect on its instance, whose run's trace is ``run_traceparent``."""
-        activation = self._of(partition, record.instance_id)
-        activation.inputs.append(record.type)
+        pending = self._pending.get(partition)
+        if pending is None:
+            pending = self._pending[partition] = _Pending()
+        activation = pending.get(record.instance_id)
+        if activation is None:
+            activation = pending[record.instance_id] = _Activation(record.type)
+        else:
+            activation.inputs.append(record.type)
         if offset >= 0:
             if not activation.commands:
                 activation.command_id, activation.offset = record.command_id, offset
             activation.commands += 1
         carried = record.traceparent
         if carried and carried != run_traceparent and not isinstance(record, StartWorkflow):
+            if activation.links is None:
+                activation.links = []
             activation.links.append((carried, record.tracestate))
 
     def outcome_applied(self, partition: int, instance_id: str) -> None:
-        """A step attempt's outcome was applied to its instance."""
-        self._of(partition, instance_id).inputs.append("StepOutcome")
+        """A step attempt's outcome was applied to its instance (on every step outcome
+        of a traced engine: kept short)."""
+        pending = self._pending.get(partition)
+        if pending is None:
+            pending = self._pending[partition] = _Pending()
+        activation = pending.get(instance_id)
+        if activation is None:
+            pending[instance_id] = _Activation("StepOutcome")
+        else:
+            activation.inputs.append("StepOutcome")
 
-    def take(self, partition: int) -> dict[str, _Activation] | None:
+    def take(self, partition: int) -> _Pending | None:
         """The partition's activations of the batch being committed (forgotten here)."""
         return self._pending.pop(partition, None)
 
     @staticmethod
     def spans(
         partition: int,
-        taken: dict[str, _Activation],
+        taken: _Pending,
         touched: Mapping[str, InstanceRuntime],
         messaging: Messaging,
         run_tracebacks: Mapping[str, str],
@@ -164,7 +183,7 @@ class Activations:
         """An activation span's fields (``ActivationSpan``'s, in order) for each
         instance the commit drove with inputs; a run that failed in it has the traceback
         ``run_tracebacks`` holds for it."""
-        end_ns = time.time_ns()
+        began_ns, end_ns = taken.began_ns, time.time_ns()
         system, destination, group = messaging
         for instance_id, activation in taken.items():
             runtime = touched.get(instance_id)
@@ -177,7 +196,7 @@ class Activations:
                 state.version,
                 instance_id,
                 partition,
-                activation.start_ns,
+                began_ns,
                 end_ns,
                 state.created_ms,
                 activation.first,
@@ -191,7 +210,7 @@ class Activations:
                 run_tracebacks.get(instance_id, "") if failed else "",
                 state.traceparent,
                 state.tracestate,
-                tuple(activation.links),
+                tuple(activation.links) if activation.links else (),
                 system,
                 destination,
                 group,
