@@ -144,7 +144,8 @@ def _say_json(args: argparse.Namespace, status: str, error: StepstreamError) -> 
 _START_HELP = (
     "start an instance; returns once the command is durable (with kafka:// no worker needs "
     "to be running: the workflow name is checked against the workflows workers registered, "
-    "and it runs when a worker owns its partition). Prints the instance id"
+    "and it runs when a worker owns its partition; on a prefix where no worker has "
+    "registered yet, it first waits up to 30 s for one). Prints the instance id"
 )
 
 COMMANDS = (

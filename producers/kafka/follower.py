@@ -21,6 +21,11 @@ from stepstream.engine.errors import ConnectionFailed
 log = logging.getLogger("stepstream.kafka.follower")
 
 _FETCH_WAIT_MS = 100
+# How long closing waits for the broker to answer the TLS goodbye (close_notify). Under
+# uvloop a TLS connection closed while a fetch is in flight can wait its whole
+# ssl_shutdown_timeout (30 s) for an answer that never comes; a follower only reads, so
+# nothing is lost by cutting its connections after this.
+_CLOSE_TIMEOUT_S = 2.0
 
 # (key, value or None for a tombstone, the record's timestamp in ms)
 Apply = Callable[[bytes, bytes | None, int], None]
@@ -71,7 +76,7 @@ class TopicFollower:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
-        await self._consumer.stop()
+        await stop_reader(self._consumer)
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the loop) after every batch of records applied."""
@@ -134,3 +139,19 @@ class TopicFollower:
             self._changed.set()
             self._round_done.set()
             raise
+
+
+async def stop_reader(consumer: AIOKafkaConsumer) -> None:
+    """``consumer.stop()``, at most ``_CLOSE_TIMEOUT_S``: past that, its connections are
+    aborted (for a consumer outside any group, which has nothing left to write)."""
+    # aiokafka drops a connection's writer when it closes it: take the transports first.
+    connections = getattr(getattr(consumer, "_client", None), "_conns", {})
+    writers = [getattr(conn, "_writer", None) for conn in list(connections.values())]
+    transports = [w.transport for w in writers if w is not None]
+    try:
+        async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+            await consumer.stop()
+    except TimeoutError:
+        log.debug("closing the consumer took over %s s: aborting its connections", _CLOSE_TIMEOUT_S)
+        for transport in transports:
+            transport.abort()

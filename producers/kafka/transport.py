@@ -32,6 +32,7 @@ from stepstream.engine.errors import (
     ResultTimeout,
     StepstreamError,
     UnknownInstance,
+    UnknownWorkflow,
 )
 from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
@@ -143,6 +144,14 @@ class KafkaTransport(CommandPublisher):
             deadline = loop.time() + self._request_timeout
             while definitions.empty and loop.time() < deadline:
                 await definitions.changed(deadline - loop.time())
+            if definitions.empty:
+                raise UnknownWorkflow(
+                    f"unknown workflow {workflow!r}: no worker of prefix "
+                    f"{self._topics.prefix!r} has ever registered a workflow, and none did "
+                    f"within {self._request_timeout:g} s; start one with `stepstream worker "
+                    "--workflows MODULE ...` (once it has registered, starts are accepted "
+                    "even while no worker runs)"
+                )
         return await super().start(
             workflow,
             input,

@@ -152,6 +152,21 @@ def _quick_start() -> str:
 _STOP_JOBS_NEWEST_FIRST = "for j in $(jobs -p | tac); do kill $j 2>/dev/null; wait $j; done"
 
 
+async def test_a_start_on_a_prefix_no_worker_registered_on_waits_its_timeout_then_says_so(
+    kafka_broker: Broker,
+) -> None:
+    """Before any worker registered, a start waits for the first one (a script runs
+    `stepstream worker &` then `stepstream start`), but only the client's request timeout,
+    and then says that no worker has ever registered."""
+    settings = kafka_settings(kafka_broker)
+    await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)
+    async with Client.connect(kafka_url(settings), timeout=2) as client:
+        began = time.monotonic()
+        with pytest.raises(UnknownWorkflow, match=r"ever registered a workflow.*within 2 s"):
+            await client.start("arith", 1)
+        assert 1.5 < time.monotonic() - began < 10
+
+
 def test_the_readme_kafka_quick_start_works_typed_line_after_line(tmp_path: Path) -> None:
     """From the broker on: Apache Kafka, its topics, a worker and a workflow, as typed.
     Only the ports change (tests run side by side) and the examples are copied in."""

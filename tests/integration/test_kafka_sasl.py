@@ -137,6 +137,37 @@ async def test_a_worker_runs_what_the_client_and_the_cli_start(
         assert proc.wait(60) == 0, log.read_text()[-3000:]
 
 
+@pytest.mark.parametrize("protocol", ["SASL_SSL", "SSL"])
+def test_cli_calls_over_tls_each_finish_within_seconds(
+    secure_kafka: SecureKafka, protocol: str, tmp_path: Path
+) -> None:
+    """A CLI call ends by closing its TLS connections to Kafka; under uvloop (the CLI's
+    loop) such a close could wait out a 30 s TLS shutdown timeout, one call in two."""
+    bootstrap, env = _listener(secure_kafka, protocol)
+    env = {**env, "STEPSTREAM_EVENT_LOOP": "uvloop"}
+    prefix = _prefix()
+    where = ["--bootstrap", bootstrap, "--prefix", prefix]
+    assert _cli("topics", "create", *where, "--partitions", "2", env=env).returncode == 0
+    command = worker_command("tests.workflows", bootstrap, prefix, tmp_path / "state", [])
+    log = tmp_path / "worker.log"
+    proc, _ = launch(command, env=repo_env(**env), log=log)
+    try:
+        cli = ["--connect", f"kafka://{bootstrap}?prefix={prefix}"]
+        started = _cli("start", "arith", "--input", "1", "--id", "t-1", "--wait", *cli, env=env)
+        assert started.returncode == 0, started.stderr
+        took = []
+        for _ in range(6):
+            began = time.monotonic()
+            status = _cli("status", "t-1", "--json", *cli, env=env)
+            took.append(round(time.monotonic() - began, 1))
+            assert status.returncode == 0, status.stderr
+            assert json.loads(status.stdout)["status"] == "completed"
+        assert max(took) < 10, f"`stepstream status` calls took {took} s"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+
+
 def _one_clear_line(done: subprocess.CompletedProcess[str], *expected: str) -> str:
     assert done.returncode == 1, (done.stdout, done.stderr)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
