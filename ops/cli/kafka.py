@@ -16,8 +16,14 @@ def _topics_create(args: argparse.Namespace) -> int:
     from stepstream.consumers.kafka import create_topics
 
     settings = kafka_settings(args)
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout {args.timeout} is not a number of seconds > 0")
     states = create_topics(
-        settings, args.partitions, replication=args.replication, min_insync=args.min_insync
+        settings,
+        args.partitions,
+        replication=args.replication,
+        min_insync=args.min_insync,
+        timeout=args.timeout,
     )
     rows = [{"topic": t.name, "partitions": t.partitions, "created": t.created} for t in states]
     human = "\n".join(
@@ -118,6 +124,14 @@ TOPIC_ACTIONS = (
                 metavar="M",
                 help="min.insync.replicas of each topic: replicas that must have a write "
                 "before it is acknowledged (default: 2 with 3 or more replicas, else 1)",
+            ),
+            arg(
+                "--timeout",
+                type=float,
+                default=30.0,
+                metavar="S",
+                help="seconds to wait for the cluster to answer, a broker started just "
+                "before included, then give up with an error (%(default)s)",
             ),
         ),
     ),

@@ -205,15 +205,19 @@ def test_the_readme_kafka_quick_start_works_typed_line_after_line(tmp_path: Path
 
 def test_topics_create_without_a_reachable_cluster_says_so_in_one_line(tmp_path: Path) -> None:
     """Nothing listens there: the error says what to check, without librdkafka's line
-    per connection attempt before it."""
+    per connection attempt before it, once ``--timeout`` has passed (30 s unless set)."""
     where = ["--bootstrap", "127.0.0.1:1", "--prefix", "nowhere", "--partitions", "2"]
-    done = subprocess.run(
-        [sys.executable, "-m", "stepstream.ops.cli", "topics", "create", *where],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    command = [sys.executable, "-m", "stepstream.ops.cli", "topics", "create", *where]
+    refused = subprocess.run(
+        [*command, "--timeout", "0"], cwd=tmp_path, capture_output=True, text=True, timeout=60
     )
+    assert refused.returncode == 2 and "--timeout 0.0 is not" in refused.stderr, refused.stderr
+    began = time.monotonic()
+    done = subprocess.run(
+        [*command, "--timeout", "3"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    # Gave up after its own timeout, not the default 30 s (start-up and the error included).
+    assert time.monotonic() - began < 25, done.stderr
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
