@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
+from rocksdict import ReadOptions
+
 # The write-ahead logs one RocksDB keeps at most. A column family written little at a
 # time (the meta one: offsets, epochs) would otherwise keep every WAL since its last
 # flush on disk, each replayed on the next open: measured embedded, 2.3 GB of WALs beside
@@ -51,10 +53,26 @@ def prefix_scan(
     live one keeps RocksDB open.
 
     An iterator that meets a damaged block just stops being valid; its status says why.
-    It is checked, so a scan never ends early in silence (``on_error`` maps the error)."""
-    it = column.iter()
+    It is checked, so a scan never ends early in silence (``on_error`` maps the error).
+
+    The iterator is bounded above by the first key past the prefix: RocksDB then stops at
+    the bound instead of reading the next key beyond the prefix in every level. Measured
+    on 250,000 instances' keys, an instance's two state scans took half the time."""
+    # The iterator reads its bound from the options' memory: they must outlive it.
+    options = _bounded(prefix)
+    it = column.iter(options)
     it.seek(prefix if start is None else start)
     yield from _walk(it, prefix, on_error)
+    del options
+
+
+def _bounded(prefix: bytes) -> ReadOptions:
+    """Read options for keys that start with ``prefix`` (no bound for the empty one)."""
+    options = ReadOptions()
+    stripped = prefix.rstrip(b"\xff")
+    if stripped:
+        options.set_iterate_upper_bound(stripped[:-1] + bytes([stripped[-1] + 1]))
+    return options
 
 
 def pinned_scan(

@@ -11,8 +11,12 @@ from collections.abc import Callable
 
 from stepstream.engine.seams import LogEntry
 
-_PAUSE_ABOVE = 50_000  # buffered records of one source before its fetching pauses
-_RESUME_BELOW = 5_000
+# Buffered records of one source before its fetching pauses, and the level at which it
+# resumes. A processor takes at most 1,000 a batch, so 10,000 keep it busy through
+# a fetch round trip; more only sat in memory: at 50,000 a worker taking a burst of
+# starts held 50,000 decoded records per source, and the collector walked them all.
+_PAUSE_ABOVE = 10_000
+_RESUME_BELOW = 2_000
 
 
 class KafkaSource:

@@ -29,6 +29,8 @@ from stepstream.producers.client import Client
 
 # Starts in flight at once while scheduling: enough to keep any client path busy.
 _IN_FLIGHT = 500
+# A second of the firing whose p99 lateness reaches this is counted as late (the goal).
+_LATE_MS = 100.0
 
 
 async def _start_rate(client: Client, count: int) -> float:
@@ -72,6 +74,17 @@ async def _until_engine_holds(session: Session, pending: int, first_due_ms: floa
             )
             return None
         await asyncio.sleep(1.0)
+
+
+def _p99_by_second(on_time: list[tuple[float, float]], first_due_ms: float) -> list[float]:
+    """The p99 lateness of the timers due in each second of the firing, in due order."""
+    seconds: list[list[float]] = []
+    for due, woke in on_time:
+        n = max(0, int((due - first_due_ms) // 1000))
+        while len(seconds) <= n:
+            seconds.append([])
+        seconds[n].append(woke - due)
+    return [pct(lateness, 99) for lateness in seconds]
 
 
 async def fixed_rate_timers(session: Session, pending: int, rate: float) -> dict[str, Any]:
@@ -168,6 +181,7 @@ async def fixed_rate_timers(session: Session, pending: int, rate: float) -> dict
         for i in range(0, tenth * 10, tenth)
         if on_time[i : i + tenth]
     ]
+    by_second = _p99_by_second(on_time, first_due_ms)
     woke_all = sorted(woke for _, _, woke in timelines)
     fire_span_s = (woke_all[-1] - woke_all[0]) / 1000 if len(woke_all) > 1 else 0.0
     return {
@@ -186,6 +200,10 @@ async def fixed_rate_timers(session: Session, pending: int, rate: float) -> dict
         "fired_per_s": round(pending / fire_span_s, 1) if fire_span_s else None,
         **lateness_figures([woke - due for due, woke in on_time]),
         "lateness_p99_ms_by_tenth": by_tenth,
+        # Second n of the firing (timers due n to n+1 s after the first): where a stall
+        # begins, how long it lasts and how fast it drains.
+        "lateness_p99_ms_by_second": by_second,
+        "late_seconds": sum(1 for p99 in by_second if p99 >= _LATE_MS),
         "rss_mb_before": before,
         "rss_mb_all_pending": at_pending,
         "rss_mb_peak": peak,

@@ -87,6 +87,11 @@ def test_fixed_rate_timers_fire_every_timer_never_early(tmp_path: Path) -> None:
     assert timers["all_pending_before_first_due"] is True, timers
     assert timers["early_fires"] == 0, timers
     assert timers["rss_mb_all_pending"] > 0, timers
+    # 300 due 2 ms apart: the firing spans 0.6 s, so the breakdown has one second.
+    by_second = timers["lateness_p99_ms_by_second"]
+    assert len(by_second) == 1, timers
+    assert by_second[0] == timers["lateness_p99_ms"], timers
+    assert timers["late_seconds"] == (1 if by_second[0] >= 100 else 0), timers
 
 
 @pytest.mark.kafka
