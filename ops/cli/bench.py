@@ -27,7 +27,9 @@ workloads (all three unless --workload):
           lateness_p99_ms and early_fires (timers fired before due; must be 0)
   W3      N instances waiting for an event a client sends (N=500)
   timers  --pending N timers on one engine, due 1/--rate s apart (1,000,000 at
-          2,000/s): lateness and the engine's resident memory (rss_mb_*)
+          2,000/s): lateness, its p99 per tenth and per second of the firing
+          (lateness_p99_ms_by_second; late_seconds: those at 100 ms or more) and
+          the engine's resident memory (rss_mb_*)
   buffer  N events sent in turn to one instance that asks for none yet (N=1000),
           then taken at once: events_per_s, send_first_tenth_p50_ms against
           send_last_tenth_p50_ms (--input-bytes B: B more bytes per event)
