@@ -57,6 +57,7 @@ class _Attempt:
         "launch",
         "partition",
         "reason",
+        "subject",
         "task",
     )
 
@@ -75,10 +76,11 @@ class _Attempt:
         self.delivered = False
         self.task: asyncio.Task[Any] | None = None
         self.deadline: asyncio.TimerHandle | None = None
+        self.subject = _AttemptSubject(launch, partition)
 
     def log_fields(self) -> dict[str, Any]:
         """What a line about this attempt says about it."""
-        return _AttemptSubject(self.launch, self.partition).log_fields()
+        return self.subject.log_fields()
 
 
 class _AttemptSubject:
@@ -149,7 +151,7 @@ class StepExecutor:
         self._running[attempt_id] = attempt  # now, so that ``cancel`` finds it at once
         fn = launch.fn
         context = contextvars.copy_context()
-        context.run(_enter, attempt.flag, _AttemptSubject(launch, partition))
+        context.run(_enter, attempt.flag, attempt.subject)
         if inspect.iscoroutinefunction(fn):
             try:
                 body = fn(*launch.args, **launch.kwargs)

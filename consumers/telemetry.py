@@ -243,7 +243,7 @@ class Telemetry:
         first = (now_ms - began_ms) / 1000 if now_ms > began_ms else 0.0
         first_at = bisect_left(LATENCY_BUCKETS_S, first)
         for launch in launches:
-            label = (launch.workflow, _LABELS.get(launch.key) or step_label(launch.key))
+            label = (launch.workflow, step_label(launch.key))
             histogram = delays.get(label)
             if histogram is None:
                 histogram = delays[label] = Histogram(LATENCY_BUCKETS_S)
