@@ -32,6 +32,7 @@ from stepstream.consumers.kafka import (
     topic_partitions,
 )
 from stepstream.consumers.kafka.keys import group_id
+from stepstream.consumers.kafka.logins import LoginWatch
 from stepstream.consumers.kafka.outbox import KafkaOutbox
 from stepstream.consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from stepstream.consumers.kafka.topic_rules import log_findings
@@ -150,6 +151,8 @@ class KafkaWorker:
         self._topics = TopicNames(config.settings.prefix)
         self._state_dir: StateDir | None = None
         self._producer: LogProducer | None = None
+        # Whether Kafka still accepts the worker's login (refused: not ready, and why).
+        self.logins = LoginWatch(config.settings.bootstrap)
         self._outbox: KafkaOutbox | None = None
         self._host: PartitionHost | None = None
         self._runner: KafkaRunner | None = None
@@ -180,7 +183,10 @@ class KafkaWorker:
             self._state_dir = StateDir.claim(self.config.state_dir, settings.prefix)
             worker_id = self._state_dir.worker_id
             self._producer = await asyncio.to_thread(
-                LogProducer, settings, client_id=f"stepstream-worker-{worker_id[:8]}"
+                LogProducer,
+                settings,
+                client_id=f"stepstream-worker-{worker_id[:8]}",
+                logins=self.logins,
             )
             outbox_bootstrap = self.config.outbox_bootstrap or settings.bootstrap
             self._outbox = KafkaOutbox(
@@ -217,6 +223,7 @@ class KafkaWorker:
                 on_owned=self._announce,
                 on_fatal=self._fatal,
                 snapshot_every=self.config.snapshot_every,
+                logins=self.logins,
             )
             await self._runner.start()
             await self._start_sources(partitions)
@@ -379,11 +386,19 @@ class KafkaWorker:
     # ---- the HTTP API --------------------------------------------------------------------
 
     def _ready(self) -> bool:
-        return self.failed is None and self._runner is not None and self._runner.ready
+        return (
+            self.failed is None
+            and not self.logins.failing
+            and self._runner is not None
+            and self._runner.ready
+        )
 
     def _not_ready_reason(self) -> str:
         if self.failed is not None:
             return f"the worker is failing: {self.failed}"
+        refused = self.logins.reason()
+        if refused is not None:
+            return refused
         if self._runner is None:
             return "not started"
         return "waiting for the consumer group to assign partitions, or restoring the assigned ones"
@@ -438,6 +453,7 @@ class KafkaWorker:
                 rebalances=lambda: self._runner.rebalances if self._runner is not None else 0,
                 source_lag=lambda: self.source_lag.records() if self.source_lag else {},
                 backend="kafka",
+                logins=lambda: (self.logins.failing, self.logins.refusals_total),
             ),
             ui_transport=self._ui.transport,
             limits=self.config.api_limits,
