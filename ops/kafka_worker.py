@@ -70,6 +70,7 @@ log = logging.getLogger("stepstream.worker")
 
 DEFAULT_STATE_DIR = "./.stepstream-worker"
 DEFAULT_PORT = 8233
+ENV_EXIT_AFTER_LOGIN_REFUSED = "STEPSTREAM_EXIT_AFTER_LOGIN_REFUSED_S"
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,10 @@ class KafkaWorkerConfig:
     # The cluster ctx.publish produces to (STEPSTREAM_OUTBOX_BOOTSTRAP, with the same
     # client properties); None: the worker's own.
     outbox_bootstrap: str | None = None
+    # Exit (fail) once Kafka has refused the worker's login for this long, so that a
+    # supervisor starts it again with the credentials it has now (0: wait for ever, and
+    # go on when Kafka accepts the login again). STEPSTREAM_EXIT_AFTER_LOGIN_REFUSED_S.
+    exit_after_login_refused_s: float = 0.0
 
     @classmethod
     def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
@@ -122,6 +127,7 @@ class KafkaWorkerConfig:
         values["api_limits"] = ApiLimits.from_env(env)
         values["sources"] = SourcesConfig.from_env(env)
         values["outbox_bootstrap"] = env.get(OUTBOX_ENV) or None
+        values["exit_after_login_refused_s"] = env_seconds(env, ENV_EXIT_AFTER_LOGIN_REFUSED, 0.0)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(settings, **values)
 
@@ -169,6 +175,7 @@ class KafkaWorker:
         self.url = ""
         self.failed: BaseException | None = None
         self._announced = 0
+        self._watching: asyncio.Task[None] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -227,6 +234,8 @@ class KafkaWorker:
             )
             await self._runner.start()
             await self._start_sources(partitions)
+            if self.config.exit_after_login_refused_s > 0:
+                self._watching = asyncio.get_running_loop().create_task(self._exit_if_locked_out())
         except BaseException:
             await self.stop()
             raise
@@ -263,6 +272,9 @@ class KafkaWorker:
     async def stop(self) -> None:
         """Leave the group (owned partitions are revoked and handed over), withdraw the
         announcement, stop serving."""
+        if self._watching is not None:
+            self._watching.cancel()
+            self._watching = None
         if self._sources is not None:
             await self._sources.stop()  # first: it produces with the producer closed below
             self._sources = None
@@ -375,6 +387,12 @@ class KafkaWorker:
         )
         self._announced += 1
         self._changed.set()
+
+    async def _exit_if_locked_out(self) -> None:
+        limit = self.config.exit_after_login_refused_s
+        while self.logins.refused_for() < limit:
+            await asyncio.sleep(min(1.0, limit / 4))
+        self._fatal(StepstreamError(self.logins.giving_up(limit, ENV_EXIT_AFTER_LOGIN_REFUSED)))
 
     def _fatal(self, exc: BaseException) -> None:
         if self.failed is None:

@@ -130,6 +130,29 @@ class LoginWatch:
         """Whether a client's login or TLS handshake is being refused now."""
         return bool(self._refused)
 
+    def refused_for(self) -> float:
+        """Seconds since the first refusal of the outage going on (0: none)."""
+        since = self._since
+        return 0.0 if since is None or not self._refused else self._clock() - since
+
+    def giving_up(self, after_s: float, setting: str) -> str:
+        """Why a worker that exits after ``after_s`` seconds of refusals (``setting``) does."""
+        with self._lock:
+            last = max(self._refused.values(), key=lambda r: r.last, default=None)
+        reason = last.reason if last is not None else "refused"
+        if last is not None and last.tls:
+            fix = f"ssl.ca.location ({ENV_PREFIX}SSL_CA_LOCATION) naming the CA that signs them"
+        else:
+            fix = (
+                f"valid sasl.username and sasl.password ({ENV_PREFIX}SASL_USERNAME, "
+                f"{ENV_PREFIX}SASL_PASSWORD)"
+            )
+        return (
+            f"Kafka at {self._bootstrap} refused this worker for {after_s:g} s ({setting}): "
+            f"{reason}. Exiting: start it again with {fix}; nothing is lost, the next owner "
+            "of its partitions restores them from the topics"
+        )
+
     def reason(self) -> str | None:
         """What ``/readyz`` says while refused (None otherwise)."""
         with self._lock:

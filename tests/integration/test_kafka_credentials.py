@@ -205,3 +205,56 @@ async def test_a_worker_locked_out_while_it_runs_says_so_and_goes_on_when_let_ba
         _set_credential(kafka, PASSWORD)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, log.read_text()[-3000:]
+
+
+@pytest.mark.slow
+async def test_a_worker_told_to_exit_when_locked_out_does_and_restarts_with_the_new_password(
+    reauth_kafka: SecureKafka, tmp_path: Path
+) -> None:
+    """``STEPSTREAM_EXIT_AFTER_LOGIN_REFUSED_S``: a password rotated on purpose needs the
+    worker started again with the new one (as Kubernetes does, reading the Secret again)."""
+    kafka = reauth_kafka
+    rotated = "app-secret-2"
+    prefix = f"cred{uuid.uuid4().hex[:8]}"
+    where = ["--bootstrap", kafka.bootstrap, "--prefix", prefix]
+    created = _cli("topics", "create", *where, "--partitions", "2", env=kafka.sasl_env())
+    assert created.returncode == 0, created.stderr
+    log = tmp_path / "worker.log"
+    command = worker_command("tests.workflows", kafka.bootstrap, prefix, tmp_path / "state", [])
+    exits = {"STEPSTREAM_EXIT_AFTER_LOGIN_REFUSED_S": "5"}
+    proc, api = launch(command, env=repo_env(**kafka.sasl_env(), **exits), log=log)
+    url = f"kafka://{kafka.bootstrap}?prefix={prefix}"
+    try:
+        await _until(lambda: _get(f"{api}/readyz")[0] == 200, "the worker to be ready", 60)
+        async with Client.connect(url, kafka=_properties(kafka, USER, PASSWORD)) as client:
+            await client.start("waiter", None, instance_id="spanning")
+            assert (await client.status("spanning")).status == "running"
+
+        _set_credential(kafka, rotated)
+        began = time.monotonic()
+        code = await asyncio.to_thread(proc.wait, 90)
+        took = time.monotonic() - began
+        text = log.read_text()
+        assert code == 1, text[-3000:]
+        errors = [line for line in text.splitlines() if line.startswith("error: ")]
+        assert len(errors) == 1, text[-3000:]
+        for expected in ("refused this worker for 5 s", "sasl.password", "start it again"):
+            assert expected in errors[0], errors[0]
+        assert rotated not in text and PASSWORD not in text
+
+        again = repo_env(**kafka.sasl_env(password=rotated))
+        proc, api = launch(command, env=again, log=log)
+        await _until(lambda: _get(f"{api}/readyz")[0] == 200, "the new worker to be ready", 60)
+        async with Client.connect(url, kafka=_properties(kafka, USER, rotated)) as client:
+            await client.send_event("spanning", "approval", {"by": "ada"})
+            assert await client.result("spanning", timeout=60) == {"by": "ada"}
+            await client.start("arith", 1, instance_id="after")
+            assert await client.result("after", timeout=60) == {"total": 2, "doubled": 4}
+            for instance in ("spanning", "after"):
+                await _exactly_once(client, instance)
+        print(f"exited {took:.1f} s after the password was rotated")
+    finally:
+        _set_credential(kafka, PASSWORD)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
