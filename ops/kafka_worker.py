@@ -32,6 +32,7 @@ from stepstream.consumers.kafka import (
     topic_partitions,
 )
 from stepstream.consumers.kafka.keys import group_id
+from stepstream.consumers.kafka.logins import LoginWatch
 from stepstream.consumers.kafka.outbox import KafkaOutbox
 from stepstream.consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY
 from stepstream.consumers.kafka.topic_rules import log_findings
@@ -69,6 +70,7 @@ log = logging.getLogger("stepstream.worker")
 
 DEFAULT_STATE_DIR = "./.stepstream-worker"
 DEFAULT_PORT = 8233
+ENV_EXIT_AFTER_LOGIN_REFUSED = "STEPSTREAM_EXIT_AFTER_LOGIN_REFUSED_S"
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,10 @@ class KafkaWorkerConfig:
     # The cluster ctx.publish produces to (STEPSTREAM_OUTBOX_BOOTSTRAP, with the same
     # client properties); None: the worker's own.
     outbox_bootstrap: str | None = None
+    # Exit (fail) once Kafka has refused the worker's login for this long, so that a
+    # supervisor starts it again with the credentials it has now (0: wait for ever, and
+    # go on when Kafka accepts the login again). STEPSTREAM_EXIT_AFTER_LOGIN_REFUSED_S.
+    exit_after_login_refused_s: float = 0.0
 
     @classmethod
     def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
@@ -121,6 +127,7 @@ class KafkaWorkerConfig:
         values["api_limits"] = ApiLimits.from_env(env)
         values["sources"] = SourcesConfig.from_env(env)
         values["outbox_bootstrap"] = env.get(OUTBOX_ENV) or None
+        values["exit_after_login_refused_s"] = env_seconds(env, ENV_EXIT_AFTER_LOGIN_REFUSED, 0.0)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(settings, **values)
 
@@ -150,6 +157,8 @@ class KafkaWorker:
         self._topics = TopicNames(config.settings.prefix)
         self._state_dir: StateDir | None = None
         self._producer: LogProducer | None = None
+        # Whether Kafka still accepts the worker's login (refused: not ready, and why).
+        self.logins = LoginWatch(config.settings.bootstrap)
         self._outbox: KafkaOutbox | None = None
         self._host: PartitionHost | None = None
         self._runner: KafkaRunner | None = None
@@ -166,6 +175,7 @@ class KafkaWorker:
         self.url = ""
         self.failed: BaseException | None = None
         self._announced = 0
+        self._watching: asyncio.Task[None] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -180,7 +190,10 @@ class KafkaWorker:
             self._state_dir = StateDir.claim(self.config.state_dir, settings.prefix)
             worker_id = self._state_dir.worker_id
             self._producer = await asyncio.to_thread(
-                LogProducer, settings, client_id=f"stepstream-worker-{worker_id[:8]}"
+                LogProducer,
+                settings,
+                client_id=f"stepstream-worker-{worker_id[:8]}",
+                logins=self.logins,
             )
             outbox_bootstrap = self.config.outbox_bootstrap or settings.bootstrap
             self._outbox = KafkaOutbox(
@@ -217,9 +230,12 @@ class KafkaWorker:
                 on_owned=self._announce,
                 on_fatal=self._fatal,
                 snapshot_every=self.config.snapshot_every,
+                logins=self.logins,
             )
             await self._runner.start()
             await self._start_sources(partitions)
+            if self.config.exit_after_login_refused_s > 0:
+                self._watching = asyncio.get_running_loop().create_task(self._exit_if_locked_out())
         except BaseException:
             await self.stop()
             raise
@@ -256,6 +272,9 @@ class KafkaWorker:
     async def stop(self) -> None:
         """Leave the group (owned partitions are revoked and handed over), withdraw the
         announcement, stop serving."""
+        if self._watching is not None:
+            self._watching.cancel()
+            self._watching = None
         if self._sources is not None:
             await self._sources.stop()  # first: it produces with the producer closed below
             self._sources = None
@@ -369,6 +388,12 @@ class KafkaWorker:
         self._announced += 1
         self._changed.set()
 
+    async def _exit_if_locked_out(self) -> None:
+        limit = self.config.exit_after_login_refused_s
+        while self.logins.refused_for() < limit:
+            await asyncio.sleep(min(1.0, limit / 4))
+        self._fatal(StepstreamError(self.logins.giving_up(limit, ENV_EXIT_AFTER_LOGIN_REFUSED)))
+
     def _fatal(self, exc: BaseException) -> None:
         if self.failed is None:
             self.failed = exc
@@ -379,11 +404,19 @@ class KafkaWorker:
     # ---- the HTTP API --------------------------------------------------------------------
 
     def _ready(self) -> bool:
-        return self.failed is None and self._runner is not None and self._runner.ready
+        return (
+            self.failed is None
+            and not self.logins.failing
+            and self._runner is not None
+            and self._runner.ready
+        )
 
     def _not_ready_reason(self) -> str:
         if self.failed is not None:
             return f"the worker is failing: {self.failed}"
+        refused = self.logins.reason()
+        if refused is not None:
+            return refused
         if self._runner is None:
             return "not started"
         return "waiting for the consumer group to assign partitions, or restoring the assigned ones"
@@ -438,6 +471,7 @@ class KafkaWorker:
                 rebalances=lambda: self._runner.rebalances if self._runner is not None else 0,
                 source_lag=lambda: self.source_lag.records() if self.source_lag else {},
                 backend="kafka",
+                logins=lambda: (self.logins.failing, self.logins.refusals_total),
             ),
             ui_transport=self._ui.transport,
             limits=self.config.api_limits,

@@ -160,7 +160,9 @@ def _free_port() -> int:
         return port
 
 
-def start_secure_kafka(root: Path) -> SecureKafka:
+def start_secure_kafka(root: Path, extra: Mapping[str, str] | None = None) -> SecureKafka:
+    """``extra``: more ``server.properties`` for the node (e.g. a short
+    ``connections.max.reauth.ms``, so live connections log in again)."""
     certificates = make_certificates(root / "certificates")
     tls_port = _free_port()
     jaas = (
@@ -183,6 +185,7 @@ def start_secure_kafka(root: Path) -> SecureKafka:
             "ssl.keystore.location": str(certificates.keystore),
             "ssl.truststore.type": "PEM",
             "ssl.truststore.location": str(certificates.ca),
+            **(extra or {}),
         }
 
     client = {

@@ -40,6 +40,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from stepstream.consumers.kafka import keys
 from stepstream.consumers.kafka.clients import make_client, through_elections
 from stepstream.consumers.kafka.group_protocol import member_config
+from stepstream.consumers.kafka.logins import LoginWatch, quiet_librdkafka
 from stepstream.consumers.kafka.source import KafkaSource
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.seams import LogEntry
@@ -97,7 +98,11 @@ class GroupConsumer:
         on_lost: RevokeHandler | None = None,
         on_fatal: Callable[[BaseException], None],
         client_id: str = "stepstream-worker",
+        logins: LoginWatch | None = None,
     ) -> None:
+        """``logins`` hears of a login the cluster refuses while the worker runs."""
+        self._logins = logins
+        watched: dict[str, object] = {"logger": quiet_librdkafka()} if logins else {}
         self._topics = TopicNames(settings.prefix)
         self._kind_of = {self._topics.name(kind): kind for kind in KINDS}
         self._config = member_config(
@@ -109,6 +114,7 @@ class GroupConsumer:
                 "error_cb": self._on_error,
                 "statistics.interval.ms": _STATS_INTERVAL_MS,
                 "stats_cb": self._on_stats,
+                **watched,
             },
         )
         self._on_assign = on_assign
@@ -484,6 +490,8 @@ class GroupConsumer:
             parsed = json.loads(stats)
         except ValueError:
             return
+        if self._logins is not None:
+            self._logins.statistics("group", parsed)
         group = parsed.get("cgrp", {})
         self._steady = group.get("state") == "up" and group.get("join_state") == "steady"
         for name, topic in parsed.get("topics", {}).items():
@@ -500,6 +508,11 @@ class GroupConsumer:
         return self._high_watermarks.get((kind, partition))
 
     def _on_error(self, err: KafkaError) -> None:
+        logins = self._logins
+        if logins is not None and logins.refused("group", err):
+            return  # reported there, once; fetching resumes once the login is accepted
+        if logins is not None and logins.failing and err.code() == KafkaError._ALL_BROKERS_DOWN:
+            return  # the refused login, again
         if err.fatal():
             log.error("Kafka consumer failed for good: %s", err.str())
             self._fail(RuntimeError(f"Kafka consumer failed: {err.str()}"))

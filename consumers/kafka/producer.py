@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
@@ -23,6 +24,7 @@ from functools import partial
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from stepstream.consumers.kafka.clients import make_client
+from stepstream.consumers.kafka.logins import LoginWatch, quiet_librdkafka
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import StepstreamError
 from stepstream.engine.wire.values import value
@@ -41,6 +43,8 @@ PRODUCER_REQUIRED: dict[str, object] = {
     "message.timeout.ms": 0,
     "allow.auto.create.topics": False,
 }
+# How often a watched producer's statistics say whether it is connected (logged in).
+LOGIN_STATS_INTERVAL_MS = 1000
 
 
 class ProduceFailed(StepstreamError):
@@ -104,15 +108,26 @@ class _Errors:
     does not hold its owner (a cycle would keep the handle, and its connections, alive
     until the cyclic collector runs)."""
 
-    def __init__(self) -> None:
+    def __init__(self, logins: LoginWatch | None) -> None:
         self.fatal: str | None = None
+        self.logins = logins
 
     def __call__(self, err: KafkaError) -> None:
+        logins = self.logins
+        if logins is not None and logins.refused("producer", err):
+            return  # reported there, once; the records wait in the queue
+        if logins is not None and logins.failing and err.code() == KafkaError._ALL_BROKERS_DOWN:
+            return  # the refused login, again
         if err.fatal():
             self.fatal = err.str()
             log.error("Kafka producer failed for good: %s", err.str())
         elif err.code() != KafkaError._TRANSPORT:  # reconnects are routine; librdkafka logs them
             log.warning("Kafka producer error: %s", err.str())
+
+    def statistics(self, stats: str) -> None:
+        if self.logins is not None and self.logins.failing:  # else nothing to learn
+            with contextlib.suppress(ValueError):
+                self.logins.statistics("producer", json.loads(stats))
 
 
 class LogProducer:
@@ -123,14 +138,23 @@ class LogProducer:
         client_id: str = "stepstream-worker",
         defaults: Mapping[str, object] = PRODUCER_DEFAULTS,
         required: Mapping[str, object] = PRODUCER_REQUIRED,
+        logins: LoginWatch | None = None,
     ) -> None:
         """``defaults`` and ``required``: see ``KafkaSettings.client_config`` (the log's
-        own settings unless given: the outbox's differ)."""
-        self._errors = _Errors()
+        own settings unless given: the outbox's differ). ``logins`` hears of a login the
+        cluster refuses while it runs (and of the producer logged in again)."""
+        self._errors = _Errors(logins)
+        watched: dict[str, object] = {}
+        if logins is not None:
+            watched = {
+                "statistics.interval.ms": LOGIN_STATS_INTERVAL_MS,
+                "stats_cb": self._errors.statistics,
+                "logger": quiet_librdkafka(),
+            }
         config = settings.client_config(
             "producer",
             {**defaults, "client.id": client_id},
-            {**required, "error_cb": self._errors},
+            {**required, "error_cb": self._errors, **watched},
         )
         self._producer = make_client(Producer, config, "producer")
         self._closed = False

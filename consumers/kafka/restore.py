@@ -35,6 +35,7 @@ from stepstream.consumers.instance_store import load_state
 from stepstream.consumers.kafka import keys
 from stepstream.consumers.kafka.clients import make_client, through_elections
 from stepstream.consumers.kafka.db import PartitionDB
+from stepstream.consumers.kafka.logins import quiet_librdkafka
 from stepstream.consumers.kafka.producer import LogProducer, OutRecord
 from stepstream.consumers.restore import Restorer
 from stepstream.consumers.timers import index_entries
@@ -82,12 +83,17 @@ class HistoryReader:
     """A consumer outside the group (assign + seek; no join) that reads one history
     partition at a time. Blocking: call from a thread, one read at a time."""
 
-    def __init__(self, settings: KafkaSettings, kind: str = HISTORY) -> None:
+    def __init__(
+        self, settings: KafkaSettings, kind: str = HISTORY, *, quiet: bool = False
+    ) -> None:
+        """``quiet``: librdkafka's lines through Python's logging, without one per
+        refused login (a worker's readers: its ``LoginWatch`` reports those)."""
         self._topic = TopicNames(settings.prefix).name(kind)
+        quieted: dict[str, object] = {"logger": quiet_librdkafka()} if quiet else {}
         config = settings.client_config(
             "consumer",
             {**READER_DEFAULTS, "client.id": f"stepstream-restore-{kind}"},
-            {**READER_REQUIRED, "group.id": f"{settings.prefix}.restore"},
+            {**READER_REQUIRED, "group.id": f"{settings.prefix}.restore", **quieted},
         )
         self._consumer = make_client(Consumer, config, "restore consumer")
 

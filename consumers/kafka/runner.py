@@ -26,6 +26,7 @@ from stepstream.consumers.kafka.db import (
     quarantine,
 )
 from stepstream.consumers.kafka.group import KINDS, GroupConsumer, Position
+from stepstream.consumers.kafka.logins import LoginWatch
 from stepstream.consumers.kafka.partition import KafkaPartition
 from stepstream.consumers.kafka.producer import LogProducer
 from stepstream.consumers.kafka.restore import Headers, HistoryReader, restore_partition
@@ -71,8 +72,10 @@ class KafkaRunner:
         on_owned: OnOwned,
         on_fatal: Callable[[BaseException], None],
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        logins: LoginWatch | None = None,
     ) -> None:
         self._settings = settings
+        self._logins = logins
         self._host = host
         self._state_dir = state_dir
         self._producer = producer
@@ -99,6 +102,7 @@ class KafkaRunner:
             on_lost=self._lose,
             on_fatal=on_fatal,
             client_id=f"stepstream-worker-{state_dir.worker_id[:8]}",
+            logins=logins,
         )
         self.rebalances = 0
         self._restoring: set[int] = set()  # assigned, not restored yet
@@ -111,10 +115,11 @@ class KafkaRunner:
         return {p: backend.epoch for p, backend in sorted(self._owned.items())}
 
     async def start(self) -> None:
-        self._reader = await asyncio.to_thread(HistoryReader, self._settings)
-        snapshots = await asyncio.to_thread(HistoryReader, self._settings, SNAPSHOTS)
+        quiet = self._logins is not None
+        self._reader = await asyncio.to_thread(HistoryReader, self._settings, quiet=quiet)
+        snapshots = await asyncio.to_thread(HistoryReader, self._settings, SNAPSHOTS, quiet=quiet)
         self._snapshot_reader = SnapshotReader(snapshots, self._serde)
-        self._gap_reader = await asyncio.to_thread(HistoryReader, self._settings)
+        self._gap_reader = await asyncio.to_thread(HistoryReader, self._settings, quiet=quiet)
         self._group.start()
 
     async def stop(self) -> None:

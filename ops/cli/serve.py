@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -300,7 +301,14 @@ async def _run_worker(
                 raise StepstreamError(str(failed.exception()))
             log.info("shutting down url=%s", worker.url)
         finally:
-            with _exit_if_stuck(config.processor.drain_timeout_s + STOP_GRACE_S):
+            bound = config.processor.drain_timeout_s + STOP_GRACE_S
+            why = None
+            if worker.failed is not None and worker.logins.failing:
+                # Leaving the group, draining and withdrawing need the brokers, which
+                # refuse this worker: a few seconds, then exit as after kill -9.
+                bound = LOCKED_OUT_STOP_S
+                why = f"the worker stopped after a fatal error: {worker.failed}"
+            with _exit_if_stuck(bound, why=why):
                 await worker.stop()
             if traced is not None:
                 traced.close()  # exports the spans still batched
@@ -310,16 +318,27 @@ async def _run_worker(
 # How long a worker's stop may take beyond draining its step attempts: leaving the group,
 # withdrawing its announcement and flushing the producer need the brokers.
 STOP_GRACE_S = 20.0
+# How long the stop of a worker Kafka refuses to log in may take.
+LOCKED_OUT_STOP_S = 3.0
 
 
 @contextlib.contextmanager
-def _exit_if_stuck(seconds: float) -> Iterator[None]:
+def _exit_if_stuck(seconds: float, *, why: str | None = None) -> Iterator[None]:
     """Exit the process if the block has not finished after ``seconds``: a stop that
     waits for brokers that are gone would otherwise wait for the producer's message
     timeout (minutes). Exiting then is what kill -9 does, which the engine is built to
-    survive: the next owner restores from the topics, nothing acknowledged is lost."""
+    survive: the next owner restores from the topics, nothing acknowledged is lost.
+    ``why``: the error the process stops for, printed as its last line."""
 
     def give_up() -> None:
+        if why is not None:
+            log.info(
+                "exiting without leaving the group: the next owner of the partitions "
+                "recovers from the topics"
+            )
+            logging.shutdown()
+            print(f"error: {why}", file=sys.stderr, flush=True)
+            os._exit(EXIT_ERROR)
         log.error(
             "stopping did not finish within %.0f s (are the Kafka brokers reachable?); "
             "exiting without it: the next owner of the partitions recovers from the topics",
@@ -413,7 +432,12 @@ COMMANDS = (
         "Rebalances are incremental: a worker joining, or leaving on SIGTERM, moves only "
         "the partitions that change hands (their running steps finish first, up to "
         "$STEPSTREAM_DRAIN_TIMEOUT_S); the others keep running. Workers of a stepstream "
-        "version with eager rebalancing cannot share the group: stop them all first. "
+        "version with eager rebalancing cannot share the group: stop them all first. A "
+        "worker whose Kafka login is refused while it runs (its credential rotated or "
+        "deleted on the brokers) logs why, answers 503 on /readyz and goes on by itself once "
+        "Kafka accepts it again; $STEPSTREAM_EXIT_AFTER_LOGIN_REFUSED_S=S makes it exit 1 "
+        "after S seconds instead, to be started again with the credentials it is given "
+        "then (docs/kafka.md). "
         + _PROCESS_TUNING
         + _OBSERVED
         + " Example: stepstream worker --workflows pkg.flows --bootstrap kafka:9092"

@@ -45,6 +45,8 @@ from stepstream.ops.telemetry.span_export import DROP_REASONS, SpanExportProcess
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 SourceLagReader = Callable[[], Mapping[tuple[str, int], int]]
+# (whether Kafka refuses the worker's login now, refusals counted since it started).
+LoginReader = Callable[[], tuple[bool, int]]
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,10 @@ class EngineCollector(Collector):
         source_lag: SourceLagReader | None = None,
         gc_pauses: GcPauses | None = None,
         backend: str = "embedded",
+        logins: LoginReader = lambda: (False, 0),
     ) -> None:
         self._gc_pauses = gc_pauses
+        self._logins = logins
         self._build = {
             "version": version(),
             "python": platform.python_version(),
@@ -278,6 +282,21 @@ class EngineCollector(Collector):
             [],
             {(): 1 if self._health.ready() else 0},
         )
+        refusing, refusals = self._logins()
+        yield _gauge(
+            "stepstream_kafka_login_refused",
+            "1 while Kafka refuses this worker's SASL login or TLS handshake (a credential "
+            "rotated or deleted on the brokers while it ran); 0 otherwise and embedded.",
+            [],
+            {(): 1 if refusing else 0},
+        )
+        yield _counter(
+            "stepstream_kafka_login_refusals",
+            "Logins and TLS handshakes Kafka refused this worker's clients while it ran "
+            "(each reconnect that was refused).",
+            [],
+            {(): refusals},
+        )
         spans = self._host.telemetry.spans
         dropped = (
             spans.spans_dropped()
@@ -387,6 +406,7 @@ def observability_for(
     rebalances: Callable[[], int] = lambda: 0,
     source_lag: SourceLagReader | None = None,
     backend: str = "embedded",
+    logins: LoginReader = lambda: (False, 0),
 ) -> Observability:
     collector = EngineCollector(
         host,
@@ -395,6 +415,7 @@ def observability_for(
         source_lag=source_lag,
         gc_pauses=gc_pauses.recording(),
         backend=backend,
+        logins=logins,
     )
     registry = metrics_registry(collector)
     registry.register(ScheduleCollector(host))

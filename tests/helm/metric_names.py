@@ -33,6 +33,8 @@ METRICS: dict[str, str] = {
     "stepstream_rebalances_total": "counter",
     "stepstream_partitions_owned": "gauge",
     "stepstream_ready": "gauge",
+    "stepstream_kafka_login_refused": "gauge",
+    "stepstream_kafka_login_refusals_total": "counter",
     "stepstream_gc_pause_seconds": "histogram",
     "stepstream_gc_pause_max_seconds": "gauge",
     "stepstream_spans_dropped_total": "counter",
