@@ -25,7 +25,9 @@ from stepstream.consumers.kafka.db import (
     needs_quarantine,
     quarantine,
 )
-from stepstream.consumers.kafka.group import KINDS, GroupConsumer, Position
+from stepstream.consumers.kafka.group import GroupConsumer
+from stepstream.consumers.kafka.group_assignment import KINDS
+from stepstream.consumers.kafka.group_offsets import Position
 from stepstream.consumers.kafka.logins import LoginWatch
 from stepstream.consumers.kafka.partition import KafkaPartition
 from stepstream.consumers.kafka.producer import LogProducer

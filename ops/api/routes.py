@@ -44,7 +44,8 @@ from stepstream.ops.api.schedule_routes import API_ROOT as SCHEDULES_API
 from stepstream.ops.api.schedule_routes import UI_ROOT as SCHEDULES_UI
 from stepstream.ops.api.schedule_routes import add_schedule_routes
 from stepstream.ops.api.security import ApiSecurity
-from stepstream.ops.api.session import CommandWaiter, Session
+from stepstream.ops.api.session import Session
+from stepstream.ops.api.session_calls import CommandWaiter
 from stepstream.ops.api.ui.routes import TransportSource, add_ui_routes
 from stepstream.producers import trace_context
 from stepstream.producers.client import Transport
