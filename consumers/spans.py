@@ -6,7 +6,7 @@ span is made of while its batch is built."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sized
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from stepstream.engine.replay.status import Status
@@ -19,9 +19,14 @@ if TYPE_CHECKING:
 class StepSpan(NamedTuple):
     """One step attempt that ended, as a span: from its durable start to its outcome."""
 
+    # The run (``RUN_FIELDS``, shared with ``ActivationSpan``).
     workflow: str
     instance_id: str
     partition: int
+    run_start_ms: int  # the run's start: names the run span the attempt belongs to
+    traceparent: str | None
+    tracestate: str | None
+    # The attempt.
     key: str
     step: str
     attempt: int
@@ -30,10 +35,12 @@ class StepSpan(NamedTuple):
     outcome: str
     error_type: str
     error_message: str
-    traceparent: str | None
-    tracestate: str | None
-    run_start_ms: int  # the run's start: names the run span the attempt belongs to
     stacktrace: str  # the body's traceback when it raised here ("" if not known)
+
+
+# The fields every span of a run begins with: a sink that takes flat spans
+# (``FlatSpanSink``) gets them as one tuple, made once per run (``run_fields``).
+RUN_FIELDS = 6
 
 
 class Messaging(NamedTuple):
@@ -56,13 +63,17 @@ class ActivationSpan(NamedTuple):
     activation that started the run is the run span, which every other span of the run
     (its activations, its step attempts, its children's runs) names as its parent."""
 
+    # The run (``RUN_FIELDS``, shared with ``StepSpan``).
     workflow: str
-    version: str
     instance_id: str
     partition: int
+    run_start_ms: int
+    traceparent: str | None  # the run's trace (its start's)
+    tracestate: str | None
+    # The activation.
+    version: str
     start_ns: int
     end_ns: int
-    run_start_ms: int
     first: bool  # it started the run: its span is the run span
     inputs: str  # the inputs' kinds, comma-separated, in order ("StartWorkflow,...")
     command_id: str  # the first command read from the commands log ("" if none)
@@ -72,8 +83,6 @@ class ActivationSpan(NamedTuple):
     error_type: str  # how the run failed (status "failed"), else ""
     error_message: str
     stacktrace: str  # the workflow's traceback when it failed here ("" if not known)
-    traceparent: str | None  # the run's trace (its start's)
-    tracestate: str | None
     links: tuple[tuple[str, str | None], ...]  # trace contexts inputs carried from elsewhere
     system: str  # ``Messaging``'s fields
     destination: str
@@ -86,22 +95,61 @@ class SpanSink(Protocol):
     def activation(self, span: ActivationSpan) -> None: ...
 
 
+# A flat span's kind, its first field (``FlatSpanSink``).
+FLAT_STEP, FLAT_ACTIVATION = 0, 1
+
+
 @runtime_checkable
 class FlatSpanSink(Protocol):
-    """A sink that takes spans as plain tuples of ``StepSpan``'s or ``ActivationSpan``'s
-    fields, in order: making the named tuple is most of what a span costs the engine's
-    thread (1.3 of 1.5 µs for a step span)."""
+    """A sink that takes a commit's spans at once, each as a plain tuple: its kind
+    (``FLAT_STEP`` or ``FLAT_ACTIVATION``), the run's fields as one tuple
+    (``run_fields``: the first ``RUN_FIELDS`` of ``StepSpan`` and ``ActivationSpan``),
+    then the span's own fields in order. Making named tuples field by field was most of
+    what a span cost the engine's thread; a run's fields, made once and shared, are also
+    written once per batch by a marshaller that keeps references."""
 
-    def step_flat(self, fields: tuple[object, ...]) -> None: ...
+    def spans_flat(self, spans: list[tuple[object, ...]]) -> None: ...
 
-    def activation_flat(self, fields: tuple[object, ...]) -> None: ...
+
+def run_fields(runtime: InstanceRuntime, partition: int) -> tuple[object, ...]:
+    """The run's fields of ``runtime``'s spans (``RUN_FIELDS`` of them), made once per
+    run and kept on the runtime (a new run, a reset or fork, makes them anew)."""
+    state = runtime.state
+    fields = runtime.span_run
+    if (
+        fields is None
+        or fields[3] != state.created_ms
+        or fields[4] is not state.traceparent
+        or fields[0] is not state.workflow
+    ):
+        fields = runtime.span_run = (
+            state.workflow,
+            state.instance_id,
+            partition,
+            state.created_ms,
+            state.traceparent,
+            state.tracestate,
+        )
+    return fields
+
+
+def named(span: tuple[object, ...]) -> StepSpan | ActivationSpan:
+    """A flat span (``FlatSpanSink``) as its named tuple."""
+    kind, run = span[0], span[1]
+    assert isinstance(run, tuple)
+    if kind == FLAT_STEP:
+        return StepSpan._make(run + span[2:])
+    return ActivationSpan._make(run + span[2:])
 
 
 _STATUS_TEXT = {status: status.value for status in Status}
+# The inputs of an activation that applied only step outcomes, by their number.
+_OUTCOMES = ["", *(",".join(["StepOutcome"] * n) for n in range(1, 9))]
 
 
 class _Activation:
-    """The inputs of one instance applied in the batch being made, until its commit."""
+    """The commands and timer fires one instance took in the batch being made, until
+    its commit (the step outcomes it took are the batch's own record)."""
 
     __slots__ = ("command_id", "commands", "first", "inputs", "links", "offset")
 
@@ -114,24 +162,12 @@ class _Activation:
         self.first = False  # it started the run
 
 
-class _Pending(dict[str, _Activation]):
-    """A partition's activations of the batch being made, and when its first input was
-    applied: where every activation of the batch starts (the inputs of one batch are
-    applied in one go, milliseconds apart, so a clock read per activation says no more)."""
-
-    __slots__ = ("began_ns",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.began_ns = time.time_ns()
-
-
 class Activations:
-    """The inputs each instance took in the batch being made, by partition, until the
-    batch's commit makes them activation spans. Fed only while traced."""
+    """The commands and fires each instance took in the batch being made, by partition,
+    until the batch's commit makes its activation spans. Fed only while traced."""
 
     def __init__(self) -> None:
-        self._pending: dict[int, _Pending] = {}
+        self._pending: dict[int, dict[str, _Activation]] = {}
 
     def input_applied(
         self, partition: int, record: Command, offset: int, run_traceparent: str | None
@@ -140,7 +176,7 @@ class Activations:
         effect on its instance, whose run's trace is ``run_traceparent``."""
         pending = self._pending.get(partition)
         if pending is None:
-            pending = self._pending[partition] = _Pending()
+            pending = self._pending[partition] = {}
         activation = pending.get(record.instance_id)
         if activation is None:
             activation = pending[record.instance_id] = _Activation(record.type)
@@ -156,62 +192,73 @@ class Activations:
                 activation.links = []
             activation.links.append((carried, record.tracestate))
 
-    def outcome_applied(self, partition: int, instance_id: str) -> None:
-        """A step attempt's outcome was applied to its instance (on every step outcome
-        of a traced engine: kept short)."""
-        pending = self._pending.get(partition)
-        if pending is None:
-            pending = self._pending[partition] = _Pending()
-        activation = pending.get(instance_id)
-        if activation is None:
-            pending[instance_id] = _Activation("StepOutcome")
-        else:
-            activation.inputs.append("StepOutcome")
-
-    def take(self, partition: int) -> _Pending | None:
+    def take(self, partition: int) -> dict[str, _Activation]:
         """The partition's activations of the batch being committed (forgotten here)."""
-        return self._pending.pop(partition, None)
+        return self._pending.pop(partition, None) or {}
 
     @staticmethod
     def spans(
         partition: int,
-        taken: _Pending,
+        taken: Mapping[str, _Activation],
+        outcomes: Mapping[str, Sized],
+        began_ns: int,
         touched: Mapping[str, InstanceRuntime],
         messaging: Messaging,
         run_tracebacks: Mapping[str, str],
-    ) -> Iterator[tuple[object, ...]]:
-        """An activation span's fields (``ActivationSpan``'s, in order) for each
-        instance the commit drove with inputs; a run that failed in it has the traceback
+        out: list[tuple[object, ...]],
+    ) -> None:
+        """Append to ``out`` a flat activation span (``FlatSpanSink``) for each instance
+        the commit drove with inputs: the commands and fires ``taken`` holds, then the
+        step outcomes ``outcomes`` holds (the order the batch applied them in), from
+        ``began_ns`` to now. A run that failed in it has the traceback
         ``run_tracebacks`` holds for it."""
-        began_ns, end_ns = taken.began_ns, time.time_ns()
+        end_ns = time.time_ns()
         system, destination, group = messaging
-        for instance_id, activation in taken.items():
+        for instance_id in taken.keys() | outcomes.keys() if taken else outcomes:
             runtime = touched.get(instance_id)
             if runtime is None or not runtime.state.workflow:
                 continue  # not driven (its inputs were undone), or no run to speak of
             state = runtime.state
+            activation = taken.get(instance_id) if taken else None
+            applied = outcomes.get(instance_id)
+            steps = len(applied) if applied is not None else 0
+            links: tuple[tuple[str, str | None], ...] = ()
+            if activation is None:
+                inputs = _OUTCOMES[steps] if steps < len(_OUTCOMES) else _outcomes(steps)
+                first, command_id, offset, commands = False, "", -1, 0
+            else:
+                inputs = ",".join(activation.inputs)
+                if steps:
+                    inputs += "," + (
+                        _OUTCOMES[steps] if steps < len(_OUTCOMES) else _outcomes(steps)
+                    )
+                first, command_id = activation.first, activation.command_id
+                offset, commands = activation.offset, activation.commands
+                links = tuple(activation.links) if activation.links else ()
             failed = state.status is Status.FAILED
-            yield (
-                state.workflow,
-                state.version,
-                instance_id,
-                partition,
-                began_ns,
-                end_ns,
-                state.created_ms,
-                activation.first,
-                ",".join(activation.inputs),
-                activation.command_id,
-                activation.offset,
-                activation.commands,
-                _STATUS_TEXT[state.status],  # a plain str: the batch is marshalled
-                state.error_type if failed else "",
-                state.error_message if failed else "",
-                run_tracebacks.get(instance_id, "") if failed else "",
-                state.traceparent,
-                state.tracestate,
-                tuple(activation.links) if activation.links else (),
-                system,
-                destination,
-                group,
+            out.append(
+                (
+                    FLAT_ACTIVATION,
+                    run_fields(runtime, partition),
+                    state.version,
+                    began_ns,
+                    end_ns,
+                    first,
+                    inputs,
+                    command_id,
+                    offset,
+                    commands,
+                    _STATUS_TEXT[state.status],  # a plain str: the batch is marshalled
+                    state.error_type if failed else "",
+                    state.error_message if failed else "",
+                    run_tracebacks.get(instance_id, "") if failed else "",
+                    links,
+                    system,
+                    destination,
+                    group,
+                )
             )
+
+
+def _outcomes(count: int) -> str:
+    return ",".join(["StepOutcome"] * count)

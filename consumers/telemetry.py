@@ -6,8 +6,9 @@ bucket arrays here; ``ops/telemetry/metrics.py`` turns them into Prometheus fami
 and an optional ``SpanSink`` (``ops/telemetry/tracing.py``) turns each activation of a run
 and each finished step attempt into a span (``consumers/spans.py``). Both are fed from
 records once they are durable, so they count what happened, once, whichever worker saw
-it happen. Only while traced does the processor report the inputs it applies
-(``input_applied``, ``outcome_applied``): untraced, spans cost nothing.
+it happen. Only while traced does the processor report the commands and fires it
+applies (``input_applied``; the step outcomes are the batch's own record): untraced,
+spans cost nothing.
 
 Labels are bounded: a workflow name, a step name (the name the code gave, without the
 scope path or the ``#n`` of a repeated name), an outcome, a partition. Never an
@@ -20,18 +21,20 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Sized
 from typing import TYPE_CHECKING, cast
 
 from stepstream.consumers import failure_log
 from stepstream.consumers.queue_telemetry import QueueTelemetry
 from stepstream.consumers.spans import (
+    FLAT_STEP,
     IN_PROCESS,
     Activations,
-    ActivationSpan,
     FlatSpanSink,
     SpanSink,
     StepSpan,
+    named,
+    run_fields,
 )
 from stepstream.engine.api.queues import QUEUE_INSTANCE_PREFIX
 from stepstream.engine.replay.core import WORKFLOW_TRACEBACK
@@ -264,8 +267,12 @@ class Telemetry:
         *,
         records: int,
         seconds: float,
+        outcomes: Mapping[str, Sized],
+        began_ns: int,
     ) -> None:
-        """Count what a durable commit recorded."""
+        """Count what a durable commit recorded. Traced, make its spans: its step
+        attempts that ended, and an activation of each instance it applied inputs to
+        (``outcomes``: the step outcomes each took; its batch began at ``began_ns``)."""
         self.commit_records.observe(records)
         self.commit_seconds.observe(seconds)
         for runtime in touched.values():
@@ -275,7 +282,9 @@ class Telemetry:
         started = self._started.get(partition)
         if started is None:
             started = self._started[partition] = {}
-        activations = self.activations.take(partition) if self._spans is not None else None
+        traced = self._spans is not None
+        activations = self.activations.take(partition) if traced else None
+        spans: list[tuple[object, ...]] | None = [] if traced else None
         run_tracebacks: dict[str, str] = {}
         # Checked per instance, not per record: most commits touch no queue.
         queues = [i for i in touched if i[:1] == "~" and i.startswith(QUEUE_INSTANCE_PREFIX)]
@@ -299,33 +308,46 @@ class Telemetry:
                     failure_log.step_failed(partition, cast(StepFailedRecord, record), owner)
                 attempts = started.get(record.instance_id)
                 began = attempts.pop(ended.key, None) if attempts is not None else None
-                self._step_ended(partition, ended, owner, began, traceback)
+                self._step_ended(partition, ended, owner, began, traceback, spans)
             elif kind is WorkflowStarted:
                 self.workflows[(cast(WorkflowStarted, record).workflow, "started")] += 1
-                if activations is not None and record.instance_id in activations:
+                if activations and record.instance_id in activations:
                     activations[record.instance_id].first = True
             elif kind in _RUN_ENDS:
                 end = cast("RunEnd", record)
                 started.pop(record.instance_id, None)
                 owner = touched.get(record.instance_id)
                 if kind is WorkflowFailedRecord:
-                    if owner is not None and activations:  # before the log takes it
+                    if owner is not None and traced:  # before the log takes it
                         run_tracebacks[record.instance_id] = owner.tracebacks.get(
                             WORKFLOW_TRACEBACK, ""
                         )
                     failure_log.run_failed(partition, cast(WorkflowFailedRecord, record), owner)
                 self._run_ended(end, owner)
-        if activations:
-            assert self._spans is not None
-            spans = self.activations.spans(
-                partition, activations, touched, self.messaging, run_tracebacks
+        if spans is not None:
+            self.activations.spans(
+                partition,
+                activations or {},
+                outcomes,
+                began_ns,
+                touched,
+                self.messaging,
+                run_tracebacks,
+                spans,
             )
+            if not spans:
+                return
             if self._flat is not None:
-                for fields in spans:
-                    self._flat.activation_flat(fields)
-            else:
-                for fields in spans:
-                    self._spans.activation(ActivationSpan._make(fields))
+                self._flat.spans_flat(spans)
+                return
+            sink = self._spans
+            assert sink is not None
+            for flat in spans:
+                span = named(flat)
+                if isinstance(span, StepSpan):
+                    sink.step(span)
+                else:
+                    sink.activation(span)
 
     def _step_ended(
         self,
@@ -334,6 +356,7 @@ class Telemetry:
         runtime: InstanceRuntime | None,
         started: tuple[int, int] | None,
         traceback: str,
+        spans: list[tuple[object, ...]] | None,
     ) -> None:
         workflow = runtime.state.workflow if runtime is not None else ""
         step = step_label(record.key)
@@ -346,29 +369,22 @@ class Telemetry:
         if histogram is None:
             histogram = self.step_seconds[(workflow, step)] = Histogram(LATENCY_BUCKETS_S)
         histogram.observe(seconds)
-        if self._spans is not None and runtime is not None:
-            state = runtime.state
-            fields = (  # StepSpan's fields, in order: workflow ... run_start_ms
-                workflow,
-                record.instance_id,
-                partition,
-                record.key,
-                step,
-                record.attempt,
-                started[1],
-                record.time_ms,
-                outcome,
-                record.error_type if isinstance(record, StepFailedRecord) else "",
-                record.error_message if isinstance(record, StepFailedRecord) else "",
-                state.traceparent,
-                state.tracestate,
-                state.created_ms,
-                traceback,
+        if spans is not None and runtime is not None:
+            spans.append(
+                (  # StepSpan's fields after the run's
+                    FLAT_STEP,
+                    run_fields(runtime, partition),
+                    record.key,
+                    step,
+                    record.attempt,
+                    started[1],
+                    record.time_ms,
+                    outcome,
+                    record.error_type if isinstance(record, StepFailedRecord) else "",
+                    record.error_message if isinstance(record, StepFailedRecord) else "",
+                    traceback,
+                )
             )
-            if self._flat is not None:
-                self._flat.step_flat(fields)
-            else:
-                self._spans.step(StepSpan._make(fields))
 
     def _run_ended(
         self,

@@ -147,7 +147,6 @@ class Applier:
         self, entries: list[LogEntry], outcomes: list[StepOutcome], fires: list[TimerFired]
     ) -> Batch:
         batch = Batch(self._clock.now_ms())
-        traced = self._telemetry.traced
         for entry in entries:
             command_id, reason, rejected = self._apply_command(entry, batch)
             if batch.poisoned:
@@ -176,10 +175,6 @@ class Applier:
                 continue  # the instance finished or was dropped; a late outcome changes nothing
             if self._containment.handle(runtime, outcome, batch) is None:
                 batch.applied_outcomes.setdefault(outcome.instance_id, []).append(outcome)
-                if traced:
-                    self._telemetry.activations.outcome_applied(
-                        self._partition, outcome.instance_id
-                    )
             if batch.poisoned:
                 self._undo_poisoned(batch)
         self._settle_undone(batch)

@@ -8,6 +8,7 @@ of instances after an internal error. It lives until its commit.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from stepstream.engine.replay.effects import Output, StepOutcome
@@ -23,6 +24,8 @@ Input = tuple[LogEntry | TimerFired, str]
 class Batch:
     # When the batch was begun (ms): when a first step attempt it launches became due.
     began_ms: int
+    # The same on the system clock (ns), where its activation spans begin.
+    began_ns: int = field(default_factory=time.time_ns)
     out: Output = field(default_factory=Output)
     commit: CommitBatch = field(default_factory=CommitBatch)
     # Instances the batch changed: their state is written with the commit.

@@ -356,6 +356,8 @@ class PartitionProcessor:
             touched,
             records=len(batch.commit.appends),
             seconds=time.perf_counter() - began,
+            outcomes=batch.applied_outcomes,
+            began_ns=batch.began_ns,
         )
         self._after_commit(batch)
 

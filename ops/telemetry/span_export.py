@@ -22,9 +22,16 @@ import multiprocessing
 import os
 import queue
 import time
+from itertools import chain
 from typing import Any
 
-from stepstream.consumers.spans import ActivationSpan, StepSpan
+from stepstream.consumers.spans import (
+    FLAT_ACTIVATION,
+    FLAT_STEP,
+    RUN_FIELDS,
+    ActivationSpan,
+    StepSpan,
+)
 from stepstream.ops.telemetry import logs
 from stepstream.producers.trace_context import ProducerSpan
 
@@ -33,7 +40,7 @@ log = logging.getLogger("stepstream.tracing")
 BATCH = 2048  # spans per message to the exporter process (and per OTLP request)
 MAX_BACKLOG = 32  # batches handed over and not yet exported (65,536 spans): beyond, dropped
 WARN_EVERY_S = 10.0
-_STEP, _ACTIVATION, _PRODUCER = 0, 1, 2
+_STEP, _ACTIVATION, _PRODUCER = FLAT_STEP, FLAT_ACTIVATION, 2
 _SPAN_TYPES: tuple[type[StepSpan], type[ActivationSpan], type[ProducerSpan]] = (
     StepSpan,
     ActivationSpan,
@@ -80,18 +87,15 @@ class SpanExportProcess:
     # made per span (nothing for the garbage collector to track), and the batch is
     # marshalled in one call when it leaves.
     def step(self, span: StepSpan) -> None:
-        self._add(_STEP, span)
-
-    def step_flat(self, fields: tuple[object, ...]) -> None:
-        """A step span as ``StepSpan``'s fields (``FlatSpanSink``): no named tuple made."""
-        self._add(_STEP, fields)
+        self._add(_STEP, (span[:RUN_FIELDS], *span[RUN_FIELDS:]))
 
     def activation(self, span: ActivationSpan) -> None:
-        self._add(_ACTIVATION, span)
+        self._add(_ACTIVATION, (span[:RUN_FIELDS], *span[RUN_FIELDS:]))
 
-    def activation_flat(self, fields: tuple[object, ...]) -> None:
-        """An activation span as ``ActivationSpan``'s fields (``FlatSpanSink``)."""
-        self._add(_ACTIVATION, fields)
+    def spans_flat(self, spans: list[tuple[object, ...]]) -> None:
+        """A commit's spans, flat (``FlatSpanSink``): each already begins with its kind."""
+        self._batch.extend(chain.from_iterable(spans))
+        self._added(len(spans))
 
     def producer(self, span: ProducerSpan) -> None:
         self._add(_PRODUCER, span)
@@ -99,7 +103,10 @@ class SpanExportProcess:
     def _add(self, kind: int, span: tuple[object, ...]) -> None:
         self._batch.append(kind)
         self._batch.extend(span)
-        self._count += 1
+        self._added(1)
+
+    def _added(self, count: int) -> None:
+        self._count += count
         if self._count >= BATCH:
             self.flush()
         elif self._timer is None:
@@ -214,12 +221,19 @@ def _export(
 
 
 def _spans(flat: list[Any]) -> list[StepSpan | ActivationSpan | ProducerSpan]:
-    """The spans of a batch: each one's kind, then as many fields as that kind has."""
+    """The spans of a batch: each one's kind, then its fields: for a step or an
+    activation, the run's as one tuple and then its own; for a producer span, all of
+    them."""
     spans: list[StepSpan | ActivationSpan | ProducerSpan] = []
     index, end = 0, len(flat)
     while index < end:
         kind = _SPAN_TYPES[flat[index]]
-        width = len(kind._fields)
-        spans.append(kind._make(flat[index + 1 : index + 1 + width]))
-        index += 1 + width
+        if kind is ProducerSpan:
+            width = len(kind._fields)
+            spans.append(kind._make(flat[index + 1 : index + 1 + width]))
+            index += 1 + width
+            continue
+        own = len(kind._fields) - RUN_FIELDS
+        spans.append(kind._make(flat[index + 1] + tuple(flat[index + 2 : index + 2 + own])))
+        index += 2 + own
     return spans
