@@ -40,6 +40,7 @@ from stepstream.consumers.partition import (
     DEFAULT_RETENTION_S,
     ProcessorConfig,
 )
+from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
 from stepstream.consumers.spans import Messaging, SpanSink
 from stepstream.engine.api.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
@@ -98,6 +99,9 @@ class KafkaWorkerConfig:
     # The cluster ctx.publish produces to (STEPSTREAM_OUTBOX_BOOTSTRAP, with the same
     # client properties); None: the worker's own.
     outbox_bootstrap: str | None = None
+    # What the partitions' RocksDB databases may hold in memory together
+    # (STEPSTREAM_ROCKSDB_MEMORY_MB).
+    rocksdb_memory: RocksMemory = field(default_factory=RocksMemory)
 
     @classmethod
     def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
@@ -121,6 +125,7 @@ class KafkaWorkerConfig:
         values["api_limits"] = ApiLimits.from_env(env)
         values["sources"] = SourcesConfig.from_env(env)
         values["outbox_bootstrap"] = env.get(OUTBOX_ENV) or None
+        values["rocksdb_memory"] = RocksMemory.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(settings, **values)
 
@@ -177,7 +182,9 @@ class KafkaWorker:
             # Settings that break a guarantee (history deleted by age, one replica...) are
             # logged as warnings, as `stepstream topics check` prints them; never fatal.
             await asyncio.to_thread(log_findings, settings)
-            self._state_dir = StateDir.claim(self.config.state_dir, settings.prefix)
+            self._state_dir = StateDir.claim(
+                self.config.state_dir, settings.prefix, self.config.rocksdb_memory
+            )
             worker_id = self._state_dir.worker_id
             self._producer = await asyncio.to_thread(
                 LogProducer, settings, client_id=f"stepstream-worker-{worker_id[:8]}"
