@@ -11,7 +11,7 @@ import asyncio
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from stepstream.consumers.embedded.db import EmbeddedDB
@@ -23,6 +23,7 @@ from stepstream.consumers.partition import (
     SWEEP_INTERVAL_S,
     ProcessorConfig,
 )
+from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.engine.api.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
 from stepstream.engine.api.outbox import Outbox
 from stepstream.engine.api.workflow import Registry
@@ -59,6 +60,8 @@ class EmbeddedConfig:
     # The Kafka cluster ctx.publish produces to (STEPSTREAM_OUTBOX_BOOTSTRAP, HOST:PORT;
     # client properties from STEPSTREAM_KAFKA_*); None: publishing fails, saying so.
     outbox_bootstrap: str | None = None
+    # What the data directory's RocksDB may hold in memory (STEPSTREAM_ROCKSDB_MEMORY_MB).
+    rocksdb_memory: RocksMemory = field(default_factory=RocksMemory)
 
     @classmethod
     def from_env(cls, **overrides: Any) -> EmbeddedConfig:
@@ -74,6 +77,7 @@ class EmbeddedConfig:
         )
         values["retention_s"] = env_seconds(env, "STEPSTREAM_RETENTION_S", DEFAULT_RETENTION_S)
         values["outbox_bootstrap"] = env.get(OUTBOX_ENV) or None
+        values["rocksdb_memory"] = RocksMemory.from_env(env)
         if "STEPSTREAM_PARTITIONS" in env:
             values["partitions"] = env_int(env, "STEPSTREAM_PARTITIONS", 4)
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -178,7 +182,7 @@ async def open_embedded(
         _refuse_split(config.data_dir)
     codec = codec or JsonCodec()
     serde = default_serde()
-    db = await EmbeddedDB.open(config.data_dir, config.partitions)
+    db = await EmbeddedDB.open(config.data_dir, config.partitions, memory=config.rocksdb_memory)
     kafka_outbox = None if outbox is not None else _outbox(config.outbox_bootstrap)
     host = PartitionHost(
         registry,

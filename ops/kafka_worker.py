@@ -41,6 +41,7 @@ from stepstream.consumers.partition import (
     DEFAULT_RETENTION_S,
     ProcessorConfig,
 )
+from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.consumers.sources import SourceConsumer, SourceLag, SourcesConfig, kafka_sink
 from stepstream.consumers.spans import Messaging, SpanSink
 from stepstream.engine.api.outbox import ENV_BOOTSTRAP as OUTBOX_ENV
@@ -104,6 +105,9 @@ class KafkaWorkerConfig:
     # supervisor starts it again with the credentials it has now (0: wait for ever, and
     # go on when Kafka accepts the login again). STEPSTREAM_EXIT_AFTER_LOGIN_REFUSED_S.
     exit_after_login_refused_s: float = 0.0
+    # What the partitions' RocksDB databases may hold in memory together
+    # (STEPSTREAM_ROCKSDB_MEMORY_MB).
+    rocksdb_memory: RocksMemory = field(default_factory=RocksMemory)
 
     @classmethod
     def from_env(cls, settings: KafkaSettings, **overrides: Any) -> KafkaWorkerConfig:
@@ -128,6 +132,7 @@ class KafkaWorkerConfig:
         values["sources"] = SourcesConfig.from_env(env)
         values["outbox_bootstrap"] = env.get(OUTBOX_ENV) or None
         values["exit_after_login_refused_s"] = env_seconds(env, ENV_EXIT_AFTER_LOGIN_REFUSED, 0.0)
+        values["rocksdb_memory"] = RocksMemory.from_env(env)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(settings, **values)
 
@@ -187,7 +192,9 @@ class KafkaWorker:
             # Settings that break a guarantee (history deleted by age, one replica...) are
             # logged as warnings, as `stepstream topics check` prints them; never fatal.
             await asyncio.to_thread(log_findings, settings)
-            self._state_dir = StateDir.claim(self.config.state_dir, settings.prefix)
+            self._state_dir = StateDir.claim(
+                self.config.state_dir, settings.prefix, self.config.rocksdb_memory
+            )
             worker_id = self._state_dir.worker_id
             self._producer = await asyncio.to_thread(
                 LogProducer,

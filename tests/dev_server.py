@@ -26,6 +26,7 @@ from tests.processes import first_line
 REPO = str(Path(__file__).resolve().parents[1])
 # Settings of the server and the clients that the tests set themselves.
 _OWN_SETTINGS = (
+    "STEPSTREAM_ROCKSDB_MEMORY_MB",
     "STEPSTREAM_API_TOKEN",
     "STEPSTREAM_TLS_CA",
     "STEPSTREAM_TLS_CERT",

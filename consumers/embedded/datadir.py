@@ -24,6 +24,7 @@ from stepstream.consumers.embedded.errors import (
 )
 from stepstream.consumers.embedded.wal import WalSync
 from stepstream.consumers.rocks import is_corruption, is_disk_full, is_missing_file
+from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.engine.errors import StepstreamError
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def corrupted(path: str, exc: BaseException | str) -> DataDirCorrupted:
 
 
 def open_data_dir(
-    data_dir: str, partitions: int | None, durability: Durability
+    data_dir: str, partitions: int | None, durability: Durability, memory: RocksMemory
 ) -> tuple[Handles, int, int, int, WalSync | None]:
     try:
         os.makedirs(data_dir, exist_ok=True)
@@ -110,7 +111,7 @@ def open_data_dir(
         raise _open_failure(data_dir, exc) from exc
     rocks: Handles | None = None
     try:
-        rocks = _open_rocks(data_dir)
+        rocks = _open_rocks(data_dir, memory)
         count, epoch = _claim(rocks, data_dir, partitions)
         wal = None
         if durability is Durability.FSYNC_WAL:
@@ -180,7 +181,7 @@ def _unlock(fd: int) -> None:
     os.close(fd)
 
 
-def _open_rocks(data_dir: str) -> Handles:
+def _open_rocks(data_dir: str, memory: RocksMemory) -> Handles:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     options.create_missing_column_families(True)
@@ -199,6 +200,7 @@ def _open_rocks(data_dir: str) -> Handles:
     # silently drop acknowledged writes after it.
     options.set_wal_recovery_mode(DBRecoveryMode.tolerate_corrupted_tail_records())
     families = {name: Options(raw_mode=True) for name in keys.COLUMN_FAMILIES}
+    memory.apply(options, families)
     try:
         db = Rdict(os.path.join(data_dir, ROCKSDB_DIR), options, column_families=families)
     except Exception as exc:

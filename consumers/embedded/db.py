@@ -45,6 +45,7 @@ from stepstream.consumers.rocks import (
     is_corruption,
     prefix_scan,
 )
+from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.engine.seams import Append
 
 log = logging.getLogger(__name__)
@@ -111,13 +112,17 @@ class EmbeddedDB:
         partitions: int | None = None,
         *,
         durability: Durability = Durability.FSYNC_WAL,
+        memory: RocksMemory | None = None,
     ) -> EmbeddedDB:
         """Open (creating if needed) the data directory ``path``. ``partitions`` defaults
-        to the directory's own count, or ``DEFAULT_PARTITIONS`` for a new one."""
+        to the directory's own count, or ``DEFAULT_PARTITIONS`` for a new one. ``memory``:
+        the process's RocksDB budget (the default one if not given)."""
         if partitions is not None and partitions < 1:
             raise ValueError(f"partitions must be at least 1, got {partitions}")
         data_dir = os.fspath(path)
-        opened = await asyncio.to_thread(open_data_dir, data_dir, partitions, durability)
+        opened = await asyncio.to_thread(
+            open_data_dir, data_dir, partitions, durability, memory or RocksMemory()
+        )
         rocks, lock_fd, count, epoch, wal = opened
         try:
             db = cls(

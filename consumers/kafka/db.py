@@ -31,6 +31,7 @@ from stepstream.consumers.rocks import (
     pinned_scan,
     prefix_scan,
 )
+from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.engine.errors import StepstreamError
 
 log = logging.getLogger("stepstream.kafka.db")
@@ -58,9 +59,10 @@ class StateWriteFailed(StepstreamError):
 class PartitionDB:
     """Use ``PartitionDB.open(path, partition, partitions)``; not thread-safe for writes."""
 
-    def __init__(self, path: str, partition: int, db: Any) -> None:
+    def __init__(self, path: str, partition: int, db: Any, memory: RocksMemory) -> None:
         self.path = path
         self.partition = partition
+        self.memory = memory
         # Told (once) when a read finds the state damaged.
         self.on_corrupt: Callable[[StateCorrupted], None] | None = None
         self.corrupted: StateCorrupted | None = None
@@ -76,17 +78,21 @@ class PartitionDB:
         self._meta_handle: Any = db.get_column_family_handle(keys.META_CF)
 
     @classmethod
-    def open(cls, path: str, partition: int, partitions: int) -> PartitionDB:
+    def open(
+        cls, path: str, partition: int, partitions: int, memory: RocksMemory | None = None
+    ) -> PartitionDB:
         """Open (creating) the state of ``partition``. State made for another partition
         count belongs to other topics: it is discarded, and restore rebuilds it. Raises
-        ``StateCorrupted`` if RocksDB finds the directory damaged (``quarantine`` it)."""
+        ``StateCorrupted`` if RocksDB finds the directory damaged (``quarantine`` it).
+        ``memory``: the process's RocksDB budget this database shares."""
+        memory = memory or RocksMemory()
         try:
-            rocks = _open_rocks(path)
+            rocks = _open_rocks(path, memory)
         except Exception as exc:
             if is_corruption(exc) or is_missing_file(exc):
                 raise StateCorrupted(path, partition, _detail(exc)) from exc
             raise
-        db = cls(path, partition, rocks)
+        db = cls(path, partition, rocks, memory)
         try:
             db._check(partitions)
         except BaseException:
@@ -210,7 +216,7 @@ class PartitionDB:
         object, so every holder sees the new state)."""
         self.close()
         shutil.rmtree(self.path, ignore_errors=True)
-        self._attach(_open_rocks(self.path))
+        self._attach(_open_rocks(self.path, self.memory))
         self.corrupted = None
         return self
 
@@ -297,7 +303,7 @@ def _detail(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _open_rocks(path: str) -> Any:
+def _open_rocks(path: str, memory: RocksMemory) -> Any:
     os.makedirs(path, exist_ok=True)
     options = Options(raw_mode=True)
     options.create_if_missing(True)
@@ -305,4 +311,5 @@ def _open_rocks(path: str) -> Any:
     options.set_keep_log_file_num(2)
     options.set_max_total_wal_size(rocks_helpers.MAX_TOTAL_WAL_BYTES)
     families = {name: Options(raw_mode=True) for name in keys.COLUMN_FAMILIES}
+    memory.apply(options, families)
     return Rdict(path, options, column_families=families)

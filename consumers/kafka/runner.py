@@ -35,6 +35,7 @@ from stepstream.consumers.kafka.restore import Headers, HistoryReader, restore_p
 from stepstream.consumers.kafka.snapshots import DEFAULT_SNAPSHOT_EVERY, SnapshotReader, Snapshotter
 from stepstream.consumers.kafka.source import KafkaSource
 from stepstream.consumers.kafka.state_dir import StateDir
+from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import UndecodableRecord
 from stepstream.engine.seams import Clock
@@ -45,17 +46,17 @@ from stepstream.engine.wire.topics import SNAPSHOTS, TopicNames
 log = logging.getLogger("stepstream.kafka.runner")
 
 
-def _open_sound(path: str, partition: int, partitions: int) -> PartitionDB:
+def _open_sound(path: str, partition: int, partitions: int, memory: RocksMemory) -> PartitionDB:
     """Open the partition's state; one RocksDB finds damaged (or that was marked damaged
     while it ran) is moved aside first, and an empty one opened in its place."""
     reason = needs_quarantine(path)
     if reason is None:
         try:
-            return PartitionDB.open(path, partition, partitions)
+            return PartitionDB.open(path, partition, partitions, memory)
         except StateCorrupted as exc:
             reason = str(exc)
     quarantine(path, reason)
-    return PartitionDB.open(path, partition, partitions)
+    return PartitionDB.open(path, partition, partitions, memory)
 
 
 OnOwned = Callable[[dict[int, int]], Coroutine[Any, Any, None]]
@@ -195,7 +196,9 @@ class KafkaRunner:
         from the topics alone."""
         path = self._state_dir.partition_path(partition)
         for last_try in (False, True):
-            db = await asyncio.to_thread(_open_sound, path, partition, self._host.partitions)
+            db = await asyncio.to_thread(
+                _open_sound, path, partition, self._host.partitions, self._state_dir.memory
+            )
             try:
                 backend = await self._start(db, partition, committed)
             except StateCorrupted as exc:

@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 from stepstream.consumers.kafka import keys
+from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.engine.errors import StepstreamError
 
 
@@ -20,13 +21,19 @@ class StateDirInUse(StepstreamError):
 class StateDir:
     """Open with ``StateDir.claim(root, prefix)``; ``release()`` when the worker stops."""
 
-    def __init__(self, path: Path, lock_fd: int, worker_id: str) -> None:
+    def __init__(
+        self, path: Path, lock_fd: int, worker_id: str, memory: RocksMemory | None = None
+    ) -> None:
         self.path = path
         self.worker_id = worker_id
+        # The RocksDB memory budget the partitions' databases share.
+        self.memory = memory or RocksMemory()
         self._lock_fd: int | None = lock_fd
 
     @classmethod
-    def claim(cls, root: str | os.PathLike[str], prefix: str) -> StateDir:
+    def claim(
+        cls, root: str | os.PathLike[str], prefix: str, memory: RocksMemory | None = None
+    ) -> StateDir:
         path = Path(root) / prefix
         path.mkdir(parents=True, exist_ok=True)
         fd = os.open(path / keys.LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
@@ -50,7 +57,7 @@ class StateDir:
         if not worker_id:
             worker_id = uuid.uuid4().hex
             id_file.write_text(worker_id + "\n")
-        return cls(path, fd, worker_id)
+        return cls(path, fd, worker_id, memory)
 
     def partition_path(self, partition: int) -> str:
         return str(self.path / keys.partition_dir(partition))

@@ -46,7 +46,8 @@ log = logging.getLogger("stepstream.cli")
 _PROCESS_TUNING = (
     "It runs on uvloop, libuv's event loop ($STEPSTREAM_EVENT_LOOP=asyncio: the standard "
     "library's), with the garbage collector's thresholds raised ($STEPSTREAM_GC=default: "
-    "Python's own)."
+    "Python's own). Its RocksDB databases share one memory budget for cached blocks and "
+    "write buffers, $STEPSTREAM_ROCKSDB_MEMORY_MB (default 64)."
 )
 _OBSERVED = (
     " It serves Prometheus metrics at /metrics (with the API token when one is set): "

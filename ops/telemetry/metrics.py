@@ -31,6 +31,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from stepstream.consumers import rocks_memory
 from stepstream.consumers.host import PartitionHost
 from stepstream.consumers.telemetry import DEAD_LETTER_REASONS, Histogram
 from stepstream.engine.version import version
@@ -230,6 +231,19 @@ class EngineCollector(Collector):
             "are read back from the index as these fire.",
             ["partition"],
             {(str(g.partition),): g.timers_held for g in gauges},
+        )
+        yield _gauge(
+            "stepstream_rocksdb_memory_bytes",
+            "Memory RocksDB holds within its budget in this process: cached blocks and "
+            "the write buffers (memtables) charged to the cache.",
+            [],
+            {(): rocks_memory.usage_bytes()},
+        )
+        yield _gauge(
+            "stepstream_rocksdb_memory_limit_bytes",
+            "The budget this process's RocksDB databases share (STEPSTREAM_ROCKSDB_MEMORY_MB).",
+            [],
+            {(): rocks_memory.limit_bytes()},
         )
         yield _gauge(
             "stepstream_instance_cache_size",

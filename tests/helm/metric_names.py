@@ -23,6 +23,8 @@ METRICS: dict[str, str] = {
     "stepstream_commit_duration_seconds": "histogram",
     "stepstream_replay_duration_seconds": "histogram",
     "stepstream_restore_duration_seconds": "gauge",
+    "stepstream_rocksdb_memory_bytes": "gauge",
+    "stepstream_rocksdb_memory_limit_bytes": "gauge",
     "stepstream_instance_cache_size": "gauge",
     "stepstream_instance_cache_hits_total": "counter",
     "stepstream_instance_cache_misses_total": "counter",

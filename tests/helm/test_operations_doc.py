@@ -11,7 +11,7 @@ import shlex
 import helm_python
 import yaml
 
-from tests.helm.chart import ROOT, container, render, render_file, validate
+from tests.helm.chart import ROOT, container, env_of, render, render_file, validate
 from tests.helm.metric_names import METRICS, PROCESSES_METRICS
 
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -88,6 +88,19 @@ def test_the_autoscaling_example_scales_on_kafka_lag_with_the_clusters_credentia
         "shop-kafka-user",
         "shop-kafka-ca",
     }
+
+
+def test_the_memory_example_sets_the_workers_rocksdb_budget() -> None:
+    text = OPERATIONS.read_text()
+    shop = re.search(r"```yaml\n# shop-values.yaml\n(.*?)```", text, flags=re.DOTALL)
+    memory = re.search(r"```yaml\n# memory-values.yaml.*?\n(.*?)```", text, flags=re.DOTALL)
+    assert shop and memory, "docs/operations.md lost its shop-values.yaml or memory-values.yaml"
+    rendered = render(_merge(yaml.safe_load(shop.group(1)), yaml.safe_load(memory.group(1))))
+    for manifest in rendered.manifests:
+        validate(manifest)
+    worker = container(rendered.one("StatefulSet"), "worker")
+    assert env_of(worker)["STEPSTREAM_ROCKSDB_MEMORY_MB"]["value"] == "256"
+    assert worker["resources"]["limits"]["memory"] == "1Gi"
 
 
 def test_the_helm_template_example_renders_every_optional_piece() -> None:

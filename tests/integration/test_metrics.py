@@ -180,6 +180,7 @@ async def test_dev_metrics_count_what_ran(tmp_path: Path) -> None:
     assert _value(samples, "stepstream_parked_instances") == 0
     assert _value(samples, "stepstream_partitions_owned") == 4
     assert _value(samples, "stepstream_ready") == 1
+    assert _value(samples, "stepstream_rocksdb_memory_limit_bytes") == 64 << 20  # default
     assert sum(v for (name, _), v in samples.items() if name == "stepstream_timers_pending") == 0
     assert sum(v for (name, _), v in samples.items() if name == "stepstream_timers_held") == 0
     # Ownership, partition by partition.
@@ -224,6 +225,41 @@ async def test_dev_metrics_count_what_ran(tmp_path: Path) -> None:
     _assert_process_and_build(samples, "embedded")
 
 
+async def test_dev_rocksdb_memory_is_the_budget_set(tmp_path: Path) -> None:
+    """STEPSTREAM_ROCKSDB_MEMORY_MB sets what the engine's RocksDB may hold (blocks and
+    write buffers together), and /metrics shows it against the budget; a budget that is
+    not a number stops the engine with a message naming the variable."""
+    from tests.dev_server import clean_env, run_cli
+
+    server = start_dev(
+        tmp_path, "shop", WORKFLOWS, env=clean_env(tmp_path, STEPSTREAM_ROCKSDB_MEMORY_MB="24")
+    )
+    try:
+        async with Client.connect(server.url) as client:
+            ids = [await client.start("orders", f"o{n}", instance_id=f"o{n}") for n in range(3)]
+            for instance_id in ids:
+                assert await client.result(instance_id, timeout=30) == instance_id
+        samples = _scrape(server.url)
+    finally:
+        server.stop()
+    assert _value(samples, "stepstream_rocksdb_memory_limit_bytes") == 24 << 20
+    assert 0 < _value(samples, "stepstream_rocksdb_memory_bytes") <= 24 << 20
+
+    refused = run_cli(
+        tmp_path,
+        "dev",
+        "--workflows",
+        "shop",
+        "--data",
+        str(tmp_path / "other"),
+        "--port",
+        "0",
+        env=clean_env(tmp_path, STEPSTREAM_ROCKSDB_MEMORY_MB="lots"),
+    )
+    assert refused.returncode != 0
+    assert "STEPSTREAM_ROCKSDB_MEMORY_MB='lots' is not a whole number" in refused.stderr
+
+
 def test_dev_and_worker_help_say_where_the_metrics_are(tmp_path: Path) -> None:
     from tests.dev_server import run_cli
 
@@ -233,6 +269,7 @@ def test_dev_and_worker_help_say_where_the_metrics_are(tmp_path: Path) -> None:
         text = " ".join(shown.stdout.split())
         assert "Prometheus metrics at /metrics" in text, text
         assert "process_* and python_*" in text and "docs/operations.md" in text
+        assert "$STEPSTREAM_ROCKSDB_MEMORY_MB (default 64)" in text
 
 
 def test_probes_answer_without_a_token_and_metrics_need_it(tmp_path: Path) -> None:

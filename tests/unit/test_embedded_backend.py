@@ -677,6 +677,56 @@ async def test_finished_instances_are_forgotten_after_the_retention(tmp_path: Pa
         assert await client.result("after-reopen", timeout=10) == {"total": 10, "doubled": 20}
 
 
+@pytest.mark.slow
+async def test_retention_goes_on_forgetting_after_many_forgotten(tmp_path: Path) -> None:
+    """More finished instances than one sweep forgets are all forgotten, over several
+    sweeps; and instances that finish after them are forgotten too: each sweep reads the
+    finished index on from where the last one stopped, past nothing it has not deleted."""
+    from stepstream.consumers import state_keys
+    from stepstream.consumers.retention import SWEEP_BATCH
+    from stepstream.ops.embedded import EmbeddedConfig, open_embedded
+    from stepstream.producers.client import Client
+    from tests.conftest import test_registry
+
+    config = EmbeddedConfig(
+        data_dir=str(tmp_path / "data"), partitions=1, retention_s=0.5, sweep_interval_s=0.05
+    )
+    engine = await open_embedded(test_registry(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+
+        async def run(prefix: str, n: int) -> None:
+            gate = asyncio.Semaphore(100)
+
+            async def one(i: int) -> None:
+                async with gate:
+                    await client.start("arith", i, instance_id=f"{prefix}{i}")
+                    assert await client.result(f"{prefix}{i}", timeout=30) == {
+                        "total": i + 1,
+                        "doubled": 2 * (i + 1),
+                    }
+
+            await asyncio.gather(*(one(i) for i in range(n)))
+
+        async def forgotten(prefix: str) -> None:
+            for _ in range(600):
+                if not (await client.list_page(prefix=prefix, limit=1)).instances:
+                    return
+                await asyncio.sleep(0.05)
+            left = (await client.list_page(prefix=prefix, limit=5)).instances
+            raise AssertionError(f"not forgotten: {[i.instance_id for i in left]} ...")
+
+        await run("many-", SWEEP_BATCH * 2 + 500)
+        await forgotten("many-")
+        for later in range(3):
+            await run(f"later{later}-", 20)
+            await forgotten(f"later{later}-")
+        store = engine.host._processor("many-0").backend.store
+        assert list(store.scan(state_keys.FINISHED)) == []
+        # A forgotten id may begin again, and is forgotten again.
+        await run("many-", 1)
+        await forgotten("many-")
+
+
 async def test_two_waits_on_one_command_both_learn_it_settled(tmp_path: Path) -> None:
     """The first wait to give up (a timed-out retry of a Kafka client's check) must not
     take the shared future from the one still waiting."""
