@@ -159,6 +159,37 @@ def check_topics(settings: KafkaSettings, timeout: float = 15.0) -> list[Finding
     return findings
 
 
+def replication(settings: KafkaSettings, timeout: float = 15.0) -> dict[str, int]:
+    """How the prefix's existing topics are replicated, as the cluster reports it: the
+    brokers, the lowest replication factor of any partition and the lowest
+    ``min.insync.replicas`` of any topic (what a commit waits for, at worst)."""
+    from stepstream.consumers.kafka.admin import cluster_metadata
+
+    names = TopicNames(settings.prefix)
+    admin, metadata = cluster_metadata(settings, timeout)
+    wanted = {names.name(kind) for kind in (*TOPIC_KINDS, *CLUSTER_TOPICS)}
+    present = {
+        name: topic
+        for name, topic in metadata.topics.items()
+        if name in wanted and topic.error is None
+    }
+    if not present:
+        raise StepstreamError(
+            f"no topics of prefix {settings.prefix} on {settings.bootstrap}; create them "
+            "with `stepstream topics create`"
+        )
+    configs = _describe(admin, sorted(present), timeout)
+    return {
+        "brokers": len(metadata.brokers),
+        "replication_factor": min(
+            len(p.replicas) for topic in present.values() for p in topic.partitions.values()
+        ),
+        "min_insync_replicas": min(
+            int(configs.get(name, {}).get("min.insync.replicas", "1")) for name in present
+        ),
+    }
+
+
 def _describe(admin: Any, topics: list[str], timeout: float) -> dict[str, dict[str, str]]:
     if not topics:
         return {}

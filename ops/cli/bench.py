@@ -103,7 +103,8 @@ COMMANDS = (
                 type=int,
                 metavar="N",
                 help="with --broker apache: a cluster of N nodes; the topics get replication "
-                "factor min(3, N) (1)",
+                "factor min(3, N) and min.insync.replicas 2 from 3 replicas (1); the JSON's "
+                "topics says what the cluster reports",
             ),
             arg(
                 "--workload",

@@ -163,6 +163,12 @@ def test_bench_starts_a_three_node_apache_kafka_with_replicated_topics(tmp_path:
     )
     assert result["broker"].startswith("Apache Kafka ") and "3 node(s)" in result["broker"]
     assert result["W1"]["completed"] == N, result["W1"]
+    # The topics as the cluster reports them: every commit waited for a second broker.
+    assert result["W1"]["topics"] == {
+        "brokers": 3,
+        "replication_factor": 3,
+        "min_insync_replicas": 2,
+    }, result["W1"]
     # Each node's CPU is measured on its own: which one bounds the figure shows.
     assert {"broker0", "broker1", "broker2"} <= set(result["W1"]["cpu_s"]), result["W1"]
 
