@@ -92,9 +92,13 @@ async def open_kafka_transport(
             # A metadata request naming a topic creates it on brokers that auto-create:
             # ask for all topics, and name ours only once they are known to exist.
             cluster = await producer.client.fetch_all_metadata()
-    except (KafkaError, TimeoutError, OSError) as exc:
+    except BaseException as exc:
+        # Whatever stopped the start (a refusal, a timeout, a cancel), the connections it
+        # opened are closed here, not left to the garbage collector.
         with contextlib.suppress(Exception):
             await producer.stop()
+        if not isinstance(exc, (KafkaError, TimeoutError, OSError)):
+            raise
         if not isinstance(exc, TimeoutError):  # a refusal comes at once, never as a timeout
             await _raise_if_refused(settings, producer_options)
         raise ConnectionFailed(

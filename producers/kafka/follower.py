@@ -58,7 +58,13 @@ class TopicFollower:
             auto_offset_reset="earliest",
             fetch_max_wait_ms=_FETCH_WAIT_MS,
         )
-        await consumer.start()
+        try:
+            await consumer.start()
+        except BaseException:
+            # A start that failed half-way (the cluster refused or did not answer) may
+            # hold connections already: closed here, not left to the garbage collector.
+            await stop_reader(consumer)
+            raise
         follower = cls(consumer, topic, apply)
         try:
             consumer.assign([follower._tp])
