@@ -241,7 +241,9 @@ class Activations:
                     FLAT_ACTIVATION,
                     run_fields(runtime, partition),
                     state.version,
-                    began_ns,
+                    # The run span begins with the run (its id is derived from that ms),
+                    # never before, though its batch may have begun a moment earlier.
+                    min(max(began_ns, state.created_ms * 1_000_000), end_ns) if first else began_ns,
                     end_ns,
                     first,
                     inputs,
