@@ -11,6 +11,7 @@ in ``_total``, durations are histograms in seconds. No label carries an instance
 from __future__ import annotations
 
 import platform
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -351,6 +352,14 @@ def metrics_registry(collector: EngineCollector) -> CollectorRegistry:
 
 
 @dataclass(frozen=True)
+class Rendered:
+    """One scrape's body and the milliseconds it held the event loop."""
+
+    body: bytes
+    loop_ms: float
+
+
+@dataclass(frozen=True)
 class Observability:
     """What a server adds to its API: ``/metrics``, ``/readyz``, and (``http``) the
     middleware that counts its requests onto the same registry."""
@@ -359,9 +368,21 @@ class Observability:
     health: Health
     http: HttpMetrics | None = None
 
-    async def metrics(self, request: web.Request) -> web.Response:
+    async def render(self) -> Rendered:
+        """The exposition text, and how long making it held the event loop."""
+        began = time.perf_counter()
         body = generate_latest(self.registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+        return Rendered(body, (time.perf_counter() - began) * 1000)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        rendered = await self.render()
+        # Server-Timing (W3C): what a scrape cost the engine's loop, for `stepstream bench
+        # --scrape-interval` and anyone curious; Prometheus ignores it.
+        headers = {
+            "Content-Type": CONTENT_TYPE,
+            "Server-Timing": f"loop;dur={rendered.loop_ms:.3f}",
+        }
+        return web.Response(body=rendered.body, headers=headers)
 
     async def readyz(self, request: web.Request) -> web.Response:
         if self.health.ready():
