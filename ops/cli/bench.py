@@ -50,8 +50,7 @@ examples:
   stepstream bench --client http --workload W1 --json
   stepstream bench --client kafka --workers 2 --workload W1
   stepstream bench --workload timers --pending 100000 --rate 2000
-  stepstream bench --client kafka --broker apache --workload timers --pending 200000 \
-      --rate 2000 --scrape-interval 1 --json
+  stepstream bench --client kafka --workload timers --pending 200000 --scrape-interval 1
   stepstream bench --workload retention --n 100000 --json
 
 Every workload's JSON has cpu_s: the CPU seconds each process (client, engine or
