@@ -3,9 +3,11 @@ the ``/metrics`` and ``/readyz`` routes.
 
 Nothing is counted here: the engine keeps plain counters and histograms in its
 ``Telemetry`` (cheap on the hot path) and the gauges are read from the partitions it
-owns; this collector turns them into metric families when Prometheus scrapes. Names
-follow Prometheus' conventions: ``stepstream_`` prefix, units in the name, counters end
-in ``_total``, durations are histograms in seconds. No label carries an instance id.
+owns; this collector turns them into metric families when Prometheus scrapes, and
+``exposition.py`` writes those as text (a scrape holds the event loop, so it must stay
+cheap: the bench's ``--scrape-interval`` measures it). Names follow Prometheus'
+conventions: ``stepstream_`` prefix, units in the name, counters end in ``_total``,
+durations are histograms in seconds. No label carries an instance id.
 """
 
 from __future__ import annotations
