@@ -112,9 +112,16 @@ async def run_bench(
     profile: str | None = None,
     broker_kind: str = "dev",
     broker_nodes: int = 1,
+    scrape_interval: float | None = None,
 ) -> dict[str, Any]:
     client, backend = resolve_client(client, backend)
     _check_positive(n=n, pending=pending, rate=rate, workers=workers, partitions=partitions)
+    _check_positive(**{"scrape-interval": scrape_interval})
+    if scrape_interval is not None and workloads != ["timers"]:
+        raise SystemExit(
+            "bench: --scrape-interval scrapes the engine while --workload timers fires; "
+            "pass --workload timers"
+        )
     if input_bytes < 0:
         raise SystemExit(f"bench: --input-bytes must be 0 or more, got {input_bytes}")
     if workers != 1 and client == "inprocess":
@@ -179,7 +186,7 @@ async def run_bench(
                     with profiled(profile, f"{name}-{client}", s.engine_pids):
                         if name == "timers":
                             count = pending or n or DEFAULT_PENDING
-                            figures = await fixed_rate_timers(s, count, rate)
+                            figures = await fixed_rate_timers(s, count, rate, scrape_interval)
                         elif name == "retention":
                             figures = await retention(s, n or DEFAULT_RETAINED)
                         else:
@@ -238,6 +245,7 @@ def main(args: argparse.Namespace) -> int:
             profile=getattr(args, "profile", None),
             broker_kind=getattr(args, "broker", None) or "dev",
             broker_nodes=_given(args, "broker_nodes", 1),
+            scrape_interval=getattr(args, "scrape_interval", None),
         )
     )
     print(json.dumps(result, indent=None if getattr(args, "json", False) else 2))

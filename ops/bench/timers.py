@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from stepstream.ops.bench.scrape import Scraper, scraping
 from stepstream.ops.bench.sessions import Session, rss_mb, server_gauge_total
 from stepstream.ops.bench.workloads import (
     RESULT_TIMEOUT_S,
@@ -87,7 +88,21 @@ def _p99_by_second(on_time: list[tuple[float, float]], first_due_ms: float) -> l
     return [pct(lateness, 99) for lateness in seconds]
 
 
-async def fixed_rate_timers(session: Session, pending: int, rate: float) -> dict[str, Any]:
+async def fixed_rate_timers(
+    session: Session, pending: int, rate: float, scrape_interval_s: float | None = None
+) -> dict[str, Any]:
+    """``scrape_interval_s``: scrape the engine's ``/metrics`` that often from the first
+    start to the last timer's due time (``ops/bench/scrape.py``), reported as ``scrape``."""
+    async with scraping(scrape_interval_s, session.servers, session.host) as scraper:
+        figures = await _fixed_rate_timers(session, pending, rate, scraper)
+    if scraper is not None:
+        figures["scrape"] = scraper.figures()
+    return figures
+
+
+async def _fixed_rate_timers(
+    session: Session, pending: int, rate: float, scraper: Scraper | None
+) -> dict[str, Any]:
     client = session.client
     peak = rss_mb(session.engine_pids)
     before = peak
@@ -132,6 +147,9 @@ async def fixed_rate_timers(session: Session, pending: int, rate: float) -> dict
         elif session.servers:
             all_pending_ms = float("inf")  # the engine did not hold them all in time
         at_pending = rss_mb(session.engine_pids)
+        if scraper is not None:
+            scraper.idle_from = min(time.time(), first_due_ms / 1000)
+            scraper.firing_from = first_due_ms / 1000
         done = Progress("timers fired", pending)
 
         def waiter(i: int) -> Callable[[], Awaitable[None]]:

@@ -29,7 +29,9 @@ workloads (all three unless --workload):
   timers  --pending N timers on one engine, due 1/--rate s apart (1,000,000 at
           2,000/s): lateness, its p99 per tenth and per second of the firing
           (lateness_p99_ms_by_second; late_seconds: those at 100 ms or more) and
-          the engine's resident memory (rss_mb_*)
+          the engine's resident memory (rss_mb_*); --scrape-interval S scrapes
+          the engine's /metrics every S s meanwhile (scrape: duration_*_ms, the
+          round trip, and hold_*_ms, the time each scrape held the engine's loop)
   buffer  N events sent in turn to one instance that asks for none yet (N=1000),
           then taken at once: events_per_s, send_first_tenth_p50_ms against
           send_last_tenth_p50_ms (--input-bytes B: B more bytes per event)
@@ -48,6 +50,7 @@ examples:
   stepstream bench --client http --workload W1 --json
   stepstream bench --client kafka --workers 2 --workload W1
   stepstream bench --workload timers --pending 100000 --rate 2000
+  stepstream bench --client kafka --workload timers --pending 200000 --scrape-interval 1
   stepstream bench --workload retention --n 100000 --json
 
 Every workload's JSON has cpu_s: the CPU seconds each process (client, engine or
@@ -137,6 +140,16 @@ COMMANDS = (
             ),
             arg(
                 "--rate", type=float, metavar="R", help="timers fired per second, --workload timers"
+            ),
+            arg(
+                "--scrape-interval",
+                type=float,
+                metavar="S",
+                help="with --workload timers: scrape the engine's /metrics every S seconds, "
+                "as Prometheus would, from the first start to the last timer due; the JSON's "
+                "scrape object has each scrape's round trip and how long it held the "
+                "engine's loop (p50/p99/max; idle_*: with nothing else to do, firing_*: "
+                "while timers came due)",
             ),
             arg(
                 "--profile",

@@ -27,7 +27,7 @@ class ProcessesObservability(Observability):
     restarts: Callable[[], Mapping[int, int]] = dict  # process -> times started again
 
     async def metrics(self, request: web.Request) -> web.Response:
-        texts = [generate_latest(self.registry).decode()]
+        texts = [(await self.render()).body.decode()]
         async with aiohttp.ClientSession(headers=client_headers(self.token)) as http:
             for url in self.peers:
                 try:

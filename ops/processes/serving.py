@@ -241,6 +241,7 @@ async def serve_parent(
                 base.registry,
                 base.health,
                 base.http,
+                base.engine,
                 peers=urls[1:],
                 token=token,
                 restarts=lambda: children.restarts,

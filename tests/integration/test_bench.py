@@ -80,9 +80,27 @@ def test_bench_through_the_kafka_client_on_two_workers(
     assert set(result["W1"]["gc_pauses"]) == {"worker0", "worker1"}, result["W1"]
 
 
+def _check_scrapes(scrape: dict[str, Any]) -> None:
+    """``--scrape-interval``: the engine was scraped all along, each scrape's round trip
+    and hold of the engine's loop reported, over the whole run and in each phase."""
+    assert scrape["failures"] == 0, scrape
+    assert scrape["bytes"] > 10_000, scrape  # a whole /metrics body
+    for phase in ("", "idle_", "firing_"):
+        assert scrape[f"{phase}scrapes"] > 0, (phase, scrape)
+        assert 0 < scrape[f"{phase}duration_p50_ms"] <= scrape[f"{phase}duration_max_ms"], scrape
+        assert 0 < scrape[f"{phase}hold_p50_ms"] <= scrape[f"{phase}hold_p99_ms"], scrape
+        assert scrape[f"{phase}hold_max_ms"] <= scrape[f"{phase}duration_max_ms"], scrape
+    assert scrape["idle_scrapes"] + scrape["firing_scrapes"] <= scrape["scrapes"], scrape
+
+
 def test_fixed_rate_timers_fire_every_timer_never_early(tmp_path: Path) -> None:
-    result = _bench(tmp_path, "--workload", "timers", "--pending", "300", "--rate", "500")
+    result = _bench(
+        tmp_path,
+        *("--workload", "timers", "--pending", "300", "--rate", "500"),
+        *("--scrape-interval", "0.1"),
+    )
     timers = result["timers"]
+    assert timers["scrape"]["interval_s"] == 0.1, timers
     assert timers["pending"] == 300
     assert timers["all_pending_before_first_due"] is True, timers
     assert timers["early_fires"] == 0, timers
@@ -92,6 +110,13 @@ def test_fixed_rate_timers_fire_every_timer_never_early(tmp_path: Path) -> None:
     assert len(by_second) == 1, timers
     assert by_second[0] == timers["lateness_p99_ms"], timers
     assert timers["late_seconds"] == (1 if by_second[0] >= 100 else 0), timers
+    _check_scrapes(timers["scrape"])
+
+
+def test_scrape_interval_is_for_the_timers_workload(tmp_path: Path) -> None:
+    done = run_cli(tmp_path, "bench", "--workload", "W1", "--scrape-interval", "1")
+    assert done.returncode != 0
+    assert "--scrape-interval" in done.stderr and "--workload timers" in done.stderr, done.stderr
 
 
 @pytest.mark.kafka
@@ -100,8 +125,10 @@ def test_fixed_rate_timers_through_a_kafka_worker(tmp_path: Path, kafka_broker: 
         tmp_path,
         *("--client", "kafka", "--bootstrap", kafka_broker.bootstrap),
         *("--workload", "timers", "--pending", "300", "--rate", "500"),
+        *("--scrape-interval", "0.2"),
     )
     timers = result["timers"]
+    _check_scrapes(timers["scrape"])  # over HTTP, the hold from the worker's Server-Timing
     # Pending on the worker itself (its /metrics), not only acknowledged by the broker.
     assert timers["all_pending_before_first_due"] is True, timers
     assert timers["all_pending_for_s"] > 0, timers
