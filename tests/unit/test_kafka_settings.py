@@ -184,6 +184,9 @@ async def _open_kafka_client(
         async def start(self) -> None:
             raise RuntimeError("recorded")
 
+        async def stop(self) -> None:
+            pass
+
     monkeypatch.setattr("stepstream.producers.kafka.settings.create_ssl_context", fake_context)
     monkeypatch.setattr("stepstream.producers.kafka.connect.AIOKafkaProducer", FakeProducer)
     monkeypatch.setattr("stepstream.producers.kafka.follower.AIOKafkaConsumer", FakeConsumer)

@@ -18,6 +18,7 @@ from stepstream.consumers.kafka.db import (
 )
 from stepstream.consumers.kafka.runner import KafkaRunner, _open_sound
 from stepstream.consumers.kafka.state_dir import StateDir
+from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.seams import SystemClock
 from stepstream.engine.wire.serde import default_serde
@@ -60,7 +61,7 @@ def test_a_directory_rocksdb_cannot_open_is_moved_aside(tmp_path: Path) -> None:
     (path / "CURRENT").write_text("MANIFEST-999999\n")
     with pytest.raises(StateCorrupted):
         PartitionDB.open(str(path), 0, 2)
-    db = _open_sound(str(path), 0, 2)
+    db = _open_sound(str(path), 0, 2, RocksMemory())
     try:
         assert db.empty and db.offset("history") is None
     finally:
@@ -76,7 +77,7 @@ def test_a_directory_marked_damaged_while_open_is_moved_aside_when_next_opened(
     _filled(path)
     mark_damaged(str(path), "partition=0 state is damaged (found by a read)")
     assert needs_quarantine(str(path)) == "partition=0 state is damaged (found by a read)"
-    db = _open_sound(str(path), 0, 2)  # RocksDB itself would open it
+    db = _open_sound(str(path), 0, 2, RocksMemory())  # RocksDB itself would open it
     try:
         assert db.empty
     finally:
