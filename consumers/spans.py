@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sized
+from functools import cache
 from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
 
 from stepstream.engine.replay.status import Status
@@ -143,8 +144,6 @@ def named(span: tuple[object, ...]) -> StepSpan | ActivationSpan:
 
 
 _STATUS_TEXT = {status: status.value for status in Status}
-# The inputs of an activation that applied only step outcomes, by their number.
-_OUTCOMES = ["", *(",".join(["StepOutcome"] * n) for n in range(1, 9))]
 
 
 class _Activation:
@@ -194,7 +193,7 @@ class Activations:
 
     def take(self, partition: int) -> dict[str, _Activation]:
         """The partition's activations of the batch being committed (forgotten here)."""
-        return self._pending.pop(partition, None) or {}
+        return self._pending.pop(partition, {})
 
     @staticmethod
     def spans(
@@ -224,14 +223,12 @@ class Activations:
             steps = len(applied) if applied is not None else 0
             links: tuple[tuple[str, str | None], ...] = ()
             if activation is None:
-                inputs = _OUTCOMES[steps] if steps < len(_OUTCOMES) else _outcomes(steps)
+                inputs = _outcomes(steps)
                 first, command_id, offset, commands = False, "", -1, 0
             else:
                 inputs = ",".join(activation.inputs)
                 if steps:
-                    inputs += "," + (
-                        _OUTCOMES[steps] if steps < len(_OUTCOMES) else _outcomes(steps)
-                    )
+                    inputs += "," + _outcomes(steps)
                 first, command_id = activation.first, activation.command_id
                 offset, commands = activation.offset, activation.commands
                 links = tuple(activation.links) if activation.links else ()
@@ -262,5 +259,7 @@ class Activations:
             )
 
 
+@cache
 def _outcomes(count: int) -> str:
+    """The inputs of ``count`` step outcomes, as an activation span lists them."""
     return ",".join(["StepOutcome"] * count)

@@ -283,7 +283,7 @@ class Telemetry:
         if started is None:
             started = self._started[partition] = {}
         traced = self._spans is not None
-        activations = self.activations.take(partition) if traced else None
+        activations = self.activations.take(partition) if traced else {}
         spans: list[tuple[object, ...]] | None = [] if traced else None
         run_tracebacks: dict[str, str] = {}
         # Checked per instance, not per record: most commits touch no queue.
@@ -311,7 +311,7 @@ class Telemetry:
                 self._step_ended(partition, ended, owner, began, traceback, spans)
             elif kind is WorkflowStarted:
                 self.workflows[(cast(WorkflowStarted, record).workflow, "started")] += 1
-                if activations and record.instance_id in activations:
+                if record.instance_id in activations:
                     activations[record.instance_id].first = True
             elif kind in _RUN_ENDS:
                 end = cast("RunEnd", record)
@@ -327,7 +327,7 @@ class Telemetry:
         if spans is not None:
             self.activations.spans(
                 partition,
-                activations or {},
+                activations,
                 outcomes,
                 began_ns,
                 touched,
