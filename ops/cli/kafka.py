@@ -128,7 +128,7 @@ TOPIC_ACTIONS = (
             arg(
                 "--timeout",
                 type=float,
-                default=30.0,
+                default=60.0,
                 metavar="S",
                 help="seconds to wait for the cluster to answer, a broker started just "
                 "before included, then give up with an error (%(default)s)",

@@ -205,7 +205,7 @@ def test_the_readme_kafka_quick_start_works_typed_line_after_line(tmp_path: Path
 
 def test_topics_create_without_a_reachable_cluster_says_so_in_one_line(tmp_path: Path) -> None:
     """Nothing listens there: the error says what to check, without librdkafka's line
-    per connection attempt before it, once ``--timeout`` has passed (30 s unless set)."""
+    per connection attempt before it, once ``--timeout`` has passed (60 s unless set)."""
     where = ["--bootstrap", "127.0.0.1:1", "--prefix", "nowhere", "--partitions", "2"]
     command = [sys.executable, "-m", "stepstream.ops.cli", "topics", "create", *where]
     refused = subprocess.run(
