@@ -24,6 +24,8 @@ from stepstream.producers.http.wire import (
 )
 
 _HEARTBEAT_S = 20.0
+# How long close() waits for a websocket's socket to be gone once it is aborted.
+_CLOSED_WAIT_S = 5.0
 
 # ``json.dumps(..., separators=...)`` builds an encoder per call; a call's arguments
 # are made often enough for that to show.
@@ -42,6 +44,11 @@ class _Link:
 
     def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         self.ws = ws
+        # The connection under the websocket, kept so that close() can end the socket
+        # itself (see ``_socket_gone``). aiohttp has no public accessor for it.
+        connection = ws._response.connection
+        self.protocol = connection.protocol if connection is not None else None
+        self.transport = self.protocol.transport if self.protocol is not None else None
         self.pending: dict[int, asyncio.Future[Any]] = {}
         self.outbox: list[str] = []  # calls as JSON text, to write
         self.ready = asyncio.Event()
@@ -173,3 +180,22 @@ class ApiSession:
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
+        await _socket_gone(link)
+
+
+async def _socket_gone(link: _Link) -> None:
+    """Ends the websocket's socket and waits until it is closed. Over TLS, the
+    websocket's close leaves the connection in TLS's own closing handshake, which the
+    session's pool does not track: a program that ends its event loop right after (any
+    ``asyncio.run``) would leave the socket open, and Python warns of an unclosed
+    transport. The websocket's own closing handshake is done by then, so nothing is
+    lost by aborting what remains."""
+    protocol, transport = link.protocol, link.transport
+    if protocol is None or transport is None:
+        return
+    closed = protocol.closed  # None once the socket is gone
+    if closed is None:
+        return
+    transport.abort()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(asyncio.shield(closed), _CLOSED_WAIT_S)

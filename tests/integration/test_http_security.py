@@ -13,7 +13,9 @@ processes, through raw HTTP, `Client.connect` and the CLI as a user would.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import ssl
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -305,6 +307,23 @@ def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return self_signed_certificate(tmp_path_factory.mktemp("tls"))
 
 
+def _sockets_to(port: int) -> int:
+    """How many of this process's open TCP sockets are connected to ``port``."""
+    mine = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                mine.add(target[len("socket:[") : -1])
+    count = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[2].rsplit(":", 1)[1], 16) == port and fields[9] in mine:
+                count += 1
+    return count
+
+
 async def test_tls_with_a_self_signed_certificate(
     tmp_path: Path, certificate: tuple[Path, Path]
 ) -> None:
@@ -326,6 +345,9 @@ async def test_tls_with_a_self_signed_certificate(
             waiting = asyncio.ensure_future(client.result("tls-1", timeout=20))
             await client.send_event("tls-1", "go", "over tls")
             assert await waiting == "over tls"
+        # Closed means closed: no socket to the server is left in TLS's closing
+        # handshake, which an event loop ended right after would leave open.
+        assert _sockets_to(int(dev.url.rsplit(":", 1)[1])) == 0
         async with Client.connect(dev.url, token=TOKEN) as client:
             with pytest.raises(ConnectionFailed, match=r"not trusted.*tls_ca="):
                 await client.status("tls-1")
