@@ -132,10 +132,11 @@ async def _exactly_once(client: Client, instance: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("breakage", ["rotated", "deleted"])
 async def test_a_worker_locked_out_while_it_runs_says_so_and_goes_on_when_let_back_in(
-    reauth_kafka: SecureKafka, breakage: str, tmp_path: Path
+    reauth_kafka: SecureKafka, tmp_path: Path
 ) -> None:
+    """The worker's SCRAM credential is deleted on the broker, then made again. (A
+    rotated password is refused the same way; the next test rotates one.)"""
     kafka = reauth_kafka
     env = kafka.sasl_env()
     prefix = f"cred{uuid.uuid4().hex[:8]}"
@@ -158,7 +159,7 @@ async def test_a_worker_locked_out_while_it_runs_says_so_and_goes_on_when_let_ba
             await client.start("waiter", None, instance_id="spanning")
             assert (await client.status("spanning")).status == "running"
 
-        _set_credential(kafka, None if breakage == "deleted" else "rotated-elsewhere")
+        _set_credential(kafka, None)
         # Within the re-authentication interval every connection is refused.
         await _until(lambda: _refusal_errors(log), "the worker's ERROR line", 30)
         _, body = await _until(
@@ -200,7 +201,7 @@ async def test_a_worker_locked_out_while_it_runs_says_so_and_goes_on_when_let_ba
                 assert await client.result(f"during-{n}", timeout=60) == expected
             for instance in ("before", "spanning", "after", "during-0", "during-1", "during-2"):
                 await _exactly_once(client, instance)
-        print(f"{breakage}: ready again {recovered_s:.1f} s after the credential was restored")
+        print(f"ready again {recovered_s:.1f} s after the credential was restored")
     finally:
         _set_credential(kafka, PASSWORD)
         proc.send_signal(signal.SIGTERM)
