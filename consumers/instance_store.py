@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import orjson
 
 from stepstream.consumers import state_keys as keys
+from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.reads.listing import (
     RECENT_FAILURES,
     InstancePage,
@@ -17,7 +20,7 @@ from stepstream.engine.reads.listing import (
     Overview,
     WhereValue,
 )
-from stepstream.engine.reads.views import InstanceStatus, created_iso
+from stepstream.engine.reads.views import InstanceStatus
 from stepstream.engine.replay.ids import is_client_command
 from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.replay.state_json import (
@@ -34,6 +37,8 @@ from stepstream.engine.wire.serde import RecordSerde
 from stepstream.engine.wire.settle import recorded_reason
 
 _STATUS_MARK = b'"st":"'  # how the status sits in an instance's meta (compact JSON)
+_CREATED_MARK = b',"c":'  # and its created time
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def load_state(
@@ -246,40 +251,47 @@ class InstanceReads:
     def list_by_created(self, query: ListQuery) -> InstancePage:
         """The instances of ``query`` on this partition newest (or oldest) first by
         created time, from its cursor on. With no index by that time every meta under
-        the prefix is read, but only its status, workflow and created time are looked
-        at; just the page's instances are decoded."""
+        the prefix is read, but a meta is parsed only to check a filter its raw bytes
+        have passed (a status, workflow or attribute), never to sort: its created time
+        is read off the bytes. Just the page's instances are decoded."""
         newest = query.order == "newest"
         marks = _marks(query)
-        found: list[tuple[str, bytes, bytes]] = []  # (position, key, meta)
-        for key, meta in self._store.scan(keys.META + keys.escape_id(query.prefix)):
-            if marks and not all(mark in meta for mark in marks):
-                continue  # a rare status or attribute: most metas are never parsed
-            raw = orjson.loads(meta)
-            if (
-                (query.status is not None and raw["st"] != query.status)
-                or (query.workflow is not None and raw["w"] != query.workflow)
-                or (query.where and not query.has_attributes(raw.get("at", {})))
-            ):
-                continue
-            created = created_iso(raw["c"])
-            if (query.since is not None and created < query.since) or (
-                query.until is not None and created >= query.until
-            ):
-                continue
-            position = f"{created}/{keys.split_meta(key)}"
-            if query.after is not None and (
-                position >= query.after if newest else position <= query.after
-            ):
-                continue
-            found.append((position, key, meta))
+        verify = query.status is not None or query.workflow is not None or bool(query.where)
+        since = None if query.since is None else _ms_of(query.since)
+        until = None if query.until is None else _ms_of(query.until)
+        after = None if query.after is None else _position_of(query.after)
+
+        def candidates() -> Iterator[tuple[tuple[int, str], bytes]]:
+            for key, meta in self._store.scan(keys.META + keys.escape_id(query.prefix)):
+                if marks and not all(mark in meta for mark in marks):
+                    continue  # a rare status or attribute: most metas are never parsed
+                if verify:
+                    raw = orjson.loads(meta)
+                    if (
+                        (query.status is not None and raw["st"] != query.status)
+                        or (query.workflow is not None and raw["w"] != query.workflow)
+                        or (query.where and not query.has_attributes(raw.get("at", {})))
+                    ):
+                        continue
+                created = _created_in(meta)
+                if (since is not None and created < since) or (
+                    until is not None and created >= until
+                ):
+                    continue
+                # Sorts as the cursor's text ``<created_at>/<id>`` does.
+                position = (created, keys.split_meta(key))
+                if after is not None and (position >= after if newest else position <= after):
+                    continue
+                yield position, meta
+
         pick = heapq.nlargest if newest else heapq.nsmallest
-        chosen = pick(query.limit + 1, found)
+        chosen = pick(query.limit + 1, candidates())
         views = [
-            InstanceStatus.of(state_from_storage(keys.split_meta(key), meta, []))
-            for _, key, meta in chosen[: query.limit]
+            InstanceStatus.of(state_from_storage(instance_id, meta, []))
+            for (_, instance_id), meta in chosen[: query.limit]
         ]
         more = len(chosen) > query.limit
-        return InstancePage(views, chosen[query.limit - 1][0] if more else None)
+        return InstancePage(views, query.position(views[-1]) if more else None)
 
     def overview_slice(
         self, since_ms: int, start: bytes | None, budget: int
@@ -341,6 +353,36 @@ def _attribute_mark(key: str, value: WhereValue) -> bytes:
     are written differently and match each other; a tuple matches any of several)."""
     mark = orjson.dumps(key) + b":"
     return mark + orjson.dumps(value) if isinstance(value, str | bool) else mark
+
+
+def _created_in(meta: bytes) -> int:
+    """The created time (ms) in a meta's compact JSON, without parsing the rest: the
+    workflow, version and status come before it, and no JSON text can hold the
+    unescaped quotes of its key."""
+    at = meta.index(_CREATED_MARK) + len(_CREATED_MARK)
+    return int(meta[at : meta.index(b",", at)])
+
+
+def _ms_of(instant: str) -> int:
+    """A time as ``parse_instant`` and ``created_iso`` write it (ISO 8601 with ms), in
+    ms: whole ms compare as their text does."""
+    when = datetime.fromisoformat(instant)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return (when - _EPOCH) // timedelta(milliseconds=1)
+
+
+def _position_of(cursor: str) -> tuple[int, str]:
+    """A ``<created_at>/<instance id>`` cursor as a (ms, id) position (ids may hold
+    ``/``, created times never do)."""
+    created, _, instance_id = cursor.partition("/")
+    try:
+        return _ms_of(created), instance_id
+    except ValueError:
+        raise InvalidPayload(
+            f"after={cursor!r} is not a cursor of this order: pass the `next` of the "
+            "page before, or no `after` for the first page"
+        ) from None
 
 
 def _status_in(meta: bytes) -> str:
