@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, replace
 
+from stepstream.consumers.heap_trim import HeapTrim
 from stepstream.consumers.partition import Committed, PartitionProcessor, ProcessorConfig
 from stepstream.consumers.steps import StepExecutor
 from stepstream.consumers.telemetry import Telemetry
@@ -89,6 +91,8 @@ class PartitionHost:
         self._config = replace(config or ProcessorConfig(), max_payload_bytes=max_payload_bytes)
         self._owned: dict[int, _Owned] = {}
         self.telemetry = Telemetry()
+        # What retention forgets is freed, and given back to the system (glibc).
+        self.heap_trim = HeapTrim.from_env(os.environ)
         self._settled: dict[str, asyncio.Future[str | None]] = {}
         # How many callers of ``settled`` have not called ``forget`` yet, per command:
         # two waits on one command share its future, and the first to give up must not
@@ -118,6 +122,7 @@ class PartitionHost:
             clock=self.clock,
             executor=self.executor,
             on_commit=self._committed,
+            on_forgotten=self.heap_trim.forgotten,
             config=self._config,
             telemetry=self.telemetry,
         )
@@ -152,6 +157,7 @@ class PartitionHost:
         await self.drain(list(self._owned))
         for partition in list(self._owned):
             await self.revoke(partition)
+        self.heap_trim.close()
         self.executor.shutdown()
 
     @property
