@@ -60,6 +60,7 @@ class PartitionProcessor:
         clock: Clock,
         executor: StepExecutor,
         on_commit: Callable[[Committed], None],
+        on_forgotten: Callable[[int], None] | None = None,
         config: ProcessorConfig | None = None,
         telemetry: Telemetry | None = None,
     ) -> None:
@@ -69,6 +70,8 @@ class PartitionProcessor:
         self._clock = clock
         self._executor = executor
         self._on_commit = on_commit
+        # Told how many instances each sweep forgot (the host trims the heap after many).
+        self._on_forgotten = on_forgotten
         self._config = config = config or ProcessorConfig()
         self._telemetry = telemetry = telemetry or Telemetry()
         # Instances parked here (history diverged, or their version is not deployed).
@@ -318,7 +321,9 @@ class PartitionProcessor:
                 if entries or outcomes or fires:
                     await self._process(entries, outcomes, fires)
                 if self._sweeper.due(loop.time()):
-                    await self._sweeper.sweep()
+                    forgotten = await self._sweeper.sweep()
+                    if forgotten and self._on_forgotten is not None:
+                        self._on_forgotten(forgotten)
         finally:
             if wake_task is not None:
                 wake_task.cancel()

@@ -3,9 +3,11 @@ retention, for the memory the engine keeps once they are gone.
 
 N one-step instances are started and awaited (a bounded number in flight), on an engine
 whose retention forgets a finished instance after ``RETENTION_S`` and sweeps every
-``SWEEP_INTERVAL_S``. Once none is left (a listing by their id prefix is empty) and the
-garbage collector has run, the engine's resident memory is what finished-and-forgotten
-work leaves behind: it should not grow with N.
+``SWEEP_INTERVAL_S``. Once none is left (a listing by their id prefix is empty), the
+engine has given what it freed back to the system (a heap trim, at most 10 s later) and
+the garbage collector has run, the engine's resident memory is what finished-and-forgotten
+work leaves behind: it should not grow with N, and what of it is bounded caches is
+reported beside it (RocksDB's share of its budget, the settled commands kept).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from stepstream.consumers import rocks_memory
 from stepstream.ops.bench.sessions import Session, rss_mb
 from stepstream.ops.bench.workloads import RESULT_TIMEOUT_S, Progress, gather_limited
 
@@ -61,6 +64,10 @@ async def retention(session: Session, n: int) -> dict[str, Any]:
         peak = max(peak, rss_mb(session.engine_pids))
         await asyncio.sleep(0.5)
     forgotten_s = time.perf_counter() - began
+    # The engine gives what it freed back to the system at most every 10 s after
+    # retention forgot many (consumers/heap_trim.py): what it keeps is measured after that.
+    while session.host is not None and session.host.heap_trim.due:
+        await asyncio.sleep(0.5)
     gc.collect()
     after = rss_mb(session.engine_pids)
     return {
@@ -74,6 +81,12 @@ async def retention(session: Session, n: int) -> dict[str, Any]:
         "rss_mb_peak": max(peak, at_end),
         "rss_mb_after_retention": after,
         "rss_of": "bench process (engine and client)",
-        # Commands the host still remembers as settled (consumers/host.py RECENT_SETTLED).
+        # What of it is bounded, and by what (docs/performance.md): RocksDB's blocks and
+        # memtables within its budget (STEPSTREAM_ROCKSDB_MEMORY_MB), and the commands
+        # the host still remembers as settled (consumers/host.py RECENT_SETTLED).
+        "rocksdb_mb_after_retention": round(rocks_memory.usage_bytes() / 2**20, 1),
+        "rocksdb_budget_mb": round(rocks_memory.limit_bytes() / 2**20, 1),
         "settled_commands_kept": session.host.recent_settled if session.host else None,
+        # How often the engine gave freed memory back to the system (consumers/heap_trim).
+        "heap_trims": session.host.heap_trim.trims if session.host else None,
     }

@@ -47,7 +47,9 @@ _PROCESS_TUNING = (
     "It runs on uvloop, libuv's event loop ($STEPSTREAM_EVENT_LOOP=asyncio: the standard "
     "library's), with the garbage collector's thresholds raised ($STEPSTREAM_GC=default: "
     "Python's own). Its RocksDB databases share one memory budget for cached blocks and "
-    "write buffers, $STEPSTREAM_ROCKSDB_MEMORY_MB (default 64)."
+    "write buffers, $STEPSTREAM_ROCKSDB_MEMORY_MB (default 64). Once retention has "
+    "forgotten $STEPSTREAM_MALLOC_TRIM_AFTER instances (default 1000; 0: never) it gives "
+    "the memory they freed back to the system (glibc's malloc_trim)."
 )
 _OBSERVED = (
     " It serves Prometheus metrics at /metrics (with the API token when one is set): "

@@ -172,6 +172,10 @@ def test_retention_forgets_every_instance_and_reports_the_memory_left(tmp_path: 
     assert figures["rss_mb_after_retention"] > 0 and figures["rss_mb_peak"] > 0, figures
     # one start per instance, each remembered for publishers that ask (within its window)
     assert figures["settled_commands_kept"] == N, figures
+    # what RocksDB holds of its budget, so a reader sees how much of the memory it is
+    assert 0 < figures["rocksdb_mb_after_retention"] <= figures["rocksdb_budget_mb"] == 64
+    # a heap trim waits for many more forgotten instances (STEPSTREAM_MALLOC_TRIM_AFTER)
+    assert figures["heap_trims"] == 0, figures
 
 
 def test_http_client_with_kafka_backend_says_what_to_use(tmp_path: Path) -> None:

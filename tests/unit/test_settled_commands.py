@@ -65,3 +65,15 @@ async def test_a_burst_leaves_at_most_the_cap_behind() -> None:
     assert host.recent_settled == RECENT_SETTLED
     assert host.settled_recently("c-99") == (False, None)  # the oldest went first
     assert host.settled_recently(f"c-{RECENT_SETTLED + 99}") == (True, None)
+
+
+async def test_a_refusal_leaves_with_its_command() -> None:
+    clock = VirtualClock()
+    host = _host(clock)
+    _commit(host, {"refused": REFUSED})
+    _commit(host, {f"c-{i}": None for i in range(RECENT_SETTLED)})  # pushes it out
+    assert host.settled_recently("refused") == (False, None)
+    assert host._refused == {}  # its reason is not kept without it
+    _commit(host, {"again": REFUSED})
+    _commit(host, {"again": None})  # settled again, applied this time
+    assert host.settled_recently("again") == (True, None)
