@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Sequence
 
 import orjson
 
@@ -53,6 +54,29 @@ def load_state(
     return state_from_storage(
         instance_id, meta, found, store.get(keys.input_key(instance_id)), buffered
     )
+
+
+def load_states(store: StateStore, instance_ids: Sequence[str]) -> dict[str, InstanceState]:
+    """The committed state (with entries) of each of ``instance_ids`` that has one, as
+    ``load_state`` reads it, but read together: their metas and inputs in one multi-get,
+    their entries and buffered events in one ordered pass, instead of four reads each."""
+    ids = list(dict.fromkeys(instance_ids))
+    found = store.get_many([keys.meta(i) for i in ids] + [keys.input_key(i) for i in ids])
+    metas, inputs = found[: len(ids)], found[len(ids) :]
+    present = [n for n, meta in enumerate(metas) if meta is not None]
+    if not present:
+        return {}
+    entry_prefixes = [keys.entry_prefix(ids[n]) for n in present]
+    scanned = store.scan_many(entry_prefixes + [keys.buffered_prefix(ids[n]) for n in present])
+    states = {}
+    for at, n in enumerate(present):
+        instance_id, meta = ids[n], metas[n]
+        assert meta is not None
+        cut = len(entry_prefixes[at])
+        entries = [(k[cut:].decode(), v) for k, v in scanned[at]]
+        buffered = [v for _, v in scanned[len(present) + at]]
+        states[instance_id] = state_from_storage(instance_id, meta, entries, inputs[n], buffered)
+    return states
 
 
 def write_state(state: InstanceState, batch: CommitBatch) -> None:
