@@ -95,8 +95,7 @@ class RuntimeCache:
         runtimes = self._runtimes
         wanted = [i for i in dict.fromkeys(instance_ids) if i not in runtimes]
         if len(wanted) > 1:  # one alone is read as before
-            found = load_states(self._store, wanted)
-            self._preloaded.update((i, found.get(i)) for i in wanted)
+            self._preloaded.update(load_states(self._store, wanted))
 
     def forget_preloaded(self) -> None:
         self._preloaded.clear()

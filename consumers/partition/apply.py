@@ -150,10 +150,10 @@ class Applier:
         then step outcomes, into one batch. Lines logged meanwhile (the workflow code's
         too) are about the instance an input is applied to (``Containment.handle``)."""
         token = log_context.current.set(self._containment.subject)
-        # The instances the commands and fires are for, read together (evicted sleepers
-        # woken by a run of due timers): each load below then takes its state from there.
-        self._cache.preload(_instance_ids(entries, fires))
         try:
+            # The instances the commands and fires are for, read together (evicted
+            # sleepers woken by a run of due timers): each load takes its state from there.
+            self._cache.preload(_instance_ids(entries, fires))
             return self._batch(entries, outcomes, fires)
         finally:
             self._cache.forget_preloaded()

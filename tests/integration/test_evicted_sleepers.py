@@ -18,7 +18,8 @@ from stepstream import Client
 from stepstream.consumers.partition import ProcessorConfig
 from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
-from tests.conftest import ThreadedWorker, kafka_settings, kafka_url, test_registry
+from tests.conftest import ThreadedWorker, kafka_settings, kafka_url
+from tests.conftest import test_registry as registry
 
 SLEEPERS = 120
 PARTITIONS = 2
@@ -51,7 +52,7 @@ async def engine(
         config = EmbeddedConfig(
             data_dir=str(tmp_path / "data"), partitions=PARTITIONS, cache_size=CACHE
         )
-        opened = await open_embedded(test_registry(), config)
+        opened = await open_embedded(registry(), config)
         async with Client(opened.make_transport(owns_engine=True)) as client:
             yield client
         return
@@ -60,7 +61,7 @@ async def engine(
     settings = kafka_settings(request.getfixturevalue("kafka_broker"))
     create_topics(settings, PARTITIONS)
     worker = ThreadedWorker(
-        settings, tmp_path / "worker", test_registry(), processor=ProcessorConfig(cache_size=CACHE)
+        settings, tmp_path / "worker", registry(), processor=ProcessorConfig(cache_size=CACHE)
     )
     try:
         worker.start(PARTITIONS)
