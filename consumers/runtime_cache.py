@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
-from stepstream.consumers.instance_store import load_state
+from stepstream.consumers.instance_store import load_state, load_states
 from stepstream.consumers.telemetry import Telemetry
 from stepstream.engine.api.workflow import Registry, WorkflowDefinition
 from stepstream.engine.errors import UnknownWorkflow
@@ -55,6 +55,10 @@ class RuntimeCache:
         self.draining = False
         # The stored history, for resets and forks (the partition's applier sets it).
         self.history: HistoryAccess | None = None
+        # States read ahead for the batch being made (``preload``; None: no such
+        # instance), each taken by the first ``load`` of its instance; dropped when the
+        # batch is made.
+        self._preloaded: dict[str, InstanceState | None] = {}
 
     def __len__(self) -> int:
         return len(self._runtimes)
@@ -81,9 +85,27 @@ class RuntimeCache:
         self._telemetry.cache_misses += 1
         return self.load(instance_id)
 
+    def preload(self, instance_ids: Iterable[str]) -> None:
+        """Read ahead, in one go, the committed state of those of ``instance_ids`` that
+        are not in memory, for the loads of the batch being made: due timers of evicted
+        sleepers (or commands to them) then cost one multi-get and one ordered scan
+        together instead of four reads each. Call ``forget_preloaded`` when the batch is
+        made, before anything is committed: a state read ahead is the committed one only
+        until the next commit."""
+        runtimes = self._runtimes
+        wanted = [i for i in dict.fromkeys(instance_ids) if i not in runtimes]
+        if len(wanted) > 1:  # one alone is read as before
+            self._preloaded.update(load_states(self._store, wanted))
+
+    def forget_preloaded(self) -> None:
+        self._preloaded.clear()
+
     def load(self, instance_id: str) -> InstanceRuntime | None:
         """A runtime built from committed state (its coroutine replays on first drive)."""
-        state = load_state(self._store, instance_id)
+        if instance_id in self._preloaded:
+            state = self._preloaded.pop(instance_id)
+        else:
+            state = load_state(self._store, instance_id)
         if state is None:
             return None
         runtime = self.new(state, self._definition(state))

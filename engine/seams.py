@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -78,6 +78,15 @@ class StateStore(Protocol):
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Keys starting with ``prefix``, from ``start`` (default: the prefix) on, in key
         order."""
+        ...
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The values of ``keys``, in their order (None where absent), read at once."""
+        ...
+
+    def scan_many(self, prefixes: Sequence[bytes]) -> list[list[tuple[bytes, bytes]]]:
+        """For each of ``prefixes`` (none the start of another), its keys and values in
+        key order, as ``scan`` gives them, read in one ordered pass."""
         ...
 
 

@@ -11,7 +11,7 @@ hand and move the clock themselves.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,12 @@ class FakeStore:
         for key in sorted(self.data):
             if key.startswith(prefix) and (start is None or key >= start):
                 yield key, self.data[key]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return [self.data.get(key) for key in keys]
+
+    def scan_many(self, prefixes: Sequence[bytes]) -> list[list[tuple[bytes, bytes]]]:
+        return [list(self.scan(prefix)) for prefix in prefixes]
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -541,3 +541,13 @@ async def tagged(ctx: Context, attributes: dict[str, Any]) -> dict[str, Any]:
     more: dict[str, Any] = await ctx.wait_for_event("more")
     ctx.set_attributes(more)
     return more
+
+
+@workflow("nap-then-mail")
+async def nap_then_mail(ctx: Context, args: dict[str, Any]) -> dict[str, Any]:
+    """A step, a sleep until a set time (shared by many instances, so they wake in one
+    batch), then an event that was sent while it slept."""
+    tag = await ctx.step("tag", add, args["n"], 1000)
+    await ctx.sleep_until("nap", datetime.fromisoformat(args["until"]))
+    mail = await ctx.wait_for_event("mail")
+    return {"n": args["n"], "tag": tag, "mail": mail, "note": args["note"]}

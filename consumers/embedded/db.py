@@ -44,6 +44,7 @@ from stepstream.consumers.rocks import (
     check_status,
     is_corruption,
     prefix_scan,
+    prefix_scans,
 )
 from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.engine.seams import Append
@@ -211,6 +212,22 @@ class EmbeddedDB:
         """Keys of ``cf`` that start with ``prefix``, from ``start`` (default: the prefix)
         on, in key order. Exhaust or drop the iterator: a live one keeps RocksDB open."""
         return prefix_scan(self._cf(cf), prefix, start, on_error=self._read_failed)
+
+    def get_many(self, cf: str, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` of ``cf`` in their order (None where absent): one
+        multi-get."""
+        if not keys:
+            return []
+        try:
+            values: list[bytes | None] = self._cf(cf).get(list(keys))
+        except Exception as exc:
+            raise self._read_failed(exc) from exc
+        return values
+
+    def scan_many(self, cf: str, prefixes: Sequence[bytes]) -> list[list[tuple[bytes, bytes]]]:
+        """For each of ``prefixes``, the keys of ``cf`` under it in key order, read in one
+        iterator pass (``consumers.rocks.prefix_scans``)."""
+        return prefix_scans(self._cf(cf), prefixes, on_error=self._read_failed)
 
     def last(self, cf: str, prefix: bytes) -> tuple[bytes, bytes] | None:
         """The greatest key of ``cf`` that starts with ``prefix``, and its value."""

@@ -7,7 +7,7 @@ is one atomic, durable write of appends, state changes and offsets together.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from stepstream.consumers.embedded import keys
 from stepstream.consumers.embedded.db import EmbeddedDB
@@ -32,6 +32,17 @@ class EmbeddedStore:
         begin = None if start is None else self._prefix + start
         for key, value in self._db.scan(keys.STATE_CF, self._prefix + prefix, begin):
             yield key[cut:], value
+
+    def get_many(self, keys_: Sequence[bytes]) -> list[bytes | None]:
+        """The values of ``keys_`` in their order (None where absent): one multi-get."""
+        own = self._prefix
+        return self._db.get_many(keys.STATE_CF, [own + key for key in keys_])
+
+    def scan_many(self, prefixes: Sequence[bytes]) -> list[list[tuple[bytes, bytes]]]:
+        """For each of ``prefixes``, its keys in key order, read in one iterator pass."""
+        own, cut = self._prefix, len(self._prefix)
+        found = self._db.scan_many(keys.STATE_CF, [own + prefix for prefix in prefixes])
+        return [[(key[cut:], value) for key, value in each] for each in found]
 
 
 class EmbeddedSource:

@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from stepstream.consumers.rocks import (
     is_missing_file,
     pinned_scan,
     prefix_scan,
+    prefix_scans,
 )
 from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.engine.errors import StepstreamError
@@ -138,6 +139,20 @@ class PartitionDB:
         """Keys starting with ``prefix``, from ``start`` (default: the prefix) on, in key
         order."""
         return prefix_scan(self._state, prefix, start, on_error=self._damaged)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` in their order (None where absent): one multi-get."""
+        if not keys:
+            return []
+        try:
+            values: list[bytes | None] = self._state.get(list(keys))
+        except Exception as exc:
+            raise self._damaged(exc) from exc
+        return values
+
+    def scan_many(self, prefixes: Sequence[bytes]) -> list[list[tuple[bytes, bytes]]]:
+        """For each of ``prefixes``, its keys in key order, read in one iterator pass."""
+        return prefix_scans(self._state, prefixes, on_error=self._damaged)
 
     def pinned_scan(self, prefix: bytes) -> Generator[tuple[bytes, bytes], None, None]:
         """Keys starting with ``prefix`` as they are now, however long the reading takes

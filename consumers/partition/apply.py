@@ -54,6 +54,9 @@ log = logging.getLogger("stepstream.partition")
 # Commands an instance refuses with a reason of their own (recorded as ignored).
 REFUSABLE = (ResetWorkflow, RetryWorkflow, ForkWorkflow)
 
+# Unfinished instances read together when an owner resumes them.
+_RESUME_READ_AHEAD = 1000
+
 NOT_APPLIED_AFTER_ERROR = (
     "not applied: a later input of its instance in the same batch hit an internal error "
     "(see the worker's log); send the command again"
@@ -100,17 +103,15 @@ class Applier:
         batch.commit.appends.append(
             Append(HISTORY, b"", self._serde.encode(fence), self._partition)
         )
-        for key, _ in list(self._backend.store.scan(keys.ACTIVE)):
-            instance_id = keys.split_active(key)
-            runtime = self._cache.load(instance_id)
-            if runtime is None:
-                continue
+        active = [keys.split_active(key) for key, _ in self._backend.store.scan(keys.ACTIVE)]
+        for at in range(0, len(active), _RESUME_READ_AHEAD):
+            chunk = active[at : at + _RESUME_READ_AHEAD]
+            self._cache.preload(chunk)
             try:
-                runtime.recover(batch.out)
-            except HistoryDiverged as exc:
-                self._containment.park(runtime, exc, batch, None)
-                continue
-            batch.touched[instance_id] = runtime
+                for instance_id in chunk:
+                    self._resume_one(instance_id, batch)
+            finally:
+                self._cache.forget_preloaded()
         for key, _ in list(self._backend.store.scan(keys.WITHDRAW)):
             batch.commit.delete(key)  # with the withdrawals it publishes
             runtime = self._cache.load(keys.split_withdraw(key))
@@ -118,6 +119,17 @@ class Applier:
                 runtime.withdraw_again(batch.out)
         self._index_finished(batch.commit)
         return batch
+
+    def _resume_one(self, instance_id: str, batch: Batch) -> None:
+        runtime = self._cache.load(instance_id)
+        if runtime is None:
+            return
+        try:
+            runtime.recover(batch.out)
+        except HistoryDiverged as exc:
+            self._containment.park(runtime, exc, batch, None)
+            return
+        batch.touched[instance_id] = runtime
 
     def _index_finished(self, commit: CommitBatch) -> None:
         """Once per state store: index the instances that finished before finish times
@@ -139,8 +151,12 @@ class Applier:
         too) are about the instance an input is applied to (``Containment.handle``)."""
         token = log_context.current.set(self._containment.subject)
         try:
+            # The instances the commands and fires are for, read together (evicted
+            # sleepers woken by a run of due timers): each load takes its state from there.
+            self._cache.preload(_instance_ids(entries, fires))
             return self._batch(entries, outcomes, fires)
         finally:
+            self._cache.forget_preloaded()
             log_context.current.reset(token)
 
     def _batch(
@@ -371,3 +387,14 @@ class Applier:
             clock=self._clock,
             command_id=command_id,
         )
+
+
+def _instance_ids(entries: list[LogEntry], fires: list[TimerFired]) -> list[str]:
+    """The instances a batch's commands (keyed by instance id) and fires are for."""
+    ids = [fire.instance_id for fire in fires]
+    for entry in entries:
+        try:
+            ids.append(entry.key.decode())
+        except UnicodeDecodeError:
+            continue  # not a command of ours: intake dead-letters it
+    return ids

@@ -46,3 +46,28 @@ def test_a_scan_read_across_writes_gives_every_key(tmp_path: Path) -> None:
         assert [first[0], *(key for key, _ in scan)] == [b"h\x00i-1\x00%d" % s for s in range(4)]
     finally:
         db.close()
+
+
+# Prefixes as an instance's state has them: none begins another.
+_PREFIXES = st.lists(_PREFIX.map(lambda p: p + b"\x00\x00"), max_size=6).filter(
+    lambda ps: not any(a != b and b.startswith(a) for a in ps for b in ps)
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=_KEYS, prefixes=_PREFIXES)
+def test_scans_of_many_prefixes_read_together_give_what_each_scan_gives(
+    keys: list[bytes], prefixes: list[bytes]
+) -> None:
+    # Loading many evicted instances at once reads their prefixes in one iterator pass,
+    # in any order asked (a prefix asked twice included), and their keys in one multi-get.
+    keys = keys + [p + k for p in prefixes for k in keys[:3]]
+    with tempfile.TemporaryDirectory() as path:
+        db = PartitionDB.open(path, 0, 1)
+        try:
+            db.write(puts=[(key, key + b"v") for key in keys])
+            assert db.scan_many(prefixes) == [list(db.scan(p)) for p in prefixes]
+            asked = [*prefixes, b"missing", *keys[:5]]
+            assert db.get_many(asked) == [db.get(k) for k in asked]
+        finally:
+            db.close()
