@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sized
 from functools import cache
-from typing import TYPE_CHECKING, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 from stepstream.engine.replay.status import Status
 from stepstream.engine.wire.records import Command, StartWorkflow
@@ -102,14 +102,26 @@ FLAT_STEP, FLAT_ACTIVATION = 0, 1
 
 @runtime_checkable
 class FlatSpanSink(Protocol):
-    """A sink that takes a commit's spans at once, each as a plain tuple: its kind
-    (``FLAT_STEP`` or ``FLAT_ACTIVATION``), the run's fields as one tuple
-    (``run_fields``: the first ``RUN_FIELDS`` of ``StepSpan`` and ``ActivationSpan``),
-    then the span's own fields in order. Making named tuples field by field was most of
-    what a span cost the engine's thread; a run's fields, made once and shared, are also
-    written once per batch by a marshaller that keeps references."""
+    """A sink that takes a commit's spans at once, each as a plain tuple of plain values
+    (it may be marshalled as it is): its kind (``FLAT_STEP`` or ``FLAT_ACTIVATION``), the
+    run's fields as one tuple (``run_fields``: the first ``RUN_FIELDS`` of ``StepSpan``
+    and ``ActivationSpan``), then the span's own fields, the ones that are nearly always
+    the same folded into one (``flat_step``, ``flat_activation``; ``named`` unfolds them).
+    Making and handing over a span costs the engine's thread per value: a run's fields,
+    made once and shared, an unfailed span's ``None`` for its three error fields and a
+    backend's one messaging tuple are each one value, written once per batch by a
+    marshaller that keeps references."""
 
     def spans_flat(self, spans: list[tuple[object, ...]]) -> None: ...
+
+
+# A flat step span: FLAT_STEP, run, key, step, attempt, start_ms, end_ms, outcome, failure
+# (None, or (error_type, error_message, stacktrace)).
+# A flat activation span: FLAT_ACTIVATION, run, version, start_ns, end_ns, first, inputs,
+# read (None: no command read from the log, or (command_id, offset, commands)), status,
+# failure (as a step's), links, messaging (a plain tuple of ``Messaging``'s fields).
+_NO_FAILURE = ("", "", "")
+_NO_READ = ("", -1, 0)
 
 
 def run_fields(runtime: InstanceRuntime, partition: int) -> tuple[object, ...]:
@@ -134,13 +146,60 @@ def run_fields(runtime: InstanceRuntime, partition: int) -> tuple[object, ...]:
     return fields
 
 
-def named(span: tuple[object, ...]) -> StepSpan | ActivationSpan:
+def named(span: tuple[Any, ...]) -> StepSpan | ActivationSpan:
     """A flat span (``FlatSpanSink``) as its named tuple."""
-    kind, run = span[0], span[1]
-    assert isinstance(run, tuple)
-    if kind == FLAT_STEP:
-        return StepSpan._make(run + span[2:])
-    return ActivationSpan._make(run + span[2:])
+    run = span[1]
+    if span[0] == FLAT_STEP:
+        return StepSpan._make((*run, *span[2:8], *(span[8] or _NO_FAILURE)))
+    return ActivationSpan._make(
+        (
+            *run,
+            *span[2:7],
+            *(span[7] or _NO_READ),
+            span[8],
+            *(span[9] or _NO_FAILURE),
+            span[10],
+            *span[11],
+        )
+    )
+
+
+def flat_step(span: StepSpan) -> tuple[object, ...]:
+    """A step span as a flat one (``FlatSpanSink``)."""
+    failure = span[-3:]
+    return (
+        FLAT_STEP,
+        span[:RUN_FIELDS],
+        *span[RUN_FIELDS:-3],
+        failure if any(failure) else None,
+    )
+
+
+def flat_activation(span: ActivationSpan) -> tuple[object, ...]:
+    """An activation span as a flat one (``FlatSpanSink``)."""
+    read = (span.command_id, span.offset, span.commands)
+    failure = (span.error_type, span.error_message, span.stacktrace)
+    return (
+        FLAT_ACTIVATION,
+        span[:RUN_FIELDS],
+        span.version,
+        span.start_ns,
+        span.end_ns,
+        span.first,
+        span.inputs,
+        None if read == _NO_READ else read,
+        span.status,
+        failure if any(failure) else None,
+        span.links,
+        plain_messaging(Messaging(span.system, span.destination, span.group)),
+    )
+
+
+@cache
+def plain_messaging(messaging: Messaging) -> tuple[str, str, str]:
+    """``messaging``'s fields as one plain tuple (marshal takes no named tuple), the same
+    object each time."""
+    return (messaging.system, messaging.destination, messaging.group)
 
 
 _STATUS_TEXT = {status: status.value for status in Status}
@@ -212,7 +271,7 @@ class Activations:
         ``began_ns`` to now. A run that failed in it has the traceback
         ``run_tracebacks`` holds for it."""
         end_ns = time.time_ns()
-        system, destination, group = messaging
+        plain = plain_messaging(messaging)
         for instance_id in taken.keys() | outcomes.keys() if taken else outcomes:
             runtime = touched.get(instance_id)
             if runtime is None or not runtime.state.workflow:
@@ -222,17 +281,18 @@ class Activations:
             applied = outcomes.get(instance_id)
             steps = len(applied) if applied is not None else 0
             links: tuple[tuple[str, str | None], ...] = ()
+            read: tuple[str, int, int] | None = None
             if activation is None:
                 inputs = _outcomes(steps)
-                first, command_id, offset, commands = False, "", -1, 0
+                first = False
             else:
                 inputs = ",".join(activation.inputs)
                 if steps:
                     inputs += "," + _outcomes(steps)
-                first, command_id = activation.first, activation.command_id
-                offset, commands = activation.offset, activation.commands
+                first = activation.first
+                if activation.commands:
+                    read = (activation.command_id, activation.offset, activation.commands)
                 links = tuple(activation.links) if activation.links else ()
-            failed = state.status is Status.FAILED
             out.append(
                 (
                     FLAT_ACTIVATION,
@@ -244,17 +304,19 @@ class Activations:
                     end_ns,
                     first,
                     inputs,
-                    command_id,
-                    offset,
-                    commands,
+                    read,
                     _STATUS_TEXT[state.status],  # a plain str: the batch is marshalled
-                    state.error_type if failed else "",
-                    state.error_message if failed else "",
-                    run_tracebacks.get(instance_id, "") if failed else "",
+                    (
+                        (
+                            state.error_type,
+                            state.error_message,
+                            run_tracebacks.get(instance_id, ""),
+                        )
+                        if state.status is Status.FAILED
+                        else None
+                    ),
                     links,
-                    system,
-                    destination,
-                    group,
+                    plain,
                 )
             )
 

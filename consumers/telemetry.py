@@ -380,9 +380,11 @@ class Telemetry:
                     started[1],
                     record.time_ms,
                     outcome,
-                    record.error_type if isinstance(record, StepFailedRecord) else "",
-                    record.error_message if isinstance(record, StepFailedRecord) else "",
-                    traceback,
+                    (
+                        (record.error_type, record.error_message, traceback)
+                        if isinstance(record, StepFailedRecord)
+                        else None
+                    ),
                 )
             )
 

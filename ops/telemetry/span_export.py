@@ -1,15 +1,16 @@
 """Spans built and exported by a process of their own, so tracing costs the engine's
 event loop almost nothing.
 
-The engine's loop only appends each activation and finished step attempt (tuples) to a
-batch; a ``multiprocessing`` queue carries the batches to a child process, which
-exports them as configured by the ``OTEL_*`` variables it inherits. To OTLP over HTTP
-(the usual case) it writes each batch's request bytes itself (``ops/telemetry/otlp_wire.py``,
-about 5 µs a span against the SDK's 60: the child shares the second core with the
-WAL's fsyncs and the clients); to anything else it makes finished SDK spans
-(``ops/telemetry/span_direct.py``) for the SDK's exporter. It exits when told to (flushing what it
-holds) or when its parent is gone. If it falls behind (an OTLP endpoint that does not
-answer), the engine drops whole batches beyond ``MAX_BACKLOG`` rather than hold them.
+The engine's loop only appends each commit's activations and finished step attempts
+(a list of flat tuples, ``consumers/spans.py``) to a batch; a ``multiprocessing`` queue
+carries the batches to a child process, which exports them as configured by the
+``OTEL_*`` variables it inherits. To OTLP over HTTP (the usual case) it writes each
+batch's request bytes itself (``ops/telemetry/otlp_wire.py``, about 5 µs a span against
+the SDK's 60: the child shares the second core with the WAL's fsyncs and the clients);
+to anything else it makes finished SDK spans (``ops/telemetry/span_direct.py``) for the
+SDK's exporter. It exits when told to (flushing what it holds) or when its parent is
+gone. If it falls behind (an OTLP endpoint that does not answer), the engine drops whole
+batches beyond ``MAX_BACKLOG`` rather than hold them.
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ import multiprocessing
 import os
 import queue
 import time
-from itertools import chain
 from typing import Any
 
 from stepstream.consumers.spans import (
     FLAT_ACTIVATION,
     FLAT_STEP,
-    RUN_FIELDS,
     ActivationSpan,
     StepSpan,
+    flat_activation,
+    flat_step,
+    named,
 )
 from stepstream.ops.telemetry import logs
 from stepstream.producers.trace_context import ProducerSpan
@@ -40,12 +42,7 @@ log = logging.getLogger("stepstream.tracing")
 BATCH = 2048  # spans per message to the exporter process (and per OTLP request)
 MAX_BACKLOG = 32  # batches handed over and not yet exported (65,536 spans): beyond, dropped
 WARN_EVERY_S = 10.0
-_STEP, _ACTIVATION, _PRODUCER = FLAT_STEP, FLAT_ACTIVATION, 2
-_SPAN_TYPES: tuple[type[StepSpan], type[ActivationSpan], type[ProducerSpan]] = (
-    StepSpan,
-    ActivationSpan,
-    ProducerSpan,
-)
+_PRODUCER = max(FLAT_STEP, FLAT_ACTIVATION) + 1  # a producer span's kind, in a batch
 FLUSH_AFTER_S = 0.2  # the longest a span waits in a batch
 STOP_TIMEOUT_S = 10.0
 DROP_REASONS = ("backlog", "export_failed")  # why spans were not exported
@@ -83,26 +80,25 @@ class SpanExportProcess:
         self._count = 0  # spans in the batch
         self._timer: asyncio.TimerHandle | None = None
 
-    # A span waits in the batch as its kind followed by its fields, flat: no object is
-    # made per span (nothing for the garbage collector to track), and the batch is
-    # marshalled in one call when it leaves.
+    # A commit's spans wait in the batch as the list the engine made of them, each a flat
+    # tuple: nothing is copied or made per span here, and the batch is marshalled in one
+    # call when it leaves (the span tuples live until then; flattening them into one list
+    # cost the engine more than the collector's walks of them).
     def step(self, span: StepSpan) -> None:
-        self._add(_STEP, (span[:RUN_FIELDS], *span[RUN_FIELDS:]))
+        self._batch.append([flat_step(span)])
+        self._added(1)
 
     def activation(self, span: ActivationSpan) -> None:
-        self._add(_ACTIVATION, (span[:RUN_FIELDS], *span[RUN_FIELDS:]))
+        self._batch.append([flat_activation(span)])
+        self._added(1)
 
     def spans_flat(self, spans: list[tuple[object, ...]]) -> None:
-        """A commit's spans, flat (``FlatSpanSink``): each already begins with its kind."""
-        self._batch.extend(chain.from_iterable(spans))
+        """A commit's spans, flat (``FlatSpanSink``); the list is kept, not copied."""
+        self._batch.append(spans)
         self._added(len(spans))
 
     def producer(self, span: ProducerSpan) -> None:
-        self._add(_PRODUCER, span)
-
-    def _add(self, kind: int, span: tuple[object, ...]) -> None:
-        self._batch.append(kind)
-        self._batch.extend(span)
+        self._batch.append([(_PRODUCER, *span)])
         self._added(1)
 
     def _added(self, count: int) -> None:
@@ -220,20 +216,14 @@ def _export(
         sink.shutdown()
 
 
-def _spans(flat: list[Any]) -> list[StepSpan | ActivationSpan | ProducerSpan]:
-    """The spans of a batch: each one's kind, then its fields: for a step or an
-    activation, the run's as one tuple and then its own; for a producer span, all of
-    them."""
+def _spans(commits: list[list[tuple[Any, ...]]]) -> list[StepSpan | ActivationSpan | ProducerSpan]:
+    """The spans of a batch: lists of flat spans (``FlatSpanSink``), each a tuple that
+    begins with its kind; a producer span's fields follow its kind as they are."""
     spans: list[StepSpan | ActivationSpan | ProducerSpan] = []
-    index, end = 0, len(flat)
-    while index < end:
-        kind = _SPAN_TYPES[flat[index]]
-        if kind is ProducerSpan:
-            width = len(kind._fields)
-            spans.append(kind._make(flat[index + 1 : index + 1 + width]))
-            index += 1 + width
-            continue
-        own = len(kind._fields) - RUN_FIELDS
-        spans.append(kind._make(flat[index + 1] + tuple(flat[index + 2 : index + 2 + own])))
-        index += 2 + own
+    for commit in commits:
+        for flat in commit:
+            if flat[0] == _PRODUCER:
+                spans.append(ProducerSpan._make(flat[1:]))
+            else:
+                spans.append(named(flat))
     return spans

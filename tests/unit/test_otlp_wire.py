@@ -260,6 +260,37 @@ def test_a_flushed_batch_reads_back_whole_and_in_order() -> None:
         exporter.close()
 
 
+def test_the_engines_flat_spans_reach_the_exporter_process_field_for_field() -> None:
+    """A commit's spans as the engine hands them over (``spans_flat``: flat tuples that
+    fold a run's fields, an unfailed span's error fields, a read command and the
+    messaging system into one value each) are, once marshalled and read back by the
+    exporter process, the named spans they were made from, failures and links included."""
+    import marshal
+
+    from stepstream.consumers.spans import flat_activation, flat_step, named
+    from stepstream.ops.telemetry import span_export
+
+    named_spans = [s for s in SPANS if not isinstance(s, ProducerSpan)]
+    flats = [flat_step(s) if isinstance(s, StepSpan) else flat_activation(s) for s in named_spans]
+    assert [named(f) for f in flats] == named_spans
+    assert len(flats[0]) < len(named_spans[0]) + 1  # folded, not the fields one by one
+    exporter = span_export.SpanExportProcess("s")  # tracing off here: the child just ends
+    put: list[bytes] = []
+    real_queue = exporter._queue
+    try:
+        exporter._queue = type("Q", (), {"put": staticmethod(put.append)})()
+        exporter.spans_flat(flats[:3])
+        exporter.spans_flat(flats[3:])
+        exporter.flush()
+        (data,) = put
+        read_back = span_export._spans(marshal.loads(data))
+        assert read_back == named_spans
+        assert [type(s) for s in read_back] == [type(s) for s in named_spans]
+    finally:
+        exporter._queue = real_queue
+        exporter.close()
+
+
 def test_the_exporter_process_says_it_is_ready_even_with_tracing_off() -> None:
     from stepstream.ops.telemetry import span_export
 
