@@ -15,6 +15,7 @@ from stepstream.engine.wire.records import Command, StartWorkflow
 
 if TYPE_CHECKING:
     from stepstream.engine.replay.runtime import InstanceRuntime
+    from stepstream.engine.replay.state import InstanceState
 
 
 class StepSpan(NamedTuple):
@@ -110,7 +111,7 @@ class FlatSpanSink(Protocol):
     Making and handing over a span costs the engine's thread per value: a run's fields,
     made once and shared, an unfailed span's ``None`` for its three error fields and a
     backend's one messaging tuple are each one value, written once per batch by a
-    marshaller that keeps references."""
+    marshaller that keeps references. The list is handed over: the sink may keep it."""
 
     def spans_flat(self, spans: list[tuple[object, ...]]) -> None: ...
 
@@ -124,25 +125,19 @@ _NO_FAILURE = ("", "", "")
 _NO_READ = ("", -1, 0)
 
 
-def run_fields(runtime: InstanceRuntime, partition: int) -> tuple[object, ...]:
-    """The run's fields of ``runtime``'s spans (``RUN_FIELDS`` of them), made once per
-    run and kept on the runtime (a new run, a reset or fork, makes them anew)."""
-    state = runtime.state
-    fields = runtime.span_run
-    if (
-        fields is None
-        or fields[3] != state.created_ms
-        or fields[4] is not state.traceparent
-        or fields[0] is not state.workflow
-    ):
-        fields = runtime.span_run = (
-            state.workflow,
-            state.instance_id,
-            partition,
-            state.created_ms,
-            state.traceparent,
-            state.tracestate,
-        )
+def run_fields(state: InstanceState, partition: int) -> tuple[object, ...]:
+    """The run's fields of the spans of ``state``'s run (``RUN_FIELDS`` of them), made
+    once per run and kept on the state (``InstanceState.span_run``: a span's maker reads
+    that first, as ``state.span_run or run_fields(state, partition)``). A new run forgets
+    them; a reset or fork folds a new state."""
+    fields = state.span_run = (
+        state.workflow,
+        state.instance_id,
+        partition,
+        state.created_ms,
+        state.traceparent,
+        state.tracestate,
+    )
     return fields
 
 
@@ -296,7 +291,7 @@ class Activations:
             out.append(
                 (
                     FLAT_ACTIVATION,
-                    run_fields(runtime, partition),
+                    state.span_run or run_fields(state, partition),
                     state.version,
                     # The run span begins with the run (its id is derived from that ms),
                     # never before, though its batch may have begun a moment earlier.

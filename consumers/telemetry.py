@@ -373,7 +373,7 @@ class Telemetry:
             spans.append(
                 (  # StepSpan's fields after the run's
                     FLAT_STEP,
-                    run_fields(runtime, partition),
+                    runtime.state.span_run or run_fields(runtime.state, partition),
                     record.key,
                     step,
                     record.attempt,

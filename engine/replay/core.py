@@ -109,8 +109,6 @@ class RuntimeCore:
         # attempt) or ``WORKFLOW_TRACEBACK``: the log lines made once they are durable
         # take them (``consumers/failure_log.py``). Never recorded.
         self.tracebacks: dict[tuple[str, int], str] = {}
-        # What the spans of this run share (kept by the telemetry that makes them).
-        self.span_run: tuple[object, ...] | None = None
 
     # ---- what Context reads (engine.api.context.WorkflowRuntime) -----------------------
 

@@ -150,6 +150,10 @@ class InstanceState:
     # Whether this object's own writes put the instance in the active index: then the
     # next ones need not put it again (a state read from storage puts it once more).
     active_stored: bool = field(default=False, compare=False, repr=False)
+    # What every span of the run shares (``consumers/spans.py``, ``run_fields``): made
+    # once, when a span first needs it, and forgotten when a run starts, the one change
+    # of the fields it holds. Never stored.
+    span_run: tuple[object, ...] | None = field(default=None, compare=False, repr=False)
 
     # ---- the state machine ----------------------------------------------------------
 
@@ -180,6 +184,7 @@ class InstanceState:
                 self.queue_request = (record.priority or 0, record.queue_key)
                 self.traceparent = record.traceparent
                 self.tracestate = record.tracestate
+                self.span_run = None
                 parent = parse_child_command(record.command_id)
                 if parent is not None:
                     self.parent_id, self.parent_key = parent
