@@ -171,6 +171,10 @@ async def run_bench(
             broker_pids = [broker.proc.pid]
             result["broker"] = "development broker (Tansu), same machine"
     replication = min(3, broker_nodes) if broker_kind == "apache" else 1
+    if data:
+        # Made here, as `dev --data` and `worker --state-dir` make theirs: the engines'
+        # logs are written beside their state before any engine starts.
+        os.makedirs(data, exist_ok=True)
     try:
         with tempfile.TemporaryDirectory(prefix="stepstream-bench-") as tmp:
             for name in workloads:

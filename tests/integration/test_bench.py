@@ -70,13 +70,16 @@ def test_bench_through_the_http_client_on_two_engine_processes(tmp_path: Path) -
 def test_bench_through_the_kafka_client_on_two_workers(
     tmp_path: Path, kafka_broker: Broker
 ) -> None:
+    data = tmp_path / "not" / "made" / "yet"  # --data needs no mkdir first
     result = _bench(
         tmp_path,
         *("--client", "kafka", "--workers", "2", "--bootstrap", kafka_broker.bootstrap),
+        *("--data", str(data)),
     )
     assert (result["client"], result["backend"]) == ("kafka", "kafka")
     _check_workloads(result)
     assert result["W1"]["workers"] == 2
+    assert (data / "W1.worker0.log").exists() and (data / "W1" / "worker1").is_dir()
     assert set(result["W1"]["gc_pauses"]) == {"worker0", "worker1"}, result["W1"]
 
 
