@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import threading
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ import pytest
 import stepstream.producers.kafka  # noqa: F401  (registers kafka:// with Client.connect)
 from stepstream.engine.api.workflow import Registry
 from stepstream.engine.config.kafka import KafkaSettings
+from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.kafka_broker import Broker, discard, start_test_kafka
@@ -111,6 +113,21 @@ class ThreadedWorker:
 
 async def _build(cls: Any, *args: Any, **kwargs: Any) -> Any:
     return cls(*args, **kwargs)  # constructed on the worker's loop: it creates asyncio primitives
+
+
+@pytest.fixture
+def replays(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """How many times each instance's code began again from its stored state."""
+    counts: Counter[str] = Counter()
+    begin = InstanceRuntime._begin
+
+    def counting(runtime: InstanceRuntime) -> None:
+        if runtime.state.entries:
+            counts[runtime.state.instance_id] += 1
+        begin(runtime)
+
+    monkeypatch.setattr(InstanceRuntime, "_begin", counting)
+    return counts
 
 
 @pytest.fixture

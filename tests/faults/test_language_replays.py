@@ -34,7 +34,6 @@ import pytest
 from stepstream import HistoryEntry, UnknownInstance, WorkflowCancelled
 from stepstream.consumers.partition import ProcessorConfig
 from stepstream.engine.api.workflow import Registry
-from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.conftest import ThreadedWorker, kafka_settings, kafka_url
@@ -681,21 +680,6 @@ def registry() -> Registry:
     built = Registry()
     built.add_modules(",".join(MODULES))
     return built
-
-
-@pytest.fixture
-def replays(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """How many times each instance's code began again from recorded history."""
-    counts: Counter[str] = Counter()
-    begin = InstanceRuntime._begin
-
-    def counting(runtime: InstanceRuntime) -> None:
-        if runtime.state.entries:
-            counts[runtime.state.instance_id] += 1
-        begin(runtime)
-
-    monkeypatch.setattr(InstanceRuntime, "_begin", counting)
-    return counts
 
 
 @asynccontextmanager

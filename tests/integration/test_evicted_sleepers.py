@@ -16,7 +16,6 @@ import pytest
 
 from stepstream import Client
 from stepstream.consumers.partition import ProcessorConfig
-from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from tests.conftest import ThreadedWorker, kafka_settings, kafka_url
 from tests.conftest import test_registry as registry
@@ -27,21 +26,6 @@ CACHE = 3  # live instances per partition: all but a few sleepers are evicted
 # From the first start to the shared wake time: room to start them all and send each its
 # event while every one sleeps.
 LEAD_S = {"embedded": 6.0, "kafka": 15.0}
-
-
-@pytest.fixture
-def replays(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """How many times each instance's code began again from its stored state."""
-    counts: Counter[str] = Counter()
-    begin = InstanceRuntime._begin
-
-    def counting(runtime: InstanceRuntime) -> None:
-        if runtime.state.entries:
-            counts[runtime.state.instance_id] += 1
-        begin(runtime)
-
-    monkeypatch.setattr(InstanceRuntime, "_begin", counting)
-    return counts
 
 
 @asynccontextmanager
