@@ -425,6 +425,14 @@ def start_apache(
     if jvm_options is None:
         configured = os.environ.get(ENV_JVM_OPTS)
         jvm_options = shlex.split(configured) if configured else JVM_OPTIONS
+    if port is not None:
+        taken = [p for p in range(port, port + 2 * nodes) if not _free(p)]
+        if taken:
+            raise BrokerError(
+                f"port {', '.join(map(str, taken))} on 127.0.0.1 is in use; {nodes} node(s) "
+                f"from --port {port} need {port}-{port + 2 * nodes - 1} (clients on the "
+                f"first {nodes}, controllers on the rest): choose another --port"
+            )
     attempts = 3 if port is None else 1
     for attempt in range(attempts):
         chosen = port if port is not None else _free_base(2 * nodes)

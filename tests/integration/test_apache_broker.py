@@ -12,6 +12,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -247,3 +248,24 @@ def test_without_maven_the_error_says_what_to_install(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert "needs Maven (mvn on PATH)" in done.stderr, done.stderr
     assert "apt-get install maven" in done.stderr
+
+
+def test_a_taken_controller_port_is_named_before_anything_starts(tmp_path: Path) -> None:
+    """One node on --port P listens on P and its controller on P+1: if P+1 is held, the
+    command says so at once instead of a node that dies while the shell waits."""
+    port = _free_base(2)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port + 1))
+        holder.listen()
+        done = subprocess.run(
+            [*CLI, "broker", "--apache", "--port", str(port), "--data", str(tmp_path / "k")],
+            capture_output=True,
+            text=True,
+            env=repo_env(),
+            timeout=60,
+        )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"port {port + 1} on 127.0.0.1 is in use" in done.stderr, done.stderr
+    assert "choose another --port" in done.stderr, done.stderr
+    assert done.stdout == "", done.stdout
+    assert not (tmp_path / "k" / "node-0").exists()

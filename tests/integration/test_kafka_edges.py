@@ -13,7 +13,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pytest
 
 from stepstream import ConnectionFailed, UnknownWorkflow
 from stepstream.consumers.kafka import create_topics
+from stepstream.ops.brokers.apache import _free_base
 from stepstream.producers.client import Client
 from stepstream.producers.kafka.members import Member
 from tests.conftest import (
@@ -170,9 +170,8 @@ async def test_a_start_on_a_prefix_no_worker_registered_on_waits_its_timeout_the
 def test_the_readme_kafka_quick_start_works_typed_line_after_line(tmp_path: Path) -> None:
     """From the broker on: Apache Kafka, its topics, a worker and a workflow, as typed.
     Only the ports change (tests run side by side) and the examples are copied in."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    # A one-node Apache broker listens on P and its controller on P+1.
+    port = _free_base(2)
     prefix = f"qs{uuid.uuid4().hex[:8]}"
     script = (
         _quick_start()
