@@ -31,7 +31,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -48,6 +47,7 @@ from stepstream.ops.brokers.apache_config import (
     format_arguments,
     node_properties,
 )
+from stepstream.ops.brokers.class_archive import archive_options
 from stepstream.ops.brokers.jars import (
     Progress,
     classpath,
@@ -55,6 +55,7 @@ from stepstream.ops.brokers.jars import (
     kafka_version,
     resolve_jars,
 )
+from stepstream.ops.brokers.ports import check_cluster_ports, free_base
 
 DEFAULT_PORT = 9092
 START_TIMEOUT_S = 180.0
@@ -72,26 +73,6 @@ JVM_OPTIONS = (
 )
 _MAIN = "kafka.Kafka"
 _STORAGE_TOOL = "kafka.tools.StorageTool"
-
-
-def _free_base(count: int) -> int:
-    """A port P with P..P+count-1 all free on loopback right now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base: int = probe.getsockname()[1]
-        if base + count < 65536 and all(_free(base + i) for i in range(count)):
-            return base
-    raise BrokerError(f"found no {count} consecutive free ports on 127.0.0.1")
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
 
 
 def _errors(path: Path, lines: int = 12) -> str:
@@ -422,20 +403,13 @@ def start_apache(
     version = version or kafka_version()
     java = find_java()
     jars = resolve_jars(version, progress=progress)
-    if jvm_options is None:
-        configured = os.environ.get(ENV_JVM_OPTS)
-        jvm_options = shlex.split(configured) if configured else JVM_OPTIONS
     if port is not None:
-        taken = [p for p in range(port, port + 2 * nodes) if not _free(p)]
-        if taken:
-            raise BrokerError(
-                f"port {', '.join(map(str, taken))} on 127.0.0.1 is in use; {nodes} node(s) "
-                f"from --port {port} need {port}-{port + 2 * nodes - 1} (clients on the "
-                f"first {nodes}, controllers on the rest): choose another --port"
-            )
+        check_cluster_ports(port, nodes)
+    options = _configured_jvm_options() if jvm_options is None else tuple(jvm_options)
+    jvm_options = (*options, *_class_archive(java, jars, version, options, progress))
     attempts = 3 if port is None else 1
     for attempt in range(attempts):
-        chosen = port if port is not None else _free_base(2 * nodes)
+        chosen = port if port is not None else free_base(2 * nodes)
         try:
             return _start(
                 data,
@@ -455,6 +429,47 @@ def start_apache(
             if "Address already in use" not in str(exc) or attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def prepare_apache(version: str | None = None, progress: Progress | None = None) -> Path:
+    """What a first start needs, done beforehand (``stepstream broker --apache
+    --prepare``): Java checked, the jars resolved into their cache and the class-data
+    archive made. Returns the jar directory."""
+    version = version or kafka_version()
+    java = find_java()
+    jars = resolve_jars(version, progress=progress)
+    _class_archive(java, jars, version, _configured_jvm_options(), progress)
+    return jars
+
+
+def _configured_jvm_options() -> tuple[str, ...]:
+    configured = os.environ.get(ENV_JVM_OPTS)
+    return tuple(shlex.split(configured)) if configured else JVM_OPTIONS
+
+
+def _class_archive(
+    java: str, jars: Path, version: str, jvm_options: tuple[str, ...], progress: Progress | None
+) -> list[str]:
+    """The options that map the broker's class-data archive (``class_archive``), made
+    here the first time by a one-node broker that starts, serves and stops."""
+
+    def make(archiving: Sequence[str]) -> None:
+        cluster = _start(
+            None,
+            1,
+            version,
+            START_TIMEOUT_S,
+            java=java,
+            jars=jars,
+            port=free_base(2),
+            jvm_options=(*jvm_options, *archiving),
+        )
+        code = cluster.stop_node(0)
+        cluster.stop()
+        if code not in (0, 128 + signal.SIGTERM):
+            raise BrokerError(f"the archiving node exited with code {code}")
+
+    return archive_options(jars, java, jvm_options, make, progress)
 
 
 def _start(

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from types import FrameType
 
 from stepstream.ops.brokers import BrokerError
-from stepstream.ops.brokers.apache import DEFAULT_PORT, start_apache
-from stepstream.ops.brokers.jars import find_java, kafka_version, resolve_jars
+from stepstream.ops.brokers.apache import DEFAULT_PORT, prepare_apache, start_apache
+from stepstream.ops.brokers.jars import kafka_version
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -82,8 +82,7 @@ def _raise_stop(signum: int, frame: FrameType | None) -> None:
 def _prepare(options: BrokerOptions) -> int:
     if not options.apache:
         raise BrokerError("--prepare needs --apache: the development broker needs no download")
-    find_java()
-    directory = resolve_jars(progress=_say)
+    directory = prepare_apache(progress=_say)
     _say(f"Apache Kafka {kafka_version()} jars ready in {directory}")
     return EXIT_OK
 

@@ -126,7 +126,7 @@ def resolve_jars(version: str | None = None, *, progress: Progress | None = None
             f"needs Maven (mvn on PATH): {_INSTALL_MAVEN}"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(target.parent / f".{target.name}.lock"):
+    with locked(target.parent / f".{target.name}.lock"):
         if is_resolved(target):  # another process finished while this one waited
             return target
         _run_maven(mvn, version, target, progress or (lambda _: None))
@@ -134,7 +134,7 @@ def resolve_jars(version: str | None = None, *, progress: Progress | None = None
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def locked(path: Path) -> Iterator[None]:
     with open(path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:

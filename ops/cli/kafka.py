@@ -207,9 +207,10 @@ BROKER = Command(
         arg(
             "--prepare",
             action="store_true",
-            help="with --apache: only check Java and fetch the jars into the cache "
-            "($STEPSTREAM_BROKER_JARS, default ~/.cache/stepstream/kafka-VERSION-DIGEST), "
-            "then exit",
+            help="with --apache: only check Java, fetch the jars into the cache "
+            "($STEPSTREAM_BROKER_JARS, default ~/.cache/stepstream/kafka-VERSION-DIGEST) and "
+            "archive the broker's classes there for faster starts "
+            "($STEPSTREAM_BROKER_CDS=0: no archive), then exit",
         ),
     ),
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,7 +26,9 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 
-from stepstream.ops.brokers.apache import ApacheCluster, _free_base, start_apache
+from stepstream.ops.brokers.apache import ApacheCluster, start_apache
+from stepstream.ops.brokers.jars import resolve_jars
+from stepstream.ops.brokers.ports import free_base
 from tests.kafka_broker import discard
 from tests.processes import repo_env
 
@@ -92,7 +95,7 @@ def test_one_node_serves_what_it_acknowledged() -> None:
 @pytest.mark.slow
 def test_the_broker_command_stops_on_sigterm_and_keeps_its_data(tmp_path: Path) -> None:
     data = tmp_path / "kafka"
-    port = _free_base(2)
+    port = free_base(2)
     log = tmp_path / "broker.err"
 
     def start() -> tuple[subprocess.Popen[str], str]:
@@ -220,7 +223,7 @@ def test_without_java_the_error_says_what_to_install(tmp_path: Path) -> None:
     env = repo_env(PATH=str(tmp_path))  # no java (nor anything else) on PATH
     env.pop("JAVA_HOME", None)
     done = subprocess.run(
-        [*CLI, "broker", "--apache", "--port", str(_free_base(2))],
+        [*CLI, "broker", "--apache", "--port", str(free_base(2))],
         capture_output=True,
         text=True,
         env=env,
@@ -253,7 +256,7 @@ def test_without_maven_the_error_says_what_to_install(tmp_path: Path) -> None:
 def test_a_taken_controller_port_is_named_before_anything_starts(tmp_path: Path) -> None:
     """One node on --port P listens on P and its controller on P+1: if P+1 is held, the
     command says so at once instead of a node that dies while the shell waits."""
-    port = _free_base(2)
+    port = free_base(2)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", port + 1))
         holder.listen()
@@ -269,3 +272,49 @@ def test_a_taken_controller_port_is_named_before_anything_starts(tmp_path: Path)
     assert "choose another --port" in done.stderr, done.stderr
     assert done.stdout == "", done.stdout
     assert not (tmp_path / "k" / "node-0").exists()
+
+
+def _mapped_archives(pid: int, directory: Path) -> set[str]:
+    """The class-data archives in ``directory`` that process ``pid`` maps (the JDK's own
+    lives elsewhere)."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {line.split()[-1] for line in maps if line.endswith(".jsa")} & {
+        str(path) for path in directory.glob("*.jsa")
+    }
+
+
+@pytest.mark.slow
+def test_prepare_archives_the_classes_once_and_nodes_start_from_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--prepare`` makes the class-data archive beside the jars (a node then starts in
+    about two thirds of the time); a second prepare finds it; a node maps it."""
+    cached = resolve_jars()
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    for jar in cached.glob("*.jar"):
+        (jars / jar.name).symlink_to(jar)
+    shutil.copy(cached / ".complete", jars / ".complete")
+    env = repo_env(STEPSTREAM_BROKER_JARS=str(jars))
+
+    def prepare() -> str:
+        done = subprocess.run(
+            [*CLI, "broker", "--apache", "--prepare"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stderr
+
+    assert "archiving the broker's classes" in prepare()
+    archives = [str(path) for path in jars.glob("classes-*.jsa")]
+    assert len(archives) == 1, archives
+    assert "archiving" not in prepare()
+    monkeypatch.setenv("STEPSTREAM_BROKER_JARS", str(jars))
+    with start_apache(1) as cluster:
+        assert _mapped_archives(cluster.pid(0), jars) == set(archives)
+    monkeypatch.setenv("STEPSTREAM_BROKER_CDS", "0")
+    with start_apache(1) as cluster:
+        assert _mapped_archives(cluster.pid(0), jars) == set()

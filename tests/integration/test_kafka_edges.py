@@ -23,7 +23,7 @@ import pytest
 
 from stepstream import ConnectionFailed, UnknownWorkflow
 from stepstream.consumers.kafka import create_topics
-from stepstream.ops.brokers.apache import _free_base
+from stepstream.ops.brokers.ports import free_base
 from stepstream.producers.client import Client
 from stepstream.producers.kafka.members import Member
 from tests.conftest import (
@@ -171,7 +171,7 @@ def test_the_readme_kafka_quick_start_works_typed_line_after_line(tmp_path: Path
     """From the broker on: Apache Kafka, its topics, a worker and a workflow, as typed.
     Only the ports change (tests run side by side) and the examples are copied in."""
     # A one-node Apache broker listens on P and its controller on P+1.
-    port = _free_base(2)
+    port = free_base(2)
     prefix = f"qs{uuid.uuid4().hex[:8]}"
     script = (
         _quick_start()
