@@ -2,8 +2,9 @@
 instances (many started in the same ms, several id prefixes, statuses, attributes, new
 runs that move an instance to a later start, instances forgotten), every query shape
 (filters, time ranges, page sizes, both orders) gives the same pages, cursor by cursor,
-from the index and from the metas; and a page the index cannot fill within its budget
-is left to the metas rather than answered differently."""
+from the index and from the metas; a page the index cannot fill within its budget is
+left to the metas rather than answered differently; and a restore that folds history
+keeps the index as the processor does."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from stepstream.consumers.created_listing import (
 )
 from stepstream.consumers.instance_store import forget_instance, load_state, write_state
 from stepstream.consumers.kafka.db import PartitionDB
+from stepstream.consumers.restore import Restorer
 from stepstream.engine.reads.listing import InstancePage, ListQuery
 from stepstream.engine.reads.views import created_iso
 from stepstream.engine.replay.state import InstanceState
@@ -31,6 +33,7 @@ from stepstream.engine.seams import CommitBatch
 from stepstream.engine.wire.records import (
     AttributesSet,
     HistoryRecord,
+    InstanceForgotten,
     Payload,
     StepAttemptStarted,
     WorkflowCompleted,
@@ -38,6 +41,7 @@ from stepstream.engine.wire.records import (
     WorkflowRestarted,
     WorkflowStarted,
 )
+from stepstream.engine.wire.serde import default_serde
 
 T0 = 1_700_000_000_000
 PREFIXES = ("a-", "ab-", "b-", "~q/")
@@ -223,3 +227,48 @@ def test_the_reverse_scan_keeps_to_its_prefix_and_bound(db: PartitionDB) -> None
     assert [k for k, _ in db.scan_reverse(b"s\x00", b"z")] == [b"s\x00\x05", b"s\x00\x01"]
     assert [k for k, _ in db.scan_reverse(b"u")] == []
     assert [k for k, _ in db.scan_reverse(b"", b"s\x00")] == [b"s", b"r"]
+
+
+def test_a_restore_keeps_the_index_of_what_it_folds(db: PartitionDB) -> None:
+    """Folding history (a worker without state, or behind the topic) moves an instance's
+    key to its new run and drops a forgotten one's, over state stored by an earlier
+    fold as over its own."""
+    serde = default_serde()
+
+    def fold(*records: HistoryRecord) -> None:
+        restorer = Restorer(db, serde)
+        for record in records:
+            restorer.apply(serde.encode(record))
+        _commit(db, restorer.batch())
+
+    def rec(
+        cls: type[HistoryRecord], instance_id: str, seq: int, ms: int, **attrs: Any
+    ) -> HistoryRecord:
+        return cls(instance_id=instance_id, seq=seq, time_ms=ms, command_id=f"c{seq}", **attrs)
+
+    def started(instance_id: str, seq: int, ms: int) -> HistoryRecord:
+        return rec(WorkflowStarted, instance_id, seq, ms, workflow="wf", version="1", input=INPUT)
+
+    failed = {"error_type": "E", "error_message": "m"}
+    fold(
+        started("x", 1, T0),
+        rec(WorkflowFailedRecord, "x", 2, T0 + 1, **failed),
+        started("y", 1, T0 + 2),
+        rec(WorkflowCompleted, "y", 2, T0 + 3, result=INPUT),
+        started("z", 1, T0 + 4),
+    )
+    assert _index(db) == [(T0, "x"), (T0 + 2, "y"), (T0 + 4, "z")]
+    fold(
+        rec(WorkflowRestarted, "x", 3, T0 + 50, run=2, previous_status="failed"),
+        started("x", 4, T0 + 50),
+        rec(InstanceForgotten, "y", 3, T0 + 60, finished_ms=T0 + 3),
+        started("w", 1, T0 + 70),
+        rec(WorkflowFailedRecord, "w", 2, T0 + 71, **failed),
+        rec(WorkflowRestarted, "w", 3, T0 + 80, run=2, previous_status="failed"),
+        started("w", 4, T0 + 80),
+    )
+    assert _index(db) == [(T0 + 4, "z"), (T0 + 50, "x"), (T0 + 80, "w")]
+
+
+def _index(db: PartitionDB) -> list[tuple[int, str]]:
+    return [keys.split_started(key) for key, _ in db.scan(keys.STARTED)]
