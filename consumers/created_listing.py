@@ -5,9 +5,10 @@ costs its own keys and the metas of its candidates, whatever the partition holds
 time range and the cursor are where the index is read from and to, the id prefix is
 checked on the key, and the metas are read together. A filter on what metas hold
 (status, workflow, attributes) is checked on the candidates' metas, up to ``BUDGET``
-keys: a filter so rare that the page is not full by then (or a prefix that few ids
-have) is answered by reading every meta under the prefix instead (``page_from_metas``,
-the way before the index), so it costs at most the budget more than that. A store whose
+keys: a filter so rare that the page would not be full by then (as the first chunk of
+candidates shows), or a prefix that few ids have, is answered by reading every meta
+under the prefix instead (``page_from_metas``, the way before the index), so it costs
+little more than that: a chunk of candidates per partition. A store whose
 index is not built yet (no ``STARTED_INDEXED``: written by an older version, before its
 owner resumed it) is read that way too.
 """
@@ -92,6 +93,10 @@ def page_from_index(store: StateStore, query: ListQuery, budget: int) -> Instanc
             take()
             if len(found) == want:
                 break
+            # At the rate the filter has matched so far (at least one in what was read),
+            # the page would take more keys than the budget: read the metas at once.
+            if passes is not None and looked * want > budget * max(len(found), 1):
+                return None
     if chunk:
         take()
     views = found[: query.limit]
