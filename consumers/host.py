@@ -367,7 +367,7 @@ class PartitionHost:
         ``budget`` instances (so the page may be short: go on from its cursor)."""
         if query.by_id:
             pages = [o.processor.reads.list_page(query, budget) for o in self._owned.values()]
-        else:  # every instance is looked at: there is no index by created time
+        else:  # from each partition's index by created time (consumers.created_listing)
             pages = [o.processor.reads.list_by_created(query) for o in self._owned.values()]
         return merge_pages(pages, query.limit, query)
 

@@ -4,22 +4,16 @@ instance's keys have one layout (``consumers.state_keys``) and one reader."""
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime, timedelta
+from collections.abc import Sequence
 
 import orjson
 
 from stepstream.consumers import state_keys as keys
-from stepstream.engine.errors import InvalidPayload
-from stepstream.engine.reads.listing import (
-    RECENT_FAILURES,
-    InstancePage,
-    ListQuery,
-    Overview,
-    WhereValue,
-)
+from stepstream.consumers.created_listing import page_by_created
+from stepstream.consumers.meta_filter import marks as meta_marks
+from stepstream.consumers.meta_filter import status_in
+from stepstream.engine.reads.listing import RECENT_FAILURES, InstancePage, ListQuery, Overview
 from stepstream.engine.reads.views import InstanceStatus
 from stepstream.engine.replay.ids import is_client_command
 from stepstream.engine.replay.state import InstanceState
@@ -35,10 +29,6 @@ from stepstream.engine.seams import CommitBatch, StateStore
 from stepstream.engine.wire.records import CommandIgnored, HistoryRecord, Payload, Record
 from stepstream.engine.wire.serde import RecordSerde
 from stepstream.engine.wire.settle import recorded_reason
-
-_STATUS_MARK = b'"st":"'  # how the status sits in an instance's meta (compact JSON)
-_CREATED_MARK = b',"c":'  # and its created time
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def load_state(
@@ -95,9 +85,16 @@ def load_states(store: StateStore, instance_ids: Sequence[str]) -> dict[str, Ins
 
 def write_state(state: InstanceState, batch: CommitBatch) -> None:
     """Queue the changed parts of an instance's state: its input once, buffered events
-    as they come and go, the meta, dirty entries, the active index."""
+    as they come and go, the meta, dirty entries, the active, finished and started
+    indexes."""
     # Every transition passes here: the rarely used parts are looked at only when set.
     instance_id = state.instance_id
+    if state.created_ms != state.indexed_created_ms:  # a new instance, or a new run
+        if state.indexed_created_ms >= 0:
+            batch.delete(keys.started(state.indexed_created_ms, instance_id))
+        batch.put(keys.started(state.created_ms, instance_id), b"")
+        # As for the active index: a commit that fails drops every state in memory.
+        state.indexed_created_ms = state.created_ms
     if state.new_input and state.input is not None:
         batch.put(keys.input_key(instance_id), payload_bytes(state.input))
         state.new_input = False
@@ -154,8 +151,12 @@ def forget_instance(
     if the caller has already read it)."""
     if state is None:
         state = load_state(store, instance_id, entries=False)
-    if state is not None and state.status.finished:
-        batch.delete(keys.finished(state.finished_ms, instance_id))
+    if state is not None:
+        # The stored key, and one a write queued in the same batch may have put.
+        for created_ms in {state.created_ms, state.indexed_created_ms} - {-1}:
+            batch.delete(keys.started(created_ms, instance_id))
+        if state.status.finished:
+            batch.delete(keys.finished(state.finished_ms, instance_id))
     for prefix in keys.instance_prefixes(instance_id):
         for key, _ in store.scan(prefix):
             batch.delete(key)
@@ -262,7 +263,7 @@ class InstanceReads:
         if query.after is not None:
             # Escaped ids hold no 0x00: this is the first key after the cursor's.
             start = max(start, keys.meta(query.after) + b"\x00")
-        marks = _marks(query)
+        marks = meta_marks(query)
         found: list[InstanceStatus] = []
         looked = 0
         for key, meta in self._store.scan(scope, start):
@@ -283,48 +284,8 @@ class InstanceReads:
 
     def list_by_created(self, query: ListQuery) -> InstancePage:
         """The instances of ``query`` on this partition newest (or oldest) first by
-        created time, from its cursor on. With no index by that time every meta under
-        the prefix is read, but a meta is parsed only to check a filter its raw bytes
-        have passed (a status, workflow or attribute), never to sort: its created time
-        is read off the bytes. Just the page's instances are decoded."""
-        newest = query.order == "newest"
-        marks = _marks(query)
-        verify = query.status is not None or query.workflow is not None or bool(query.where)
-        since = None if query.since is None else _ms_of(query.since)
-        until = None if query.until is None else _ms_of(query.until)
-        after = None if query.after is None else _position_of(query.after)
-
-        def candidates() -> Iterator[tuple[tuple[int, str], bytes]]:
-            for key, meta in self._store.scan(keys.META + keys.escape_id(query.prefix)):
-                if marks and not all(mark in meta for mark in marks):
-                    continue  # a rare status or attribute: most metas are never parsed
-                if verify:
-                    raw = orjson.loads(meta)
-                    if (
-                        (query.status is not None and raw["st"] != query.status)
-                        or (query.workflow is not None and raw["w"] != query.workflow)
-                        or (query.where and not query.has_attributes(raw.get("at", {})))
-                    ):
-                        continue
-                created = _created_in(meta)
-                if (since is not None and created < since) or (
-                    until is not None and created >= until
-                ):
-                    continue
-                # Sorts as the cursor's text ``<created_at>/<id>`` does.
-                position = (created, keys.split_meta(key))
-                if after is not None and (position >= after if newest else position <= after):
-                    continue
-                yield position, meta
-
-        pick = heapq.nlargest if newest else heapq.nsmallest
-        chosen = pick(query.limit + 1, candidates())
-        views = [
-            InstanceStatus.of(state_from_storage(instance_id, meta, []))
-            for (_, instance_id), meta in chosen[: query.limit]
-        ]
-        more = len(chosen) > query.limit
-        return InstancePage(views, query.position(views[-1]) if more else None)
+        created time, from its cursor on (``consumers.created_listing``)."""
+        return page_by_created(self._store, query)
 
     def overview_slice(
         self, since_ms: int, start: bytes | None, budget: int
@@ -349,7 +310,7 @@ class InstanceReads:
                 if looked >= budget:
                     return partial(), key
                 looked += 1
-                status = _status_in(meta)
+                status = status_in(meta)
                 counts[status] = counts.get(status, 0) + 1
             resume = keys.finished(since_ms, "")
         for key, _ in self._store.scan(keys.FINISHED, resume):
@@ -360,64 +321,9 @@ class InstanceReads:
             raw = self._store.get(keys.meta(instance_id))
             if raw is None:
                 continue
-            status = _status_in(raw)
+            status = status_in(raw)
             finished[status] = finished.get(status, 0) + 1
             if status == "failed":
                 state = state_from_storage(instance_id, raw, [])
                 failures.append(InstanceStatus.of(state))
         return partial(), None
-
-
-def _marks(query: ListQuery) -> list[bytes]:
-    """Bytes a meta of an instance of ``query`` must contain (compact JSON): a meta
-    without one of them is not looked at further."""
-    marks = []
-    if query.status is not None:
-        marks.append(_STATUS_MARK + query.status.encode() + b'"')
-    if query.workflow is not None:
-        marks.append(b'"w":' + orjson.dumps(query.workflow))
-    marks.extend(_attribute_mark(key, value) for key, value in query.where)
-    return marks
-
-
-def _attribute_mark(key: str, value: WhereValue) -> bytes:
-    """Bytes every meta holding attribute ``key`` = ``value`` contains (compact JSON):
-    the key with the value when it is text or a bool, else the key alone (25 and 25.0
-    are written differently and match each other; a tuple matches any of several)."""
-    mark = orjson.dumps(key) + b":"
-    return mark + orjson.dumps(value) if isinstance(value, str | bool) else mark
-
-
-def _created_in(meta: bytes) -> int:
-    """The created time (ms) in a meta's compact JSON, without parsing the rest: the
-    workflow, version and status come before it, and no JSON text can hold the
-    unescaped quotes of its key."""
-    at = meta.index(_CREATED_MARK) + len(_CREATED_MARK)
-    return int(meta[at : meta.index(b",", at)])
-
-
-def _ms_of(instant: str) -> int:
-    """A time as ``parse_instant`` and ``created_iso`` write it (ISO 8601 with ms), in
-    ms: whole ms compare as their text does."""
-    when = datetime.fromisoformat(instant)
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return (when - _EPOCH) // timedelta(milliseconds=1)
-
-
-def _position_of(cursor: str) -> tuple[int, str]:
-    """A ``<created_at>/<instance id>`` cursor as a (ms, id) position (ids may hold
-    ``/``, created times never do)."""
-    created, _, instance_id = cursor.partition("/")
-    try:
-        return _ms_of(created), instance_id
-    except ValueError:
-        raise InvalidPayload(
-            f"after={cursor!r} is not a cursor of this order: pass the `next` of the "
-            "page before, or no `after` for the first page"
-        ) from None
-
-
-def _status_in(meta: bytes) -> str:
-    at = meta.index(_STATUS_MARK) + len(_STATUS_MARK)
-    return meta[at : meta.index(b'"', at)].decode()

@@ -115,12 +115,51 @@ def prefix_scans(
         del options
 
 
+def reverse_scan(
+    column: Any, prefix: bytes, before: bytes | None = None, on_error: OnError | None = None
+) -> Iterator[tuple[bytes, bytes]]:
+    """Keys of ``column`` that start with ``prefix`` and are below ``before`` (default:
+    all of them), greatest first: a page newest first of an index by time costs its own
+    keys, whatever lies beyond. Exhaust or drop the iterator, as ``prefix_scan``'s.
+
+    The upper end is the iterator's (exclusive) bound, so RocksDB seeks no key above it.
+    The lower end is checked here: rocksdict 0.3.29's ``set_iterate_lower_bound`` sets
+    the upper bound instead (measured)."""
+    end = _successor(prefix)
+    if before is None or (end is not None and end < before):
+        before = end
+    options = ReadOptions()
+    if before is not None:
+        options.set_iterate_upper_bound(before)
+    it = column.iter(options)
+    try:
+        it.seek_to_last()
+        while it.valid():
+            key: bytes = it.key()
+            if not key.startswith(prefix):
+                return
+            value: bytes = it.value()
+            yield key, value
+            it.prev()
+        check_status(it, on_error)
+    finally:
+        del it
+        del options
+
+
+def _successor(prefix: bytes) -> bytes | None:
+    """The smallest key greater than every key that starts with ``prefix`` (None for
+    the empty prefix, or one of 0xff alone)."""
+    stripped = prefix.rstrip(b"\xff")
+    return stripped[:-1] + bytes([stripped[-1] + 1]) if stripped else None
+
+
 def _bounded(prefix: bytes) -> ReadOptions:
     """Read options for keys that start with ``prefix`` (no bound for the empty one)."""
     options = ReadOptions()
-    stripped = prefix.rstrip(b"\xff")
-    if stripped:
-        options.set_iterate_upper_bound(stripped[:-1] + bytes([stripped[-1] + 1]))
+    end = _successor(prefix)
+    if end is not None:
+        options.set_iterate_upper_bound(end)
     return options
 
 

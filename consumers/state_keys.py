@@ -12,8 +12,11 @@ Layout (all keys local to one partition; ``<id>`` is an instance id, escaped):
   a\\0<id>                    index of unfinished instances (loaded on restore)
   c\\0<id>\\0<command>          a client command applied to the instance (duplicates skipped)
   f\\0<finished:8><id>        finished instances by when they finished (retention)
+  s\\0<created:8><id>         every instance by when its run started (lists newest or
+                              oldest first: ``InstanceReads.list_by_created``)
   l\\0<time:8>                the history log's end offset at that time (log trimming)
   v\\0finished-indexed         set once every finished instance is in the f\\0 index
+  v\\0started-indexed          set once every instance is in the s\\0 index
   t\\0<fire_at:8><id>\\0<timer>  timer index ordered by fire time
   T\\0<id>\\0<timer>            (instance, timer id) -> fire time (to cancel)
   r\\0<id>\\0<message>          the instance's answer to a message (msg.complete)
@@ -45,6 +48,8 @@ COMMAND = b"c\x00"
 FINISHED = b"f\x00"
 LOG_MARK = b"l\x00"
 FINISHED_INDEXED = b"v\x00finished-indexed"
+STARTED = b"s\x00"
+STARTED_INDEXED = b"v\x00started-indexed"
 TIMER = b"t\x00"
 TIMER_BY_ID = b"T\x00"
 HOOK = b"k\x00"
@@ -122,7 +127,7 @@ INSTANCE_FAMILIES = (INPUT, ENTRY, BUFFERED, HISTORY, COMMAND, REPLY)
 def instance_prefixes(instance_id: str) -> tuple[bytes, ...]:
     """The prefixes of every key family one instance has (its input, entries, buffered
     events, history, applied commands, replies); its other single keys are ``meta``,
-    ``active`` and ``finished``."""
+    ``active``, ``finished`` and ``started``."""
     return (
         input_key(instance_id),
         entry_prefix(instance_id),
@@ -172,6 +177,17 @@ def finished(finished_ms: int, instance_id: str) -> bytes:
 
 def split_finished(key: bytes) -> tuple[int, str]:
     body = key[len(FINISHED) :]
+    return _SEQ.unpack(body[:8])[0], unescape_id(body[8:])
+
+
+def started(created_ms: int, instance_id: str) -> bytes:
+    """The instance's key in the index by created time: ids that start in the same ms
+    sort by id, as ``list_by_created`` orders them."""
+    return STARTED + _SEQ.pack(created_ms) + escape_id(instance_id)
+
+
+def split_started(key: bytes) -> tuple[int, str]:
+    body = key[len(STARTED) :]
     return _SEQ.unpack(body[:8])[0], unescape_id(body[8:])
 
 

@@ -80,6 +80,13 @@ class StateStore(Protocol):
         order."""
         ...
 
+    def scan_reverse(
+        self, prefix: bytes, before: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Keys starting with ``prefix`` and below ``before`` (default: all of them),
+        greatest first."""
+        ...
+
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """The values of ``keys``, in their order (None where absent), read at once."""
         ...

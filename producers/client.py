@@ -296,9 +296,11 @@ class Client:
         "oldest"``: oldest first; ``"id"``: in instance-id order); pass the page's
         ``next`` as ``after`` for the following one (None: there is none). ``since`` and
         ``until`` bound the created time (a datetime, an ISO 8601 string, or how long
-        ago: ``"1h"``). ``order="id"`` is fast however many instances there are (the
-        owners read their state from the cursor on); the time orders read every
-        instance's summary. ``where`` keeps the instances whose search attributes
+        ago: ``"1h"``). Every order is fast however many instances there are: the
+        owners read their state from the cursor on, in id order or from their index by
+        created time; a status, workflow or ``where`` filter that few instances match
+        reads every instance's summary in the time orders (``order="id"`` reads those in
+        slices). ``where`` keeps the instances whose search attributes
         (``ctx.set_attributes``) equal every value it gives (numbers compare as numbers,
         ``1`` never equals ``True``; a list of values matches any of them)."""
         if order not in ORDERS:

@@ -419,7 +419,8 @@ class LogTransport(CommandPublisher):
 
     async def list_page(self, query: ListQuery) -> InstancePage:
         if not query.by_id:
-            # In one go: the owners read every meta (no index by created time).
+            # In one go: each owner reads its index by created time (a filter too rare
+            # for that reads every meta: consumers.created_listing).
             return self._reader.list_page(query, _LIST_SLICE)
         # In slices of a bounded number of keys per partition, yielding between them, so
         # a filter that matches little never holds the processors up for long.

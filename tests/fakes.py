@@ -51,6 +51,13 @@ class FakeStore:
             if key.startswith(prefix) and (start is None or key >= start):
                 yield key, self.data[key]
 
+    def scan_reverse(
+        self, prefix: bytes, before: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        for key in sorted(self.data, reverse=True):
+            if key.startswith(prefix) and (before is None or key < before):
+                yield key, self.data[key]
+
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         return [self.data.get(key) for key in keys]
 

@@ -45,6 +45,7 @@ from stepstream.consumers.rocks import (
     is_corruption,
     prefix_scan,
     prefix_scans,
+    reverse_scan,
 )
 from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.engine.seams import Append
@@ -212,6 +213,13 @@ class EmbeddedDB:
         """Keys of ``cf`` that start with ``prefix``, from ``start`` (default: the prefix)
         on, in key order. Exhaust or drop the iterator: a live one keeps RocksDB open."""
         return prefix_scan(self._cf(cf), prefix, start, on_error=self._read_failed)
+
+    def scan_reverse(
+        self, cf: str, prefix: bytes, before: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Keys of ``cf`` that start with ``prefix`` and are below ``before`` (default:
+        all of them), greatest first. Exhaust or drop the iterator."""
+        return reverse_scan(self._cf(cf), prefix, before, on_error=self._read_failed)
 
     def get_many(self, cf: str, keys: Sequence[bytes]) -> list[bytes | None]:
         """The values of ``keys`` of ``cf`` in their order (None where absent): one

@@ -33,6 +33,16 @@ class EmbeddedStore:
         for key, value in self._db.scan(keys.STATE_CF, self._prefix + prefix, begin):
             yield key[cut:], value
 
+    def scan_reverse(
+        self, prefix: bytes, before: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Keys starting with ``prefix`` and below ``before`` (default: all of them),
+        greatest first."""
+        cut, own = len(self._prefix), self._prefix
+        end = None if before is None else own + before
+        for key, value in self._db.scan_reverse(keys.STATE_CF, own + prefix, end):
+            yield key[cut:], value
+
     def get_many(self, keys_: Sequence[bytes]) -> list[bytes | None]:
         """The values of ``keys_`` in their order (None where absent): one multi-get."""
         own = self._prefix

@@ -31,6 +31,7 @@ from stepstream.consumers.rocks import (
     pinned_scan,
     prefix_scan,
     prefix_scans,
+    reverse_scan,
 )
 from stepstream.consumers.rocks_memory import RocksMemory
 from stepstream.engine.errors import StepstreamError
@@ -139,6 +140,13 @@ class PartitionDB:
         """Keys starting with ``prefix``, from ``start`` (default: the prefix) on, in key
         order."""
         return prefix_scan(self._state, prefix, start, on_error=self._damaged)
+
+    def scan_reverse(
+        self, prefix: bytes, before: bytes | None = None
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Keys starting with ``prefix`` and below ``before`` (default: all of them),
+        greatest first."""
+        return reverse_scan(self._state, prefix, before, on_error=self._damaged)
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         """The values of ``keys`` in their order (None where absent): one multi-get."""

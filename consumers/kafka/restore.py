@@ -307,6 +307,10 @@ async def restore_partition(
     if start == 0 or snapshot is not None:
         # Built whole by this version: every finished instance is in the finish index.
         batch.put(state_keys.FINISHED_INDEXED, b"")
+    if start == 0 and snapshot is None:
+        # Every instance is in the index by created time too (a snapshot brings that
+        # index's marker along if its writer kept the index; else the owner builds it).
+        batch.put(state_keys.STARTED_INDEXED, b"")
     db.write(
         puts=batch.puts.items(),
         deletes=batch.deletes,

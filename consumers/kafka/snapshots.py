@@ -32,6 +32,7 @@ from stepstream.consumers.kafka import keys
 from stepstream.consumers.kafka.db import PartitionDB
 from stepstream.consumers.kafka.producer import LogProducer, OutRecord
 from stepstream.consumers.kafka.restore import Headers, HistoryReader
+from stepstream.consumers.meta_filter import created_in
 from stepstream.engine.errors import UndecodableRecord
 from stepstream.engine.replay.state_json import state_from_storage
 from stepstream.engine.seams import Clock
@@ -222,13 +223,16 @@ class _StateView:
             scan.close()
 
     def _pairs(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every instance's meta with its active key, or its finished key for one that
-        finished (the timer index is not copied: restore rebuilds it from pending
-        timers); then each family of per-instance keys whole."""
+        """Every instance's meta with its key in the index by created time, and its
+        active key, or its finished key for one that finished (the timer index is not
+        copied: restore rebuilds it from pending timers); then the mark that the index
+        by created time is whole, and each family of per-instance keys whole."""
         at = len(state_keys.ACTIVE)
         active = next(self._actives, None)
         for meta_key, meta in self._metas:
             yield meta_key, meta
+            # From the meta, as the finished key: whole even if the store's index is not.
+            yield state_keys.started(created_in(meta), state_keys.split_meta(meta_key)), b""
             escaped = meta_key[len(state_keys.META) :]
             # Both families are sorted by the escaped instance id: one pass over each.
             while active is not None and active[0][at:] < escaped:
@@ -239,6 +243,7 @@ class _StateView:
                 instance_id = state_keys.split_meta(meta_key)
                 state = state_from_storage(instance_id, meta, [])
                 yield state_keys.finished(state.finished_ms, instance_id), b""
+        yield state_keys.STARTED_INDEXED, b""
         for family in self._families:
             yield from family
 

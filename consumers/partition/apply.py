@@ -14,6 +14,7 @@ from stepstream.consumers import state_keys as keys
 from stepstream.consumers.dead_letters import dead_letter
 from stepstream.consumers.instance_store import InstanceReads, StoredHistory
 from stepstream.consumers.log_context import instance_fields
+from stepstream.consumers.meta_filter import created_in
 from stepstream.consumers.partition.batch import Batch
 from stepstream.consumers.partition.containment import Containment
 from stepstream.consumers.partition.intake import CommandIntake, Rejected
@@ -118,6 +119,7 @@ class Applier:
             if runtime is not None:
                 runtime.withdraw_again(batch.out)
         self._index_finished(batch.commit)
+        self._index_started(batch.commit)
         return batch
 
     def _resume_one(self, instance_id: str, batch: Batch) -> None:
@@ -142,6 +144,16 @@ class Applier:
             if state.status.finished:
                 commit.put(keys.finished(state.finished_ms, state.instance_id), b"")
         commit.put(keys.FINISHED_INDEXED, b"")
+
+    def _index_started(self, commit: CommitBatch) -> None:
+        """Once per state store: index every instance by created time, for state written
+        before that index was kept (an older version), so lists newest first read it."""
+        store = self._backend.store
+        if store.get(keys.STARTED_INDEXED) is not None:
+            return
+        for key, meta in store.scan(keys.META):
+            commit.put(keys.started(created_in(meta), keys.split_meta(key)), b"")
+        commit.put(keys.STARTED_INDEXED, b"")
 
     def batch(
         self, entries: list[LogEntry], outcomes: list[StepOutcome], fires: list[TimerFired]

@@ -8,11 +8,11 @@ looks at a bounded number of keys per call, so a rare filter never holds up its
 processor); its cursor then says how far it got, and the merge never passes a
 partition's cursor.
 
-``order="newest"`` and ``"oldest"`` sort by created time. The state has no index by that
-time, so each partition reads every meta of the filters and decodes only its page
-(``consumers.instance_store``); their cursor is ``<created_at>/<instance id>`` of the
-last row, so a page does not shift when instances start meanwhile, and pages merge the
-same way.
+``order="newest"`` and ``"oldest"`` sort by created time. Each partition reads its page
+from its index by that time (``consumers.created_listing``; a filter so rare that the
+index does not fill the page within a budget reads every meta instead); their cursor
+is ``<created_at>/<instance id>`` of the last row, so a page does not shift when
+instances start meanwhile, and pages merge the same way.
 ``since`` and ``until`` bound the created time in every order. ``where`` keeps the
 instances whose search attributes (``ctx.set_attributes``) equal each of its values
 (``engine.api.attributes.same_value``; a list of values: any of them); on the query

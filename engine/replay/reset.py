@@ -159,6 +159,7 @@ def reset_state(old: InstanceState, records: Sequence[HistoryRecord]) -> Instanc
     new.new_commands.clear()  # stored already, when they were applied
     new.new_replies.clear()
     new.pruned_history = []
+    new.indexed_created_ms = old.indexed_created_ms  # the store's, not history's
     if old.status.finished:
         new.unfinished_ms = old.finished_ms
     return new
@@ -343,6 +344,7 @@ def on_start_fork(rt: InstanceRuntime, msg: StartFork) -> None:
     assert rt.history is not None
     copies = fork_records(msg, rt.history, rt.epoch)
     state = fold(msg.instance_id, copies)
+    state.indexed_created_ms = rt.state.indexed_created_ms
     from_seq = copies[-1].seq + 1 if copies else 1
     marker = WorkflowForked(
         instance_id=msg.instance_id,

@@ -150,6 +150,10 @@ class InstanceState:
     # Whether this object's own writes put the instance in the active index: then the
     # next ones need not put it again (a state read from storage puts it once more).
     active_stored: bool = field(default=False, compare=False, repr=False)
+    # The created time under which the store's index by created time holds the instance
+    # (-1: not in it), so a write moves its key only when a new run changed the time:
+    # one compare per transition. Set from storage when read.
+    indexed_created_ms: int = field(default=-1, compare=False, repr=False)
     # What every span of the run shares (``consumers/spans.py``, ``run_fields``): made
     # once, when a span first needs it, and forgotten when a run starts, the one change
     # of the fields it holds. Never stored.

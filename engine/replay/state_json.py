@@ -184,6 +184,7 @@ def state_from_storage(
             for b in rows
         ],
     )
+    state.indexed_created_ms = state.created_ms
     state.recent_commands.extend(raw["rc"])
     if "fk" in raw:
         state.forked_from, state.forked_at = raw["fk"]

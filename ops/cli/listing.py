@@ -1,11 +1,11 @@
 """``stepstream list``: instances, filtered, newest first (or oldest first, or in id
 order), a page at a time with the cursor of the next.
 
-The engine pages instances in id order (``engine.reads.listing``: each partition reads its
-state from the cursor on). Created-time order has no index there, so ``--order newest``
-and ``oldest`` read the summaries of every instance of the filters (one listing, as
-``stepstream list`` always did) and sort them here; their cursor is the created time
-and id of the last row shown, so a page does not shift when instances start meanwhile.
+The engine pages instances in every order (``engine.reads.listing``: each partition reads
+its state from the cursor on, in id order or from its index by created time), a page
+of the engine at a time; the cursor of ``--order newest`` and ``oldest`` is the created
+time and id of the last row shown, so a page does not shift when instances start
+meanwhile.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.reads.listing import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
-    ListQuery,
     parse_instant,
-    where_pairs,
 )
 from stepstream.engine.reads.views import InstanceStatus
 from stepstream.engine.replay.state import Status
@@ -44,7 +42,9 @@ def _list(args: argparse.Namespace) -> int:
         None if given is None else _instant(given, flag)
         for given, flag in ((args.since, "--since"), (args.until, "--until"))
     )
-    after = _created_cursor(args.after) if args.after and order != "id" else None
+    after = args.after or None
+    if after is not None and order != "id":
+        _check_created_cursor(after)
     try:
         where = parse_where(args.where or [])
     except ValueError as bad:
@@ -66,12 +66,7 @@ def _list(args: argparse.Namespace) -> int:
     )
 
     async def command(client: Client) -> int:
-        if order == "id":
-            instances, cursor = await _by_id(client, args, limit, since, until, where)
-        else:
-            instances, cursor = await _by_created(
-                client, args, order, after, limit, since, until, where
-            )
+        instances, cursor = await _pages(client, args, order, after, limit, since, until, where)
         text = render.instance_table(instances)
         if cursor is not None:
             text += (
@@ -93,18 +88,20 @@ def _list(args: argparse.Namespace) -> int:
     return with_client(args, command)
 
 
-async def _by_id(
+async def _pages(
     client: Client,
     args: argparse.Namespace,
+    order: str,
+    after: str | None,
     limit: int,
     since: str | None,
     until: str | None,
     where: dict[str, AttributeValue | list[AttributeValue]],
 ) -> tuple[list[InstanceStatus], str | None]:
-    """Up to ``limit`` instances (0: all) in id order from the cursor on, a page of the
-    engine at a time, and the cursor after them (None: there are no more)."""
+    """Up to ``limit`` instances (0: all) in ``order`` from the cursor ``after`` on, a
+    page of the engine at a time, and the cursor after them (None: there are no more)."""
     found: list[InstanceStatus] = []
-    cursor = args.after or None
+    cursor = after
     while True:
         want = MAX_PAGE_SIZE if limit == 0 else min(MAX_PAGE_SIZE, limit - len(found))
         page = await client.list_page(
@@ -115,52 +112,15 @@ async def _by_id(
             limit=want,
             since=since,
             until=until,
-            order="id",
+            order=order,
             where=where,
         )
         found += [i for i in page.instances if i.diverged or not args.diverged]
         cursor = page.next
-        # A partition may answer a short page (it reads a bounded number of keys per
-        # call); its cursor says where to go on.
+        # A partition may answer a short page (in id order it reads a bounded number of
+        # keys per call); its cursor says where to go on.
         if cursor is None or (limit and len(found) >= limit):
             return found, cursor
-
-
-async def _by_created(
-    client: Client,
-    args: argparse.Namespace,
-    order: str,
-    after: tuple[str, str] | None,
-    limit: int,
-    since: str | None,
-    until: str | None,
-    where: dict[str, AttributeValue | list[AttributeValue]],
-) -> tuple[list[InstanceStatus], str | None]:
-    """Up to ``limit`` instances (0: all) by created time, after the cursor, and the
-    cursor of the next page (None: there are no more)."""
-    everything = await client.list(status=args.status)
-    matching = ListQuery(where=where_pairs(where))
-    chosen = [
-        i
-        for i in everything
-        if (args.workflow is None or i.workflow == args.workflow)
-        and i.instance_id.startswith(args.prefix or "")
-        and (i.diverged or not args.diverged)
-        and (since is None or i.created_at >= since)
-        and (until is None or i.created_at < until)
-        and matching.has_attributes(i.attributes)
-    ]
-    newest = order == "newest"
-    chosen.sort(key=_created_key, reverse=newest)
-    if after is not None:
-        chosen = [
-            i for i in chosen if (_created_key(i) < after if newest else _created_key(i) > after)
-        ]
-    if limit == 0 or len(chosen) <= limit:
-        return chosen, None
-    shown = chosen[:limit]
-    last = shown[-1]
-    return shown, f"{last.created_at}/{last.instance_id}"
 
 
 def _instant(text: str, flag: str) -> str:
@@ -170,19 +130,14 @@ def _instant(text: str, flag: str) -> str:
         raise UsageError(str(bad).replace(f"{flag}=", f"{flag} ", 1)) from None
 
 
-def _created_key(instance: InstanceStatus) -> tuple[str, str]:
-    return (instance.created_at, instance.instance_id)
-
-
-def _created_cursor(text: str) -> tuple[str, str]:
-    """The created time and id a ``--order newest|oldest`` page printed as its cursor."""
+def _check_created_cursor(text: str) -> None:
+    """Refuse what is not a cursor a ``--order newest|oldest`` page printed."""
     created, slash, instance_id = text.partition("/")
     if not slash or not instance_id or not created[:4].isdigit():
         raise UsageError(
             f"--after {text!r} is not a cursor of --order newest/oldest (CREATED/ID); pass "
             "the one the previous page printed, or add --order id for an instance id"
         )
-    return created, instance_id
 
 
 _STATUSES: Sequence[str] = [s.value for s in Status]
@@ -215,8 +170,8 @@ COMMANDS = (
                 "--order",
                 choices=ORDERS,
                 help="newest first by created time (the default), oldest first, or in id "
-                "order (the engine's own: it pages without reading every instance, fastest "
-                "for very many)",
+                "order; each pages from an index without reading every instance (a rare "
+                "--status, --workflow or --where reads them all in the time orders)",
             ),
             arg(
                 "--after",

@@ -90,6 +90,13 @@ async def a_snapshot_of_partition_0(settings: KafkaSettings) -> None:
     raise AssertionError("partition 0 never had a snapshot")
 
 
+async def newest_first(client: Client) -> list[str]:
+    """Every instance, newest first (one page holds them all)."""
+    page = await client.list_page(limit=500)
+    assert page.next is None
+    return [i.instance_id for i in page.instances]
+
+
 def restores(caplog: pytest.LogCaptureFixture) -> dict[int, tuple[str, int]]:
     """Partition -> (snapshot id or "None", history records folded), of the last restore."""
     out = {}
@@ -123,12 +130,16 @@ async def test_a_worker_without_state_restores_from_the_newest_snapshot(
             assert len(taken) == KAFKA_TEST_PARTITIONS, taken
             await run_some(client)  # history after the snapshots, folded on restore
             stories = {i: await story(client, i) for i in [*finished, sleeper, waiter, paused]}
+            listed = await newest_first(client)
+            assert len(set(listed)) == len(listed) and set(stories) <= set(listed), listed
             await asyncio.to_thread(first.stop)
 
             caplog.clear()
             second = await worker(settings, tmp_path / "second")  # no local state
             folded = restores(caplog)
             assert sorted(folded) == list(range(KAFKA_TEST_PARTITIONS)), caplog.text
+            # The index by created time came with the snapshots: the same list.
+            assert await newest_first(client) == listed
             newest = {p: r[-1].snapshot_id for p, r in (await snapshots_on(settings)).items()}
             for partition, (snapshot, records) in folded.items():
                 history = [

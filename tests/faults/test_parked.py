@@ -8,6 +8,7 @@ is kept. Restarted with code that matches, the instance goes on and uses that ev
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from stepstream import Client
+from tests.dev_server import start_dev
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -75,6 +77,16 @@ async def test_a_diverged_instance_is_parked_and_goes_on_with_matching_code(
         assert "StepAttemptStarted" not in history[2:]  # the new step 'hold' never ran
         assert "WorkflowFailed" not in history
         assert [i.instance_id for i in await client.list() if i.diverged] == ["o-1"]
+        await client.start("order", None, instance_id="o-2")  # the new code: not parked
+    # Served with the same code, the CLI's pages (newest first) keep the parked one.
+    server = start_dev(tmp_path, "flows_changed", RENAMED)
+    try:
+        for args, expected in ((["--diverged"], ["o-1"]), ([], ["o-2", "o-1"])):
+            listed = server.cli("list", *args, "--json")
+            assert listed.returncode == 0, listed.stderr
+            assert [i["instance_id"] for i in json.loads(listed.stdout)] == expected, args
+    finally:
+        server.stop()
     engine = await open_embedded(registry(ORIGINAL, "flows_v1_again"), config)
     async with Client(engine.make_transport(owns_engine=True)) as client:
         assert await client.result("o-1", timeout=10) == ["reserved", "kept", "shipped"]

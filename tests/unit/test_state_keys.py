@@ -22,6 +22,7 @@ def every_key(instance_id: str) -> list[bytes]:
         keys.history(instance_id, 2**40),
         keys.command(instance_id, "c-1"),
         keys.finished(7, instance_id),
+        keys.started(7, instance_id),
         keys.timer(7, instance_id, "sleep/1/nap"),
         keys.timer_by_id(instance_id, "sleep/1/nap"),
     ]
@@ -64,6 +65,7 @@ def test_ids_read_back_from_their_keys(instance_id: str) -> None:
     assert keys.split_meta(keys.meta(instance_id)) == instance_id
     assert keys.split_active(keys.active(instance_id)) == instance_id
     assert keys.split_finished(keys.finished(99, instance_id)) == (99, instance_id)
+    assert keys.split_started(keys.started(99, instance_id)) == (99, instance_id)
     assert keys.split_timer(keys.timer(5, instance_id, "t/1/k#2")) == (5, instance_id, "t/1/k#2")
     assert keys.unescape_id(keys.escape_id(instance_id)) == instance_id
 

@@ -1,0 +1,152 @@
+"""Newest-first lists (the UI's, ``GET /v1/instances``', the CLI's and ``Client.list_page``'s
+default order) on the embedded backend, read from each partition's index by created time:
+an instance started again lists once, at its new start; a reset keeps its place;
+instances retention forgets leave the index; and a data directory written before the
+index existed lists newest first once opened, with the index built."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from stepstream import WorkflowFailed
+from stepstream.consumers import state_keys as keys
+from stepstream.consumers.embedded import keys as embedded_keys
+from stepstream.consumers.embedded.db import EmbeddedDB
+from stepstream.consumers.embedded.partition import EmbeddedStore
+from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
+from stepstream.producers.client import Client
+from tests.conftest import test_registry as workflows_of_tests
+from tests.integration.test_workflows import wait_for_status
+
+PARTITIONS = 3
+
+
+async def _ids(client: Client, order: str = "newest", prefix: str = "n-") -> list[str]:
+    """Every instance under ``prefix`` in ``order``, two a page."""
+    seen: list[str] = []
+    after = None
+    while True:
+        page = await client.list_page(prefix=prefix, limit=2, after=after, order=order)
+        seen += [i.instance_id for i in page.instances]
+        if page.next is None:
+            return seen
+        after = page.next
+
+
+async def _by_created(client: Client, ids: list[str]) -> list[str]:
+    """``ids`` newest first by the created time their status shows, ties by id."""
+    created = {i: (await client.status(i)).created_at for i in ids}
+    return sorted(ids, key=lambda i: (created[i], i), reverse=True)
+
+
+def _indexed(db: EmbeddedDB) -> list[tuple[int, str]]:
+    """Every (created ms, instance id) of every partition's index by created time."""
+    return sorted(
+        keys.split_started(key)
+        for partition in range(PARTITIONS)
+        for key, _ in EmbeddedStore(db, partition).scan(keys.STARTED)
+    )
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[EmbeddedEngine]:
+    opened = await open_embedded(
+        workflows_of_tests(),
+        EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=PARTITIONS),
+    )
+    yield opened
+    await opened.close()
+
+
+async def test_a_new_run_moves_the_instance_to_its_new_start(engine: EmbeddedEngine) -> None:
+    client = Client(engine.make_transport())
+    await client.start("boom", None, instance_id="n-0")
+    with pytest.raises(WorkflowFailed):
+        await client.result("n-0", timeout=20)
+    for n in range(1, 5):
+        await client.start("arith", n, instance_id=f"n-{n}")
+        await client.result(f"n-{n}", timeout=20)
+    first = await client.status("n-0")
+    assert await _ids(client) == ["n-4", "n-3", "n-2", "n-1", "n-0"]
+
+    await client.start("boom", None, instance_id="n-0", if_exists="restart_if_failed")
+    await wait_for_status(client, "n-0", lambda s: s.run == 2 and s.status == "failed")
+    assert (await client.status("n-0")).created_at > first.created_at
+    newest = await _ids(client)
+    assert newest == ["n-0", "n-4", "n-3", "n-2", "n-1"]
+    assert await _ids(client, "oldest") == newest[::-1]
+
+    # A reset goes on from a step of the same run: the instance keeps its place.
+    before = (await client.status("n-2")).updated_at
+    await client.reset("n-2", to="double", reason="again")
+    await wait_for_status(
+        client, "n-2", lambda s: s.status == "completed" and s.updated_at > before
+    )
+    assert "WorkflowReset" in [h.type for h in await client.history("n-2")]
+    assert await _ids(client) == newest == await _by_created(client, newest)
+    # One key each, at the start each status shows.
+    assert [i for _, i in _indexed(engine.db)] == sorted(newest, key=newest[::-1].index)
+
+
+async def test_instances_retention_forgets_leave_the_list(tmp_path: Path) -> None:
+    config = EmbeddedConfig(
+        data_dir=str(tmp_path / "data"),
+        partitions=PARTITIONS,
+        retention_s=0.5,
+        sweep_interval_s=0.05,
+    )
+    engine = await open_embedded(workflows_of_tests(), config)
+    try:
+        client = Client(engine.make_transport())
+        for n in range(6):
+            await client.start("arith", n, instance_id=f"n-{n}")
+        await client.start("waiter", None, instance_id="n-kept")
+        for n in range(6):
+            await client.result(f"n-{n}", timeout=20)
+        for _ in range(300):
+            if await _ids(client) == ["n-kept"]:
+                break
+            await asyncio.sleep(0.02)
+        assert await _ids(client) == ["n-kept"]
+        assert [i for _, i in _indexed(engine.db)] == ["n-kept"]
+    finally:
+        await engine.close()
+
+
+async def test_a_store_written_before_the_index_lists_newest_first(tmp_path: Path) -> None:
+    config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=PARTITIONS)
+    engine = await open_embedded(workflows_of_tests(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        for n in range(8):
+            await client.start("waiter" if n % 2 else "arith", n, instance_id=f"n-{n}")
+        await client.result("n-6", timeout=20)
+        expected = await _by_created(client, [f"n-{n}" for n in range(8)])
+        made = _indexed(engine.db)
+    assert len(made) == 8
+
+    # As an older version left it: no index by created time, no mark that it is built.
+    db = await EmbeddedDB.open(config.data_dir, PARTITIONS)
+    try:
+        old = []
+        for partition in range(PARTITIONS):
+            own = embedded_keys.state_user_prefix(partition)
+            store = EmbeddedStore(db, partition)
+            old += [own + key for key, _ in store.scan(keys.STARTED)]
+            if store.get(keys.STARTED_INDEXED) is not None:
+                old.append(own + keys.STARTED_INDEXED)
+        await db.write(deletes=old)
+        assert _indexed(db) == []
+    finally:
+        await db.close()
+
+    engine = await open_embedded(workflows_of_tests(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        assert await _ids(client) == expected
+        assert await _ids(client, "oldest") == expected[::-1]
+        assert _indexed(engine.db) == made  # built again when the partitions resumed
+        for partition in range(PARTITIONS):
+            assert EmbeddedStore(engine.db, partition).get(keys.STARTED_INDEXED) == b""
