@@ -67,18 +67,24 @@ class CallsMixin(DrivingMixin):
         problem = step_name_problem(name)
         if problem is not None:
             raise InvalidWorkflowCall(f"instance {self.state.instance_id}: name {problem}")
-        scope = current_scope.get()
+        # One string per name in its scope: a scope ends with "/" and a name has none.
+        slot = current_scope.get() + name
         task = asyncio.current_task() if self._loop is not None else None
-        uses, last = self._names.get((scope, name), (0, None))
+        names = self._names
+        if slot not in names:
+            names[slot] = task
+            return slot
+        last = names[slot]
         if last is not None and task is not last and not last.done() and not _within(task, last):
             raise InvalidWorkflowCall(
-                f"instance {self.state.instance_id}: name {scope + name!r} is used by two "
+                f"instance {self.state.instance_id}: name {slot!r} is used by two "
                 "concurrent branches; which use came first could differ on replay. Give "
                 "each branch its own scope (ctx.scope, ctx.join) or its own name"
             )
-        uses += 1
-        self._names[scope, name] = (uses, task)
-        return f"{scope}{name}" if uses == 1 else f"{scope}{name}#{uses}"
+        names[slot] = task
+        uses = self._repeats.get(slot, 1) + 1
+        self._repeats[slot] = uses
+        return f"{slot}#{uses}"
 
     def step_future(
         self,
@@ -93,9 +99,10 @@ class CallsMixin(DrivingMixin):
         if not callable(fn):
             raise TypeError(f"ctx.step({key!r}, ...): {fn!r} is not callable")
         entry = self._visit(key, EntryKind.STEP)
-        self._intents[key] = StepIntent(
-            fn, args, kwargs, retry or DEFAULT_RETRY, timeout, ephemeral
-        )
+        if entry is None or not entry.state.final:  # a replayed outcome starts nothing
+            self._intents[key] = StepIntent(
+                fn, args, kwargs, retry or DEFAULT_RETRY, timeout, ephemeral
+            )
         fut = self._future(entry, key)
         if (entry is None and key not in self._ephemeral) or (
             entry is not None
@@ -204,8 +211,9 @@ class CallsMixin(DrivingMixin):
             if not any(k == key for k, _ in self.inflight):
                 del self._intents[key]
         self._visited.difference_update([k for k in self._visited if gone(k)])
-        for slot in [s for s in self._names if gone(s[0])]:
+        for slot in [s for s in self._names if gone(s[: s.rfind("/") + 1])]:
             del self._names[slot]
+            self._repeats.pop(slot, None)
         for counter in [c for c in self._counters if gone(c)]:
             del self._counters[counter]
         if self._loop is not None:

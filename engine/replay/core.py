@@ -90,8 +90,10 @@ class RuntimeCore:
         # size of what the coroutine keeps at which they are (``_forget_scope``).
         self._forget_roots: set[str] = set()
         self._forget_at = FORGET_AT_LEAST
-        # (scope, name) -> uses so far in this run, and the task that used it last.
-        self._names: dict[tuple[str, str], tuple[int, asyncio.Task[Any] | None]] = {}
+        # A name in its scope (scope + name) -> the task that used it last in this run,
+        # and, for a name used more than once, how many times it was.
+        self._names: dict[str, asyncio.Task[Any] | None] = {}
+        self._repeats: dict[str, int] = {}
         self._patches: dict[str, bool] = {}  # ctx.patched answers of this run
         # Ephemeral steps whose attempt runs with nothing recorded yet: key -> attempt.
         self._ephemeral: dict[str, int] = {}
@@ -239,15 +241,24 @@ class RuntimeCore:
     def _future(self, entry: Entry | None, key: str) -> asyncio.Future[Any]:
         assert self._loop is not None
         fut = self._loop.create_future()
-        self._futures[key] = fut
         if entry is not None and entry.state.final:
             self._settle(fut, entry)
+            if fut.done():
+                return fut  # replayed: nothing will settle it again
+        self._futures[key] = fut
         return fut
 
     def _resolve(self, entry: Entry) -> None:
-        fut = self._futures.get(entry.key)
+        key = entry.key
+        fut = self._futures.get(key)
         if fut is not None and not fut.done():
             self._settle(fut, entry)
+            if fut.done():
+                # Settled for good (a key is used once): the code that awaits it holds
+                # it, and the runtime needs neither it nor the step's intent again. Kept,
+                # every step's would stay in memory until its instance ends.
+                del self._futures[key]
+                self._intents.pop(key, None)
 
     def _settle(self, fut: asyncio.Future[Any], entry: Entry) -> None:
         if entry.names is not None and entry.state is EntryState.SATISFIED:

@@ -88,6 +88,7 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
         self._forget_roots = set()
         self._forget_at = FORGET_AT_LEAST
         self._names = {}
+        self._repeats = {}
         self._patches = {}
         self._deferred = []
         self._diverged = None

@@ -177,7 +177,34 @@ class InstanceState:
             self.recent_commands.append(command_id)
             if is_client_command(command_id):
                 self.new_commands.add(command_id)
+        # Each case is a type check, tried in order: a step's records (most of any
+        # history) first, then a run's start and end.
         match record:
+            case StepAttemptStarted():
+                self._running()
+                entry = self._entry(record.key, EntryKind.STEP, EntryState.RUNNING, record.seq)
+                entry.state = EntryState.RUNNING
+                entry.attempt = record.attempt
+                entry.max_attempts = record.max_attempts
+                entry.timer_id = entry.fire_at_ms = None
+            case StepSucceeded():
+                entry = self.entries.get(record.key) or self._entry(
+                    record.key, EntryKind.STEP, EntryState.SUCCEEDED, record.seq
+                )  # an ephemeral step records nothing before its result
+                self.dirty_entries.add(record.key)
+                entry.attempt = entry.attempt or record.attempt
+                entry.state = EntryState.SUCCEEDED
+                entry.result = record.result
+            case StepFailedRecord():
+                entry = self._touch(record.key)
+                entry.error_type = record.error_type
+                entry.error_message = record.error_message
+                if record.next_attempt_at_ms is None:
+                    entry.state = EntryState.FAILED
+                else:
+                    entry.state = EntryState.BACKOFF
+                    entry.timer_id = timer_id(self.instance_id, "retry", record.key, entry.attempt)
+                    entry.fire_at_ms = record.next_attempt_at_ms
             case WorkflowStarted():
                 self.workflow = record.workflow
                 self.version = record.version
@@ -192,6 +219,10 @@ class InstanceState:
                 parent = parse_child_command(record.command_id)
                 if parent is not None:
                     self.parent_id, self.parent_key = parent
+            case WorkflowCompleted():
+                self._transition_to(Status.COMPLETED)
+                self.finished_ms = record.time_ms
+                self.result = record.result
             case MessageWaitStarted():
                 if not _admission(record.names):  # waiting for a queue keeps it pending
                     self._running()
@@ -228,31 +259,6 @@ class InstanceState:
                 entry.child_id = record.child_id
                 entry.event_name = record.workflow
                 entry.result = record.input
-            case StepAttemptStarted():
-                self._running()
-                entry = self._entry(record.key, EntryKind.STEP, EntryState.RUNNING, record.seq)
-                entry.state = EntryState.RUNNING
-                entry.attempt = record.attempt
-                entry.max_attempts = record.max_attempts
-                entry.timer_id = entry.fire_at_ms = None
-            case StepSucceeded():
-                entry = self.entries.get(record.key) or self._entry(
-                    record.key, EntryKind.STEP, EntryState.SUCCEEDED, record.seq
-                )  # an ephemeral step records nothing before its result
-                self.dirty_entries.add(record.key)
-                entry.attempt = entry.attempt or record.attempt
-                entry.state = EntryState.SUCCEEDED
-                entry.result = record.result
-            case StepFailedRecord():
-                entry = self._touch(record.key)
-                entry.error_type = record.error_type
-                entry.error_message = record.error_message
-                if record.next_attempt_at_ms is None:
-                    entry.state = EntryState.FAILED
-                else:
-                    entry.state = EntryState.BACKOFF
-                    entry.timer_id = timer_id(self.instance_id, "retry", record.key, entry.attempt)
-                    entry.fire_at_ms = record.next_attempt_at_ms
             case SleepStarted():
                 self._running()
                 entry = self._entry(record.key, EntryKind.SLEEP, EntryState.SLEEPING, record.seq)
@@ -316,10 +322,6 @@ class InstanceState:
                 self._transition_to(Status.PAUSED)
             case WorkflowResumed():
                 self._transition_to(Status.RUNNING)
-            case WorkflowCompleted():
-                self._transition_to(Status.COMPLETED)
-                self.finished_ms = record.time_ms
-                self.result = record.result
             case WorkflowFailedRecord():
                 self._transition_to(Status.FAILED)
                 self.finished_ms = record.time_ms
