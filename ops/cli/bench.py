@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 
 from stepstream.ops.cli.options import JSON
 from stepstream.ops.cli.table import Command, arg
@@ -66,6 +67,9 @@ def _bench(args: argparse.Namespace) -> int:
     from stepstream.ops import bench
 
     tune_for_serving()
+    # SIGTERM stops the bench as Ctrl-C does: the servers and brokers it started stop
+    # with it (left running, a worker and three JVMs went on taking the CPU).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     return bench.main(args)
 
 

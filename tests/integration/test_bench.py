@@ -5,11 +5,16 @@ completed (the figures themselves are not checked: this machine is shared)."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from stepstream.ops.cli.table import EXIT_INTERRUPTED
 from tests.dev_server import clean_env, run_cli
 from tests.kafka_broker import Broker
 
@@ -221,3 +226,41 @@ def test_bad_bench_flags_say_what_to_pass(tmp_path: Path, args: tuple[str, ...],
     done = run_cli(tmp_path, "bench", *args)
     assert done.returncode != 0
     assert says in done.stderr, done.stderr
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+def test_sigterm_stops_the_bench_and_the_servers_it_started(tmp_path: Path) -> None:
+    """A bench stopped with SIGTERM (a CI timeout, ``kill``) stops the engine it started,
+    as Ctrl-C does, rather than leave it running with no one to stop it."""
+    bench = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "stepstream.ops.cli", "bench", "--client", "http"),
+            *("--workload", "timers", "--pending", "100000", "--data", str(tmp_path / "d")),
+        ],
+        cwd=tmp_path,
+        env=clean_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (servers := _children(bench.pid)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert servers, "the bench started no engine in 60 s"
+        time.sleep(2)  # it takes starts
+        bench.send_signal(signal.SIGTERM)
+        _, err = bench.communicate(timeout=60)
+    finally:
+        bench.kill()
+    assert bench.returncode == EXIT_INTERRUPTED, err[-3000:]
+    for pid in servers:
+        assert (
+            not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+        ), f"engine {pid} still runs after the bench stopped"
