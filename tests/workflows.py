@@ -327,8 +327,13 @@ async def cancelled_once(key: str) -> str:
 
 @workflow("cancelled-step")
 async def cancelled_step(ctx: Context, _: Any) -> str:
+    # Attempts to spare: a kill -9 test loses the attempt in flight at each of its three
+    # kills, and a second attempt is in flight right after the first raised.
     return await ctx.step(
-        "fragile", cancelled_once, ctx.instance_id, retry=RetryPolicy(initial_interval=0)
+        "fragile",
+        cancelled_once,
+        ctx.instance_id,
+        retry=RetryPolicy(initial_interval=0, max_attempts=6),
     )
 
 
