@@ -134,14 +134,7 @@ def reverse_scan(
     it = column.iter(options)
     try:
         it.seek_to_last()
-        while it.valid():
-            key: bytes = it.key()
-            if not key.startswith(prefix):
-                return
-            value: bytes = it.value()
-            yield key, value
-            it.prev()
-        check_status(it, on_error)
+        yield from _walk(it, prefix, on_error, backwards=True)
     finally:
         del it
         del options
@@ -175,15 +168,16 @@ def pinned_scan(
 
 
 def _walk(
-    it: Any, prefix: bytes, on_error: OnError | None
+    it: Any, prefix: bytes, on_error: OnError | None, *, backwards: bool = False
 ) -> Generator[tuple[bytes, bytes], None, None]:
+    step = it.prev if backwards else it.next
     while it.valid():
         key: bytes = it.key()
         if not key.startswith(prefix):
             return
         value: bytes = it.value()
         yield key, value
-        it.next()
+        step()
     check_status(it, on_error)
 
 
