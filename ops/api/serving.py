@@ -110,6 +110,17 @@ def api_runner(app: web.Application) -> web.AppRunner:
     )
 
 
+async def cut_off(runner: web.BaseRunner) -> None:
+    """Stop serving at once, for an engine that failed (a full disk): no new connection,
+    and the requests open now (a command being applied, a result awaited) end within
+    0.5 s instead of the 60 s a graceful shutdown gives them. A client reconnecting its
+    session in between would be one more to wait for, so the sites stop first."""
+    for site in list(runner.sites):
+        await site.stop()
+    if runner.server is not None:
+        await runner.server.shutdown(0.5)
+
+
 def address(sock: socket.socket) -> str:
     """``host:port`` a socket listens on, an IPv6 host in brackets."""
     host, port = sock.getsockname()[:2]

@@ -21,7 +21,7 @@ from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.ops import event_loop
 from stepstream.ops.api.routes import DEFAULT_MAX_BODY_BYTES, make_app
 from stepstream.ops.api.security import ApiSecurity
-from stepstream.ops.api.serving import address, api_runner, reachable
+from stepstream.ops.api.serving import address, api_runner, cut_off, reachable
 from stepstream.ops.api.serving import listen as _listen
 from stepstream.ops.api.serving import stop_on_signals as _stop_on_signals
 from stepstream.ops.cli import render
@@ -166,10 +166,7 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
                 for task in (signalled, failed):
                     task.cancel()
                 if failed.done() and not failed.cancelled():
-                    # Requests waiting on the engine (a command being applied, a result)
-                    # would wait out the shutdown timeout: end them now (0 is no limit).
-                    if runner.server is not None:
-                        await runner.server.shutdown(0.5)
+                    await cut_off(runner)
                     raise failed.result()
                 log.info("shutting down url=%s", url)
             finally:

@@ -80,7 +80,7 @@ async def serve_child(
     """A child: its partitions, their API on the sockets it was handed (the processes'
     one, behind their token; the clients' one, as the server's), forwarding; until
     SIGTERM, its parent is gone, or its data directory fails."""
-    from stepstream.ops.api.serving import api_runner, stop_on_signals
+    from stepstream.ops.api.serving import api_runner, cut_off, stop_on_signals
     from stepstream.ops.telemetry import tracing
 
     parent = os.getppid()
@@ -116,7 +116,11 @@ async def serve_child(
                     layout.partitions_of(spec.process),
                 )
                 with stop_on_signals() as stop:
-                    await _until_stopped(engine, stop, parent_gone(parent))
+                    try:
+                        await _until_stopped(engine, stop, parent_gone(parent))
+                    except Exception:
+                        await cut_off(clients)
+                        raise
             finally:
                 await clients.cleanup()
                 await runner.cleanup()
@@ -199,7 +203,7 @@ async def serve_parent(
 ) -> int:
     """Process 0: starts the others, runs its partitions, serves the public API over all
     of them on ``public``; until SIGTERM or its data directory fails."""
-    from stepstream.ops.api.serving import address, api_runner, listen, stop_on_signals
+    from stepstream.ops.api.serving import address, api_runner, cut_off, listen, stop_on_signals
     from stepstream.ops.embedded_sources import start_embedded_sources
     from stepstream.ops.telemetry import tracing
 
@@ -254,7 +258,11 @@ async def serve_parent(
                 try:
                     await web.SockSite(runner, public, ssl_context=tls).start()
                     announce(address(public), layout)
-                    await _until_stopped(engine, stop)
+                    try:
+                        await _until_stopped(engine, stop)
+                    except Exception:
+                        await cut_off(runner)
+                        raise
                     log.info("shutting down")
                 finally:
                     await runner.cleanup()
