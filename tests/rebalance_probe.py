@@ -31,8 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
 
-from stepstream.consumers.kafka import create_topics
+from stepstream.consumers.kafka import create_topics, keys
+from stepstream.consumers.kafka.admin import admin_client
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.wire.records import (
     PartitionFenced,
@@ -320,6 +322,31 @@ _GROUP_EVENT = re.compile(
 )
 
 
+# On the consumer protocol a member hears of a change at its next heartbeat, at the
+# interval the broker sets (5 s by default). The tests give the workers' group 1 s, a
+# group config as an operator would set it, as classic members get 300 ms.
+GROUP_HEARTBEAT_MS = 1000
+
+
+def tune_group(settings: KafkaSettings, protocol: str, heartbeat_ms: int | None) -> None:
+    """On the consumer protocol, set the workers' group's heartbeat interval (Kafka's
+    ``consumer.heartbeat.interval.ms`` group config; ``kafka-configs --alter
+    --entity-type groups``); None leaves the broker's. Classic members set their own."""
+    if protocol != "consumer" or heartbeat_ms is None:
+        return
+    entry = ConfigEntry(
+        "consumer.heartbeat.interval.ms",
+        str(heartbeat_ms),
+        incremental_operation=AlterConfigOpType.SET,
+    )
+    group = ConfigResource(
+        ResourceType.GROUP, keys.group_id(settings.prefix), incremental_configs=[entry]
+    )
+    admin = admin_client(settings)  # kept until the answer: its futures die with it
+    for done in admin.incremental_alter_configs([group]).values():
+        done.result(timeout=30)
+
+
 def worker_settings(protocol: str) -> tuple[tuple[str, ...], dict[str, str]]:
     """The workers' --kafka-opt options and environment for a group protocol: with KIP-848's
     the session timeout and heartbeat are the broker's, so the tests' shorter ones go."""
@@ -349,10 +376,16 @@ class GroupLog:
         return events
 
 
-async def run_scenario(settings: KafkaSettings, workdir: Path, protocol: str = "classic") -> Report:
+async def run_scenario(
+    settings: KafkaSettings,
+    workdir: Path,
+    protocol: str = "classic",
+    group_heartbeat_ms: int | None = GROUP_HEARTBEAT_MS,
+) -> Report:
     """Three workers join one by one, then two of them leave one by one (SIGTERM), while
     tickers run on every partition and short workflows are started and sent events."""
     await asyncio.to_thread(create_topics, settings, PARTITIONS)
+    await asyncio.to_thread(tune_group, settings, protocol, group_heartbeat_ms)
     ledger = workdir / "ledger"
     ledger.mkdir()
     options, env = worker_settings(protocol)
@@ -488,12 +521,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--protocol", choices=GROUP_PROTOCOLS, default="classic")
+    parser.add_argument(
+        "--group-heartbeat-ms",
+        type=int,
+        help="the consumer protocol's heartbeat for the group (default: the broker's, 5 s)",
+    )
     args = parser.parse_args()
     broker: Broker = start_test_kafka()
     try:
         for run in range(args.runs):
             with tempfile.TemporaryDirectory() as tmp:
-                report = asyncio.run(run_scenario(kafka_settings(broker), Path(tmp), args.protocol))
+                scenario = run_scenario(
+                    kafka_settings(broker), Path(tmp), args.protocol, args.group_heartbeat_ms
+                )
+                report = asyncio.run(scenario)
             for phase in report.phases:
                 print(json.dumps({"run": run + 1, "protocol": args.protocol, **phase.summary()}))
     finally:

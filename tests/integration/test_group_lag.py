@@ -24,7 +24,7 @@ from tests.conftest import kafka_settings, kafka_url
 from tests.faults.test_kafka_failover import WorkerProcess
 from tests.kafka_broker import Broker
 from tests.kafka_tools import describe_group
-from tests.rebalance_probe import GROUP_PROTOCOLS, worker_settings
+from tests.rebalance_probe import GROUP_HEARTBEAT_MS, GROUP_PROTOCOLS, tune_group, worker_settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -83,6 +83,7 @@ async def test_topics_lag_shows_the_workers_group_as_kafkas_own_tool_does(
     assert f"stepstream worker --prefix {settings.prefix}" in missing.stderr, missing.stderr
 
     options, env = worker_settings(protocol)
+    await asyncio.to_thread(tune_group, settings, protocol, GROUP_HEARTBEAT_MS)
     workers = [
         WorkerProcess(
             settings,
