@@ -35,6 +35,7 @@ from confluent_kafka.admin import (
 )
 
 from stepstream import Client
+from tests.conftest import KAFKA_TEST_OPTIONS
 from tests.integration.test_kafka_sasl import _cli
 from tests.kafka_broker import discard
 from tests.processes import launch, repo_env, worker_command
@@ -145,7 +146,9 @@ async def test_a_worker_locked_out_while_it_runs_says_so_and_goes_on_when_let_ba
     assert created.returncode == 0, created.stderr
 
     log = tmp_path / "worker.log"
-    command = worker_command("tests.workflows", kafka.bootstrap, prefix, tmp_path / "state", [])
+    # The tests' group session (2 s), so that being locked out outlasts it soon.
+    state = tmp_path / "state"
+    command = worker_command("tests.workflows", kafka.bootstrap, prefix, state, KAFKA_TEST_OPTIONS)
     proc, api = launch(command, env=repo_env(**env), log=log)
     url = f"kafka://{kafka.bootstrap}?prefix={prefix}"
     worker_login = _properties(kafka, USER, PASSWORD)
@@ -174,8 +177,8 @@ async def test_a_worker_locked_out_while_it_runs_says_so_and_goes_on_when_let_ba
         async with Client.connect(url, kafka=other_login) as client:
             for n in range(3):
                 await client.start("arith", 10 + n, instance_id=f"during-{n}")
-        # Locked out past its group session (6 s): the partitions are lost and taken again.
-        await asyncio.sleep(12)
+        # Locked out past its group session (2 s): the partitions are lost and taken again.
+        await asyncio.sleep(5)
         errors = _refusal_errors(log)
         assert len(errors) == 1, errors  # one line, not one per reconnect
         assert "sasl.password" in errors[0] and "restart the worker" in errors[0], errors[0]
