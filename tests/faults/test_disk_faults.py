@@ -127,9 +127,10 @@ async def long_poll(url: str) -> None:
 class Dev:
     """`stepstream dev` on one data directory, as successive subprocesses."""
 
-    def __init__(self, data: Path, log: Path) -> None:
+    def __init__(self, data: Path, log: Path, processes: int = 1) -> None:
         self.data = data
         self.log = log
+        self.processes = processes
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -155,6 +156,8 @@ class Dev:
                     str(self.port),
                     "--partitions",
                     str(PARTITIONS),
+                    "--processes",
+                    str(self.processes),
                 ],
                 cwd=REPO,
                 env={
@@ -253,10 +256,13 @@ async def until_stepping(client: Client, instance: str) -> None:
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.parametrize("processes", [1, 2])
 async def test_full_disk_stops_the_engine_clearly_and_nothing_acknowledged_is_lost(
-    small_disk: Path,
+    small_disk: Path, processes: int
 ) -> None:
-    dev = Dev(small_disk / "data", small_disk.parent / "dev.log")
+    """On one engine process and on two (``dev --processes 2``), where each process
+    writes its own partitions and the first answers the clients."""
+    dev = Dev(small_disk / "data", small_disk.parent / "dev.log", processes)
     await dev.start()
     acknowledged: list[str] = []
     refused: list[str] = []
