@@ -1,5 +1,6 @@
 """``Context``: what workflow code sees. A thin facade over the instance runtime, which
-it reaches through the small ``WorkflowRuntime`` protocol (no import of the runtime).
+it reaches through the small ``WorkflowRuntime`` protocol (``runtime``; no import of
+the runtime itself).
 
 Names are replay keys. The nth use of a name within a scope is its own key (``charge``,
 ``charge#2``, ...), computed when the ``ctx`` method is called, in the calling task, so
@@ -18,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, Protocol, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 from stepstream.engine.api.attempts import attempt_number
 from stepstream.engine.api.loops import LoopBody, run_loop
@@ -33,6 +34,7 @@ from stepstream.engine.api.outbox import (
 )
 from stepstream.engine.api.queues import Queue, queued_step
 from stepstream.engine.api.retry import RetryPolicy
+from stepstream.engine.api.runtime import WorkflowRuntime
 from stepstream.engine.api.saga import SagaFrame, current_saga, register, roll_back
 from stepstream.engine.errors import (
     ChildFailed,
@@ -41,7 +43,6 @@ from stepstream.engine.errors import (
     RaceError,
     StepFailed,
 )
-from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.engine.wire.names import step_name_problem
 
 T = TypeVar("T")
@@ -49,90 +50,6 @@ T = TypeVar("T")
 # The scope names in workflow code get prefixed with ("" at the top; "shipping/" inside
 # ``ctx.scope("shipping")``). Tasks created inside a scope inherit it.
 current_scope: ContextVar[str] = ContextVar("stepstream_scope", default="")
-
-
-class WorkflowRuntime(Protocol):
-    """What ``Context`` needs from the runtime that drives the workflow."""
-
-    @property
-    def instance_id(self) -> str: ...
-
-    @property
-    def workflow(self) -> str: ...
-
-    @property
-    def version(self) -> str: ...
-
-    def key_for(self, name: str) -> str: ...
-
-    def step_future(
-        self,
-        key: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        retry: RetryPolicy | None,
-        timeout: float | None,
-        ephemeral: bool = False,
-    ) -> asyncio.Future[Any]: ...
-
-    def queued_attempt_future(
-        self,
-        key: str,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        retry: RetryPolicy | None,
-        timeout: float | None,
-        ephemeral: bool,
-        after: int,
-    ) -> asyncio.Future[Any]: ...
-
-    def sleep_future(
-        self, key: str, *, delay_ms: int | None = None, wake_at_ms: int | None = None
-    ) -> asyncio.Future[Any]: ...
-
-    def wait_future(
-        self, key: str, event_name: str, timeout_ms: int | None
-    ) -> asyncio.Future[Any]: ...
-
-    def record_value(self, kind: str, produce: Callable[[], Any]) -> Any: ...
-
-    def race_decided(self, key: str) -> tuple[str, list[str]] | None: ...
-
-    def loop_resume(self, key: str, initial: Any) -> tuple[int, Any]: ...
-
-    def start_child(self, key: str, workflow: str, input: Any, instance_id: str | None) -> str: ...
-
-    def child_result(self, key: str) -> asyncio.Future[Any]: ...
-
-    def message_future(
-        self, key: str, names: list[str], max_messages: int, timeout_ms: int | None
-    ) -> asyncio.Future[Any]: ...
-
-    def send_message(self, key: str, target: str, name: str, payload: Any) -> None: ...
-
-    def complete_message(self, message_id: str, value: Any) -> None: ...
-
-    def patched(self, patch_id: str) -> bool: ...
-
-    def removed(self, key: str) -> None: ...
-
-    @property
-    def codec(self) -> PayloadCodec: ...
-
-    def loop_advanced(self, key: str, iteration: int, state: Any, keep: int) -> Any: ...
-
-    def decide_race(self, key: str, winner: str, losers: list[str]) -> None: ...
-
-    def now_ms(self) -> int: ...
-
-    @property
-    def queue_request(self) -> tuple[int, str | None]: ...
-
-    @property
-    def run(self) -> int: ...
-    def set_attributes(self, attributes: dict[str, Any]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,15 +12,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from stepstream.engine.api.runtime import WorkflowRuntime
 from stepstream.engine.errors import EventTimeout, InvalidWorkflowCall
-from stepstream.engine.wire.codec import decode_safely
+from stepstream.engine.wire.codec import PayloadCodec, decode_safely
 from stepstream.engine.wire.records import Payload
-
-if TYPE_CHECKING:
-    from stepstream.engine.api.context import WorkflowRuntime
-    from stepstream.engine.wire.codec import PayloadCodec
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stepstream.engine.api.retry import RetryPolicy
+from stepstream.engine.api.runtime import WorkflowRuntime
 from stepstream.engine.errors import RolledBack, StepFailed
-
-if TYPE_CHECKING:
-    from stepstream.engine.api.context import WorkflowRuntime
 
 # Compensation steps retry far longer than ordinary ones: giving up leaves work undone.
 COMPENSATION_RETRY = RetryPolicy(max_attempts=10, initial_interval=1.0, max_interval=60.0)

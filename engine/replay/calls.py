@@ -43,7 +43,7 @@ from stepstream.engine.wire.records import (
 
 
 class CallsMixin(DrivingMixin):
-    """What ``Context`` calls (``engine.api.context.WorkflowRuntime``): each finds its
+    """What ``Context`` calls (``engine.api.runtime.WorkflowRuntime``): each finds its
     replay key in the state and returns the recorded outcome, or records a new entry."""
 
     @property

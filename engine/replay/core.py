@@ -112,7 +112,7 @@ class RuntimeCore:
         # take them (``consumers/failure_log.py``). Never recorded.
         self.tracebacks: dict[tuple[str, int], str] = {}
 
-    # ---- what Context reads (engine.api.context.WorkflowRuntime) -----------------------
+    # ---- what Context reads (engine.api.runtime.WorkflowRuntime) -----------------------
 
     @property
     def instance_id(self) -> str:
