@@ -118,8 +118,7 @@ class Applier:
             runtime = self._cache.load(keys.split_withdraw(key))
             if runtime is not None:
                 runtime.withdraw_again(batch.out)
-        self._index_finished(batch.commit)
-        self._index_started(batch.commit)
+        self._index_older_state(batch.commit)
         return batch
 
     def _resume_one(self, instance_id: str, batch: Batch) -> None:
@@ -133,27 +132,28 @@ class Applier:
             return
         batch.touched[instance_id] = runtime
 
-    def _index_finished(self, commit: CommitBatch) -> None:
-        """Once per state store: index the instances that finished before finish times
-        were indexed (state written by an older version), so retention reaches them."""
+    def _index_older_state(self, commit: CommitBatch) -> None:
+        """Once per state store, for state written by an older version before an index
+        was kept: index its instances by created time (lists newest first read it) and
+        the finished ones by finish time (retention reaches them), in one pass over the
+        metas. Each index has its marker; a store that has both is not scanned."""
         store = self._backend.store
-        if store.get(keys.FINISHED_INDEXED) is not None:
+        started = store.get(keys.STARTED_INDEXED) is None
+        finished = store.get(keys.FINISHED_INDEXED) is None
+        if not (started or finished):
             return
         for key, meta in store.scan(keys.META):
-            state = state_from_storage(keys.split_meta(key), meta, [])
-            if state.status.finished:
-                commit.put(keys.finished(state.finished_ms, state.instance_id), b"")
-        commit.put(keys.FINISHED_INDEXED, b"")
-
-    def _index_started(self, commit: CommitBatch) -> None:
-        """Once per state store: index every instance by created time, for state written
-        before that index was kept (an older version), so lists newest first read it."""
-        store = self._backend.store
-        if store.get(keys.STARTED_INDEXED) is not None:
-            return
-        for key, meta in store.scan(keys.META):
-            commit.put(keys.started(created_in(meta), keys.split_meta(key)), b"")
-        commit.put(keys.STARTED_INDEXED, b"")
+            instance_id = keys.split_meta(key)
+            if started:
+                commit.put(keys.started(created_in(meta), instance_id), b"")
+            if finished:
+                state = state_from_storage(instance_id, meta, [])
+                if state.status.finished:
+                    commit.put(keys.finished(state.finished_ms, instance_id), b"")
+        if started:
+            commit.put(keys.STARTED_INDEXED, b"")
+        if finished:
+            commit.put(keys.FINISHED_INDEXED, b"")
 
     def batch(
         self, entries: list[LogEntry], outcomes: list[StepOutcome], fires: list[TimerFired]
