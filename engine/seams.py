@@ -33,13 +33,19 @@ class SystemClock:
 
 @value
 class LogEntry:
-    """One record as a log holds it: where it is, and its raw key and value."""
+    """One record as a log holds it: where it is, and its raw key and value.
+
+    ``accepted_ms``: when the log took the record, as a clock the engine trusts tells it
+    (a Kafka broker's append time, or when this worker's consumer received the record);
+    0 when the log does not say, as the embedded engine's log, whose records the engine
+    stamps itself (a command's ``time_ms``). Not part of the record's identity."""
 
     topic: str
     partition: int
     offset: int
     key: bytes
     value: bytes
+    accepted_ms: int = field(default=0, compare=False)
 
 
 @value

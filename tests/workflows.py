@@ -110,6 +110,18 @@ async def sleeper(ctx: Context, seconds: float) -> dict[str, float]:
     return {"slept": (after - before).total_seconds()}
 
 
+@workflow("started-clock")
+async def started_clock(ctx: Context, seconds: float) -> dict[str, int]:
+    """When its clock began (``ctx.now()`` before anything else) and when it woke."""
+    began = ctx.now()
+    await ctx.sleep("nap", seconds)
+    return {"began_ms": _ms(began), "woke_ms": _ms(ctx.now())}
+
+
+def _ms(at: datetime) -> int:
+    return round(at.timestamp() * 1000)
+
+
 @workflow("sleep-until")
 async def sleep_until_wf(ctx: Context, seconds: float) -> str:
     target = ctx.now() + timedelta(seconds=seconds)

@@ -20,10 +20,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    Message,
+    TopicPartition,
+)
 
 from stepstream.consumers.kafka import keys
 from stepstream.consumers.kafka.clients import make_client
@@ -234,8 +241,12 @@ class GroupConsumer:
     def _route(
         self, batch: list[Message], ends: dict[Position, int]
     ) -> dict[Position, list[LogEntry]]:
-        """The records of ``batch`` by topic partition; the ends reached go to ``ends``."""
+        """The records of ``batch`` by topic partition; the ends reached go to ``ends``.
+        Each record's ``accepted_ms`` is the broker's append time when the topic keeps
+        one (``message.timestamp.type=LogAppendTime``, as ``topics create`` makes the
+        commands topic), else now: a client's own stamp is never trusted for it."""
         routed: dict[Position, list[LogEntry]] = {}
+        received_ms = time.time_ns() // 1_000_000
         for msg in batch:
             err = msg.error()
             if err is not None:
@@ -254,8 +265,14 @@ class GroupConsumer:
             partition = msg.partition()
             if kind is None or partition is None:
                 continue
+            stamp, at = msg.timestamp()
             entry = LogEntry(
-                topic or "", partition, msg.offset() or 0, msg.key() or b"", msg.value() or b""
+                topic or "",
+                partition,
+                msg.offset() or 0,
+                msg.key() or b"",
+                msg.value() or b"",
+                at if stamp == TIMESTAMP_LOG_APPEND_TIME else received_ms,
             )
             routed.setdefault((kind, partition), []).append(entry)
         return routed

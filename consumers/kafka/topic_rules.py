@@ -68,6 +68,10 @@ class TopicRule:
         config = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
         if self.kind == SNAPSHOTS:
             config["max.message.bytes"] = str(SNAPSHOT_MAX_MESSAGE_BYTES)
+        if self.kind == COMMANDS:
+            # The broker stamps each command as it takes it: a new instance's clock
+            # starts there (``LogEntry.accepted_ms``), not at a client's own clock.
+            config["message.timestamp.type"] = "LogAppendTime"
         return config
 
 

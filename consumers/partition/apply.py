@@ -279,17 +279,23 @@ class Applier:
             record = self._intake.read(entry)
         if isinstance(record, Rejected):
             return record.command_id, record.reason, True
-        return self._apply(record, batch, offset=entry.offset)
+        return self._apply(record, batch, offset=entry.offset, accepted_ms=entry.accepted_ms)
 
     def _apply(
-        self, record: Command, batch: Batch, *, direct: bool = False, offset: int = -1
+        self,
+        record: Command,
+        batch: Batch,
+        *,
+        direct: bool = False,
+        offset: int = -1,
+        accepted_ms: int = 0,
     ) -> Applied:
-        """Apply one command read from the log (at ``offset``), or a timer fire handed
-        over directly."""
+        """Apply one command read from the log (at ``offset``, taken by the log at
+        ``accepted_ms``, 0 if it does not say), or a timer fire handed over directly."""
         batch.last_instance = ""
         instance_id = record.instance_id
         runtime = batch.touched.get(instance_id) or self._cache.get_or_load(instance_id)
-        accepted_ms = 0  # set for a start that makes a new instance
+        started_ms = 0  # set for a start that makes a new instance
         if runtime is None:
             if isinstance(record, TimerFired):
                 # The timer of an instance that is gone: harmless.
@@ -311,7 +317,13 @@ class Applier:
                     batch.notices.append(notice)
                 return record.command_id, str(exc), True
             runtime = self._cache.new(InstanceState(instance_id), definition)
-            accepted_ms = record.time_ms
+            started_ms = record.time_ms
+            # The new instance's clock starts when the log took its start, not when this
+            # batch got to it: a sleep or timeout begun before anything else counts from
+            # there, so a burst of starts does not delay each by the wait to be applied
+            # (docs/workflows.md, "Workflow time"). Never ahead of this engine's clock.
+            now = self._clock.now_ms()
+            runtime.clock_from_ms = min(accepted_ms or record.time_ms or now, now)
         elif self.reads.applied(runtime.state, record.command_id):
             return record.command_id, None, False  # re-delivered: it changes nothing
         elif (
@@ -324,7 +336,10 @@ class Applier:
                 runtime.definition = self._registry.resolve(record.workflow, record.version)
             except UnknownWorkflow as exc:
                 return record.command_id, str(exc), True
-        error = self._containment.handle(runtime, record, batch)
+        try:
+            error = self._containment.handle(runtime, record, batch)
+        finally:
+            runtime.clock_from_ms = None
         if error is not None and isinstance(record, TimerFired):
             # Dead-lettered, the fire would be lost (the index let the timer go when it
             # fired): it is scheduled again instead, and accepted as the timer's fire.
@@ -349,9 +364,9 @@ class Applier:
             self._telemetry.activations.input_applied(
                 self._partition, record, offset, runtime.state.traceparent
             )
-        if accepted_ms:
+        if started_ms:
             self._telemetry.instance_started(
-                runtime.state.workflow, accepted_ms, self._clock.now_ms()
+                runtime.state.workflow, started_ms, self._clock.now_ms()
             )
         if isinstance(record, TimerFired):
             self._telemetry.timer_fired(

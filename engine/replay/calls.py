@@ -121,7 +121,7 @@ class CallsMixin(DrivingMixin):
     ) -> asyncio.Future[Any]:
         entry = self._visit(key, EntryKind.SLEEP)
         if entry is None:
-            wake = wake_at_ms if wake_at_ms is not None else self.clock.now_ms() + (delay_ms or 0)
+            wake = wake_at_ms if wake_at_ms is not None else self.now_ms() + (delay_ms or 0)
             self._emit(SleepStarted, key=key, wake_at_ms=wake)
             self._deferred.append(("sleep", key))
         # An overdue sleep found on replay is left to its timer, whose fire comes through
@@ -131,7 +131,7 @@ class CallsMixin(DrivingMixin):
     def wait_future(self, key: str, event_name: str, timeout_ms: int | None) -> asyncio.Future[Any]:
         entry = self._visit(key, EntryKind.WAIT)
         if entry is None:
-            timeout_at = None if timeout_ms is None else self.clock.now_ms() + timeout_ms
+            timeout_at = None if timeout_ms is None else self.now_ms() + timeout_ms
             self._emit(WaitStarted, key=key, event_name=event_name, timeout_at_ms=timeout_at)
             self._deferred.append(("wait", key))
         elif entry.state is EntryState.WAITING:  # an overdue timeout is left to its timer
@@ -259,7 +259,7 @@ class CallsMixin(DrivingMixin):
         (id, name, payload, arrived at ms) tuples; ``EventTimeout`` after the timeout."""
         entry = self._visit(key, EntryKind.WAIT)
         if entry is None:
-            timeout_at = None if timeout_ms is None else self.clock.now_ms() + timeout_ms
+            timeout_at = None if timeout_ms is None else self.now_ms() + timeout_ms
             self._emit(
                 MessageWaitStarted,
                 key=key,

@@ -111,6 +111,9 @@ class RuntimeCore:
         # attempt) or ``WORKFLOW_TRACEBACK``: the log lines made once they are durable
         # take them (``consumers/failure_log.py``). Never recorded.
         self.tracebacks: dict[tuple[str, int], str] = {}
+        # While a new instance's start is applied: the workflow's time, when the log took
+        # the start (``consumers/partition/apply.py``). None: the engine's clock.
+        self.clock_from_ms: int | None = None
 
     # ---- what Context reads (engine.api.runtime.WorkflowRuntime) -----------------------
 
@@ -127,7 +130,10 @@ class RuntimeCore:
         return self.state.version
 
     def now_ms(self) -> int:
-        return self.clock.now_ms()
+        """The workflow's time: what ``ctx.now()`` records, and what a sleep or a timeout
+        the code begins counts from."""
+        at = self.clock_from_ms
+        return self.clock.now_ms() if at is None else at
 
     @property
     def diverged(self) -> HistoryDiverged | None:

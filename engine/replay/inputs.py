@@ -75,7 +75,7 @@ def on_start(rt: InstanceRuntime, msg: StartWorkflow) -> None:
     if rt.definition.timeout is not None:
         # A durable timer like a sleep's: it survives restarts and owner changes, and
         # the run's end cancels it (``_finish`` cancels every pending timer).
-        timeout_at = rt.clock.now_ms() + round(rt.definition.timeout * 1000)
+        timeout_at = rt.now_ms() + round(rt.definition.timeout * 1000)
         rt._emit(WorkflowTimeoutSet, timeout_at_ms=timeout_at)
         rt._schedule(rt.state.entries[RUN_TIMEOUT_KEY], "timeout")
     rt._drive()

@@ -132,6 +132,10 @@ EXPECTED = {
             ("wait", "story#4", "timed out"),  # the last next_batch: []
         ),
     ),
+    "examples.workflow_time:reminder": Expected(
+        {"sent": "reminded ada", "on_time": True},
+        (("sleep", "wait", "elapsed"), ("step", "remind", "ok")),
+    ),
 }
 
 

@@ -8,7 +8,14 @@ import pytest
 
 from stepstream.consumers.kafka.topic_rules import RULES, Finding, _check_one, topic_config
 from stepstream.engine.config.kafka import KafkaSettings
-from stepstream.engine.wire.topics import DEFINITIONS, HISTORY, MEMBERS, SNAPSHOTS, TOPIC_KINDS
+from stepstream.engine.wire.topics import (
+    COMMANDS,
+    DEFINITIONS,
+    HISTORY,
+    MEMBERS,
+    SNAPSHOTS,
+    TOPIC_KINDS,
+)
 
 SETTINGS = KafkaSettings("b:9092", "p")
 
@@ -28,6 +35,12 @@ def test_journals_keep_every_record_and_registers_are_compacted() -> None:
     assert topic_config(HISTORY)["retention.ms"] == "-1"
     assert topic_config(HISTORY)["retention.bytes"] == "-1"
     assert topic_config(MEMBERS) == {"cleanup.policy": "compact"}
+
+
+def test_the_broker_stamps_commands_as_it_takes_them() -> None:
+    # A new instance's clock starts there (docs/workflows.md, "Workflow time").
+    assert topic_config(COMMANDS)["message.timestamp.type"] == "LogAppendTime"
+    assert "message.timestamp.type" not in topic_config(HISTORY)
 
 
 @pytest.mark.parametrize(
