@@ -101,6 +101,7 @@ class Sent:
     acked: bool = False
     error: str = ""
     at: float = 0.0
+    at_ms: int = 0  # the wall clock when the call began (0: not known)
 
 
 @dataclass
@@ -411,9 +412,15 @@ class _InstanceCheck:
         started: dict[str, HistoryRecord] = {}
         resolved: Counter[str] = Counter()
         # The code reached a sleep or wait after the record before it was written: its
-        # deadline is at least that record's time plus the duration.
+        # deadline is at least that record's time plus the duration. One begun as the
+        # start was applied counts from when the start was taken (docs/workflows.md,
+        # "Workflow time"): at least from when the client called start.
+        calls = [s.at_ms for s in self.sent if s.kind == "start" and s.at_ms]
+        called = min(calls) if calls else None
         for previous, r in zip([None, *self.story], self.story, strict=False):
             before = previous.time_ms if previous is not None else 0
+            if isinstance(previous, WorkflowStarted) and called is not None:
+                before = called
             if isinstance(r, (SleepStarted, WaitStarted)):
                 op = ops.get(r.key)
                 if op is None or r.key in started:

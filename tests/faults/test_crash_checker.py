@@ -653,16 +653,17 @@ class Workload:
         """Run one client call; record it. Returns None when acknowledged, else the
         error's type name."""
         at = time.monotonic() - self.t0
+        at_ms = time.time_ns() // 1_000_000
         try:
             await action
         except EXPECTED_ERRORS as exc:
-            self.sent.append(Sent(kind, instance, ident, name, False, f"{exc!r}", at))
+            self.sent.append(Sent(kind, instance, ident, name, False, f"{exc!r}", at, at_ms))
             return type(exc).__name__
         except Exception as exc:
-            self.sent.append(Sent(kind, instance, ident, name, False, f"{exc!r}", at))
+            self.sent.append(Sent(kind, instance, ident, name, False, f"{exc!r}", at, at_ms))
             self.unexpected.append(f"{at:.2f} s {kind} {instance} {ident}: {exc!r}")
             return type(exc).__name__
-        self.sent.append(Sent(kind, instance, ident, name, True, "", at))
+        self.sent.append(Sent(kind, instance, ident, name, True, "", at, at_ms))
         return None
 
     async def start(self, client: Client, instance: str) -> None:
@@ -1015,6 +1016,53 @@ def test_the_checker_passes_a_clean_story_and_a_fenced_out_writer() -> None:
     )
     assert len(run.folded.stale) == 1
     assert _problems(run) == ""
+
+
+def _sleep_first_run(called_ms: int) -> Run:
+    """A workflow whose code sleeps 1 s at once; its start was called at ``called_ms``
+    and applied 200 ms after ``t``, and the sleep counts from ``t``, when it was taken."""
+    plan = {"ops": [{"op": "sleep", "key": "z0", "seconds": 1.0}]}
+    i, t = "i-1", 1_000_000
+    env = {"instance_id": i, "epoch": 7}
+    story: list[HistoryRecord] = [
+        WorkflowStarted(
+            **env,
+            seq=1,
+            time_ms=t + 200,
+            command_id="c-start",
+            workflow="crash-plan",
+            version="1",
+            input=_json(plan),
+        ),
+        SleepStarted(
+            **env, seq=2, time_ms=t + 200, command_id="c-start", key="z0", wake_at_ms=t + 1000
+        ),
+        SleepElapsed(**env, seq=3, time_ms=t + 1002, command_id="fire:z0", key="z0"),
+        WorkflowCompleted(
+            **env, seq=4, time_ms=t + 1002, command_id="fire:z0", result=_json(["slept"])
+        ),
+    ]
+    fence = PartitionFenced(instance_id="", epoch=7, time_ms=t, command_id="fence:7", partition=0)
+    history = [Logged(0, 0, fence), *(Logged(0, n + 1, r) for n, r in enumerate(story))]
+    return Run(
+        plans={i: plan},
+        folded=fold(history, 1),
+        commands=None,
+        sent=[Sent("start", i, acked=True, at_ms=called_ms)],
+        ledger={i: []},
+        served={i: [(r.seq, r.type, r.command_id) for r in story]},
+        status={i: ("completed", [])},
+        dead_letters=0,
+    )
+
+
+def test_a_sleep_begun_at_the_start_counts_from_the_call_not_from_the_apply() -> None:
+    # Applied 200 ms after the call, due 1 s after it: on time (docs/workflows.md).
+    assert _problems(_sleep_first_run(called_ms=1_000_000)) == ""
+    # Due less than 1 s after the client called start: early, whatever the records say.
+    assert "sleep z0: wakes at 1001000, too early" in _problems(
+        _sleep_first_run(called_ms=1_000_100)
+    )
 
 
 def test_on_kafka_an_acknowledged_event_may_arrive_after_the_end_as_ignored() -> None:
