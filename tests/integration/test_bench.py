@@ -40,6 +40,9 @@ def _check_workloads(result: dict[str, Any]) -> None:
     for key in ("lateness_p50_ms", "lateness_p99_ms"):
         assert key in result["W2"], result["W2"]
     assert result["W2"]["early_fires"] == 0, result["W2"]
+    # A sleep counts from when its start was taken, never from later than when the
+    # engine got to the start (docs/workflows.md, "Workflow time").
+    assert result["W2"]["start_taken_p99_ms"] <= result["W2"]["start_to_sleeping_p99_ms"]
     assert result["W3"]["latency_p99_ms"] > 0, result["W3"]
 
 
