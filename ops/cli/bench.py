@@ -25,7 +25,11 @@ workloads (all three unless --workload):
           burst_cpu_s (each process's CPU seconds during the timed burst: which one
           bound it); with --input-bytes B each instance's input carries B more bytes
   W2      N one-second sleepers started at once (N=2000): lateness_p50_ms,
-          lateness_p99_ms and early_fires (timers fired before due; must be 0)
+          lateness_p99_ms and early_fires (timers fired before due; must be 0);
+          client_lateness_p50_ms / _p99_ms (result seen - start called - 1 s), and
+          its parts: start_taken_p99_ms (called -> the log took the start, where
+          the sleep counts from), elapsed_to_result_p99_ms (fired -> result seen);
+          start_to_sleeping_p99_ms is when the engine got to the start
   W3      N instances waiting for an event a client sends (N=500)
   timers  --pending N timers on one engine, due 1/--rate s apart (1,000,000 at
           2,000/s): lateness, its p99 per tenth and per second of the firing
