@@ -205,6 +205,10 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
             assert entry is not None and entry.fire_at_ms is not None
             if entry.state is EntryState.SLEEPING:
                 if entry.fire_at_ms <= self.clock.now_ms():
+                    # Due already (one that counts from when the start was taken may be,
+                    # if the start waited longer): the code waited, so the workflow's
+                    # time moves on to the engine's, past this sleep's end.
+                    self.clock_from_ms = None
                     self._emit(SleepElapsed, key=key)
                     self._resolve(entry)
                 else:

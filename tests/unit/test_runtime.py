@@ -406,6 +406,32 @@ def test_now_uuid_random_are_the_recorded_values_on_replay() -> None:
     assert got["later"] > expected["later"]  # recorded after the crash: the new time
 
 
+async def _two_naps(ctx: Context, _: Any) -> int:
+    await ctx.sleep("first", 1)
+    await ctx.sleep("second", 1)
+    return 0
+
+
+TWO_NAPS = define("two-naps", _two_naps)
+
+
+def test_a_start_applied_late_sleeps_from_when_it_was_taken_then_from_each_wake() -> None:
+    """docs/workflows.md, "Workflow time": the first sleep counts from when the start was
+    taken; applied 5 s later, it is over at once, and the next counts from then."""
+    h = Harness(TWO_NAPS)
+    taken = h.clock.ms
+    h.clock.advance(5)
+    h.runtime.clock_from_ms = taken  # as the partition's applier sets it for a new instance
+    try:
+        h.start(None)
+    finally:
+        h.runtime.clock_from_ms = None
+    first, second = h.of_type(SleepStarted)
+    assert first.wake_at_ms == taken + 1000
+    assert [r.type for r in h.records].count("SleepElapsed") == 1  # the first, at once
+    assert second.wake_at_ms == h.clock.ms + 1000  # from when the first was over
+
+
 def test_fold_of_emitted_records_equals_live_state() -> None:
     h = Harness(VALUES)
     h.start(None)
