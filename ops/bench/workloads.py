@@ -165,8 +165,14 @@ async def gather_limited(jobs: list[Callable[[], Awaitable[Any]]], limit: int) -
     queue = iter(enumerate(jobs))
 
     async def worker() -> None:
+        me = asyncio.current_task()
         for index, job in queue:
             results[index] = await job()
+            # Stopped (Ctrl-C, SIGTERM): take no more jobs, even if a job's own code let
+            # the cancel go by (Python 3.11's wait_for loses one that lands as the awaited
+            # call completes), or one worker would go on through all the rest.
+            if me is not None and me.cancelling():
+                raise asyncio.CancelledError
 
     await asyncio.gather(*(worker() for _ in range(min(limit, len(jobs)))))
     return results

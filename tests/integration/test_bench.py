@@ -5,6 +5,7 @@ completed (the figures themselves are not checked: this machine is shared)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -238,10 +239,22 @@ def _children(pid: int) -> list[int]:
     return found
 
 
+def _kill_if_ours(pid: int, tmp_path: Path) -> None:
+    """Kill ``pid`` if it is still an engine this test started (its command line names
+    the test's directory): a pid of a process gone may have been given to another."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        if str(tmp_path).encode() in command:
+            os.kill(pid, signal.SIGKILL)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+
+
 def test_sigterm_stops_the_bench_and_the_servers_it_started(tmp_path: Path) -> None:
     """A bench stopped with SIGTERM (a CI timeout, ``kill``) stops the engine it started,
     as Ctrl-C does, rather than leave it running with no one to stop it."""
-    bench = subprocess.Popen(
+    servers: list[int] = []
+    with subprocess.Popen(
         [
             *(sys.executable, "-m", "stepstream.ops.cli", "bench", "--client", "http"),
             *("--workload", "timers", "--pending", "100000", "--data", str(tmp_path / "d")),
@@ -251,17 +264,23 @@ def test_sigterm_stops_the_bench_and_the_servers_it_started(tmp_path: Path) -> N
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not (servers := _children(bench.pid)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert servers, "the bench started no engine in 60 s"
-        time.sleep(2)  # it takes starts
-        bench.send_signal(signal.SIGTERM)
-        _, err = bench.communicate(timeout=60)
-    finally:
-        bench.kill()
+    ) as bench:
+        try:
+            deadline = time.monotonic() + 60
+            while not (servers := _children(bench.pid)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert servers, "the bench started no engine in 60 s"
+            time.sleep(2)  # it takes starts
+            bench.send_signal(signal.SIGTERM)
+            try:
+                _, err = bench.communicate(timeout=60)
+            except subprocess.TimeoutExpired as exc:
+                tail = (exc.stderr or b"")[-3000:]
+                raise AssertionError(f"the bench ran on 60 s after SIGTERM:\n{tail!r}") from None
+        finally:
+            bench.kill()
+            for pid in servers:  # never left to take the CPU from the tests after this one
+                _kill_if_ours(pid, tmp_path)
     assert bench.returncode == EXIT_INTERRUPTED, err[-3000:]
     for pid in servers:
         assert (
