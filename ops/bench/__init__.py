@@ -14,15 +14,17 @@ stepstream.ops.bench``), hence the workflow re-exports below.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import functools
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
 from stepstream.ops import event_loop
 from stepstream.ops.bench.profile import check_profiler, profiled
@@ -229,27 +231,58 @@ def _given(args: argparse.Namespace, name: str, default: Any) -> Any:
     return default if value is None else value
 
 
+_T = TypeVar("_T")
+
+
+async def _stopped_by_sigterm(run: Coroutine[Any, Any, _T]) -> _T:
+    """``run``, which SIGTERM cancels as Ctrl-C does: the servers and brokers the bench
+    started stop with it (left running, a worker and three JVMs went on taking the CPU),
+    and it exits 130. Handled by the loop itself, so it works also where SIGINT is
+    ignored, as it is for a job a non-interactive shell starts in the background."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    stopped = False
+
+    def stop() -> None:
+        nonlocal stopped
+        stopped = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        return await run
+    except asyncio.CancelledError:
+        if stopped:
+            raise KeyboardInterrupt from None  # the CLI's exit status for Ctrl-C
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
 def main(args: argparse.Namespace) -> int:
     workload = getattr(args, "workload", None)
     workloads = [workload] if workload else ["W1", "W2", "W3"]
     result = event_loop.run(
-        run_bench(
-            workloads,
-            client=getattr(args, "client", None),
-            backend=getattr(args, "backend", None),
-            n=getattr(args, "n", None),
-            data=getattr(args, "data", None),
-            sync=getattr(args, "sync_steps", False),
-            input_bytes=getattr(args, "input_bytes", None) or 0,
-            bootstrap=getattr(args, "bootstrap", None),
-            partitions=_given(args, "partitions", 4),
-            workers=_given(args, "workers", 1),
-            pending=getattr(args, "pending", None),
-            rate=_given(args, "rate", DEFAULT_RATE),
-            profile=getattr(args, "profile", None),
-            broker_kind=getattr(args, "broker", None) or "dev",
-            broker_nodes=_given(args, "broker_nodes", 1),
-            scrape_interval=getattr(args, "scrape_interval", None),
+        _stopped_by_sigterm(
+            run_bench(
+                workloads,
+                client=getattr(args, "client", None),
+                backend=getattr(args, "backend", None),
+                n=getattr(args, "n", None),
+                data=getattr(args, "data", None),
+                sync=getattr(args, "sync_steps", False),
+                input_bytes=getattr(args, "input_bytes", None) or 0,
+                bootstrap=getattr(args, "bootstrap", None),
+                partitions=_given(args, "partitions", 4),
+                workers=_given(args, "workers", 1),
+                pending=getattr(args, "pending", None),
+                rate=_given(args, "rate", DEFAULT_RATE),
+                profile=getattr(args, "profile", None),
+                broker_kind=getattr(args, "broker", None) or "dev",
+                broker_nodes=_given(args, "broker_nodes", 1),
+                scrape_interval=getattr(args, "scrape_interval", None),
+            )
         )
     )
     print(json.dumps(result, indent=None if getattr(args, "json", False) else 2))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 
 from stepstream.ops.cli.options import JSON
 from stepstream.ops.cli.table import Command, arg
@@ -71,13 +70,7 @@ def _bench(args: argparse.Namespace) -> int:
     from stepstream.ops import bench
 
     tune_for_serving()
-    # SIGTERM stops the bench as Ctrl-C does: the servers and brokers it started stop
-    # with it (left running, a worker and three JVMs went on taking the CPU). It is
-    # turned into SIGINT so that asyncio's runner cancels the bench's task, as for
-    # Ctrl-C, rather than raise KeyboardInterrupt wherever the loop happens to be (inside
-    # a transport's callback, it cut the client's session and the bench exited 1).
-    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
-    return bench.main(args)
+    return bench.main(args)  # SIGTERM stops it as Ctrl-C does (``_stopped_by_sigterm``)
 
 
 COMMANDS = (
