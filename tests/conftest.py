@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 import stepstream.producers.kafka  # noqa: F401  (registers kafka:// with Client.connect)
 from stepstream.engine.api.workflow import Registry
@@ -27,6 +28,12 @@ from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.kafka_broker import Broker, discard, start_test_kafka
+
+# Property tests check behaviour, not speed: on a loaded machine (the suite runs three
+# workers on two cores) one example may take longer than hypothesis's 200 ms deadline,
+# which must not fail a test about what the code does.
+hypothesis_settings.register_profile("stepstream", deadline=None)
+hypothesis_settings.load_profile("stepstream")
 
 T = TypeVar("T")
 
