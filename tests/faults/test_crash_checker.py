@@ -953,19 +953,34 @@ def _clean_run() -> Run:
             result=_json([{"key": "s0", "attempt": 2}, {"eid": "i-1/e1"}, "slept"]),
         ),
     ]
-    fence = PartitionFenced(instance_id="", epoch=7, time_ms=t, command_id="fence:7", partition=0)
-    history = [Logged(0, 0, fence), *(Logged(0, n + 1, r) for n, r in enumerate(story))]
     ledger = [
         ("s0", 1, 1, "start", 0.0),
         ("s0", 1, 1, "fail", 0.0),
         ("s0", 2, 1, "start", 0.0),
         ("s0", 2, 1, "end", 0.0),
     ]
+    sent = [Sent("start", i, acked=True), Sent("event", i, "i-1/e1", "a", acked=True)]
+    return _completed_run(plan, story, sent, ledger)
+
+
+def _completed_run(
+    plan: dict[str, Any],
+    story: list[HistoryRecord],
+    sent: list[Sent],
+    ledger: list[tuple[str, int, int, str, float]],
+) -> Run:
+    """One completed instance: its story on a partition fenced at epoch 7, as the
+    checker reads it after a run."""
+    i = story[0].instance_id
+    fence = PartitionFenced(
+        instance_id="", epoch=7, time_ms=story[0].time_ms, command_id="fence:7", partition=0
+    )
+    history = [Logged(0, 0, fence), *(Logged(0, n + 1, r) for n, r in enumerate(story))]
     return Run(
         plans={i: plan},
         folded=fold(history, 1),
         commands=None,
-        sent=[Sent("start", i, acked=True), Sent("event", i, "i-1/e1", "a", acked=True)],
+        sent=sent,
         ledger={i: ledger},
         served={i: [(r.seq, r.type, r.command_id) for r in story]},
         status={i: ("completed", [])},
@@ -1042,18 +1057,7 @@ def _sleep_first_run(called_ms: int) -> Run:
             **env, seq=4, time_ms=t + 1002, command_id="fire:z0", result=_json(["slept"])
         ),
     ]
-    fence = PartitionFenced(instance_id="", epoch=7, time_ms=t, command_id="fence:7", partition=0)
-    history = [Logged(0, 0, fence), *(Logged(0, n + 1, r) for n, r in enumerate(story))]
-    return Run(
-        plans={i: plan},
-        folded=fold(history, 1),
-        commands=None,
-        sent=[Sent("start", i, acked=True, at_ms=called_ms)],
-        ledger={i: []},
-        served={i: [(r.seq, r.type, r.command_id) for r in story]},
-        status={i: ("completed", [])},
-        dead_letters=0,
-    )
+    return _completed_run(plan, story, [Sent("start", i, acked=True, at_ms=called_ms)], [])
 
 
 def test_a_sleep_begun_at_the_start_counts_from_the_call_not_from_the_apply() -> None:
