@@ -381,22 +381,35 @@ def _check_write(
     deletes: Sequence[bytes],
     partitions: int,
 ) -> None:
-    """Reject a malformed write in its caller, before it can share a batch with others."""
+    """Reject a malformed write in its caller, before it can share a batch with others.
+    Every transition passes here: one test per item, the message only for a bad one."""
+    codes = keys.KIND_CODES
     for append in appends:
-        keys.kind_code(append.kind)
-        if append.partition is None or not 0 <= append.partition < partitions:
-            raise ValueError(
-                f"append to partition {append.partition} of {partitions}: resolve appends "
-                "with EmbeddedLog.resolve first"
-            )
-        if type(append.key) is not bytes or type(append.value) is not bytes:
-            raise TypeError(f"record key and value must be bytes: {append!r}")
+        partition = append.partition
+        if (
+            append.kind not in codes
+            or partition is None
+            or not 0 <= partition < partitions
+            or type(append.key) is not bytes
+            or type(append.value) is not bytes
+        ):
+            _reject_append(append, partitions)
     for key, value in puts:
         if type(key) is not bytes or type(value) is not bytes:
             raise TypeError(f"state key and value must be bytes: {key!r}={value!r}")
     for key in deletes:
         if type(key) is not bytes:
             raise TypeError(f"state key must be bytes: {key!r}")
+
+
+def _reject_append(append: Append, partitions: int) -> None:
+    keys.kind_code(append.kind)  # raises for an unknown kind
+    if append.partition is None or not 0 <= append.partition < partitions:
+        raise ValueError(
+            f"append to partition {append.partition} of {partitions}: resolve appends "
+            "with EmbeddedLog.resolve first"
+        )
+    raise TypeError(f"record key and value must be bytes: {append!r}")
 
 
 def _successor(prefix: bytes) -> bytes | None:

@@ -119,11 +119,12 @@ class EmbeddedPartition:
         assigns), its state changes and its consumed offsets, or none of them."""
         if not batch:
             return
-        log = self._db.log
-        appends = [log.resolve(append) for append in batch.appends]
+        resolve = self._db.log.resolve
+        # Most appends name their partition; the write checks those (``_check_write``).
+        appends = [a if a.partition is not None else resolve(a) for a in batch.appends]
         puts = [(self._user_prefix + key, value) for key, value in batch.puts.items()]
         for kind, offset in batch.offsets.items():
-            end = log.end_offset(kind, self.partition)
+            end = self._db.log.end_offset(kind, self.partition)
             if not 0 <= offset <= end:
                 raise ValueError(
                     f"partition {self.partition}: cannot commit {kind} offset {offset}, "
