@@ -138,6 +138,10 @@ class PartitionBackend(Protocol):
     partition: int
     partitions: int
     epoch: int
+    # The epoch of the owner that last wrote this partition's state where this one reads
+    # it (0 if none): a mark an owner left there is this owner's to trust only if it was
+    # left by that owner or this one, with nobody (an older version) writing in between.
+    previous_epoch: int
 
     @property
     def store(self) -> StateStore: ...

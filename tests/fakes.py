@@ -73,6 +73,7 @@ class FakeBackend:
     partition: int = 0
     partitions: int = 1
     epoch: int = 1
+    previous_epoch: int = 0
     store: FakeStore = field(default_factory=FakeStore)
     commits: list[CommitBatch] = field(default_factory=list)
 

@@ -94,6 +94,7 @@ class EmbeddedPartition:
         self.partition = partition
         self.partitions = db.partitions
         self.epoch = db.epoch
+        self.previous_epoch = db.epoch - 1  # each open of the directory counts one up
         self._db = db
         self._store = EmbeddedStore(db, partition)
         self._user_prefix = keys.state_user_prefix(partition)

@@ -46,6 +46,7 @@ class KafkaPartition:
         partition: int,
         partitions: int,
         epoch: int,
+        previous_epoch: int = 0,
         sources: dict[str, KafkaSource],
         producer: LogProducer,
         topics: TopicNames,
@@ -58,6 +59,7 @@ class KafkaPartition:
         self.partition = partition
         self.partitions = partitions
         self.epoch = epoch
+        self.previous_epoch = previous_epoch  # the local state's before its restore
         self.db = db
         self._sources = sources
         self._producer = producer

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from stepstream.consumers import state_keys
+from stepstream.consumers import index_marks, state_keys
 from stepstream.consumers.instance_store import load_state
 from stepstream.consumers.kafka import keys
 from stepstream.consumers.kafka.clients import make_client, through_elections
@@ -72,6 +72,8 @@ class RestoreFailed(StepstreamError):
 @dataclass(frozen=True, slots=True)
 class Restored:
     epoch: int
+    # The local state's epoch before the restore: that of the owner that last wrote it.
+    previous_epoch: int
     # Where the group consumer starts: topic kind -> next offset.
     starts: dict[str, int]
     records: int  # history records folded
@@ -237,6 +239,7 @@ async def restore_partition(
             "must keep records forever (retention.ms=-1, as `stepstream topics create` sets)"
         )
     fold = _Fold(db, serde, start, db.epoch)
+    previous_epoch = db.epoch
     if start > end:
         reason = f"it ends at offset {end}, before the local state's {start}"
     else:
@@ -258,6 +261,7 @@ async def restore_partition(
         db = await asyncio.to_thread(db.wiped)
         start = 0
         snapshot = None
+        previous_epoch = 0
         fold = _Fold(db, serde, 0, 0)
         end = await asyncio.to_thread(reader.read, partition, 0, None, fold)
 
@@ -304,13 +308,15 @@ async def restore_partition(
     }
     # The timers offset moves only together with the index that covers it (below), so a
     # crash in between leaves a state whose next restore rebuilds the index again.
+    whole = index_marks.mark(epoch)  # what this restore built, found whole by this owner
     if start == 0 or snapshot is not None:
         # Built whole by this version: every finished instance is in the finish index.
-        batch.put(state_keys.FINISHED_INDEXED, b"")
-    if start == 0 and snapshot is None:
+        batch.put(state_keys.FINISHED_INDEXED, whole)
+    whole_from_snapshot = snapshot is not None and db.get(state_keys.STARTED_INDEXED) is not None
+    if (start == 0 and snapshot is None) or whole_from_snapshot:
         # Every instance is in the index by created time too (a snapshot brings that
-        # index's marker along if its writer kept the index; else the owner builds it).
-        batch.put(state_keys.STARTED_INDEXED, b"")
+        # index's mark along if its writer kept the index; else the owner builds it).
+        batch.put(state_keys.STARTED_INDEXED, whole)
     db.write(
         puts=batch.puts.items(),
         deletes=batch.deletes,
@@ -344,7 +350,7 @@ async def restore_partition(
             "timers_from": starts[TIMERS],
         },
     )
-    return db, Restored(epoch, starts, fold.records, seconds, snapshot)
+    return db, Restored(epoch, previous_epoch, starts, fold.records, seconds, snapshot)
 
 
 def _reindex_timers(

@@ -242,6 +242,7 @@ class KafkaRunner:
             partition=partition,
             partitions=self._host.partitions,
             epoch=restored.epoch,
+            previous_epoch=restored.previous_epoch,
             sources=sources,
             producer=self._producer,
             topics=self._topics,

@@ -12,9 +12,9 @@ import logging
 from stepstream.consumers import log_context
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.dead_letters import dead_letter
+from stepstream.consumers.index_marks import make_whole
 from stepstream.consumers.instance_store import InstanceReads, StoredHistory
 from stepstream.consumers.log_context import instance_fields
-from stepstream.consumers.meta_filter import created_in
 from stepstream.consumers.partition.batch import Batch
 from stepstream.consumers.partition.containment import Containment
 from stepstream.consumers.partition.intake import CommandIntake, Rejected
@@ -28,8 +28,7 @@ from stepstream.engine.replay.effects import Output, StepOutcome
 from stepstream.engine.replay.ids import is_client_command
 from stepstream.engine.replay.reset import fork_records
 from stepstream.engine.replay.state import InstanceState
-from stepstream.engine.replay.state_json import state_from_storage
-from stepstream.engine.seams import Append, Clock, CommitBatch, LogEntry, PartitionBackend
+from stepstream.engine.seams import Append, Clock, LogEntry, PartitionBackend
 from stepstream.engine.wire.records import (
     Command,
     ForkWorkflow,
@@ -118,7 +117,8 @@ class Applier:
             runtime = self._cache.load(keys.split_withdraw(key))
             if runtime is not None:
                 runtime.withdraw_again(batch.out)
-        self._index_older_state(batch.commit)
+        # Lists and retention read indexes an older version did not keep: whole again.
+        make_whole(self._backend, batch.commit)
         return batch
 
     def _resume_one(self, instance_id: str, batch: Batch) -> None:
@@ -131,29 +131,6 @@ class Applier:
             self._containment.park(runtime, exc, batch, None)
             return
         batch.touched[instance_id] = runtime
-
-    def _index_older_state(self, commit: CommitBatch) -> None:
-        """Once per state store, for state written by an older version before an index
-        was kept: index its instances by created time (lists newest first read it) and
-        the finished ones by finish time (retention reaches them), in one pass over the
-        metas. Each index has its marker; a store that has both is not scanned."""
-        store = self._backend.store
-        started = store.get(keys.STARTED_INDEXED) is None
-        finished = store.get(keys.FINISHED_INDEXED) is None
-        if not (started or finished):
-            return
-        for key, meta in store.scan(keys.META):
-            instance_id = keys.split_meta(key)
-            if started:
-                commit.put(keys.started(created_in(meta), instance_id), b"")
-            if finished:
-                state = state_from_storage(instance_id, meta, [])
-                if state.status.finished:
-                    commit.put(keys.finished(state.finished_ms, instance_id), b"")
-        if started:
-            commit.put(keys.STARTED_INDEXED, b"")
-        if finished:
-            commit.put(keys.FINISHED_INDEXED, b"")
 
     def batch(
         self, entries: list[LogEntry], outcomes: list[StepOutcome], fires: list[TimerFired]

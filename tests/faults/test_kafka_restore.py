@@ -214,6 +214,46 @@ async def test_timers_indexed_by_another_owner_are_rebuilt_from_instance_state(
                 await asyncio.to_thread(worker.stop)
 
 
+async def test_instances_an_older_owner_of_the_state_left_unindexed_are_listed(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """A rollback on a worker that keeps its state directory: an older version, which
+    keeps no index by created time, owned the partition from the same state in between.
+    When this version owns it again, newest-first lists show every instance."""
+    settings = await new_topics(kafka_broker)
+    state_dir = tmp_path / "a"
+    worker: ThreadedWorker | None = await started_worker(settings, state_dir)
+    try:
+        async with Client.connect(kafka_url(settings)) as client:
+            ids = [instance_on(0, f"older-{n}") for n in range(4)]
+            for instance in ids:
+                await client.start("arith", 1, instance_id=instance)
+                await result_or_explain(client, instance, timeout=15)
+            listed = [i.instance_id for i in (await client.list_page(prefix="older-")).instances]
+            assert sorted(listed) == sorted(ids)
+            assert worker is not None
+            await asyncio.to_thread(worker.stop)
+            worker = None
+
+            # The older owner's state: its own epoch on it, two of the instances without
+            # their key in the index (it started them), the marks as this version left them.
+            db = open_partition_db(state_dir, settings, 0)
+            try:
+                keys = [k for k, _ in db.scan(state_keys.STARTED) if b"older-" in k]
+                assert len(keys) == 4 and db.get(state_keys.STARTED_INDEXED) is not None
+                db.write(deletes=keys[:2], epoch=db.epoch + 1)
+            finally:
+                db.close()
+
+            worker = await started_worker(settings, state_dir)
+            again = [i.instance_id for i in (await client.list_page(prefix="older-")).instances]
+            assert sorted(again) == sorted(ids)
+            assert again == listed  # newest first, as before the rollback
+    finally:
+        if worker is not None:
+            await asyncio.to_thread(worker.stop)
+
+
 # ---- 2. a competing fence during restore -------------------------------------------------
 
 

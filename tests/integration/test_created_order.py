@@ -148,5 +148,81 @@ async def test_a_store_written_before_the_index_lists_newest_first(tmp_path: Pat
         assert await _ids(client) == expected
         assert await _ids(client, "oldest") == expected[::-1]
         assert _indexed(engine.db) == made  # built again when the partitions resumed
+        for partition in range(PARTITIONS):  # marked whole by this owner
+            store = EmbeddedStore(engine.db, partition)
+            assert store.get(keys.STARTED_INDEXED) == str(engine.db.epoch).encode()
+
+
+async def test_instances_an_older_version_started_after_a_rollback_are_listed(
+    tmp_path: Path,
+) -> None:
+    """This version runs, an older one (which keeps no index by created time) runs on
+    the same directory, then this version again: what the older one started is listed,
+    newest first, without anyone rebuilding anything by hand."""
+    config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=PARTITIONS)
+    engine = await open_embedded(workflows_of_tests(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        for n in range(4):
+            await client.start("arith", n, instance_id=f"n-{n}")
+        await client.result("n-3", timeout=20)
+        marks = _marks(engine.db)
+
+    # The rollback: the older version opens the directory (counting its epoch up) and
+    # starts instances. Played here by this version with what the older one would not
+    # have left: the new instances' index keys, and marks of its own.
+    engine = await open_embedded(workflows_of_tests(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        for n in range(4, 8):
+            await client.start("waiter" if n % 2 else "arith", n, instance_id=f"n-{n}")
+        await client.result("n-6", timeout=20)
+        expected = await _by_created(client, [f"n-{n}" for n in range(8)])
+        made = _indexed(engine.db)
+        finished = _finished(engine.db)
+        older = {(ms, i) for ms, i in made if i in {f"n-{n}" for n in range(4, 8)}}
+    db = await EmbeddedDB.open(config.data_dir, PARTITIONS)
+    try:
+        gone = []
         for partition in range(PARTITIONS):
-            assert EmbeddedStore(engine.db, partition).get(keys.STARTED_INDEXED) == b""
+            own = embedded_keys.state_user_prefix(partition)
+            store = EmbeddedStore(db, partition)
+            gone += [
+                own + key for key, _ in store.scan(keys.STARTED) if keys.split_started(key) in older
+            ]
+            gone += [  # retention's index by finish time: no older version kept it either
+                own + key
+                for key, _ in store.scan(keys.FINISHED)
+                if keys.split_finished(key)[1] in {i for _, i in older}
+            ]
+        await db.write(deletes=gone, puts=list(marks.items()))
+        assert len(gone) == 6 and len(_indexed(db)) == 4  # n-4 and n-6 finished
+    finally:
+        await db.close()
+
+    engine = await open_embedded(workflows_of_tests(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        assert await _ids(client) == expected
+        assert _indexed(engine.db) == made  # made whole when the partitions resumed
+        assert _finished(engine.db) == finished
+        assert set(_marks(engine.db).values()) == {str(engine.db.epoch).encode()}
+
+
+def _finished(db: EmbeddedDB) -> list[tuple[int, str]]:
+    """Every (finished ms, instance id) of every partition's index by finish time."""
+    return sorted(
+        keys.split_finished(key)
+        for partition in range(PARTITIONS)
+        for key, _ in EmbeddedStore(db, partition).scan(keys.FINISHED)
+    )
+
+
+def _marks(db: EmbeddedDB) -> dict[bytes, bytes]:
+    """Every partition's index marks, by their full keys."""
+    found = {}
+    for partition in range(PARTITIONS):
+        own = embedded_keys.state_user_prefix(partition)
+        store = EmbeddedStore(db, partition)
+        for key in (keys.STARTED_INDEXED, keys.FINISHED_INDEXED):
+            value = store.get(key)
+            assert value is not None
+            found[own + key] = value
+    return found
