@@ -306,17 +306,26 @@ async def restore_partition(
         ),
         TIMERS: max(local_timers or 0, snapshot_timers or 0, group_offsets.get(TIMERS) or 0),
     }
-    # The timers offset moves only together with the index that covers it (below), so a
-    # crash in between leaves a state whose next restore rebuilds the index again.
-    whole = index_marks.mark(epoch)  # what this restore built, found whole by this owner
-    if start == 0 or snapshot is not None:
+    # An index's mark moves to this owner's epoch with the epoch itself when the index is
+    # whole: the fold keeps both indexes for what it folds, so one the previous writer of
+    # this state found whole still is (and an owner revoked before it resumes leaves a
+    # mark its successor trusts, not a scan of every meta).
+    whole = index_marks.mark(epoch)
+    kept = index_marks.mark(previous_epoch)
+    if start == 0 or snapshot is not None or db.get(state_keys.FINISHED_INDEXED) == kept:
         # Built whole by this version: every finished instance is in the finish index.
         batch.put(state_keys.FINISHED_INDEXED, whole)
     whole_from_snapshot = snapshot is not None and db.get(state_keys.STARTED_INDEXED) is not None
-    if (start == 0 and snapshot is None) or whole_from_snapshot:
+    if (
+        (start == 0 and snapshot is None)
+        or whole_from_snapshot
+        or db.get(state_keys.STARTED_INDEXED) == kept
+    ):
         # Every instance is in the index by created time too (a snapshot brings that
         # index's mark along if its writer kept the index; else the owner builds it).
         batch.put(state_keys.STARTED_INDEXED, whole)
+    # The timers offset moves only together with the index that covers it (below), so a
+    # crash in between leaves a state whose next restore rebuilds the index again.
     db.write(
         puts=batch.puts.items(),
         deletes=batch.deletes,

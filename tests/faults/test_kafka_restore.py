@@ -215,11 +215,13 @@ async def test_timers_indexed_by_another_owner_are_rebuilt_from_instance_state(
 
 
 async def test_instances_an_older_owner_of_the_state_left_unindexed_are_listed(
-    kafka_broker: Broker, tmp_path: Path
+    kafka_broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A rollback on a worker that keeps its state directory: an older version, which
-    keeps no index by created time, owned the partition from the same state in between.
-    When this version owns it again, newest-first lists show every instance."""
+    keeps neither the index by created time nor the one by finish time, owned the
+    partition from the same state in between. When this version owns it again,
+    newest-first lists show every instance and retention's index has every finished one;
+    a restart with nobody in between reads no meta to find that out."""
     settings = await new_topics(kafka_broker)
     state_dir = tmp_path / "a"
     worker: ThreadedWorker | None = await started_worker(settings, state_dir)
@@ -236,19 +238,65 @@ async def test_instances_an_older_owner_of_the_state_left_unindexed_are_listed(
             worker = None
 
             # The older owner's state: its own epoch on it, two of the instances without
-            # their key in the index (it started them), the marks as this version left them.
+            # their keys in either index (it ran them), the marks as this version left them.
             db = open_partition_db(state_dir, settings, 0)
             try:
-                keys = [k for k, _ in db.scan(state_keys.STARTED) if b"older-" in k]
-                assert len(keys) == 4 and db.get(state_keys.STARTED_INDEXED) is not None
-                db.write(deletes=keys[:2], epoch=db.epoch + 1)
+                started = [k for k, _ in db.scan(state_keys.STARTED) if b"older-" in k]
+                finished = [k for k, _ in db.scan(state_keys.FINISHED) if b"older-" in k]
+                assert len(started) == 4 and len(finished) == 4
+                assert db.get(state_keys.STARTED_INDEXED) is not None
+                db.write(deletes=started[:2] + finished[:2], epoch=db.epoch + 1)
             finally:
                 db.close()
 
+            caplog.set_level(logging.INFO, logger="stepstream.partition")
             worker = await started_worker(settings, state_dir)
             again = [i.instance_id for i in (await client.list_page(prefix="older-")).instances]
             assert sorted(again) == sorted(ids)
             assert again == listed  # newest first, as before the rollback
+            assert any(r.getMessage().startswith("indexed ") for r in caplog.records)
+            await asyncio.to_thread(worker.stop)
+            worker = None
+            db = open_partition_db(state_dir, settings, 0)
+            try:
+                assert [k for k, _ in db.scan(state_keys.FINISHED) if b"older-" in k] == finished
+            finally:
+                db.close()
+
+            caplog.clear()
+            worker = await started_worker(settings, state_dir)
+            last = [i.instance_id for i in (await client.list_page(prefix="older-")).instances]
+            assert last == listed
+            indexed = [
+                r.getMessage() for r in caplog.records if r.getMessage().startswith("indexed ")
+            ]
+            assert not indexed
+            await asyncio.to_thread(worker.stop)
+            worker = None
+
+        # A restore alone (an owner revoked before it resumes) moves the marks on: its
+        # successor trusts them, instead of reading every meta.
+        db = open_partition_db(state_dir, settings, 0)
+        reader = await asyncio.to_thread(HistoryReader, settings)
+        producer = await asyncio.to_thread(LogProducer, settings)
+        try:
+            db, restored = await restore_partition(
+                db,
+                0,
+                reader=reader,
+                producer=producer,
+                serde=SERDE,
+                clock=SystemClock(),
+                topics=TopicNames(settings.prefix),
+                group_offsets={COMMANDS: None, TIMERS: None},
+            )
+            mark = str(restored.epoch).encode()
+            assert restored.previous_epoch < restored.epoch
+            assert db.get(state_keys.STARTED_INDEXED) == db.get(state_keys.FINISHED_INDEXED) == mark
+        finally:
+            db.close()
+            await asyncio.to_thread(reader.close)
+            await asyncio.to_thread(producer.close)
     finally:
         if worker is not None:
             await asyncio.to_thread(worker.stop)

@@ -7,6 +7,7 @@ index existed lists newest first once opened, with the index built."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -154,11 +155,13 @@ async def test_a_store_written_before_the_index_lists_newest_first(tmp_path: Pat
 
 
 async def test_instances_an_older_version_started_after_a_rollback_are_listed(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """This version runs, an older one (which keeps no index by created time) runs on
-    the same directory, then this version again: what the older one started is listed,
-    newest first, without anyone rebuilding anything by hand."""
+    """This version runs, an older one (which keeps neither the index by created time
+    nor the one by finish time) runs on the same directory, then this version again:
+    what the older one started is listed, newest first, and its finished instances are
+    where retention looks, without anyone rebuilding anything by hand. A restart with
+    nothing in between reads no meta to find that out."""
     config = EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=PARTITIONS)
     engine = await open_embedded(workflows_of_tests(), config)
     async with Client(engine.make_transport(owns_engine=True)) as client:
@@ -167,43 +170,49 @@ async def test_instances_an_older_version_started_after_a_rollback_are_listed(
         await client.result("n-3", timeout=20)
         marks = _marks(engine.db)
 
-    # The rollback: the older version opens the directory (counting its epoch up) and
-    # starts instances. Played here by this version with what the older one would not
-    # have left: the new instances' index keys, and marks of its own.
+    # The rollback: the older version opens the directory (counting its epoch up by one,
+    # as every open does) and starts instances. Played by this version, then made to look
+    # as the older one leaves it: no index keys for what it started, the marks as they
+    # were before it ran.
     engine = await open_embedded(workflows_of_tests(), config)
     async with Client(engine.make_transport(owns_engine=True)) as client:
         for n in range(4, 8):
             await client.start("waiter" if n % 2 else "arith", n, instance_id=f"n-{n}")
         await client.result("n-6", timeout=20)
         expected = await _by_created(client, [f"n-{n}" for n in range(8)])
-        made = _indexed(engine.db)
-        finished = _finished(engine.db)
-        older = {(ms, i) for ms, i in made if i in {f"n-{n}" for n in range(4, 8)}}
-    db = await EmbeddedDB.open(config.data_dir, PARTITIONS)
-    try:
+        made, finished = _indexed(engine.db), _finished(engine.db)
+        older = {f"n-{n}" for n in range(4, 8)}
         gone = []
         for partition in range(PARTITIONS):
             own = embedded_keys.state_user_prefix(partition)
-            store = EmbeddedStore(db, partition)
+            store = EmbeddedStore(engine.db, partition)
             gone += [
-                own + key for key, _ in store.scan(keys.STARTED) if keys.split_started(key) in older
+                own + key
+                for key, _ in store.scan(keys.STARTED)
+                if keys.split_started(key)[1] in older
             ]
-            gone += [  # retention's index by finish time: no older version kept it either
+            gone += [
                 own + key
                 for key, _ in store.scan(keys.FINISHED)
-                if keys.split_finished(key)[1] in {i for _, i in older}
+                if keys.split_finished(key)[1] in older
             ]
-        await db.write(deletes=gone, puts=list(marks.items()))
-        assert len(gone) == 6 and len(_indexed(db)) == 4  # n-4 and n-6 finished
-    finally:
-        await db.close()
+        await engine.db.write(deletes=gone, puts=list(marks.items()))
+        assert len(gone) == 6 and len(_indexed(engine.db)) == 4  # n-4 and n-6 finished
 
+    caplog.set_level(logging.INFO, logger="stepstream.partition")
     engine = await open_embedded(workflows_of_tests(), config)
     async with Client(engine.make_transport(owns_engine=True)) as client:
         assert await _ids(client) == expected
         assert _indexed(engine.db) == made  # made whole when the partitions resumed
         assert _finished(engine.db) == finished
         assert set(_marks(engine.db).values()) == {str(engine.db.epoch).encode()}
+    assert any(r.getMessage().startswith("indexed ") for r in caplog.records)
+
+    caplog.clear()
+    engine = await open_embedded(workflows_of_tests(), config)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        assert await _ids(client) == expected
+    assert not [r.getMessage() for r in caplog.records if r.getMessage().startswith("indexed ")]
 
 
 def _finished(db: EmbeddedDB) -> list[tuple[int, str]]:
