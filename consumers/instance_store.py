@@ -25,6 +25,7 @@ from stepstream.engine.replay.state_json import (
     payload_from_bytes,
     state_from_storage,
 )
+from stepstream.engine.replay.status import Status
 from stepstream.engine.seams import CommitBatch, StateStore
 from stepstream.engine.wire.records import CommandIgnored, HistoryRecord, Payload, Record
 from stepstream.engine.wire.serde import RecordSerde
@@ -322,6 +323,8 @@ class InstanceReads:
             if raw is None:
                 continue
             status = status_in(raw)
+            if not Status(status).finished:
+                continue  # a key an older release left when it reset the instance
             finished[status] = finished.get(status, 0) + 1
             if status == "failed":
                 state = state_from_storage(instance_id, raw, [])

@@ -18,6 +18,7 @@ from stepstream.consumers import state_keys as keys
 from stepstream.consumers.embedded import keys as embedded_keys
 from stepstream.consumers.embedded.db import EmbeddedDB
 from stepstream.consumers.embedded.partition import EmbeddedStore
+from stepstream.engine.wire.topics import partition_for
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.producers.client import Client
 from tests.conftest import test_registry as workflows_of_tests
@@ -213,6 +214,28 @@ async def test_instances_an_older_version_started_after_a_rollback_are_listed(
     async with Client(engine.make_transport(owns_engine=True)) as client:
         assert await _ids(client) == expected
     assert not [r.getMessage() for r in caplog.records if r.getMessage().startswith("indexed ")]
+
+
+async def test_a_finish_key_an_older_reset_left_is_not_counted_as_finished(
+    engine: EmbeddedEngine,
+) -> None:
+    """An older release that resets a finished instance during a rollback leaves its
+    key in the index by finish time: the overview's last hour counts what finished,
+    not what that key says."""
+    transport = engine.make_transport()
+    client = Client(transport)
+    await client.start("arith", 1, instance_id="n-done")
+    await client.result("n-done", timeout=20)
+    await client.start("waiter", 1, instance_id="n-again")
+    await wait_for_status(client, "n-again", lambda s: bool(s.waits))
+    partition = partition_for("n-again", PARTITIONS)
+    left = embedded_keys.state_user_prefix(partition) + keys.finished(
+        engine.host.clock.now_ms() - 60_000, "n-again"
+    )
+    await engine.db.write(puts=[(left, b"")])
+    overview = await transport.overview()
+    assert overview.finished_last_hour == {"completed": 1}
+    assert sum(overview.counts.values()) == 2
 
 
 def _finished(db: EmbeddedDB) -> list[tuple[int, str]]:
