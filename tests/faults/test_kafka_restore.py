@@ -30,6 +30,7 @@ from stepstream.consumers.kafka import (
     LogProducer,
     OutRecord,
     PartitionDB,
+    Restored,
     StateDir,
     create_topics,
     restore_partition,
@@ -144,6 +145,26 @@ async def started_worker(settings: KafkaSettings, state_dir: Path) -> ThreadedWo
         await asyncio.to_thread(worker.stop)
         raise
     return worker
+
+
+async def restore_alone(
+    db: PartitionDB,
+    partition: int,
+    settings: KafkaSettings,
+    reader: HistoryReader,
+    producer: LogProducer,
+) -> tuple[PartitionDB, Restored]:
+    """``restore_partition`` as an owner runs it, outside a worker (no group offsets)."""
+    return await restore_partition(
+        db,
+        partition,
+        reader=reader,
+        producer=producer,
+        serde=SERDE,
+        clock=SystemClock(),
+        topics=TopicNames(settings.prefix),
+        group_offsets={COMMANDS: None, TIMERS: None},
+    )
 
 
 async def new_topics(broker: Broker) -> KafkaSettings:
@@ -280,16 +301,7 @@ async def test_instances_an_older_owner_of_the_state_left_unindexed_are_listed(
         reader = await asyncio.to_thread(HistoryReader, settings)
         producer = await asyncio.to_thread(LogProducer, settings)
         try:
-            db, restored = await restore_partition(
-                db,
-                0,
-                reader=reader,
-                producer=producer,
-                serde=SERDE,
-                clock=SystemClock(),
-                topics=TopicNames(settings.prefix),
-                group_offsets={COMMANDS: None, TIMERS: None},
-            )
+            db, restored = await restore_alone(db, 0, settings, reader, producer)
             mark = str(restored.epoch).encode()
             assert restored.previous_epoch < restored.epoch
             assert db.get(state_keys.STARTED_INDEXED) == db.get(state_keys.FINISHED_INDEXED) == mark
@@ -335,17 +347,7 @@ async def test_restore_fences_again_above_a_competing_fence(
     producer = await asyncio.to_thread(CompetingProducer, settings, competitor)
     try:
         db, restored = await asyncio.wait_for(
-            restore_partition(
-                db,
-                partition,
-                reader=reader,
-                producer=producer,
-                serde=SERDE,
-                clock=SystemClock(),
-                topics=TopicNames(settings.prefix),
-                group_offsets={COMMANDS: None, TIMERS: None},
-            ),
-            30,
+            restore_alone(db, partition, settings, reader, producer), 30
         )
         rows = await asyncio.to_thread(history_topic, settings, partition)
         fences = [
