@@ -43,7 +43,8 @@ from stepstream.consumers.kafka.group_assignment import (
 from stepstream.consumers.kafka.group_offsets import GroupOffsets, Position
 from stepstream.consumers.kafka.group_protocol import member_config
 from stepstream.consumers.kafka.group_stats import STATS_INTERVAL_MS, GroupStatistics
-from stepstream.consumers.kafka.logins import LoginWatch, quiet_librdkafka
+from stepstream.consumers.kafka.librdkafka_log import quiet_librdkafka
+from stepstream.consumers.kafka.logins import LoginWatch
 from stepstream.consumers.kafka.source import KafkaSource
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.seams import LogEntry

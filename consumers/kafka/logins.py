@@ -11,7 +11,7 @@ handshake (``_SSL``: a certificate that expired or was replaced) behaves the sam
 
 ``LoginWatch`` turns that into what an operator needs: one ERROR line naming the cause and
 what to do, then a reminder once a minute while it lasts (librdkafka's own line per
-reconnect is dropped, see ``quiet_librdkafka``); the worker reported not ready with the
+reconnect is dropped, see ``librdkafka_log``); the worker reported not ready with the
 reason; counts for ``/metrics``; and an INFO line when the clients are logged in again,
 seen in their statistics (a broker connection up, no refusal for ``RECOVERED_AFTER_S``).
 """
@@ -184,21 +184,3 @@ class LoginWatch:
             "nothing is lost or applied twice. It goes on by itself once Kafka accepts it "
             f"again: {fix}"
         )
-
-
-class _DropRefusals(logging.Filter):
-    """librdkafka logs a refused login on every reconnect; ``LoginWatch`` reports it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        return not ("SASL authentication error" in text or "SSL handshake failed" in text)
-
-
-def quiet_librdkafka() -> logging.Logger:
-    """The ``logger`` for a worker's librdkafka clients: their lines go through Python's
-    logging (as ``stepstream.kafka.librdkafka``, in the worker's log format) instead of
-    straight to stderr, without the line per refused reconnect."""
-    logger = logging.getLogger("stepstream.kafka.librdkafka")
-    if not any(isinstance(f, _DropRefusals) for f in logger.filters):
-        logger.addFilter(_DropRefusals())
-    return logger

@@ -24,7 +24,8 @@ from functools import partial
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from stepstream.consumers.kafka.clients import make_client
-from stepstream.consumers.kafka.logins import LoginWatch, quiet_librdkafka
+from stepstream.consumers.kafka.librdkafka_log import quiet_librdkafka
+from stepstream.consumers.kafka.logins import LoginWatch
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import StepstreamError
 from stepstream.engine.wire.values import value

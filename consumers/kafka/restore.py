@@ -35,7 +35,7 @@ from stepstream.consumers.instance_store import load_state
 from stepstream.consumers.kafka import keys
 from stepstream.consumers.kafka.clients import make_client, through_elections
 from stepstream.consumers.kafka.db import PartitionDB
-from stepstream.consumers.kafka.logins import quiet_librdkafka
+from stepstream.consumers.kafka.librdkafka_log import quiet_librdkafka
 from stepstream.consumers.kafka.producer import LogProducer, OutRecord
 from stepstream.consumers.restore import Restorer
 from stepstream.consumers.timers import index_entries
