@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import ExitStack
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -274,6 +276,7 @@ async def test_a_worker_cut_off_from_every_broker_while_another_goes_on(
     await run_checker(backend, instances=20, kills=1, freeze_at=None)
     assert backend.recovered_s is not None
     print(f"broker fault cut-off: recovered in {backend.recovered_s:.1f} s")
+    check_logs(backend)
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
@@ -282,3 +285,33 @@ async def test_the_workload_survives(fault: str, cluster: ApacheCluster, tmp_pat
     await run_checker(backend, instances=20, kills=1, freeze_at=None)
     assert backend.recovered_s is not None
     print(f"broker fault {fault}: recovered in {backend.recovered_s:.1f} s")
+    check_logs(backend)
+
+
+def check_logs(backend: ClusterFaults) -> None:
+    for worker in backend.workers:
+        repeated = repeated_broker_failures(worker.log)
+        assert not repeated, f"{worker.name} logged librdkafka failures again within a " + (
+            "minute:\n" + "\n".join(repeated[:10])
+        )
+
+
+_FAIL_LINE = re.compile(r'^ts=(\S+) .*msg="FAIL \[([^\]]*)\] \[thrd:([^\]]*)\]')
+
+
+def repeated_broker_failures(log: Path) -> list[str]:
+    """librdkafka's lines about failing to reach a broker that one worker process logged
+    again for the same client and broker within a minute: while brokers are down, each
+    client would log one at every reconnect (a thousand per worker in a cluster restart)."""
+    repeated = []
+    for run in log.read_text().split("---- start ")[1:]:  # one section per worker process
+        last: dict[tuple[str, str], datetime] = {}
+        for line in run.splitlines():
+            found = _FAIL_LINE.match(line)
+            if found is None:
+                continue
+            at, key = datetime.fromisoformat(found[1]), (found[2], found[3])
+            if key in last and (at - last[key]).total_seconds() < 59:
+                repeated.append(line)
+            last[key] = at
+    return repeated
