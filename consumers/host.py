@@ -252,7 +252,8 @@ class PartitionHost:
         waiters = self._consumed[partition]
         waiters[waiter] = offset
         try:
-            await asyncio.wait_for(waiter, timeout)
+            async with asyncio.timeout(timeout):
+                await waiter
         finally:
             waiters.pop(waiter, None)
             if not waiters:
@@ -312,7 +313,8 @@ class PartitionHost:
             if answer is not None:
                 return answer
             self.finished(instance_id)  # UnknownInstance if there is none
-            return await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):  # one wake-up, where wait_for takes two
+                return await fut
         finally:
             waiters = self._replies.get(message_id)
             if waiters is not None and waiters.pop(fut, 0) is None and not waiters:
@@ -325,7 +327,8 @@ class PartitionHost:
             # Read after registering, so a commit in between cannot be missed.
             if self.finished(instance_id):
                 return self.read_state(instance_id, entries=False)
-            return await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):  # one wake-up, where wait_for takes two
+                return await fut
         finally:
             waiters = self._finished.get(instance_id)
             if waiters is not None and waiters.pop(fut, 0) is None and not waiters:
