@@ -3,7 +3,6 @@ worker that owns the instance's partition, configured with nothing but the boots
 servers. Importing this package registers ``kafka://`` with ``Client.connect``.
 
 - ``settings``: ``kafka://`` URLs and librdkafka properties mapped to aiokafka's arguments
-- ``command_producer``: commands published with librdkafka, acknowledged by all replicas
 - ``follower``: a live copy of a one-partition compacted topic
 - ``members``: who owns which partition, at which address (``<prefix>.members``)
 - ``definitions``: which workflows workers registered (``<prefix>.definitions``)

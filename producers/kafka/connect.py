@@ -24,7 +24,6 @@ from stepstream.engine.wire.topics import DEFINITIONS, MEMBERS, TopicNames
 from stepstream.producers.client import Transport, register_transport
 from stepstream.producers.http.security import client_headers, client_security, client_ssl
 from stepstream.producers.http.transport import DEFAULT_REQUEST_TIMEOUT_S
-from stepstream.producers.kafka.command_producer import CommandProducer
 from stepstream.producers.kafka.definitions import DefinitionsView
 from stepstream.producers.kafka.members import MembersView
 from stepstream.producers.kafka.settings import (
@@ -35,6 +34,7 @@ from stepstream.producers.kafka.settings import (
 from stepstream.producers.kafka.transport import DEFAULT_COMMAND_TIMEOUT_S, KafkaTransport
 
 _CONNECT_TIMEOUT_S = 15.0
+_BATCH_BYTES = 1 << 20
 
 
 async def _connect(url: str, options: dict[str, Any]) -> Transport:
@@ -78,33 +78,35 @@ async def open_kafka_transport(
     topics = TopicNames(settings.prefix)
     headers = client_headers(token)
     worker_tls = client_ssl(tls_ca)
-    # aiokafka checks that the cluster answers and takes the login (saying why not), and
-    # reads its metadata; commands go through librdkafka (``command_producer``).
-    probe_options = aiokafka_options(settings, "producer")
-    probe = AIOKafkaProducer(**probe_options, acks="all", enable_idempotence=False)
+    producer_options = aiokafka_options(settings, "producer")
+    producer_options.setdefault("max_request_size", max(2 * max_payload_bytes, 1 << 21))
+    # Many starts at once: with aiokafka's 16 KB batches every sender past a full batch
+    # waits for it to drain, wakes, and most wait again (a timer and a wake-up each).
+    producer_options.setdefault(
+        "max_batch_size", min(_BATCH_BYTES, producer_options["max_request_size"])
+    )
+    producer = AIOKafkaProducer(**producer_options, acks="all", enable_idempotence=False)
     try:
         async with asyncio.timeout(_CONNECT_TIMEOUT_S):
-            await probe.start()
+            await producer.start()
             # A metadata request naming a topic creates it on brokers that auto-create:
             # ask for all topics, and name ours only once they are known to exist.
-            cluster = await probe.client.fetch_all_metadata()
+            cluster = await producer.client.fetch_all_metadata()
     except BaseException as exc:
+        # Whatever stopped the start (a refusal, a timeout, a cancel), the connections it
+        # opened are closed here, not left to the garbage collector.
+        with contextlib.suppress(Exception):
+            await producer.stop()
         if not isinstance(exc, (KafkaError, TimeoutError, OSError)):
             raise
         if not isinstance(exc, TimeoutError):  # a refusal comes at once, never as a timeout
-            await _raise_if_refused(settings, probe_options)
+            await _raise_if_refused(settings, producer_options)
         raise ConnectionFailed(
             f"cannot reach Kafka at {settings.bootstrap}: {str(exc) or type(exc).__name__}; check "
             "the address and the security settings"
         ) from None
-    finally:
-        # Whatever stopped the start (a refusal, a timeout, a cancel), the connections it
-        # opened are closed here, not left to the garbage collector.
-        with contextlib.suppress(Exception):
-            await probe.stop()
     members: MembersView | None = None
     definitions: DefinitionsView | None = None
-    producer: CommandProducer | None = None
     try:
         found = cluster.partitions_for_topic(topics.commands)
         missing = [
@@ -135,14 +137,9 @@ async def open_kafka_transport(
                 f"{topics.commands} has {len(found)} partitions but the workers run with "
                 f"{announced}; the topics were recreated: restart the workers"
             )
-        producer = CommandProducer.open(
-            settings,
-            message_max_bytes=max(2 * max_payload_bytes, 1 << 21),
-            timeout_s=request_timeout,
-        )
     except BaseException:
-        if producer is not None:
-            await producer.close()
+        with contextlib.suppress(Exception):
+            await producer.stop()
         if members is not None:
             await members.close()
         if definitions is not None:

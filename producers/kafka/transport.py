@@ -3,8 +3,8 @@ bootstrap servers.
 
 Commands are checked here (``CommandPublisher``: encodable and small enough payloads, a
 workflow some worker registered on ``<prefix>.definitions``), then published to
-``<prefix>.commands`` with librdkafka (``command_producer``: acks=all, idempotent), on the
-instance's partition. Once the broker has acknowledged a
+``<prefix>.commands`` with aiokafka (acks=all; not idempotent: its InitProducerId fails
+against some brokers), on the instance's partition. Once the broker has acknowledged a
 command it is durable, and no live worker is needed. A start returns then; the client's
 next read of the instance names it (``after``), so the owner answers once it has applied
 it. For the other commands, if the partition's owner is live the client waits a little
@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import aiohttp
+from aiokafka.errors import KafkaError
 
 from stepstream.engine.errors import (
     ConnectionFailed,
@@ -41,7 +42,6 @@ from stepstream.engine.wire.serde import RecordSerde
 from stepstream.engine.wire.topics import TopicNames, partition_for
 from stepstream.producers import trace_context
 from stepstream.producers.http.transport import DEFAULT_REQUEST_TIMEOUT_S
-from stepstream.producers.kafka.command_producer import CommandProducer, SendFailed
 from stepstream.producers.kafka.definitions import DefinitionsView, RemoteWorkflow
 from stepstream.producers.kafka.members import MembersView
 from stepstream.producers.kafka.routing import Router
@@ -87,7 +87,7 @@ class KafkaTransport(CommandPublisher):
     def __init__(
         self,
         *,
-        producer: CommandProducer,
+        producer: Any,
         members: MembersView,
         definitions: DefinitionsView,
         session: aiohttp.ClientSession,
@@ -165,14 +165,14 @@ class KafkaTransport(CommandPublisher):
     async def _produce(self, command: Command) -> None:
         partition = self._partition(command.instance_id)
         try:
-            offset = await self._producer.send(
+            landed = await self._producer.send_and_wait(
                 self._topics.commands,
                 self._serde.encode(command),
                 key=command.instance_id.encode(),
                 partition=partition,
                 headers=trace_context.record_headers(command.traceparent, command.tracestate),
             )
-        except SendFailed as exc:
+        except KafkaError as exc:
             raise ConnectionFailed(
                 f"cannot publish {command.type} for instance {command.instance_id} to "
                 f"{self._topics.commands}: {exc}; check the brokers, then retry"
@@ -183,10 +183,10 @@ class KafkaTransport(CommandPublisher):
             # owner applies it when it gets to it; a read of the instance from this
             # client names it (``after``) so that the owner answers once it has.
             self._unconfirmed.pop(command.instance_id, None)  # the newest go last
-            self._unconfirmed[command.instance_id] = (command.command_id, offset)
+            self._unconfirmed[command.instance_id] = (command.command_id, landed.offset)
             if len(self._unconfirmed) > _UNCONFIRMED_KEPT:
                 del self._unconfirmed[next(iter(self._unconfirmed))]
-            self._latest[partition] = max(offset, self._latest.get(partition, -1))
+            self._latest[partition] = max(landed.offset, self._latest.get(partition, -1))
             if command.if_exists != "fail":
                 self._settlements.settle(command.command_id, None)
                 return
@@ -327,7 +327,7 @@ class KafkaTransport(CommandPublisher):
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
-            await self._producer.close()
+            await self._producer.stop()
         await self._members.close()
         await self._definitions.close()
         await self._router.close()

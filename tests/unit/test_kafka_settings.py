@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,6 @@ import pytest
 from stepstream.consumers.kafka import admin, group, producer, restore
 from stepstream.engine.config.kafka import KafkaSettings, KafkaSettingsError
 from stepstream.producers import kafka as kafka_client
-from stepstream.producers.kafka.command_producer import CommandProducer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -216,46 +214,20 @@ async def test_the_kafka_client_maps_settings_to_aiokafka(
 
 
 @pytest.mark.parametrize(
-    ("properties", "expected"),
+    ("properties", "batch", "request_size"),
     [
-        ({}, {"linger.ms": 2, "message.max.bytes": 1 << 21, "message.timeout.ms": 30_000}),
-        (  # the user's own, for every client or for producers only
-            {"linger.ms": "7", "producer.message.max.bytes": "300000"},
-            {"linger.ms": "7", "message.max.bytes": "300000", "message.timeout.ms": 30_000},
-        ),
+        ({}, 1 << 20, 1 << 21),  # many starts at once share a batch per partition
+        ({"producer.message.max.bytes": "300000"}, 300_000, 300_000),  # never above a request
+        ({"producer.batch.size": "65536"}, 65_536, 1 << 21),  # the user's own
     ],
 )
-async def test_the_kafka_client_publishes_with_librdkafka_acknowledged_by_all(
-    properties: dict[str, str], expected: dict[str, object], monkeypatch: pytest.MonkeyPatch
+async def test_the_kafka_client_batches_many_commands_per_request(
+    properties: dict[str, str], batch: int, request_size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    made: list[dict[str, Any]] = []
-
-    class FakeProducer:
-        def __init__(self, config: dict[str, Any]) -> None:
-            made.append(config)
-            self._idle = threading.Event()
-
-        def poll(self, timeout: float) -> int:
-            self._idle.wait(timeout)
-            return 0
-
-        def flush(self, timeout: float) -> int:
-            return 0
-
-        def close(self) -> None:
-            self._idle.set()
-
-    monkeypatch.setattr("stepstream.producers.kafka.command_producer.Producer", FakeProducer)
-    # A user's acks=1 or idempotence off cannot weaken what a command's durability needs.
-    weaker = {"acks": "1", "enable.idempotence": "false", **properties}
-    settings = KafkaSettings("broker-1:9093", "orders", {**weaker, "sasl.username": "ada"})
-    producer = CommandProducer.open(settings, message_max_bytes=1 << 21, timeout_s=30.0)
-    await producer.close()
-    (config,) = made
-    assert config["bootstrap.servers"] == "broker-1:9093"
-    assert config["acks"] == "all" and config["enable.idempotence"] is True
-    assert config["sasl.username"] == "ada"  # librdkafka names, passed as they are
-    assert {k: config[k] for k in expected} == expected
+    settings = KafkaSettings("localhost:9092", "orders", properties)
+    made, _ = await _open_kafka_client(settings, monkeypatch)
+    assert made[0]["max_batch_size"] == batch
+    assert made[0]["max_request_size"] == request_size
 
 
 def test_unmappable_security_settings_are_refused() -> None:
