@@ -312,14 +312,14 @@ async def restore_partition(
     # mark its successor trusts, not a scan of every meta).
     whole = index_marks.mark(epoch)
     kept = index_marks.mark(previous_epoch)
+    started_mark = db.get(state_keys.STARTED_INDEXED)
     if start == 0 or snapshot is not None or db.get(state_keys.FINISHED_INDEXED) == kept:
         # Built whole by this version: every finished instance is in the finish index.
         batch.put(state_keys.FINISHED_INDEXED, whole)
-    whole_from_snapshot = snapshot is not None and db.get(state_keys.STARTED_INDEXED) is not None
     if (
         (start == 0 and snapshot is None)
-        or whole_from_snapshot
-        or db.get(state_keys.STARTED_INDEXED) == kept
+        or (snapshot is not None and started_mark is not None)
+        or started_mark == kept
     ):
         # Every instance is in the index by created time too (a snapshot brings that
         # index's mark along if its writer kept the index; else the owner builds it).
