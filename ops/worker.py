@@ -67,7 +67,8 @@ class Worker:
         self._engine = await open_embedded(self.registry, config, codec=self._codec)
 
     async def _start_kafka(self) -> None:
-        from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
+        from stepstream.ops.kafka_worker import KafkaWorker
+        from stepstream.ops.kafka_worker_config import KafkaWorkerConfig
         from stepstream.producers.http.security import TLS_CA_ENV
         from stepstream.producers.kafka import open_kafka_transport, settings_from_url
 

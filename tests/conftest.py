@@ -84,7 +84,8 @@ class ThreadedWorker:
         sources: Any = None,
         **config: Any,
     ) -> None:
-        from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
+        from stepstream.ops.kafka_worker import KafkaWorker
+        from stepstream.ops.kafka_worker_config import KafkaWorkerConfig
 
         self.settings = settings
         self._loop = asyncio.new_event_loop()

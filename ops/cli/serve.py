@@ -260,7 +260,8 @@ def _worker(args: argparse.Namespace) -> int:
 async def _run_worker(
     registry: Registry, args: argparse.Namespace, codec: PayloadCodec | None
 ) -> int:
-    from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
+    from stepstream.ops.kafka_worker import KafkaWorker
+    from stepstream.ops.kafka_worker_config import KafkaWorkerConfig
 
     settings = kafka_settings(args)
     traced = tracing.from_env(service="stepstream-worker")

@@ -17,7 +17,8 @@ import pytest
 
 from stepstream import AccessDenied, Client
 from stepstream.ops.api.security import ApiSecurity, InsecureBind
-from stepstream.ops.kafka_worker import KafkaWorker, KafkaWorkerConfig
+from stepstream.ops.kafka_worker import KafkaWorker
+from stepstream.ops.kafka_worker_config import KafkaWorkerConfig
 from tests.conftest import (
     KAFKA_TEST_PARTITIONS,
     ThreadedWorker,
