@@ -100,7 +100,12 @@ async def _tick(ctx: Context, s: dict[str, Any]) -> Continue[Any] | Break[Any]:
         return Continue(s)
     timeout = max(s["next"] - now, 0) / 1000 if active else None
     names = [*s["running"], *CONTROL]
-    for message in await ctx.messages.next_batch(names, max=_BATCH, timeout=timeout):
+    messages = await ctx.messages.next_batch(names, max=_BATCH, timeout=timeout)
+    if messages:
+        # The wait may have lasted hours: a resume, a new spec or a trigger counts from
+        # when its message came, not from when the wait began.
+        now = _ms(ctx)
+    for message in messages:
         await _handle(ctx, s, message, now)
     return Continue(s)
 

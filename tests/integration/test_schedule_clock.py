@@ -72,6 +72,37 @@ async def test_catch_up_is_bounded_by_the_window(tmp_path: Path) -> None:
         assert info.started == len(ids)
 
 
+async def test_resume_new_spec_and_trigger_count_from_when_they_came() -> None:
+    """A control message that arrives hours into the schedule's wait acts at its own
+    time: a resume runs none of the slots it was paused over, a new spec starts from the
+    next slot after now, a trigger is named by now."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    async with WorkflowEnvironment([workflows], clock="virtual", start=start) as env:
+        client = env.client
+        await client.create_schedule("p", "arith", every=300, input=1, overlap="allow")
+        await env.advance(301)
+        await client.pause_schedule("p")
+        await env.advance(2 * 3600)  # paused over 24 slots, until 02:05:01
+        await client.resume_schedule("p")
+        await env.advance(1)
+        assert await slot_ids(client, "p") == ["p@2026-01-01T00:05:00Z"]
+        info = await client.describe_schedule("p")
+        assert (info.started, info.skipped_catchup) == (1, 0)
+        assert info.next_run_at == "2026-01-01T02:10:00Z"
+
+    async with WorkflowEnvironment([workflows], clock="virtual", start=start) as env:
+        client = env.client
+        await client.create_schedule("d", "arith", cron="0 0 * * *", input=1)
+        await env.advance(10 * 3600 + 1800)  # 10:30, the daily slot is far off
+        await client.trigger_schedule("d")
+        await client.create_schedule("d", "arith", cron="0 * * * *", input=1)  # hourly
+        await env.advance(1)
+        assert await slot_ids(client, "d") == ["d@2026-01-01T10:30:00.000Z"]
+        info = await client.describe_schedule("d")
+        assert (info.started, info.triggered, info.skipped_catchup) == (1, 1, 0)
+        assert info.next_run_at == "2026-01-01T11:00:00Z"
+
+
 def test_the_example_prints_what_docs_schedules_shows() -> None:
     """docs/schedules.md shows the output of `python -m examples.schedules`: run it."""
     repo = Path(__file__).resolve().parents[2]
