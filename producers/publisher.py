@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from stepstream.engine.api.schedule_spec import scheduled_workflow
 from stepstream.engine.api.workflow import WorkflowDefinition
 from stepstream.engine.errors import (
     InvalidPayload,
@@ -233,6 +234,9 @@ class CommandPublisher(abc.ABC):
         if version is not None:
             check_name(version, f"version of workflow {workflow!r}:")
         definition = self._publishing.resolve(workflow, version)
+        scheduled = scheduled_workflow(definition.name, input)
+        if scheduled is not None:
+            self._publishing.resolve(scheduled)  # UnknownWorkflow, as its own start would
         payload = self._encode(input, f"input of instance {instance_id}")
         await self._submit(
             StartWorkflow(

@@ -29,7 +29,7 @@ from stepstream.engine.api.schedules import (
     TRIGGER,
     initial_state,
 )
-from stepstream.engine.errors import UnknownInstance
+from stepstream.engine.errors import ConnectionFailed, InstanceFinished, UnknownInstance
 from stepstream.engine.reads.listing import MAX_PAGE_SIZE, ListQuery
 from stepstream.engine.wire.names import check_name
 
@@ -109,7 +109,10 @@ async def create(transport: Transport, spec: ScheduleSpec) -> ScheduleInfo:
     comes back). Returns once the commands are durable."""
     check_spec(spec)
     instance_id = schedule_id(spec.name)
-    await transport.start(SCHEDULE_WORKFLOW, spec.to_json(), instance_id, None)
+    # A schedule whose instance was cancelled, terminated or failed starts afresh.
+    await transport.start(
+        SCHEDULE_WORKFLOW, spec.to_json(), instance_id, None, if_exists="restart_if_failed"
+    )
     await transport.send_event(instance_id, SET, spec.to_json(), None)
     return info_of(initial_state(spec), "pending")
 
@@ -119,9 +122,19 @@ async def control(transport: Transport, name: str, what: str) -> None:
     message = {"pause": PAUSE, "resume": RESUME, "trigger": TRIGGER, "delete": DELETE}[what]
     check_name(name, "schedule name")
     try:
+        await describe(transport, name)  # UnknownInstance if there is none, or it was deleted
+    except ConnectionFailed:
+        pass  # nobody to read it from now: the message is durable, and a deleted one ignores it
+    try:
         await transport.send_event(schedule_id(name), message, None, None)
     except UnknownInstance:
         raise _unknown(name) from None
+    except InstanceFinished:
+        raise InstanceFinished(
+            f"schedule {name!r} does not run: its instance {schedule_id(name)} was "
+            f"cancelled, terminated or failed (`stepstream status {schedule_id(name)}` says "
+            f"which); `stepstream schedule create {name} ...` starts it again"
+        ) from None
 
 
 async def describe(transport: Transport, name: str) -> ScheduleInfo:

@@ -65,6 +65,16 @@ def schedule_id(name: str) -> str:
     return f"{SCHEDULE_ID_PREFIX}{name}"
 
 
+def scheduled_workflow(workflow: str, input: Any) -> str | None:
+    """The workflow a start of ``workflow`` with ``input`` makes a schedule of (None for
+    any other start): a client refuses a schedule of a workflow no worker has, as it
+    refuses a start of it."""
+    if workflow != SCHEDULE_WORKFLOW or not isinstance(input, dict):
+        return None
+    scheduled = input.get("workflow")
+    return scheduled if isinstance(scheduled, str) else None
+
+
 def check_spec(spec: ScheduleSpec) -> ScheduleSpec:
     """``spec`` if it is a schedule that can run, else ``InvalidPayload`` saying what to
     change."""

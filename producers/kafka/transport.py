@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import aiohttp
 from aiokafka.errors import KafkaError
 
+from stepstream.engine.api.schedule_spec import scheduled_workflow
 from stepstream.engine.errors import (
     ConnectionFailed,
     ResultTimeout,
@@ -136,7 +137,10 @@ class KafkaTransport(CommandPublisher):
         queue_key: str | None = None,
     ) -> str:
         definitions = self._definitions
-        if not definitions.knows(workflow, version):
+        scheduled = scheduled_workflow(workflow, input)
+        if not definitions.knows(workflow, version) or (
+            scheduled is not None and not definitions.knows(scheduled, None)
+        ):
             await definitions.synced(self._request_timeout)  # registered a moment ago?
             # A fresh prefix: the first worker is starting (a script runs `stepstream
             # worker &` and then `stepstream start`), give it the time to register.

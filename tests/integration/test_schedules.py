@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import pytest
 
-from stepstream import Client, InvalidPayload, UnknownInstance
+from stepstream import Client, InstanceFinished, InvalidPayload, UnknownInstance, UnknownWorkflow
 
 T = TypeVar("T")
 SLOT_ID = re.compile(r"@\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
@@ -93,6 +93,9 @@ async def test_pause_resume_trigger_delete(client: Client) -> None:
     )
     with pytest.raises(UnknownInstance, match=f"no schedule named '{name}'"):
         await client.describe_schedule(name)
+    for control in (client.trigger_schedule, client.pause_schedule, client.delete_schedule):
+        with pytest.raises(UnknownInstance, match=f"'{name}' \\(it was deleted\\)"):
+            await control(name)
     before = len(await started_ids(client, name))
     await asyncio.sleep(2.5)
     assert len(await started_ids(client, name)) == before, "a deleted schedule started one"
@@ -153,3 +156,25 @@ async def test_bad_schedules_are_refused_before_anything_is_sent(client: Client)
         await client.pause_schedule("nope")
     with pytest.raises(UnknownInstance, match="no schedule named 'nope'"):
         await client.describe_schedule("nope")
+    # A schedule of a workflow no worker has is refused as a start of it would be.
+    with pytest.raises(UnknownWorkflow, match="unknown workflow 'no-such-workflow'"):
+        await client.create_schedule("x", "no-such-workflow", every=60)
+    with pytest.raises(UnknownInstance, match="no schedule named 'x'"):
+        await client.describe_schedule("x")
+
+
+async def test_a_cancelled_schedule_is_created_again(client: Client) -> None:
+    """Cancelling the schedule's own instance stops it; creating the name again starts
+    it afresh, and a control call meanwhile says what to do."""
+    name = new_name("cancelled")
+    await client.create_schedule(name, "arith", every=1, input=1)
+    await eventually(lambda: client.describe_schedule(name), lambda i: i.started >= 1)
+    await client.cancel(f"~schedule/{name}", reason="by hand")
+    await eventually(lambda: client.describe_schedule(name), lambda i: i.status == "cancelled")
+    with pytest.raises(InstanceFinished, match="schedule create"):
+        await client.trigger_schedule(name)
+    await client.create_schedule(name, "arith", every=1, input=1)
+    back = await eventually(
+        lambda: client.describe_schedule(name), lambda i: i.status == "running" and i.started >= 1
+    )
+    assert not back.paused
