@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
 from stepstream.engine.api.attempts import attempt_number
+from stepstream.engine.api.durations import seconds_of
 from stepstream.engine.api.loops import LoopBody, run_loop
 from stepstream.engine.api.messages import Messages
 from stepstream.engine.api.outbox import (
@@ -153,10 +154,7 @@ async def _in_scope(scope: str, branch: Branch, ctx: Context) -> Any:
 
 
 def _seconds(duration: float | timedelta) -> float:
-    seconds = duration.total_seconds() if isinstance(duration, timedelta) else float(duration)
-    if seconds < 0:
-        raise ValueError(f"duration must not be negative, got {seconds} s")
-    return seconds
+    return seconds_of(duration, "duration")
 
 
 class Context:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from stepstream.engine.api.durations import seconds_of
 from stepstream.engine.api.runtime import WorkflowRuntime
 from stepstream.engine.errors import EventTimeout, InvalidWorkflowCall
 from stepstream.engine.wire.codec import PayloadCodec, decode_safely
@@ -86,8 +87,10 @@ class Messages:
             raise InvalidWorkflowCall(f"ctx.messages.{what} needs at least one name")
         limit = None
         if timeout is not None:
-            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-            limit = round(max(float(seconds), 0.0) * 1000)
+            # A timeout of 0 or less takes what has come and does not wait.
+            negative = isinstance(timeout, int | float) and timeout < 0
+            seconds = 0.0 if negative else seconds_of(timeout, f"ctx.messages.{what} timeout")
+            limit = round(seconds * 1000)
         key = self._rt.key_for(wanted[0] if len(wanted) == 1 else "messages")
         raw = await self._rt.message_future(key, wanted, max_messages, limit)
         return [self._message(*m) for m in raw]

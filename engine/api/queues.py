@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from stepstream.engine.api.durations import MAX_DURATION_S, duration_problem
 from stepstream.engine.wire.codec import decode_safely
 from stepstream.engine.wire.names import name_problem
 
@@ -69,19 +70,23 @@ class Queue:
             raise ValueError(
                 f"queue {self.name!r} has no limit: give concurrency=N, rate=(N, seconds) or both"
             )
-        if self.concurrency is not None and (
-            not isinstance(self.concurrency, int) or self.concurrency < 1
-        ):
+        if self.concurrency is not None and (not _whole(self.concurrency) or self.concurrency < 1):
             raise ValueError(
                 f"queue {self.name!r}: concurrency must be a whole number of at least 1, "
                 f"not {self.concurrency!r}"
             )
         if self.rate is not None:
-            count, window = self.rate
-            if not isinstance(count, int) or count < 1 or not window > 0:
+            count, window = self.rate if _pair(self.rate) else (0, 0)
+            if (
+                not _whole(count)
+                or count < 1
+                or duration_problem(window) is not None
+                or not window > 0
+            ):
                 raise ValueError(
                     f"queue {self.name!r}: rate must be (admissions, seconds) with at least "
-                    f"1 admission and a window above 0 s, not {self.rate!r}"
+                    f"1 admission and a window above 0 s and at most {MAX_DURATION_S} s, "
+                    f"not {self.rate!r}"
                 )
 
     def instance_id(self, key: str | None = None) -> str:
@@ -97,6 +102,14 @@ class Queue:
             "concurrency": self.concurrency,
             "rate": None if self.rate is None else [self.rate[0], float(self.rate[1])],
         }
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _pair(value: object) -> bool:
+    return isinstance(value, tuple | list) and len(value) == 2
 
 
 @dataclass(frozen=True, slots=True)

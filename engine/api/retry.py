@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from stepstream.engine.api.durations import duration_problem
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
@@ -20,8 +22,10 @@ class RetryPolicy:
     def __post_init__(self) -> None:
         if self.max_attempts is not None and self.max_attempts < 1:
             raise ValueError("RetryPolicy.max_attempts must be at least 1, or None (no limit)")
-        if self.initial_interval < 0 or self.max_interval < 0:
-            raise ValueError("RetryPolicy intervals must not be negative")
+        for what in ("initial_interval", "max_interval"):
+            problem = duration_problem(getattr(self, what))
+            if problem is not None:
+                raise ValueError(f"RetryPolicy.{what} {problem}")
         if self.backoff < 1:
             raise ValueError("RetryPolicy.backoff must be at least 1.0")
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from stepstream.engine.api.durations import duration_problem
 from stepstream.engine.api.hook_events import ErrorHook, StatusHook
 from stepstream.engine.api.queues import QUEUE_WORKFLOW, Queue
 from stepstream.engine.errors import DuplicateWorkflow, UnknownWorkflow
@@ -81,13 +82,12 @@ def workflow(
         raise TypeError(f"workflow {name!r}: queue={queue!r} is not a stepstream.Queue")
 
     limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-    if limit is not None and (
-        isinstance(limit, bool) or not isinstance(limit, int | float) or not limit > 0
-    ):
-        raise ValueError(
-            f"workflow {name!r}: timeout={timeout!r} must be a positive number of seconds "
-            "or a timedelta"
-        )
+    if timeout is not None:
+        problem = duration_problem(timeout)
+        if problem is None and not limit > 0:  # type: ignore[operator]
+            problem = "must be a positive number of seconds or a timedelta"
+        if problem is not None:
+            raise ValueError(f"workflow {name!r}: timeout={timeout!r} {problem}")
 
     def mark(fn: F) -> F:
         if not inspect.iscoroutinefunction(fn):
