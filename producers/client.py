@@ -49,6 +49,7 @@ from stepstream.engine.wire.names import (
     event_name_problem,
     name_problem,
     text_problem,
+    whole_number_problem,
 )
 from stepstream.producers import schedules
 from stepstream.producers.queue_positions import with_queue_positions
@@ -176,10 +177,9 @@ class Client:
         if version is not None:
             check_name(version, f"version of workflow {workflow!r}:")
         check_if_exists(if_exists)
-        if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-            raise InvalidPayload(
-                f"priority of instance {instance_id} must be a whole number, not {priority!r}"
-            )
+        problem = None if priority is None else whole_number_problem(priority)
+        if problem is not None:
+            raise InvalidPayload(f"priority of instance {instance_id} {problem}")
         if queue_key is not None:
             check_name(queue_key, "queue key")
         return await self._transport.start(

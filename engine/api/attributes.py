@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from stepstream.engine.wire.names import name_problem, text_problem
+from stepstream.engine.wire.names import name_problem, text_problem, whole_number_problem
 
 AttributeValue = str | int | float | bool
 MAX_ATTRIBUTES = 64
@@ -32,8 +32,11 @@ def attribute_problem(key: object, value: object) -> str | None:
         return (
             f"attribute key {key!r} contains '=', which separates key and value in `list --where`"
         )
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
         return None
+    if isinstance(value, int):
+        problem = whole_number_problem(value)
+        return None if problem is None else f"attribute {key!r} {problem}"
     if isinstance(value, float):
         if not math.isfinite(value):
             return f"attribute {key!r} is {value}; give a finite number"
@@ -71,7 +74,7 @@ def same_value(stored: Any, wanted: Any) -> bool:
     if isinstance(wanted, bool) or isinstance(stored, bool):
         return type(stored) is type(wanted) and stored == wanted
     if isinstance(wanted, int | float) and isinstance(stored, int | float):
-        return float(stored) == float(wanted)
+        return bool(stored == wanted)  # exact, also between an int and a float
     return type(stored) is type(wanted) and bool(stored == wanted)
 
 

@@ -18,6 +18,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
+from stepstream.engine.api.durations import MAX_DURATION_S
 from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.wire.names import check_name, name_problem
 
@@ -85,12 +86,10 @@ def check_spec(spec: ScheduleSpec) -> ScheduleSpec:
             f"schedule {spec.name!r}: give either cron= (a cron expression such as "
             "'0 2 * * *') or every= (seconds), not both and not neither"
         )
-    if spec.every is not None and (
-        isinstance(spec.every, bool) or not isinstance(spec.every, int) or spec.every < 1
-    ):
+    if spec.every is not None and not _seconds_ok(spec.every):
         raise InvalidPayload(
             f"schedule {spec.name!r}: every={spec.every!r} must be a whole number of "
-            "seconds, at least 1"
+            f"seconds, at least 1 and at most {MAX_DURATION_S} (100 years)"
         )
     zone = _zone(spec)
     if spec.cron is not None:
@@ -107,12 +106,17 @@ def check_spec(spec: ScheduleSpec) -> ScheduleSpec:
             + ", ".join(OVERLAP_POLICIES)
         )
     window = spec.catchup_window
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+    if not _seconds_ok(window):
         raise InvalidPayload(
             f"schedule {spec.name!r}: catchup_window={window!r} must be a whole number of "
-            "seconds, at least 1 (how late a slot may still start)"
+            f"seconds, at least 1 and at most {MAX_DURATION_S} (how late a slot may still "
+            "start)"
         )
     return spec
+
+
+def _seconds_ok(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_DURATION_S
 
 
 def _schedule_name_problem(value: object) -> str | None:

@@ -106,6 +106,18 @@ def text_problem(value: str) -> str | None:
     return None
 
 
+LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def whole_number_problem(value: object) -> str | None:
+    """Why ``value`` is not a whole number a record can hold (an Avro long), or None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"must be a whole number, not {_shown(value)}"
+    if not LONG_MIN <= value <= LONG_MAX:
+        return f"must fit in 64 bits (-2**63 to 2**63-1), not {_shown(value)}"
+    return None
+
+
 def _shown(value: object) -> str:
     text = repr(value)
     if len(text) > _SHOWN:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from stepstream.engine.errors import InvalidPayload
+from stepstream.engine.wire.names import whole_number_problem
 
 
 def string_field(body: dict[str, Any], name: str, *, allow_empty: bool = False) -> str:
@@ -37,7 +38,8 @@ def queue_fields(body: dict[str, Any]) -> dict[str, Any]:
     """A start's place in its workflow's queue: ``priority`` (a whole number, lower
     first) and ``queue_key`` (a per_key queue's key), each optional."""
     priority = body.get("priority")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
-        raise InvalidPayload(f"field 'priority' must be a whole number, got {priority!r}")
+    problem = None if priority is None else whole_number_problem(priority)
+    if problem is not None:
+        raise InvalidPayload(f"field 'priority' {problem}")
     queue_key = string_field(body, "queue_key") if body.get("queue_key") is not None else None
     return {"priority": priority, "queue_key": queue_key}

@@ -76,6 +76,8 @@ async def test_where_matches_every_attribute_across_partitions(client: Client) -
         ({"": "x"}, "must not be empty"),
         ({"note": "x" * 1025}, "1025 characters long; the limit is 1024"),
         ({f"k{n}": n for n in range(65)}, "the limit is 64"),
+        # Beyond a 64-bit whole number, the instance's state could not be stored.
+        ({"n": 2**64}, "attribute 'n' must fit in 64 bits"),
     ],
 )
 async def test_bad_attributes_fail_the_run_naming_the_key(
@@ -88,6 +90,11 @@ async def test_bad_attributes_fail_the_run_naming_the_key(
             await client.result("bad", timeout=30)
         assert message in str(failed.value)
         assert (await client.status("bad")).attributes == {}
+        # The partition goes on.
+        await client.start("tagged", {"n": 2**63 - 1}, instance_id="good")
+        await client.send_event("good", "more", {})
+        await client.result("good", timeout=30)
+        assert (await client.status("good")).attributes == {"n": 2**63 - 1}
 
 
 async def test_attributes_survive_a_restart_and_are_not_recorded_again(tmp_path: Path) -> None:

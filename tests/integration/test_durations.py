@@ -23,9 +23,9 @@ def test_a_workflow_timeout_no_record_could_hold_is_refused(timeout: Any) -> Non
 
 
 def test_retry_intervals_and_queue_windows_are_bounded() -> None:
-    with pytest.raises(ValueError, match="RetryPolicy.max_interval is longer than the 100"):
+    with pytest.raises(ValueError, match=r"RetryPolicy\.max_interval is longer than the 100"):
         RetryPolicy(max_interval=1e300)
-    with pytest.raises(ValueError, match="RetryPolicy.initial_interval must not be negative"):
+    with pytest.raises(ValueError, match=r"RetryPolicy\.initial_interval must not be negative"):
         RetryPolicy(initial_interval=math.nan)
     for rate in [(1, math.inf), (5,), (True, 1), (5, "10")]:
         with pytest.raises(ValueError, match="rate must be"):

@@ -61,6 +61,13 @@ async def test_bad_instance_ids_are_refused_and_nothing_is_created(
     assert {s.instance_id for s in await client.list()} == before
 
 
+async def test_a_priority_beyond_64_bits_is_refused(client: Client) -> None:
+    with pytest.raises(InvalidPayload, match="priority of instance p-1 must fit in 64 bits"):
+        await client.start("arith", 1, instance_id="p-1", priority=2**63)
+    await client.start("arith", 1, instance_id="p-1", priority=-(2**63))
+    assert await client.result("p-1", timeout=20) == {"total": 2, "doubled": 4}
+
+
 async def test_good_ids_of_any_script_work(client: Client) -> None:
     for instance in ("order/2024#1", "заказ-1", "注文 1", "x" * 256, "é" * 128):
         await client.start("arith", 2, instance_id=instance)
@@ -106,6 +113,12 @@ async def test_ids_refused_over_http_get_a_400(tmp_path: Path) -> None:
                     assert response.status == 400, answer
                     assert answer["error"]["type"] == "InvalidPayload"
                     assert "instance id" in answer["error"]["message"]
+            # A priority no record could hold: a 400 naming it, not a 500.
+            body = json.dumps({"workflow": "arith", "input": 1, "priority": 2**64})
+            async with http.post(url, data=body, headers=headers) as response:
+                answer = await response.json()
+                assert response.status == 400, answer
+                assert "'priority' must fit in 64 bits" in answer["error"]["message"]
             async with http.get(url) as response:
                 assert (await response.json())["instances"] == []
     finally:

@@ -150,6 +150,10 @@ async def test_bad_schedules_are_refused_before_anything_is_sent(client: Client)
         await client.create_schedule("x", "arith")
     with pytest.raises(InvalidPayload, match="not valid"):
         await client.create_schedule("x", "arith", cron="61 * * * *")
+    with pytest.raises(InvalidPayload, match="at most 3153600000"):
+        await client.create_schedule("x", "arith", every=10**20)
+    with pytest.raises(InvalidPayload, match=r"catchup_window=.* at most"):
+        await client.create_schedule("x", "arith", every=60, catchup_window=10**20)
     with pytest.raises(InvalidPayload, match="reserved for schedules"):
         await client.start("arith", 1, instance_id="~schedule/x")
     with pytest.raises(UnknownInstance, match="no schedule named 'nope'"):

@@ -47,6 +47,10 @@ def test_the_fold_merges_removes_and_the_meta_keeps_them() -> None:
         (True, True, True),
         (False, 0, False),
         ("a", "b", False),
+        # Exactly, past a float's 53 bits: large ids do not collide.
+        (9007199254740993, 9007199254740992, False),
+        (9007199254740993, 9007199254740993, True),
+        (2**53, float(2**53), True),
     ],
 )
 def test_where_compares_text_numbers_and_bools(stored: object, wanted: object, match: bool) -> None:
@@ -77,3 +81,5 @@ def test_what_an_attribute_may_not_be() -> None:
     assert "finite" in (attribute_problem("n", float("inf")) or "")
     assert "lone surrogate" in (attribute_problem("t", "\ud800") or "")
     assert "is a dict" in (attribute_problem("d", {}) or "")
+    assert "must fit in 64 bits" in (attribute_problem("n", -(2**63) - 1) or "")
+    assert attribute_problem("n", -(2**63)) is None
