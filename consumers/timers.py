@@ -28,6 +28,7 @@ from typing import Protocol
 from stepstream.consumers import state_keys as keys
 from stepstream.consumers.dead_letters import dead_letter
 from stepstream.engine.errors import UndecodableRecord
+from stepstream.engine.replay.ids import TIMER_FIRE_PREFIX
 from stepstream.engine.seams import (
     Append,
     Clock,
@@ -388,7 +389,7 @@ class TimerService:
             command = TimerFired(
                 instance_id=instance_id,
                 time_ms=now,
-                command_id=f"fire:{timer_id}",
+                command_id=f"{TIMER_FIRE_PREFIX}{timer_id}",
                 epoch=self.backend.epoch,
                 timer_id=timer_id,
                 fire_at_ms=fire_at,

@@ -149,6 +149,13 @@ async def parallel(ctx: Context, n: int) -> list[int]:
     return list(await asyncio.gather(*(ctx.step(f"p{i}", add, i, 100) for i in range(n))))
 
 
+@workflow("sleep-beside-a-step")
+async def sleep_beside_a_step(ctx: Context, seconds: float) -> list[Any]:
+    """A sleep still open while a step beside it ends: a reset to the step arms the
+    sleep's timer again."""
+    return list(await asyncio.gather(ctx.sleep("nap", seconds), ctx.step("b", add, 1, 2)))
+
+
 @workflow("values")
 async def values(ctx: Context, _: Any) -> dict[str, Any]:
     now = ctx.now()

@@ -71,7 +71,15 @@ def split_timer_id(instance_id: str, fired: str) -> tuple[str, str] | None:
 # Ids of commands the engine makes itself. Each is applied at most once by construction
 # (a step outcome names its attempt, a timer fire its timer); every other command id is
 # a client's, kept for good so that a re-delivered command is never applied twice.
-INTERNAL_COMMAND_PREFIXES = ("step:", "recover:", "fire:", "fence:", "forget:", "snapshot:")
+TIMER_FIRE_PREFIX = "fire:"  # then the timer's id
+INTERNAL_COMMAND_PREFIXES = (
+    "step:",
+    "recover:",
+    TIMER_FIRE_PREFIX,
+    "fence:",
+    "forget:",
+    "snapshot:",
+)
 
 
 def is_client_command(command_id: str) -> bool:

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from stepstream.engine.replay.effects import TIMER_PURPOSES
+from stepstream.engine.replay.ids import TIMER_FIRE_PREFIX
 from stepstream.engine.replay.state import (
     BufferedEvent,
     EntryKind,
@@ -100,9 +101,17 @@ def fold(instance_id: str, records: Sequence[HistoryRecord]) -> InstanceState:
             continue
         if isinstance(record, StepAttemptStarted | StepSucceeded):
             floors[record.key] = max(floors.get(record.key, 0), record.attempt)
-        # A set-aside command id stays applied: re-delivered, it changes nothing.
-        if record.command_id and record.command_id not in state.recent_commands:
-            state.recent_commands.append(record.command_id)
+        # A set-aside command id stays applied: re-delivered, it changes nothing. Not a
+        # timer's fire: the timer is armed again if what waits on it is before the reset
+        # point (a sleep, a backoff, the run's timeout), and its fire, of the same id,
+        # must then take effect.
+        command_id = record.command_id
+        if (
+            command_id
+            and not command_id.startswith(TIMER_FIRE_PREFIX)
+            and command_id not in state.recent_commands
+        ):
+            state.recent_commands.append(command_id)
     state.attempt_floors = floors
     return state
 

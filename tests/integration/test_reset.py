@@ -57,6 +57,19 @@ async def test_reset_replays_the_prefix_and_sets_the_rest_aside(
     assert (await client.status(instance)).status == "completed"
 
 
+async def test_a_sleep_open_before_the_key_fires_again_after_the_reset(client: Client) -> None:
+    """The sleep began before the key and fired after it: its fire is set aside, and the
+    timer armed again by the reset fires anew (it was once taken for the set-aside
+    fire, seen again, and the instance slept for ever)."""
+    instance = await client.start("sleep-beside-a-step", 0.5, instance_id=new_id("nap"))
+    assert await client.result(instance, timeout=20) == [None, 3]
+    await client.reset(instance, to="b", reason="again")
+    assert await client.result(instance, timeout=20) == [None, 3]
+    history = await client.history(instance)
+    elapsed = [h for h in history if h.type == "SleepElapsed"]
+    assert [h.set_aside for h in elapsed] == [True, False], history
+
+
 async def test_retry_runs_the_failed_step_again_with_fresh_attempts(
     client: Client, ledger: Path
 ) -> None:
