@@ -52,6 +52,13 @@ async def tenant(ctx: Context, _: Any) -> str:
     return ctx.instance_id
 
 
+@workflow("long-named-call")
+async def long_named_call(ctx: Context, name_length: int) -> float:
+    """A queued step with a name of ``name_length`` characters."""
+    result: float = await ctx.step("n" * name_length, work, 0, queue=api)
+    return result
+
+
 @workflow("calls")
 async def calls(ctx: Context, count: int) -> list[float]:
     """``count`` steps at once, each within a slot of ``api``."""

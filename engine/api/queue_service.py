@@ -28,6 +28,7 @@ from stepstream.engine.api.queues import (
     QUEUE_WORKFLOW,
 )
 from stepstream.engine.api.workflow import WorkflowDefinition
+from stepstream.engine.wire.names import event_name_problem, name_problem
 
 if TYPE_CHECKING:
     from stepstream.engine.api.context import Context
@@ -66,6 +67,8 @@ def take(state: dict[str, Any], name: str, payload: dict[str, Any], now: int) ->
     if name == QUEUE_ACQUIRE:
         if token in running or any(_token(w[2], w[3]) == token for w in waiting):
             return
+        if name_problem(instance) or event_name_problem(f"{QUEUE_ADMITTED}{key}"):
+            return  # no answer could reach it (its sender refuses such a request now)
         if isinstance(payload.get("limits"), dict):
             state["limits"] = payload["limits"]
         state["n"] += 1

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepstream.engine.api.durations import MAX_DURATION_S, duration_problem
+from stepstream.engine.errors import InvalidWorkflowCall
 from stepstream.engine.wire.codec import decode_safely
-from stepstream.engine.wire.names import name_problem
+from stepstream.engine.wire.names import event_name_problem, name_problem
 
 if TYPE_CHECKING:
     from stepstream.engine.api.context import Context
@@ -150,6 +151,14 @@ async def acquire(
     # A restarted run asks afresh: an admission meant for an earlier run is not its own.
     run = rt.run
     token = slot_key if run == 1 else f"run{run}/{slot_key}"
+    answer = f"{QUEUE_ADMITTED}{token}"
+    problem = name_problem(target) or event_name_problem(answer)
+    if problem is not None:
+        # Asked anyway, the queue's own instance could not answer, and would fail.
+        raise InvalidWorkflowCall(
+            f"{what or slot_key}: queue {queue.name!r} cannot admit it, the name it answers "
+            f"with {problem}; give the step (with its scope) or the queue key a shorter name"
+        )
     rt.send_message(
         f"{slot_key}#acquire",
         target,
@@ -164,7 +173,7 @@ async def acquire(
             "limits": queue.limits(),
         },
     )
-    [(_, _, payload, _)] = await rt.message_future(slot_key, [f"{QUEUE_ADMITTED}{token}"], 1, None)
+    [(_, _, payload, _)] = await rt.message_future(slot_key, [answer], 1, None)
     admitted = decode_safely(rt.codec, payload)
     return Slot(queue.name, target, slot_key, token, int(admitted.get("admitted_ms", 0)))
 

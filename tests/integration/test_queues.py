@@ -133,6 +133,19 @@ async def test_a_step_queue_limits_its_calls_across_instances(client: Client) ->
     assert 1 < most_at_once(spans) <= 2
 
 
+async def test_a_queued_step_whose_answer_would_be_too_long_fails_alone(client: Client) -> None:
+    """The queue answers a step under a name made of the step's: a step name too long
+    for it fails its own instance, and the queue goes on admitting the others."""
+    await client.start("long-named-call", 200, instance_id="short")
+    assert await client.result("short", timeout=30) == 0
+    await client.start("long-named-call", 240, instance_id="long")
+    with pytest.raises(WorkflowFailed, match="queue 'api' cannot admit it"):
+        await client.result("long", timeout=30)
+    await client.start("calls", 2, instance_id="after")
+    assert await client.result("after", timeout=30) == [0.03] * 2
+    assert (await client.status("~queue/api")).status == "running"
+
+
 async def test_a_step_backing_off_gives_its_slot_to_another_instance(
     client: Client, tmp_path: Path
 ) -> None:
