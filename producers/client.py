@@ -17,9 +17,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from stepstream.engine.api.attributes import AttributeValue
+from stepstream.engine.api.reserved_ids import reserved_id_problem
 from stepstream.engine.api.schedule_spec import (
     DEFAULT_CATCHUP_WINDOW,
-    SCHEDULE_ID_PREFIX,
     ScheduleSpec,
 )
 from stepstream.engine.errors import (
@@ -382,11 +382,11 @@ class Client:
 
 
 def _client_id_problem(value: object) -> str | None:
-    """Why a client may not start an instance of this id: ids of schedules are the
-    engine's (``create_schedule``)."""
+    """Why a client may not start (or fork into) an instance of this id: ids of schedules
+    and queues are the engine's (``create_schedule``, ``Queue``)."""
     problem = name_problem(value)
-    if problem is None and isinstance(value, str) and value.startswith(SCHEDULE_ID_PREFIX):
-        return f"starts with {SCHEDULE_ID_PREFIX!r}, which is reserved for schedules"
+    if problem is None and isinstance(value, str):
+        return reserved_id_problem(value)
     return problem
 
 
@@ -395,6 +395,7 @@ async def fork_instance(transport: Transport, source: str, to: str, new_id: str)
     exists; returns once the new instance's owner has started it (or a little later if
     none answers: it starts when a worker gets to it). The API server forks with this
     too, so every way of forking says the same."""
+    check_name(new_id, "instance id", _client_id_problem)
     try:
         found = await transport.status(new_id)
     except (UnknownInstance, ConnectionFailed):

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from stepstream.engine.api.reserved_ids import reserved_id_problem
 from stepstream.engine.api.schedule_spec import scheduled_workflow
 from stepstream.engine.api.workflow import WorkflowDefinition
 from stepstream.engine.errors import (
@@ -234,6 +235,9 @@ class CommandPublisher(abc.ABC):
         if version is not None:
             check_name(version, f"version of workflow {workflow!r}:")
         definition = self._publishing.resolve(workflow, version)
+        reserved = reserved_id_problem(instance_id, definition.name)
+        if reserved is not None:
+            raise InvalidPayload(f"instance id {instance_id!r} {reserved}")
         scheduled = scheduled_workflow(definition.name, input)
         if scheduled is not None:
             self._publishing.resolve(scheduled)  # UnknownWorkflow, as its own start would

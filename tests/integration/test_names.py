@@ -61,6 +61,17 @@ async def test_bad_instance_ids_are_refused_and_nothing_is_created(
     assert {s.instance_id for s in await client.list()} == before
 
 
+async def test_the_engines_own_ids_are_refused_to_starts_and_forks(client: Client) -> None:
+    await client.start("arith", 1, instance_id="source")
+    await client.result("source", timeout=20)
+    for reserved in ("~schedule/nightly", "~queue/api", "~queue/api/tenant-1"):
+        with pytest.raises(InvalidPayload, match="which is reserved for"):
+            await client.start("arith", 1, instance_id=reserved)
+        with pytest.raises(InvalidPayload, match="which is reserved for"):
+            await client.fork("source", to="add", instance_id=reserved)
+    assert [s.instance_id for s in await client.list()] == ["source"]
+
+
 async def test_a_priority_beyond_64_bits_is_refused(client: Client) -> None:
     with pytest.raises(InvalidPayload, match="priority of instance p-1 must fit in 64 bits"):
         await client.start("arith", 1, instance_id="p-1", priority=2**63)
@@ -113,6 +124,13 @@ async def test_ids_refused_over_http_get_a_400(tmp_path: Path) -> None:
                     assert response.status == 400, answer
                     assert answer["error"]["type"] == "InvalidPayload"
                     assert "instance id" in answer["error"]["message"]
+            # The engine's own ids, which only a client's check refused before.
+            for reserved in ("~schedule/nightly", "~queue/api"):
+                body = json.dumps({"workflow": "arith", "input": 1, "instance_id": reserved})
+                async with http.post(url, data=body, headers=headers) as response:
+                    answer = await response.json()
+                    assert response.status == 400, answer
+                    assert "which is reserved for" in answer["error"]["message"]
             # A priority no record could hold: a 400 naming it, not a 500.
             body = json.dumps({"workflow": "arith", "input": 1, "priority": 2**64})
             async with http.post(url, data=body, headers=headers) as response:
