@@ -37,6 +37,7 @@ from stepstream.engine.reads.listing import (
     InstancePage,
     ListQuery,
     Overview,
+    check_status,
     parse_instant,
     where_pairs,
 )
@@ -305,6 +306,7 @@ class Client:
         ``1`` never equals ``True``; a list of values matches any of them)."""
         if order not in ORDERS:
             raise InvalidPayload(f"order={order!r} is not one of {', '.join(ORDERS)}")
+        check_status(status or None)
         bounds = [
             None if t is None else parse_instant(_instant_text(t), name)
             for name, t in (("since", since), ("until", until))
@@ -312,8 +314,8 @@ class Client:
         limit = max(1, min(limit, MAX_PAGE_SIZE))
         return await self._transport.list_page(
             ListQuery(
-                status,
-                workflow,
+                status or None,
+                workflow or None,
                 prefix,
                 after,
                 limit,

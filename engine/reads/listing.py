@@ -58,12 +58,22 @@ def parse_instant(text: str, what: str, now: datetime | None = None) -> str:
             when = datetime.fromisoformat(text.replace("Z", "+00:00"))
             if when.tzinfo is None:
                 when = when.replace(tzinfo=UTC)
-    except ValueError:
+        return when.astimezone(UTC).isoformat(timespec="milliseconds")
+    except (ValueError, OverflowError):  # not a time, or not one between years 1 and 9999
         raise InvalidPayload(
             f"{what}={text!r} is not a time: give an ISO 8601 time such as "
             "2026-01-31T08:00:00Z, or how long ago, such as 90s, 30m, 1h, 2d or 1w"
         ) from None
-    return when.astimezone(UTC).isoformat(timespec="milliseconds")
+
+
+STATUSES = tuple(s.value for s in Status)
+
+
+def check_status(status: str | None) -> str | None:
+    """``status`` if it is one an instance can have (or None: any)."""
+    if status is not None and status not in STATUSES:
+        raise InvalidPayload(f"unknown status {status!r}; use one of {', '.join(STATUSES)}")
+    return status
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,12 +130,9 @@ class ListQuery:
         """The page a query string asks for (``status``, ``workflow``, ``prefix``,
         ``after``, ``limit``, ``order``, ``since``, ``until``, ``where``); ``InvalidPayload`` saying
         what is wrong."""
-        status = query.get("status") or None
-        statuses = [s.value for s in Status]
-        if status is not None and status not in statuses:
-            raise InvalidPayload(f"unknown status {status!r}; use one of {', '.join(statuses)}")
+        status = check_status(query.get("status") or None)
         raw = query.get("limit") or str(DEFAULT_PAGE_SIZE)
-        if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE_SIZE:
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE_SIZE:
             raise InvalidPayload(f"limit={raw!r} is not a whole number from 1 to {MAX_PAGE_SIZE}")
         order = query.get("order") or "id"
         if order not in ORDERS:

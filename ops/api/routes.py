@@ -34,8 +34,7 @@ from stepstream.engine.errors import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from stepstream.engine.reads.listing import ListQuery
-from stepstream.engine.replay.state import Status
+from stepstream.engine.reads.listing import ListQuery, check_status
 from stepstream.engine.wire.codec import parse_json_text
 from stepstream.ops.api.fields import check_fields, queue_fields, string_field
 from stepstream.ops.api.limits import ApiLimits, Pending, server_fault
@@ -83,13 +82,27 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
     # (the server's fault, never the client's: a 4xx would say "do not retry").
     ServerUnavailable: 503,
 }
-_STATUSES = tuple(s.value for s in Status)
 # Any of these asks ``GET /v1/instances`` for one page (``engine.reads.listing``) rather than all.
 _PAGE_PARAMS = frozenset(
     {"limit", "after", "workflow", "prefix", "order", "since", "until", "where"}
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _check_params(query: Any, known: frozenset[str]) -> None:
+    """Refuse a parameter of ``query`` (a request's multidict) that the call does not take
+    (a misspelled filter would otherwise be dropped, and every instance listed) or one
+    given twice."""
+    unknown = sorted(set(query) - known)
+    if unknown:
+        raise InvalidPayload(
+            f"unknown query parameter {', '.join(map(repr, unknown))}; this call takes "
+            + ", ".join(sorted(known))
+        )
+    twice = sorted({name for name in query if len(query.getall(name)) > 1})
+    if twice:
+        raise InvalidPayload(f"query parameter {', '.join(map(repr, twice))} given more than once")
 
 
 SESSIONS: web.AppKey[Session] = web.AppKey("sessions")
@@ -291,9 +304,8 @@ class _Api:
         return web.json_response({"history": [e.to_json() for e in entries]})
 
     async def list(self, request: web.Request) -> web.Response:
-        status = request.query.get("status")
-        if status is not None and status not in _STATUSES:
-            raise InvalidPayload(f"unknown status {status!r}; use one of {', '.join(_STATUSES)}")
+        _check_params(request.query, _PAGE_PARAMS | {"status"})
+        status = check_status(request.query.get("status"))
         if request.query.keys() & _PAGE_PARAMS:
             page = await self._transport.list_page(ListQuery.from_params(request.query))
             return web.json_response(page.to_json())

@@ -68,6 +68,12 @@ async def test_filters_by_status_workflow_and_prefix(client: Client) -> None:
     assert [i.instance_id for i in prefixed.instances] == ["w-10", "w-11"]
     both = await client.list_page(prefix="a-", status="running")
     assert both.instances == [] and both.next is None
+    # A misspelled status is refused (it matched nothing, on every transport but http);
+    # an empty workflow filters nothing, as over http.
+    with pytest.raises(InvalidPayload, match="unknown status 'complete'; use one of"):
+        await client.list_page(status="complete")
+    anyone = await client.list_page(workflow="", status="completed", order="id")
+    assert [i.instance_id for i in anyone.instances] == done
 
 
 async def test_newest_first_by_default_within_a_time_range(client: Client) -> None:
@@ -164,7 +170,14 @@ def test_cli_pages_and_bad_page_queries(tmp_path: Path) -> None:
         ]
         bad = server.cli("list", "--since", "a while")
         assert bad.returncode == 2 and "--since 'a while' is not a time" in bad.stderr
+        bad = server.cli("list", "--since", "99999999999w")  # before year 1
+        assert bad.returncode == 2 and "is not a time" in bad.stderr, bad.stderr
         for query, expected in (
+            ("limit=%C2%B2", "is not a whole number from 1 to 500"),  # "²" is a digit
+            ("since=99999999999w", "is not a time"),
+            ("until=9999-12-31T23:59:59-05:00", "is not a time"),
+            ("stauts=running", "unknown query parameter 'stauts'; this call takes after"),
+            ("status=running&status=failed", "'status' given more than once"),
             ("limit=0", "limit='0' is not a whole number from 1 to 500"),
             ("limit=x", "limit='x' is not a whole number"),
             ("status=lost&limit=5", "unknown status 'lost'; use one of pending, running"),
