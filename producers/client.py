@@ -403,17 +403,17 @@ async def fork_instance(transport: Transport, source: str, to: str, new_id: str)
     except (UnknownInstance, ConnectionFailed):
         pass  # free (or its owner is down: one that exists would record and ignore it)
     else:
-        raise InvalidPayload(
-            f"instance {new_id} already exists ({found.status}); give the fork another id, "
-            "or leave the id out for a new one"
-        )
+        raise _taken(new_id, found)
     forked = await transport.fork(source, to, new_id)
     # The source's owner sends the start on, so no command of this client tells when the
-    # new instance exists: wait a little for it, so a read right after finds it.
+    # new instance exists: wait a little for it, so a read right after finds it. What
+    # took the id meanwhile (a start, another fork) stays, and this fork was ignored.
     delay, waited = 0.005, 0.0
     while waited < _FORK_APPEARS_S:
         try:
-            await transport.status(forked)
+            found = await transport.status(forked)
+            if found.origin != f"forked from {source} at {to}":
+                raise _taken(new_id, found)
             break
         except UnknownInstance:
             await asyncio.sleep(delay)
@@ -422,6 +422,14 @@ async def fork_instance(transport: Transport, source: str, to: str, new_id: str)
         except (ConnectionFailed, ResultTimeout):
             break
     return forked
+
+
+def _taken(new_id: str, found: InstanceStatus) -> InvalidPayload:
+    what = found.origin or f"an instance of {found.workflow}"
+    return InvalidPayload(
+        f"instance {new_id} already exists ({found.status}, {what}); give the fork "
+        "another id, or leave the id out for a new one"
+    )
 
 
 def _key(key: str) -> str:

@@ -3,12 +3,13 @@ runs again, what the history keeps, and what is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
 import pytest
 
-from stepstream import WorkflowFailed
+from stepstream import InvalidPayload, WorkflowFailed
 from stepstream.errors import InstanceNotFailed, UnknownReplayKey
 from stepstream.producers.client import Client
 from tests.workflows import ledger_count
@@ -124,3 +125,20 @@ async def test_fork_starts_a_new_instance_from_the_prefix(client: Client, ledger
     other = await client.fork(source, to="charge#2")
     assert other != fork_id and other.startswith(source)
     assert (await client.status(other)).origin == f"forked from {source} at charge#2"
+
+
+async def test_of_two_forks_racing_for_one_id_the_loser_is_told(client: Client) -> None:
+    source = await failed_order(client)
+    new = f"{source}-x"
+    outcomes = await asyncio.gather(
+        client.fork(source, to="ship", instance_id=new),
+        client.fork(source, to="charge#2", instance_id=new),
+        return_exceptions=True,
+    )
+    won = [o for o in outcomes if o == new]
+    lost = [o for o in outcomes if isinstance(o, InvalidPayload)]
+    assert len(won) == 1 and len(lost) == 1, outcomes
+    assert f"instance {new} already exists" in str(lost[0])
+    origin = (await client.status(new)).origin
+    assert origin in (f"forked from {source} at ship", f"forked from {source} at charge#2")
+    assert origin in str(lost[0])  # the loser is told which fork holds the id
