@@ -22,10 +22,20 @@ from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.reads.listing import ListQuery
 from stepstream.engine.reads.views import HistoryEntry
 from stepstream.engine.wire.codec import parse_json_text
+from stepstream.ops.api.fields import check_fields, string_field
 from stepstream.ops.api.repair import REPAIRS, repair
 from stepstream.ops.tools.timeline import timeline_rows
 from stepstream.producers.client import Transport
 from stepstream.producers.queue_positions import with_queue_positions
+
+# Each control's (required, optional) body fields.
+_CONTROL_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "cancel": ((), ("reason",)),
+    "terminate": ((), ("reason",)),
+    "pause": ((), ()),
+    "resume": ((), ()),
+    "events": ((), ("name", "payload", "event_id")),
+}
 
 UI_PATHS = ("/ui", "/ui/")
 STATIC_PREFIX = "/ui/static/"
@@ -120,24 +130,29 @@ class _Ui:
         body = parse_json_text(text, what="request body") if text.strip() else {}
         if not isinstance(body, dict):
             raise InvalidPayload("the request body must be a JSON object")
+        if control in REPAIRS:
+            answer = await repair(transport, instance_id, control, body)
+            return web.json_response(answer, status=202)
+        # The same fields as the /v1 call of that name: a misspelled one is refused.
+        fields = _CONTROL_FIELDS.get(control)
+        if fields is None:
+            raise web.HTTPNotFound()
+        check_fields(body.keys(), *fields, what="request body")
+        reason = string_field(body, "reason", allow_empty=True) if "reason" in body else ""
         if control == "cancel":
-            await transport.cancel(instance_id, str(body.get("reason") or ""))
+            await transport.cancel(instance_id, reason)
         elif control == "terminate":
-            await transport.terminate(instance_id, str(body.get("reason") or ""))
+            await transport.terminate(instance_id, reason)
         elif control == "pause":
             await transport.pause(instance_id)
         elif control == "resume":
             await transport.resume(instance_id)
-        elif control in REPAIRS:
-            answer = await repair(transport, instance_id, control, body)
-            return web.json_response(answer, status=202)
-        elif control == "events":
+        else:
             name = body.get("name")
             if not isinstance(name, str) or not name:
                 raise InvalidPayload("give the event a name (the one the workflow waits for)")
-            await transport.send_event(instance_id, name, body.get("payload"))
-        else:
-            raise web.HTTPNotFound()
+            event_id = string_field(body, "event_id") if body.get("event_id") is not None else None
+            await transport.send_event(instance_id, name, body.get("payload"), event_id)
         return web.json_response({"ok": True}, status=202)
 
     async def definitions(self, request: web.Request) -> web.Response:
