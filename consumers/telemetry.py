@@ -144,6 +144,7 @@ def step_outcome(record: StepSucceeded | StepFailedRecord) -> str:
 
 # What a dead letter's reason says (lower case) -> its label, first match wins.
 _DEAD_LETTER_NEEDLES = (
+    ("is set apart", "set_apart"),  # first: the reason it quotes may name any other
     ("undecodable", "undecodable"),
     ("misrouted", "misrouted"),
     ("is not a command", "not_a_command"),
@@ -190,6 +191,8 @@ class Telemetry:
         self.start_delay_seconds: dict[str, Histogram] = {}
         self.step_delay_seconds: dict[tuple[str, str], Histogram] = {}
         self.dead_letters: Counter[str] = Counter()
+        # Instances set apart because what they decided could not be stored.
+        self.set_apart = 0
         self.cache_hits = 0
         self.cache_misses = 0
         self.rebalances = 0
@@ -258,6 +261,9 @@ class Telemetry:
 
     def dead_lettered(self, reason: str) -> None:
         self.dead_letters[dead_letter_reason(reason)] += 1
+
+    def quarantined(self, partition: int) -> None:
+        self.set_apart += 1
 
     def committed(
         self,

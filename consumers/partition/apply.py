@@ -88,6 +88,20 @@ class Applier:
         cache.history = StoredHistory(backend.store, serde)
         # Fires this partition's timer service appended: read back without decoding.
         self.own_fires = OwnFires()
+        # Instances whose decisions could not be stored (``quarantine``): their inputs
+        # are refused, so the rest of the partition goes on.
+        self._quarantined: dict[str, str] = {}
+
+    def quarantine(self, instance_id: str, reason: str) -> None:
+        """Set ``instance_id`` apart until this process ends: a batch that applied its
+        input could not be stored (``Unstorable``), and would fail again each time.
+        Its commands are dead-lettered with ``reason`` (a client is told), its timer
+        fires and step outcomes dropped; it stays as it was last committed."""
+        self._quarantined[instance_id] = (
+            f"instance {instance_id} is set apart: what it decided cannot be stored "
+            f"({reason}); fix the workflow, then reset, cancel or terminate it (the "
+            "worker takes its commands again after a restart)"
+        )
 
     def resumption(self) -> Batch:
         """The first batch of an owner: its fence, and every unfinished instance driven
@@ -169,6 +183,8 @@ class Applier:
                 self._undo_poisoned(batch)
             batch.record_applied(fire, fire.command_id)
         for outcome in outcomes:
+            if self._quarantined and outcome.instance_id in self._quarantined:
+                continue
             runtime = self._cache.get(outcome.instance_id)
             if runtime is None and (
                 outcome.instance_id in batch.poisoned_seen
@@ -205,6 +221,8 @@ class Applier:
         batch = Batch(self._clock.now_ms())
         out = batch.out
         for instance_id in instance_ids:
+            if instance_id in self._quarantined:
+                continue
             runtime = self._cache.get_or_load(instance_id)
             if runtime is None:
                 continue
@@ -271,6 +289,10 @@ class Applier:
         ``accepted_ms``, 0 if it does not say), or a timer fire handed over directly."""
         batch.last_instance = ""
         instance_id = record.instance_id
+        if self._quarantined and instance_id in self._quarantined:
+            if isinstance(record, TimerFired):
+                return record.command_id, None, False  # dropped: it would fail again
+            return record.command_id, self._quarantined[instance_id], True
         runtime = batch.touched.get(instance_id) or self._cache.get_or_load(instance_id)
         started_ms = 0  # set for a start that makes a new instance
         if runtime is None:

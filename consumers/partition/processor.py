@@ -26,7 +26,7 @@ from stepstream.consumers.hooks import HookRunner
 from stepstream.consumers.partition.apply import Applier
 from stepstream.consumers.partition.batch import Batch
 from stepstream.consumers.partition.intake import CommandIntake
-from stepstream.consumers.partition.records import long_sleepers, persist
+from stepstream.consumers.partition.records import Unstorable, long_sleepers, persist
 from stepstream.consumers.partition.settings import (
     MAX_RESTART_BACKOFF_S,
     RESTART_BACKOFF_S,
@@ -258,6 +258,19 @@ class PartitionProcessor:
                 log.warning("stopped processing: %s", exc, extra={"partition": self.partition})
                 self._hooks.halt()
                 return
+            except Unstorable as exc:
+                # The same batch would fail the same way for ever: set the instance
+                # apart, and go on from the last commit without it at once.
+                log.error(
+                    "%s; its inputs are refused (dead letters) from now on, and the "
+                    "partition goes on from the last commit without them",
+                    exc,
+                    exc_info=exc.__cause__ is not None,
+                    extra={"partition": self.partition, "instance_id": exc.instance_id},
+                )
+                self._applier.quarantine(exc.instance_id, exc.reason)
+                self._telemetry.quarantined(self.partition)
+                reload = True
             except Exception as exc:
                 # A commit failed (or a bug escaped). Memory may be ahead of what is
                 # durable: forget it, go back to the last commit and resume from there;

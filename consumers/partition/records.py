@@ -13,27 +13,53 @@ from stepstream.engine.wire.serde import RecordSerde
 from stepstream.engine.wire.topics import COMMANDS, HISTORY, TIMERS
 
 
+class Unstorable(Exception):
+    """What a batch decided for one instance cannot be stored: a value no record (an Avro
+    long, say) or state can hold got past every check. Retrying the batch would fail the
+    same way for ever, so the processor sets the instance apart instead
+    (``Applier.quarantine``) and the rest of the partition goes on."""
+
+    def __init__(self, instance_id: str, reason: str) -> None:
+        super().__init__(f"instance {instance_id}: what it decided cannot be stored: {reason}")
+        self.instance_id = instance_id
+        self.reason = reason
+
+
+# What encoding a record (fastavro, our Avro writer) or a state (orjson) raises on a value
+# it cannot hold.
+_UNSTORABLE = (ValueError, TypeError, OverflowError)
+
+
 def persist(batch: Batch, serde: RecordSerde, partition: int) -> None:
     """Put what the batch decided into its commit: history (appended and stored), timer
-    records, commands to other instances, and the state of every instance touched."""
+    records, commands to other instances, and the state of every instance touched.
+    ``Unstorable`` names the instance whose records or state could not be encoded."""
     encode = serde.encode
     out = batch.out
     commit = batch.commit
     appends = commit.appends
-    for record in out.history:
-        value = encode(record)
-        instance = record.instance_id.encode()
-        appends.append(Append(HISTORY, instance, value, partition))
-        commit.put(keys.history(record.instance_id, record.seq), value)
-    for timer in out.timers:
-        appends.append(Append(TIMERS, timer.instance_id.encode(), encode(timer), partition))
-    for _, command in out.commands:  # to other instances, wherever they live
-        appends.append(Append(COMMANDS, command.instance_id.encode(), encode(command)))
-    for runtime in batch.touched.values():
-        state = runtime.state
-        if state.new_replies:
-            out.replies.update(state.new_replies)
-        write_state(state, commit)
+    owner = ""
+    try:
+        for record in out.history:
+            owner = record.instance_id
+            value = encode(record)
+            appends.append(Append(HISTORY, owner.encode(), value, partition))
+            commit.put(keys.history(owner, record.seq), value)
+        for timer in out.timers:
+            owner = timer.instance_id
+            appends.append(Append(TIMERS, owner.encode(), encode(timer), partition))
+        for owner, command in out.commands:  # noqa: B007 (named if it fails) to any instance
+            appends.append(Append(COMMANDS, command.instance_id.encode(), encode(command)))
+        for runtime in batch.touched.values():
+            state = runtime.state
+            owner = state.instance_id
+            if state.new_replies:
+                out.replies.update(state.new_replies)
+            write_state(state, commit)
+    except _UNSTORABLE as exc:
+        if not owner:
+            raise
+        raise Unstorable(owner, f"{type(exc).__name__}: {exc}") from exc
 
 
 def long_sleepers(batch: Batch, horizon_ms: float) -> list[str]:

@@ -217,6 +217,14 @@ class EngineCollector(Collector):
         )
         yield Family(
             "counter",
+            "stepstream_instances_set_apart",
+            "Instances whose decisions could not be stored (a value no record holds): "
+            "their inputs are refused until the process restarts; the log names each.",
+            [],
+            {(): t.set_apart},
+        )
+        yield Family(
+            "counter",
             "stepstream_dead_letters",
             "Records written to the dead-letters topic, by reason.",
             ["reason"],

@@ -29,6 +29,7 @@ METRICS: dict[str, str] = {
     "stepstream_instance_cache_hits_total": "counter",
     "stepstream_instance_cache_misses_total": "counter",
     "stepstream_dead_letters_total": "counter",
+    "stepstream_instances_set_apart_total": "counter",
     "stepstream_parked_instances": "gauge",
     "stepstream_consumer_lag_records": "gauge",
     "stepstream_source_lag_records": "gauge",
