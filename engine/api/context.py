@@ -243,6 +243,11 @@ class Context:
         ``queue``: the step starts once the ``Queue`` admits it and frees its slot when
         it ends (with the instance's priority and queue key); see docs/queues.md."""
         _refuse_in_step_body("ctx.step")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidWorkflowCall(
+                f"step {name!r}: retry={retry!r} is not a stepstream.RetryPolicy (for three "
+                "attempts: retry=RetryPolicy(max_attempts=3))"
+            )
         limit = None if timeout is None else _seconds(timeout)
         key = self._rt.key_for(name)
         if compensate is None and queue is None:  # the common case, kept short
@@ -371,8 +376,10 @@ class Context:
         bounded history, state and replay time. The state must be encodable by the
         payload codec (JSON by default: a tuple comes back as a list)."""
         _refuse_in_step_body("ctx.loop")
-        if keep < 1:
-            raise InvalidWorkflowCall(f"loop {name!r}: keep must be at least 1, not {keep}")
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise InvalidWorkflowCall(
+                f"loop {name!r}: keep must be a whole number of at least 1, not {keep!r}"
+            )
         return await run_loop(self, self._rt.key_for(name), body, state, keep)
 
     async def start_child(

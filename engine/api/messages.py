@@ -63,8 +63,10 @@ class Messages:
     ) -> list[Message]:
         """Up to ``max`` messages of ``names`` at once, as soon as there is at least one;
         ``[]`` if none arrived within ``timeout``."""
-        if max < 1:
-            raise InvalidWorkflowCall(f"next_batch needs max of at least 1, not {max}")
+        if isinstance(max, bool) or not isinstance(max, int) or max < 1:
+            raise InvalidWorkflowCall(
+                f"next_batch needs max as a whole number of at least 1, not {max!r}"
+            )
         try:
             return await self._take(names, max, timeout, "next_batch")
         except EventTimeout:
