@@ -136,7 +136,7 @@ class Client:
             importlib.import_module(_BUILT_IN[scheme])  # registers itself
         factory = _TRANSPORTS.get(scheme)
         if factory is None:
-            known = ", ".join(sorted(f"{s}:" for s in _TRANSPORTS)) or "none"
+            known = ", ".join(sorted(f"{s}:" for s in {*_TRANSPORTS, *_BUILT_IN})) or "none"
             raise StepstreamError(
                 f"cannot connect to {url!r}: unknown scheme {scheme!r} (known: {known}); "
                 "use embedded:PATH, http://HOST:PORT or kafka://HOST:PORT?prefix=P"

@@ -156,7 +156,8 @@ def _close_quietly(handle: Any) -> None:
 def _in_use(data_dir: str, holder: str = "") -> DataDirInUse:
     return DataDirInUse(
         f"data directory {data_dir} is in use by another stepstream process{holder}; "
-        "stop it or pass another --data"
+        "stop it, or give another directory (--data, or --connect embedded:DIR); while "
+        "`stepstream dev` serves it, connect to that instead (--connect http://...)"
     )
 
 

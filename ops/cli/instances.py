@@ -53,7 +53,7 @@ def _start(args: argparse.Namespace) -> int:
         if not args.wait:
             render.output(args, {"instance_id": instance_id}, instance_id)
             return EXIT_OK
-        result = await client.result(instance_id, timeout=args.timeout)
+        result = await _outcome(client, args, instance_id)
         out = {"instance_id": instance_id, "status": "completed", "result": result}
         render.output(
             args, out, render.key_values([(k, render.compact(v)) for k, v in out.items()])
@@ -108,24 +108,7 @@ def _result(args: argparse.Namespace) -> int:
     timeout_flag(args.timeout)
 
     async def command(client: Client) -> int:
-        try:
-            value = await client.result(args.id, timeout=args.timeout)
-        except (WorkflowFailed, WorkflowCancelled) as exc:
-            status = (
-                "failed"
-                if isinstance(exc, WorkflowFailed)
-                else "terminated"
-                if isinstance(exc, WorkflowTerminated)
-                else "cancelled"
-            )
-            _say_json(args, status, exc)
-            raise
-        except ResultTimeout as exc:
-            # The status it is in now says why it has not finished (paused, waiting...).
-            status = (await client.status(args.id)).status
-            timeout = ResultTimeout(f"{exc} (status now: {status})")
-            _say_json(args, status, timeout)
-            raise timeout from None
+        value = await _outcome(client, args, args.id)
         if args.json:
             render.print_json({"instance_id": args.id, "status": "completed", "result": value})
         else:
@@ -135,10 +118,35 @@ def _result(args: argparse.Namespace) -> int:
     return with_client(args, command)
 
 
-def _say_json(args: argparse.Namespace, status: str, error: StepstreamError) -> None:
+async def _outcome(client: Client, args: argparse.Namespace, instance_id: str) -> Any:
+    """The result of ``instance_id`` (``result``, ``start --wait``); with ``--json`` a
+    failure or a timeout is printed too, before it is raised (and sets the exit code)."""
+    try:
+        return await client.result(instance_id, timeout=args.timeout)
+    except (WorkflowFailed, WorkflowCancelled) as exc:
+        status = (
+            "failed"
+            if isinstance(exc, WorkflowFailed)
+            else "terminated"
+            if isinstance(exc, WorkflowTerminated)
+            else "cancelled"
+        )
+        _say_json(args, instance_id, status, exc)
+        raise
+    except ResultTimeout as exc:
+        # The status it is in now says why it has not finished (paused, waiting...).
+        status = (await client.status(instance_id)).status
+        timeout = ResultTimeout(f"{exc} (status now: {status})")
+        _say_json(args, instance_id, status, timeout)
+        raise timeout from None
+
+
+def _say_json(
+    args: argparse.Namespace, instance_id: str, status: str, error: StepstreamError
+) -> None:
     """With ``--json``, how it ended on stdout too (the message also goes to stderr)."""
     if args.json:
-        render.print_json({"instance_id": args.id, "status": status, **error_to_wire(error)})
+        render.print_json({"instance_id": instance_id, "status": status, **error_to_wire(error)})
 
 
 _START_HELP = (

@@ -122,6 +122,14 @@ def test_result_prints_the_value_the_failure_or_the_timeout(dev: DevServer) -> N
     waited = dev.cli("result", "r-waits", "--timeout", "0.5", "--json")
     assert waited.returncode == 3, waited
     assert json.loads(waited.stdout)["error"]["type"] == "ResultTimeout"
+    # start --wait --json says the same on stdout as result --json.
+    failed = dev.cli("start", "fatal", "--id", "s-failed", "--wait", "--json")
+    assert failed.returncode == 1, failed
+    said = json.loads(failed.stdout)
+    assert (said["instance_id"], said["status"]) == ("s-failed", "failed")
+    waited = dev.cli("start", "waiter", "--id", "s-waits", "--wait", "--timeout", "0.5", "--json")
+    assert waited.returncode == 3, waited
+    assert json.loads(waited.stdout)["error"]["type"] == "ResultTimeout"
 
     wrong = dev.cli("result", "r-waits", "--timeout", "0")
     assert wrong.returncode == 2, wrong

@@ -308,7 +308,7 @@ async def test_second_open_of_a_locked_directory_fails_clearly(
     assert f"data directory {tmp_path / 'data'} is in use by another stepstream process" in str(
         err.value
     )
-    assert "pass another --data" in str(err.value)
+    assert "give another directory (--data, or --connect embedded:DIR)" in str(err.value)
 
 
 async def test_another_process_cannot_open_a_locked_directory(tmp_path: Path) -> None:

@@ -207,3 +207,11 @@ async def test_a_codec_that_raises_anything_is_treated_as_invalid_payload(tmp_pa
         # History still reads: what the codec cannot decode is shown as stored.
         history = await client.history(waiting)
         assert [h.type for h in history][-1] == "WorkflowCompleted"
+
+
+def test_an_unknown_scheme_names_every_scheme_there_is() -> None:
+    """kafka:// and http:// register on first use; an unknown scheme still names them."""
+    from stepstream import Client, StepstreamError
+
+    with pytest.raises(StepstreamError, match=r"known: embedded:, http:, https:, kafka:\)"):
+        Client.connect("foo://x")
