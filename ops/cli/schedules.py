@@ -7,10 +7,16 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-from stepstream.engine.api.schedule_spec import DEFAULT_CATCHUP_WINDOW, OVERLAP_POLICIES
+from stepstream.engine.api.schedule_spec import (
+    DEFAULT_CATCHUP_WINDOW,
+    OVERLAP_POLICIES,
+    ScheduleSpec,
+    check_spec,
+)
+from stepstream.engine.errors import InvalidPayload
 from stepstream.ops.cli import render
 from stepstream.ops.cli.options import CONNECT, JSON, json_flag, with_client
-from stepstream.ops.cli.table import EXIT_OK, ArgGroup, Command, arg
+from stepstream.ops.cli.table import EXIT_OK, ArgGroup, Command, UsageError, arg
 from stepstream.producers.client import Client
 from stepstream.producers.schedules import ScheduleInfo
 
@@ -18,8 +24,35 @@ _NAME = arg("name", metavar="NAME", help="the schedule's name")
 _SHARED = (CONNECT, JSON)
 
 
+# How check_spec names a field, and its flag here.
+_FLAGS = (
+    ("catchup_window=", "--catchup-window "),
+    ("every=", "--every "),
+    ("cron=", "--cron "),
+    ("timezone=", "--timezone "),
+    ("overlap=", "--overlap "),
+)
+
+
 def _create(args: argparse.Namespace) -> int:
     value = json_flag(args.input, "--input")
+    spec = ScheduleSpec(
+        args.name,
+        args.workflow,
+        value,
+        args.cron,
+        args.every,
+        args.timezone,
+        args.overlap,
+        args.catchup_window,
+    )
+    try:
+        check_spec(spec)  # before connecting: a wrong command line is a usage error
+    except InvalidPayload as bad:
+        said = str(bad)
+        for field, flag in _FLAGS:
+            said = said.replace(field, flag)
+        raise UsageError(said) from None
 
     async def command(client: Client) -> int:
         info = await client.create_schedule(

@@ -264,3 +264,18 @@ def test_history_follow_as_json_lines_and_of_a_finished_instance(dev: DevServer)
 
     refused = dev.cli("history", "f-2", "--follow", "--export", os.devnull)
     assert refused.returncode == 2 and "stepstream history --help" in refused.stderr
+
+
+def test_schedule_create_refuses_a_bad_spec_as_a_usage_error(dev: DevServer) -> None:
+    """Checked before connecting, and said with the flags' names (exit 2)."""
+    for flags, says in (
+        (["--every", "0"], "--every 0 must be a whole number of seconds"),
+        (["--every", "5", "--catchup-window", "-1"], "--catchup-window -1 must be"),
+        (["--cron", "61 * * * *"], "is not valid: Bad minute"),
+        (["--every", "5", "--timezone", "Mars/Base"], "unknown time zone 'Mars/Base'"),
+    ):
+        done = dev.cli("schedule", "create", "s-bad", "--workflow", "arith", *flags)
+        assert done.returncode == 2, done
+        assert says in done.stderr and "stepstream schedule create --help" in done.stderr
+    listed = dev.cli("schedule", "list", "--json")
+    assert listed.returncode == 0 and json.loads(listed.stdout) == []
