@@ -499,6 +499,7 @@ class Context:
         if decided is not None:
             for b, task in tasks.items():
                 if b != decided[0]:
+                    self._rt.race_lost(task.get_name())
                     task.cancel()
             return decided[0], await tasks[decided[0]]
         errors: dict[str, BaseException] = {}

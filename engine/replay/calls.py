@@ -238,6 +238,11 @@ class CallsMixin(DrivingMixin):
         assert entry.winner is not None
         return entry.winner, list(entry.losers or ())
 
+    def race_lost(self, task_path: str) -> None:
+        """A race branch's task that lost on replay (started, then cancelled): what it
+        recorded under its task path is not reached again."""
+        self._lost_tasks.append(task_path)
+
     def decide_race(self, key: str, winner: str, losers: list[str]) -> None:
         """Record the winner; abandon what the losing branches (scope prefixes) were
         doing: their timers are cancelled and their running attempts given up."""

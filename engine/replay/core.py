@@ -95,6 +95,9 @@ class RuntimeCore:
         self._names: dict[str, asyncio.Task[Any] | None] = {}
         self._repeats: dict[str, int] = {}
         self._patches: dict[str, bool] = {}  # ctx.patched answers of this run
+        # Task paths of race branches that lost (replay starts and cancels them): the
+        # values they recorded (ctx.now and friends, keyed by task path) are not reached.
+        self._lost_tasks: list[str] = []
         # Ephemeral steps whose attempt runs with nothing recorded yet: key -> attempt.
         self._ephemeral: dict[str, int] = {}
         self._deferred: list[tuple[str, str]] = []

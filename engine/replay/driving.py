@@ -90,6 +90,7 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
         self._names = {}
         self._repeats = {}
         self._patches = {}
+        self._lost_tasks = []
         self._deferred = []
         self._diverged = None
         self._replaying = any(key != RUN_TIMEOUT_KEY for key in self.state.entries)
@@ -156,7 +157,7 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
             for e in self.state.entries.values()
             if e.key in self._visited
             for prefix in _not_replayed(e)
-        )
+        ) + tuple(f"{path}{sep}" for path in self._lost_tasks for sep in "/.")
         missed = sorted(
             (
                 e
