@@ -69,19 +69,34 @@ class CallsMixin(DrivingMixin):
             raise InvalidWorkflowCall(f"instance {self.state.instance_id}: name {problem}")
         # One string per name in its scope: a scope ends with "/" and a name has none.
         slot = current_scope.get() + name
-        task = asyncio.current_task() if self._loop is not None else None
+        loop = self._loop
+        task = asyncio.current_task() if loop is not None else None
+        tick = 0
+        if loop is not None:
+            tick = loop.ticks
+            loop.ticks += 1
         names = self._names
         if slot not in names:
-            names[slot] = task
+            names[slot] = (task, tick)
             return slot
-        last = names[slot]
-        if last is not None and task is not last and not last.done() and not _within(task, last):
+        last, used = names[slot]
+        # Two tasks that were alive together (the other one still runs, or this one
+        # already existed when the other used the name) may reach it in another order
+        # on replay, where recorded waits are over at once: refused.
+        if (
+            last is not None
+            and task is not None
+            and loop is not None
+            and task is not last
+            and not _within(task, last)
+            and (not last.done() or (not _within(last, task) and loop.born(task) < used))
+        ):
             raise InvalidWorkflowCall(
                 f"instance {self.state.instance_id}: name {slot!r} is used by two "
                 "concurrent branches; which use came first could differ on replay. Give "
                 "each branch its own scope (ctx.scope, ctx.join) or its own name"
             )
-        names[slot] = task
+        names[slot] = (task, tick)
         uses = self._repeats.get(slot, 1) + 1
         self._repeats[slot] = uses
         return f"{slot}#{uses}"

@@ -92,7 +92,8 @@ class RuntimeCore:
         self._forget_at = FORGET_AT_LEAST
         # A name in its scope (scope + name) -> the task that used it last in this run,
         # and, for a name used more than once, how many times it was.
-        self._names: dict[str, asyncio.Task[Any] | None] = {}
+        # Each name's slot -> the task that used it last, and the loop's tick then.
+        self._names: dict[str, tuple[asyncio.Task[Any] | None, int]] = {}
         self._repeats: dict[str, int] = {}
         self._patches: dict[str, bool] = {}  # ctx.patched answers of this run
         # Task paths of race branches that lost (replay starts and cancels them): the

@@ -40,6 +40,10 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         # finished ones dropped whenever the list has doubled since the last time.
         self._tasks: list[asyncio.Task[Any]] = []
         self._prune_at = _PRUNE_AT_LEAST
+        # A clock of this run's code: each task created and each name used takes the
+        # next tick, so two uses of a name tell whether their tasks were alive together.
+        self.ticks = 0
+        self._born: dict[str, int] = {}  # task path -> its tick
 
     # ---- what asyncio's futures and tasks need ----------------------------------------
 
@@ -69,7 +73,13 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
         index = self._children.get(parent_path, 0)
         self._children[parent_path] = index + 1
         path = f"{parent_path}.{index}" if parent_path else ROOT_TASK if index == 0 else str(index)
+        self._born[path] = self.ticks
+        self.ticks += 1
         return self._track(asyncio.Task(coro, loop=self, name=path, context=context))
+
+    def born(self, task: asyncio.Task[Any]) -> int:
+        """The tick ``task`` was created at (0 if it is not this loop's)."""
+        return self._born.get(task.get_name(), 0)
 
     def _track(self, task: asyncio.Task[Any]) -> asyncio.Task[Any]:
         tasks = self._tasks
@@ -88,12 +98,16 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
     def create_named_task(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """A task with a path of the caller's choosing, unique and stable across replays
         (a loop iteration's), that does not shift the indexes of the parent's tasks."""
+        self._born[name] = self.ticks
+        self.ticks += 1
         return self._track(asyncio.Task(coro, loop=self, name=name))
 
     def forget_tasks(self, gone: Callable[[str], bool]) -> None:
         """Forget the child counts of finished tasks whose paths are ``gone``."""
         for path in [p for p in self._children if gone(p)]:
             del self._children[path]
+        for path in [p for p in self._born if gone(p)]:
+            del self._born[path]
 
     @staticmethod
     def task_path() -> str:

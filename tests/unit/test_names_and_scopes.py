@@ -125,6 +125,43 @@ def test_one_name_in_two_concurrent_branches_of_one_scope_is_refused() -> None:
     assert ok.result() == [[1, 10], [2, 20]]
 
 
+async def _late_sibling(ctx: Context, _: Any) -> Any:
+    """A uses "charge" after a step of its own, B at once: B's use is over before A's
+    comes, but the two were alive together, and replay could let A come first."""
+
+    async def a() -> Any:
+        await ctx.step("first", ident, 0)
+        return await ctx.step("charge", ident, "a")
+
+    async def b() -> Any:
+        return await ctx.step("charge", ident, "b")
+
+    return await asyncio.gather(a(), b())
+
+
+async def _one_after_another(ctx: Context, _: Any) -> Any:
+    """Each gather's task is made after the last one's use: the order is the code's."""
+    first = await asyncio.gather(ctx.step("charge", ident, 1))
+    second = await asyncio.gather(ctx.step("charge", ident, 2))
+    return [*first, *second]
+
+
+def test_a_name_used_by_siblings_that_were_alive_together_is_refused() -> None:
+    h = Harness(define("late-sibling", _late_sibling))
+    h.start(None)
+    h.run("charge")  # B's step ends, and B with it
+    h.run("first")  # then A goes on to "charge"
+    assert h.state.status is Status.FAILED
+    assert "concurrent branches" in h.state.error_message
+    ok = Harness(define("one-after-another", _one_after_another))
+    ok.start(None)
+    ok.run_all()
+    assert ok.result() == [1, 2]
+    ok.crash()
+    assert ok.result() == [1, 2]
+    assert sorted(ok.state.entries) == ["charge", "charge#2"]
+
+
 @pytest.mark.parametrize("bad", ["a#1", "a/b", "", "x\x00", "tab\there"])
 def test_reserved_and_control_characters_in_names_are_refused(bad: str) -> None:
     async def flow(ctx: Context, _: Any) -> Any:
