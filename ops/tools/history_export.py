@@ -30,8 +30,14 @@ from typing import Any
 
 from stepstream.engine.errors import InvalidPayload, StepstreamError
 from stepstream.engine.reads.views import SHOWN_WHEN_SET, HistoryEntry
-from stepstream.engine.wire.codec import JSON, JsonCodec, PayloadCodec
-from stepstream.engine.wire.records import HISTORY_TYPES, HistoryRecord, Payload, WorkflowStarted
+from stepstream.engine.wire.codec import JSON, JsonCodec, PayloadCodec, encode_safely
+from stepstream.engine.wire.records import (
+    HISTORY_TYPES,
+    HistoryRecord,
+    MessagesReceived,
+    Payload,
+    WorkflowStarted,
+)
 
 FORMAT = "stepstream.history"
 FORMAT_VERSION = 1
@@ -205,10 +211,19 @@ def record_from_json(instance_id: str, raw: Mapping[str, Any]) -> HistoryRecord:
         if name not in known:
             continue  # a field a newer writer added; this version has no place for it
         attributes[name] = _payload_from(value) if name in payloads and value is not None else value
+    if cls is MessagesReceived and isinstance(attributes.get("data"), list):
+        # The messages' bytes, written as {"base64": ...} each (``_attribute_json``).
+        attributes["data"] = [_bytes_from(item) for item in attributes["data"]]
     envelope = {name: raw[name] for name in _ENVELOPE}
     for name in _OPTIONAL_ENVELOPE:
         envelope[name] = raw.get(name)
     return cls(instance_id=instance_id, **envelope, **attributes)
+
+
+def _bytes_from(raw: Any) -> bytes:
+    if not isinstance(raw, dict) or not isinstance(raw.get("base64"), str):
+        raise ValueError(f"bytes must be {{base64}}, got {raw!r}")
+    return base64.b64decode(raw["base64"], validate=True)
 
 
 def _payload_from(raw: Any) -> Payload:
@@ -266,6 +281,11 @@ def records_from_entries(
         required = _REQUIRED_PAYLOADS[entry.type]
         known = _ATTRIBUTES[entry.type]
         attributes: dict[str, Any] = {}
+        if cls is MessagesReceived:
+            # Shown as one decoded list (``HistoryEntry.of``), stored as two.
+            viewed = [_viewed_payload(p, codec) for p in entry.attributes.get("payloads", [])]
+            attributes["content_types"] = [p.content_type for p in viewed]
+            attributes["data"] = [p.data for p in viewed]
         for name, value in entry.attributes.items():
             if name not in known:
                 continue
@@ -288,7 +308,7 @@ def records_from_entries(
 def _viewed_payload(value: Any, codec: PayloadCodec) -> Payload:
     if isinstance(value, dict) and set(value) == {"content_type", "base64"}:
         return Payload(value["content_type"], base64.b64decode(value["base64"]))
-    return codec.encode(value)
+    return encode_safely(codec, value)
 
 
 def _ms(iso: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from stepstream.engine.wire.codec import JSON, JsonCodec
 from stepstream.engine.wire.records import (
     CommandIgnored,
     HistoryRecord,
+    MessagesReceived,
     Payload,
     RaceDecided,
     StepAttemptStarted,
@@ -143,6 +145,27 @@ def test_records_rebuilt_from_a_clients_view_are_the_records_but_epoch_and_trace
                 assert mine == CODEC.encode({"by": "ada"})
             else:
                 assert mine == theirs, name
+
+
+def test_messages_a_wait_took_survive_the_file_and_a_clients_view() -> None:
+    """A ``ctx.messages`` wait's record keeps its payloads in two lists (content types,
+    bytes); the API shows them as one decoded list. Both ways back give the record."""
+    taken = MessagesReceived(
+        instance_id="d-1",
+        seq=4,
+        time_ms=T0,
+        key="stories",
+        ids=["m-1", "m-2"],
+        names=["story", "story"],
+        content_types=[JSON, JSON],
+        data=[CODEC.encode("rain").data, CODEC.encode({"n": 2}).data],
+        sent_ms=[T0 - 2, T0 - 1],
+    )
+    document = json.loads(json.dumps(to_document("d-1", [taken])))
+    assert from_document(document).records == [taken]
+    entry = HistoryEntry.from_json(HistoryEntry.of(taken, CODEC).to_json())
+    assert entry.attributes["payloads"] == ["rain", {"n": 2}]
+    assert records_from_entries("d-1", [entry]) == [replace(taken, epoch=0)]
 
 
 def test_an_undecodable_payload_in_a_view_is_kept_as_bytes() -> None:
