@@ -38,7 +38,7 @@ import inspect
 import logging
 import zlib
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from stepstream.consumers import log_context
@@ -414,12 +414,16 @@ class HookRunner:
             )
         return hook
 
-    async def _call(self, hook: Any, event: StepErrorEvent | StatusChangeEvent) -> Exception | None:
-        """Call the hook once; what it raised (a timeout: ``TimeoutError``), or None."""
+    async def _call(
+        self, hook: Any, event: StepErrorEvent | StatusChangeEvent
+    ) -> BaseException | None:
+        """Call the hook once; what it raised (a timeout: ``TimeoutError``), or None.
+        Whatever a hook raises is its failure, ``SystemExit`` and a ``CancelledError``
+        of its own too: a hook never stops the engine nor the calls owed after it."""
         timeout = self._config.timeout_s or None
         try:
             if inspect.iscoroutinefunction(hook):
-                await asyncio.wait_for(hook(event), timeout)
+                await asyncio.wait_for(_guarded(hook(event)), timeout)
                 return None
             if self._pool is None:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -431,7 +435,26 @@ class HookRunner:
             call = loop.run_in_executor(self._pool, context.run, hook, event)
             result = await asyncio.wait_for(call, timeout)
             if inspect.isawaitable(result):
-                await asyncio.wait_for(result, timeout)
-        except Exception as exc:
+                await asyncio.wait_for(_guarded(result), timeout)
+        except asyncio.CancelledError as exc:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise  # the runner itself is being stopped
+            return exc
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
             return exc
         return None
+
+
+class HookExited(Exception):
+    """A hook raised ``SystemExit`` or ``KeyboardInterrupt`` (a library it called gave
+    up): its call failed, like any other exception."""
+
+
+async def _guarded(call: Awaitable[Any]) -> Any:
+    """``call``, with ``SystemExit`` and ``KeyboardInterrupt`` turned into ``HookExited``
+    inside its task: asyncio lets those two out of a task and stops the event loop."""
+    try:
+        return await call
+    except (SystemExit, KeyboardInterrupt) as exc:
+        raise HookExited(f"the hook raised {type(exc).__name__}: {exc}") from exc

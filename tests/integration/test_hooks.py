@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
+from stepstream import Context, StatusChangeEvent, workflow
 from stepstream.engine.api.workflow import Registry
 from stepstream.producers.client import Client
+from stepstream.testing import WorkflowEnvironment
 from tests.dev_server import run_cli
 from tests.hook_workflows import read_notes
 from tests.restartable import restartable_backend
@@ -265,3 +267,42 @@ async def test_status_changes_of_a_terminate_and_a_restart(backend: Any, notes_d
         ("terminated", "pending"),
         ("pending", "running"),
     ], notes
+
+
+async def test_a_hook_that_raises_systemexit_or_cancelled_is_a_failed_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hook's library may call sys.exit() or be cancelled under it: the call failed
+    and is retried; the engine goes on and the calls owed after it are made in order."""
+    monkeypatch.setenv("STEPSTREAM_HOOK_BACKOFF_S", "0.01")
+    calls: list[tuple[str | None, str]] = []
+
+    async def audit(event: StatusChangeEvent) -> None:
+        calls.append((event.old_status, event.new_status))
+        if len(calls) == 1:
+            raise asyncio.CancelledError()
+        if len(calls) == 2:
+            raise SystemExit("the pager library gave up")
+
+    @workflow("hooked-exits", on_status_change=audit)
+    async def hooked(ctx: Context, value: int) -> int:
+        await ctx.sleep("nap", 5)
+        return value
+
+    registry = Registry()
+    registry.add(hooked)
+    async with WorkflowEnvironment(registry, clock="virtual") as env:
+        await env.client.start("hooked-exits", 1, instance_id="h-1")
+        await env.advance(10)
+        assert await env.client.result("h-1") == 1
+        for _ in range(200):
+            if calls[-1:] == [("running", "completed")]:
+                break
+            await asyncio.sleep(0.02)
+    assert calls == [
+        (None, "pending"),
+        (None, "pending"),
+        (None, "pending"),
+        ("pending", "running"),
+        ("running", "completed"),
+    ]
