@@ -330,13 +330,17 @@ class Context:
         again. ``value``: bytes as they are, anything else through the payload codec
         (JSON by default); ``key``: str or bytes; ``headers``: str to str or bytes. Every
         copy of the record carries the header ``stepstream-id`` (``<instance id>/<replay
-        key>``, the same on every retry and replay): a consumer that drops ids it has
+        key>``, ``<instance id>/run<n>/<replay key>`` in a restarted run; the same on
+        every retry and replay): a consumer that drops ids it has
         seen gets each publish once. ``name``: the replay key (default
         ``publish:<topic>``, counted like any name when it repeats)."""
         _refuse_in_step_body("ctx.publish")
         record = outbox_record(topic, value, key, headers, codec=self._rt.codec)
         step_key = self._rt.key_for(name or f"{NAME_PREFIX}{topic}")
-        record = replace(record, id=f"{self._rt.instance_id}/{step_key}")
+        # A restarted run publishes anew: its ids name the run (as its children's do).
+        run = self._rt.run
+        where = self._rt.instance_id if run == 1 else f"{self._rt.instance_id}/run{run}"
+        record = replace(record, id=f"{where}/{step_key}")
         fut = self._rt.step_future(step_key, publish_body, (record,), {}, PUBLISH_RETRY, None)
         return _published(fut)
 

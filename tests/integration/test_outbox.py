@@ -354,3 +354,33 @@ async def test_the_workflow_environment_keeps_what_is_published_without_kafka() 
         await env.crash()
         assert await env.client.result("e-1") == result
         assert len(env.published) == 6  # replay returns where they landed: none again
+
+
+async def test_a_restarted_run_publishes_under_ids_of_its_own() -> None:
+    """A consumer that drops ids it has seen (docs/kafka.md) must not drop the records
+    of a run restarted with restart_if_failed as repeats of the failed run's."""
+    from stepstream import Context, NonRetryableError, workflow
+    from stepstream.engine.api.workflow import Registry
+    from stepstream.testing import WorkflowEnvironment
+
+    def check(outcome: str) -> None:
+        if outcome == "fail":
+            raise NonRetryableError("declined")
+
+    @workflow("publish-then-check")
+    async def publish_then_check(ctx: Context, outcome: str) -> str:
+        published = await ctx.publish("orders", {"outcome": outcome})
+        await ctx.step("check", check, outcome)
+        return published.id
+
+    registry = Registry()
+    registry.add(publish_then_check)
+    async with WorkflowEnvironment(registry) as env:
+        await env.client.start("publish-then-check", "fail", instance_id="p-1")
+        await env.settle()
+        assert (await env.client.status("p-1")).status == "failed"
+        await env.client.start(
+            "publish-then-check", "ok", instance_id="p-1", if_exists="restart_if_failed"
+        )
+        assert await env.client.result("p-1") == "p-1/run2/publish:orders"
+        assert [r.id for r in env.published] == ["p-1/publish:orders", "p-1/run2/publish:orders"]
