@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepstream.engine.errors import StepstreamError, UndecodableRecord
-from stepstream.engine.replay.ids import parse_child_command
+from stepstream.engine.replay.ids import child_command_run, child_done, parse_child_command
 from stepstream.engine.replay.outgoing import child_outcome
 from stepstream.engine.seams import Clock, LogEntry
 from stepstream.engine.wire.codec import PayloadCodec, check_size, decode_safely, encode_safely
@@ -81,7 +81,7 @@ class CommandIntake:
         return child_outcome(
             parent_id,
             key,
-            f"childdone:{start.instance_id}",
+            child_done(start.instance_id, child_command_run(start.command_id)),
             encode_safely(self._codec, outcome),
             self._clock.now_ms(),
         )

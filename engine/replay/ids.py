@@ -23,16 +23,35 @@ def message_command(sender_id: str, key: str) -> str:
 CHILD_COMMAND = "child:"
 
 
-def child_command(parent_id: str, key: str) -> str:
-    """The command id of a child's start: names its parent and its key there."""
-    return f"{CHILD_COMMAND}{len(parent_id)}:{parent_id}/{key}"
+def child_command(parent_id: str, key: str, run: int = 1) -> str:
+    """The command id of a child's start: names its parent and its key there, and the
+    parent's run after a restart (``child<run>:``), so that a restarted parent's start
+    of a child with a fixed id is a new command there, answered with its outcome,
+    rather than a repeat of the first run's, dropped."""
+    prefix = CHILD_COMMAND if run == 1 else f"child{run}:"
+    return f"{prefix}{len(parent_id)}:{parent_id}/{key}"
+
+
+def child_command_run(command_id: str) -> int:
+    """The parent's run a child's start command id names (1 for a first run's)."""
+    head = command_id.partition(":")[0]
+    return int(head[5:]) if head.startswith("child") and head[5:].isdigit() else 1
+
+
+def child_done(child_id: str, run: int = 1) -> str:
+    """The command id of a child's notice of its end to its parent's run ``run``: once
+    per run, since a restarted parent asks again and must hear again."""
+    return f"childdone:{child_id}" if run == 1 else f"childdone{run}:{child_id}"
 
 
 def parse_child_command(command_id: str) -> tuple[str, str] | None:
     """(parent id, key) from a child's start command id, or None for other commands."""
-    if not command_id.startswith(CHILD_COMMAND):
+    if not command_id.startswith("child"):
         return None
-    size, sep, rest = command_id[len(CHILD_COMMAND) :].partition(":")
+    head, colon, tail = command_id.partition(":")
+    if not colon or not (head == "child" or head[5:].isdigit()):
+        return None
+    size, sep, rest = tail.partition(":")
     if not sep or not size.isdigit() or rest[int(size) : int(size) + 1] != "/":
         return None
     return rest[: int(size)], rest[int(size) + 1 :]

@@ -7,7 +7,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from stepstream.engine.replay.effects import LOST_PURPOSE, StepOutcome
-from stepstream.engine.replay.ids import RUN_TIMEOUT_KEY, parse_child_command, split_timer_id
+from stepstream.engine.replay.ids import (
+    RUN_TIMEOUT_KEY,
+    child_command_run,
+    parse_child_command,
+    split_timer_id,
+)
 from stepstream.engine.replay.reset import on_fork, on_reset, on_start_fork
 from stepstream.engine.replay.state import EntryState, Status
 from stepstream.engine.wire.codec import (
@@ -61,7 +66,8 @@ def on_start(rt: InstanceRuntime, msg: StartWorkflow) -> None:
         if asker is not None and asker != (rt.state.parent_id, rt.state.parent_key):
             rt._refuse_child(msg, *asker)
         elif rt.state.status.finished and rt.state.parent_id:
-            rt._notify_parent()  # a parent's new owner asks again: answer again
+            # A parent's new owner, or its restarted run, asks again: answer again.
+            rt._notify_parent(child_command_run(msg.command_id))
         return
     assert rt.definition is not None
     rt._emit(

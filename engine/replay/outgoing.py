@@ -9,7 +9,7 @@ from stepstream.engine.errors import (
     StepstreamError,
 )
 from stepstream.engine.replay.core import RuntimeCore, _child_result_key
-from stepstream.engine.replay.ids import child_command, child_event, message_command
+from stepstream.engine.replay.ids import child_command, child_done, child_event, message_command
 from stepstream.engine.replay.state import Entry, EntryKind, EntryState
 from stepstream.engine.wire.codec import (
     decode_safely,
@@ -47,7 +47,7 @@ class OutgoingMixin(RuntimeCore):
         assert entry.child_id is not None and entry.result is not None
         return StartWorkflow(
             instance_id=entry.child_id,
-            command_id=child_command(self.state.instance_id, entry.key),
+            command_id=child_command(self.state.instance_id, entry.key, self.state.run),
             time_ms=self.clock.now_ms(),
             workflow=entry.event_name or "",
             input=entry.result,
@@ -65,7 +65,7 @@ class OutgoingMixin(RuntimeCore):
             state.tracestate,
         )
 
-    def _notify_parent(self) -> None:
+    def _notify_parent(self, run: int = 1) -> None:
         """A child that finished tells its parent how (an event only the parent's code
         waits for), with a command id that makes a repeated notice apply once."""
         state = self.state
@@ -82,7 +82,7 @@ class OutgoingMixin(RuntimeCore):
         notice = child_outcome(
             state.parent_id,
             state.parent_key,
-            f"childdone:{state.instance_id}",
+            child_done(state.instance_id, run),
             encode_safely(self.codec, outcome),
             self.clock.now_ms(),
             *self._run_trace(),  # the parent's activation links to this run
