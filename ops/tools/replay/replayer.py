@@ -170,8 +170,8 @@ def _undecodable(end: HistoryRecord | None, out: Output, parked: str) -> str | N
     if not refusals:
         return None
     return (
-        f"a recorded payload cannot be decoded: {refusals[0]} (replay with --codec, the "
-        "codec the engine recorded it with)"
+        f"a recorded payload cannot be decoded: {refusals[0]} (replay with the codec the "
+        "engine recorded it with: --codec in the CLI, codec= to stepstream.testing.replay)"
     )
 
 
