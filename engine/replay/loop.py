@@ -88,6 +88,10 @@ class WorkflowLoop(asyncio.AbstractEventLoop):
             # gather over many steps) each new task would walk them all.
             tasks = self._tasks = [t for t in tasks if not t.done()]
             self._prune_at = max(_PRUNE_AT_LEAST, 2 * len(tasks))
+            # Only a live task asks when it was made (``born``): forget the others'.
+            born = self._born
+            alive = (t.get_name() for t in (*tasks, task))
+            self._born = {name: born[name] for name in alive if name in born}
         tasks.append(task)
         return task
 
