@@ -44,7 +44,7 @@ from stepstream.engine.errors import (
     RaceError,
     StepFailed,
 )
-from stepstream.engine.wire.names import step_name_problem
+from stepstream.engine.wire.names import step_name_problem, whole_in
 
 T = TypeVar("T")
 
@@ -380,7 +380,7 @@ class Context:
         bounded history, state and replay time. The state must be encodable by the
         payload codec (JSON by default: a tuple comes back as a list)."""
         _refuse_in_step_body("ctx.loop")
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        if not whole_in(keep, 1):
             raise InvalidWorkflowCall(
                 f"loop {name!r}: keep must be a whole number of at least 1, not {keep!r}"
             )

@@ -18,6 +18,7 @@ from stepstream.engine.api.durations import seconds_of
 from stepstream.engine.api.runtime import WorkflowRuntime
 from stepstream.engine.errors import EventTimeout, InvalidWorkflowCall
 from stepstream.engine.wire.codec import PayloadCodec, decode_safely
+from stepstream.engine.wire.names import whole_in
 from stepstream.engine.wire.records import Payload
 
 
@@ -63,7 +64,7 @@ class Messages:
     ) -> list[Message]:
         """Up to ``max`` messages of ``names`` at once, as soon as there is at least one;
         ``[]`` if none arrived within ``timeout``."""
-        if isinstance(max, bool) or not isinstance(max, int) or max < 1:
+        if not whole_in(max, 1):
             raise InvalidWorkflowCall(
                 f"next_batch needs max as a whole number of at least 1, not {max!r}"
             )

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from stepstream.engine.api.durations import MAX_DURATION_S, duration_problem
 from stepstream.engine.errors import InvalidWorkflowCall
 from stepstream.engine.wire.codec import decode_safely
-from stepstream.engine.wire.names import event_name_problem, name_problem
+from stepstream.engine.wire.names import event_name_problem, name_problem, whole_in
 
 if TYPE_CHECKING:
     from stepstream.engine.api.context import Context
@@ -71,19 +71,14 @@ class Queue:
             raise ValueError(
                 f"queue {self.name!r} has no limit: give concurrency=N, rate=(N, seconds) or both"
             )
-        if self.concurrency is not None and (not _whole(self.concurrency) or self.concurrency < 1):
+        if self.concurrency is not None and not whole_in(self.concurrency, 1):
             raise ValueError(
                 f"queue {self.name!r}: concurrency must be a whole number of at least 1, "
                 f"not {self.concurrency!r}"
             )
         if self.rate is not None:
             count, window = self.rate if _pair(self.rate) else (0, 0)
-            if (
-                not _whole(count)
-                or count < 1
-                or duration_problem(window) is not None
-                or not window > 0
-            ):
+            if not whole_in(count, 1) or duration_problem(window) is not None or not window > 0:
                 raise ValueError(
                     f"queue {self.name!r}: rate must be (admissions, seconds) with at least "
                     f"1 admission and a window above 0 s and at most {MAX_DURATION_S} s, "
@@ -103,10 +98,6 @@ class Queue:
             "concurrency": self.concurrency,
             "rate": None if self.rate is None else [self.rate[0], float(self.rate[1])],
         }
-
-
-def _whole(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _pair(value: object) -> bool:

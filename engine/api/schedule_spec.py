@@ -20,7 +20,7 @@ from cronsim import CronSim, CronSimError
 
 from stepstream.engine.api.durations import MAX_DURATION_S
 from stepstream.engine.errors import InvalidPayload
-from stepstream.engine.wire.names import check_name, name_problem
+from stepstream.engine.wire.names import check_name, name_problem, whole_in
 
 SCHEDULE_WORKFLOW = "stepstream.schedule"
 # Schedule instances are named with this prefix; clients may not start ids that have it.
@@ -86,7 +86,7 @@ def check_spec(spec: ScheduleSpec) -> ScheduleSpec:
             f"schedule {spec.name!r}: give either cron= (a cron expression such as "
             "'0 2 * * *') or every= (seconds), not both and not neither"
         )
-    if spec.every is not None and not _seconds_ok(spec.every):
+    if spec.every is not None and not whole_in(spec.every, 1, MAX_DURATION_S):
         raise InvalidPayload(
             f"schedule {spec.name!r}: every={spec.every!r} must be a whole number of "
             f"seconds, at least 1 and at most {MAX_DURATION_S} (100 years)"
@@ -106,17 +106,13 @@ def check_spec(spec: ScheduleSpec) -> ScheduleSpec:
             + ", ".join(OVERLAP_POLICIES)
         )
     window = spec.catchup_window
-    if not _seconds_ok(window):
+    if not whole_in(window, 1, MAX_DURATION_S):
         raise InvalidPayload(
             f"schedule {spec.name!r}: catchup_window={window!r} must be a whole number of "
             f"seconds, at least 1 and at most {MAX_DURATION_S} (how late a slot may still "
             "start)"
         )
     return spec
-
-
-def _seconds_ok(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_DURATION_S
 
 
 def _schedule_name_problem(value: object) -> str | None:

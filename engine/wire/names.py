@@ -109,6 +109,11 @@ def text_problem(value: str) -> str | None:
 LONG_MIN, LONG_MAX = -(1 << 63), (1 << 63) - 1
 
 
+def whole_in(value: object, low: int, high: int = LONG_MAX) -> bool:
+    """Whether ``value`` is a whole number (an int, not a bool) from ``low`` to ``high``."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def whole_number_problem(value: object) -> str | None:
     """Why ``value`` is not a whole number a record can hold (an Avro long), or None."""
     if isinstance(value, bool) or not isinstance(value, int):
