@@ -20,8 +20,8 @@ from stepstream.consumers.instance_store import (
     write_state,
 )
 from stepstream.engine.errors import UndecodableRecord
-from stepstream.engine.replay.admission import unreleased
 from stepstream.engine.replay.reset import reset_state
+from stepstream.engine.replay.slots import unreleased
 from stepstream.engine.replay.state import InstanceState
 from stepstream.engine.seams import CommitBatch, StateStore
 from stepstream.engine.wire.records import (

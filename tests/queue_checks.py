@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from stepstream import HistoryEntry
+from stepstream.engine.api.queues import asked_slot
 
 
 def _ms(iso: str) -> int:
@@ -33,7 +34,8 @@ def slot_spans(history: Sequence[HistoryEntry], slot: str = "queue") -> list[tup
 
 def _held(key: str, slot: str) -> bool:
     """Whether ``key`` is a slot's wait; a queued step's later attempts ask again with
-    ``<step>#slot#<attempt>``."""
+    ``<step>#slot#<attempt>``, and a slot a reset gave back with ``<slot>#ask<n>``."""
+    key = asked_slot(key)[0]
     if slot == "#slot":
         head, _, tail = key.rpartition("#")
         if tail.isdigit() and head.endswith("#slot"):

@@ -107,3 +107,33 @@ async def partner_run(ctx: Context, args: dict[str, Any]) -> str:
         queue=partner,
         retry=RetryPolicy(max_attempts=3, initial_interval=1.5),
     )
+
+
+def stamp(ledger: str, name: str) -> str:
+    """Notes ``name`` and when it ran (start and end ms) in ``ledger``."""
+    started = time.time() * 1000
+    time.sleep(0.05)
+    with Path(ledger).open("a") as out:
+        out.write(json.dumps({"name": name, "start": started, "end": time.time() * 1000}) + "\n")
+    return name
+
+
+@workflow("two-steps", queue=single)
+async def two_steps(ctx: Context, ledger: str) -> list[str]:
+    """Two steps in the one slot of ``single``."""
+    first = await ctx.step("first", stamp, ledger, f"{ctx.instance_id}/first")
+    second = await ctx.step("second", stamp, ledger, f"{ctx.instance_id}/second")
+    return [first, second]
+
+
+@workflow("fails-once", queue=single)
+async def fails_once(ctx: Context, ledger: str) -> str:
+    """In the one slot of ``single``, a step that fails for good the first time it runs."""
+    return await ctx.step(
+        "call",
+        partner_call,
+        ledger,
+        ctx.instance_id,
+        True,
+        retry=RetryPolicy(max_attempts=1),
+    )

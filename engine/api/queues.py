@@ -47,6 +47,22 @@ QUEUE_RELEASE = "queue.release"
 QUEUE_ADMITTED = "queue.admitted/"
 # The name of an admission's replay key (``queue``, ``queue#2``, ``scope/queue``).
 WORKFLOW_SLOT = "queue"
+# What ends the key of a slot asked for again (``queue#ask2``): "#" is not in step names.
+_ASK = "#ask"
+
+
+def ask_key(slot_key: str, given_back: int) -> str:
+    """The replay key a slot is asked for under once a reset or fork gave back its
+    ``given_back`` first asks (``engine.replay.slots``): the slot's own key at first."""
+    return slot_key if given_back == 0 else f"{slot_key}{_ASK}{given_back + 1}"
+
+
+def asked_slot(key: str) -> tuple[str, int]:
+    """The slot key an ask's replay key is for, and which ask it is (1: the first)."""
+    head, sep, tail = key.rpartition(_ASK)
+    if sep and tail.isdigit():
+        return head, int(tail)
+    return key, 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +154,8 @@ async def acquire(
     move of the instance meanwhile changes nothing). ``slot_key`` is the replay key of
     the wait, made in the calling task."""
     rt = ctx._rt
+    # Asked again (under a key of its own) where a reset or fork gave its slot back.
+    slot_key = ask_key(slot_key, rt.given_back(slot_key))
     target = queue.instance_id(key)
     # A restarted run asks afresh: an admission meant for an earlier run is not its own.
     run = rt.run

@@ -15,34 +15,17 @@ from stepstream.engine.api.queues import (
     QUEUE_RELEASE,
     QUEUE_WORKFLOW,
     AttemptBackoff,
+    ask_key,
     step_backoff_key,
 )
 from stepstream.engine.api.retry import DEFAULT_RETRY, RetryPolicy
 from stepstream.engine.replay.core import RuntimeCore
 from stepstream.engine.replay.effects import Output, Phase, StepIntent
 from stepstream.engine.replay.ids import message_command
-from stepstream.engine.replay.state import Entry, EntryKind, EntryState, InstanceState
+from stepstream.engine.replay.slots import unreleased
+from stepstream.engine.replay.state import Entry, EntryKind, EntryState
 from stepstream.engine.wire.codec import decode_safely, encode_safely
 from stepstream.engine.wire.records import Command, SendEvent, StartWorkflow
-
-_ACQUIRE_SUFFIX = "#acquire"
-
-
-def unreleased(state: InstanceState) -> list[tuple[str, Entry]]:
-    """(slot key, request) of each slot the instance asked a queue for and never gave
-    back (held, or still waited for)."""
-    entries = state.entries
-    found = []
-    for entry in entries.values():
-        if (
-            entry.kind is EntryKind.SENT
-            and entry.event_name == QUEUE_ACQUIRE
-            and entry.key.endswith(_ACQUIRE_SUFFIX)
-        ):
-            key = entry.key[: -len(_ACQUIRE_SUFFIX)]
-            if f"{key}#release" not in entries:
-                found.append((key, entry))
-    return found
 
 
 class AdmissionMixin(RuntimeCore):
@@ -99,6 +82,16 @@ class AdmissionMixin(RuntimeCore):
         elif (key, entry.attempt) not in self.inflight:
             self._deferred.append(("step", key))  # lost with the previous owner
         return fut
+
+    def _asking_again(self) -> bool:
+        """Whether the code waits for a queue slot it asks for again, a reset or fork
+        having given the first back (``engine.replay.slots``)."""
+        entries = self.state.entries
+        for slot, given_back in self.state.requeued.items():
+            entry = entries.get(ask_key(slot, given_back))
+            if entry is not None and entry.state is EntryState.WAITING:
+                return True
+        return False
 
     def _held_attempts(self, key: str, entry: Entry | None) -> asyncio.Future[Any]:
         """The step future of a queued step whose history held one slot for all its

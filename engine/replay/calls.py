@@ -310,6 +310,10 @@ class CallsMixin(DrivingMixin):
         entry = self.state.entries[key]
         self._publish_message(entry, self._message(entry))
 
+    def given_back(self, slot_key: str) -> int:
+        """How many asks for the queue slot ``slot_key`` a reset or fork gave back."""
+        return self.state.requeued.get(slot_key, 0)
+
     def complete_message(self, message_id: str, value: Any) -> None:
         """Answer a message (a client's request() gets ``value``); once per message."""
         if self._visit(reply_key(message_id), EntryKind.VALUE) is not None:

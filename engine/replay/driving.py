@@ -150,6 +150,8 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
                 self._act(what, key)
 
     def _check_all_visited(self) -> None:
+        if self._asking_again():
+            return  # what the code recorded past that wait, it reaches once admitted
         # What losing race branches recorded is not replayed (only the winner runs), nor
         # are the loop iterations before the one a loop resumes at.
         lost = tuple(

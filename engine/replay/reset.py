@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from stepstream.engine.replay.effects import TIMER_PURPOSES
 from stepstream.engine.replay.ids import TIMER_FIRE_PREFIX
+from stepstream.engine.replay.slots import GivenBack, give_back, given_back
 from stepstream.engine.replay.state import (
     BufferedEvent,
     EntryKind,
@@ -95,7 +96,9 @@ def fold(instance_id: str, records: Sequence[HistoryRecord]) -> InstanceState:
     aside = set_aside(records)
     state = InstanceState(instance_id)
     floors: dict[str, int] = {}
+    slots = GivenBack()
     for record in records:
+        slots.see(record, record.seq in aside)
         if record.seq not in aside:
             state.apply(record)
             continue
@@ -113,6 +116,7 @@ def fold(instance_id: str, records: Sequence[HistoryRecord]) -> InstanceState:
         ):
             state.recent_commands.append(command_id)
     state.attempt_floors = floors
+    give_back(state, sorted(slots.slots))
     return state
 
 
@@ -123,6 +127,8 @@ def redeliveries(state: InstanceState, records: Sequence[HistoryRecord]) -> list
     reset = records[-1]
     assert isinstance(reset, WorkflowReset)
     held = {event.command_id for event in state.buffered}
+    # An admission to a slot given back is not the run's: the code asks again.
+    slots = given_back(records, set_aside(records))
     found: list[BufferedEvent] = []
     for record in records:
         if not reset.from_seq <= record.seq < reset.seq:
@@ -137,7 +143,7 @@ def redeliveries(state: InstanceState, records: Sequence[HistoryRecord]) -> list
                     record.event_name, record.payload, record.event_command_id, record.seq
                 )
             )
-        elif isinstance(record, MessagesReceived):
+        elif isinstance(record, MessagesReceived) and record.key not in slots:
             found.extend(
                 BufferedEvent(name, payload, message_id, record.seq)
                 for message_id, name, payload in zip(

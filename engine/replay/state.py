@@ -32,6 +32,7 @@ from stepstream.engine.replay.ids import (
     split_timer_id,
     timer_id,
 )
+from stepstream.engine.replay.slots import give_back, unreleased
 from stepstream.engine.replay.status import InvalidTransition as InvalidTransition
 from stepstream.engine.replay.status import Status as Status
 from stepstream.engine.replay.status import check_transition
@@ -113,6 +114,9 @@ class InstanceState:
     # of the code run on are numbered above it and an outcome of a set-aside attempt
     # is never taken for theirs (``engine.replay.reset``).
     attempt_floors: dict[str, int] = field(default_factory=dict)
+    # Per queue slot, the highest of its asks that a reset or fork gave back: the code
+    # asks again under the next key (``engine.replay.slots``).
+    requeued: dict[str, int] = field(default_factory=dict)
     # The finish time a reset took back: its entry in the finished index goes.
     unfinished_ms: int = 0
     # Search attributes (``ctx.set_attributes``): kept in the meta, so a listing filters
@@ -330,6 +334,7 @@ class InstanceState:
             case WorkflowForked():
                 self.forked_from = record.source_id
                 self.forked_at = record.to
+                give_back(self, [slot for slot, _ in unreleased(self)])  # the source's
             case WorkflowCancelledRecord():
                 self._transition_to(Status.CANCELLED)
                 self.finished_ms = record.time_ms
@@ -371,6 +376,7 @@ class InstanceState:
         self.error_type = self.error_message = self.cancel_reason = self.parked = ""
         self.finished_ms = 0
         self.attributes = {}  # the new run sets its own
+        self.requeued = {}  # and asks its queues under keys of its own
 
     def _loop_advanced(self, record: LoopAdvanced) -> None:
         entry = self._entry(record.key, EntryKind.LOOP, EntryState.RECORDED, record.seq)
@@ -398,7 +404,7 @@ class InstanceState:
             del self.entries[e.key]
             self.dirty_entries.discard(e.key)
             self.deleted_entries.add(e.key)
-        self._unsort(pruned)
+        self.forget_sorted(pruned)
         for j in [j for j in marks if j < before - 1]:
             del marks[j]
         if high > low:
@@ -451,7 +457,8 @@ class InstanceState:
                 at += 1
         return sorted(found.values(), key=_by_seq)
 
-    def _unsort(self, gone: list[Entry]) -> None:
+    def forget_sorted(self, gone: list[Entry]) -> None:
+        """Take the keys of entries that left the state out of the sorted keys."""
         ordered = self.sorted_keys
         if ordered is None or not gone:
             return

@@ -131,6 +131,8 @@ def meta_json(state: InstanceState) -> bytes:
         raw["fk"] = [state.forked_from, state.forked_at]
     if state.attempt_floors:
         raw["af"] = state.attempt_floors
+    if state.requeued:
+        raw["rq"] = state.requeued
     if state.attributes:
         raw["at"] = state.attributes
     return orjson.dumps(raw)
@@ -190,6 +192,8 @@ def state_from_storage(
         state.forked_from, state.forked_at = raw["fk"]
     if "af" in raw:
         state.attempt_floors = dict(raw["af"])
+    if "rq" in raw:
+        state.requeued = dict(raw["rq"])
     if "at" in raw:
         state.attributes = raw["at"]
     # What an older meta held inline moves to keys of its own at the next write.

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -188,6 +189,46 @@ async def test_a_restarted_run_asks_its_queue_afresh(client: Client) -> None:
     assert await client.result("after", timeout=30) == "after"
 
 
+async def test_reset_retry_and_fork_of_a_queued_workflow_ask_its_queue_again(
+    client: Client, tmp_path: Path
+) -> None:
+    """A run that goes on after its slot was given back (its end released it) or that
+    is not its own (a fork's copy) waits for the queue again, like a new start: it runs
+    nothing beside the holder the limit allows, and gives its new slot back."""
+    ledger = tmp_path / "ledger"
+    await client.start("fails-once", str(ledger), instance_id="failed")
+    with pytest.raises(WorkflowFailed):
+        await client.result("failed", timeout=30)
+    await client.start("two-steps", str(ledger), instance_id="done")
+    assert await client.result("done", timeout=30) == ["done/first", "done/second"]
+    await client.start("gate", None, instance_id="holder")  # the one slot of "single"
+    await until_status(client, "holder", "running")
+
+    went_on = time.time() * 1000
+    await client.retry("failed")
+    await client.fork("done", to="second", instance_id="forked")
+    await client.reset("done", to="second")
+    await asyncio.sleep(0.5)
+    for instance_id in ("failed", "done", "forked"):
+        status = await client.status(instance_id)
+        assert [(w.kind, w.queue) for w in status.waits] == [("queue", "~queue/single")], status
+    await client.send_event("holder", "go", None)
+    assert await client.result("failed", timeout=30) == "failed"
+    assert await client.result("done", timeout=30) == ["done/first", "done/second"]
+    assert await client.result("forked", timeout=30) == ["done/first", "forked/second"]
+
+    released = max(s[1] for s in slot_spans(await client.history("holder")))
+    rows = [json.loads(line) for line in ledger.read_text().splitlines()]
+    again = [r for r in rows if r["start"] > went_on]
+    assert sorted(r["name"] for r in again) == ["done/second", "failed", "forked/second"]
+    assert all(r["start"] >= released for r in again), (released, again)
+    # One at a time: the new admissions and releases of the instances gone on.
+    spans = [s for i in ("holder", "failed", "done") for s in slot_spans(await client.history(i))]
+    assert most_at_once(spans) == 1, spans
+    await client.start("quick", None, instance_id="after")  # no slot was kept
+    assert await client.result("after", timeout=30) == "after"
+
+
 @pytest.mark.parametrize("seed", range(6))
 async def test_a_queued_step_with_retries_ends_the_same_across_crashes(
     seed: int, tmp_path: Path
@@ -212,3 +253,29 @@ async def test_a_queued_step_with_retries_ends_the_same_across_crashes(
     # The retry came after a backoff waited out holding no slot, whatever was lost.
     keys = [e.attributes.get("key") for e in slow if e.type == "SleepStarted"]
     assert keys and all(k.startswith("call#backoff#") for k in keys), slow
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_a_run_asking_its_queue_again_ends_the_same_across_crashes(
+    seed: int, tmp_path: Path
+) -> None:
+    rng = random.Random(seed)
+    ledger = tmp_path / "ledger"
+    async with WorkflowEnvironment("tests.queue_workflows", partitions=2) as env:
+        await env.client.start("two-steps", str(ledger), instance_id="d")
+        assert await env.client.result("d", timeout=30) == ["d/first", "d/second"]
+        await env.client.start("gate", None, instance_id="holder")
+        await until_status(env.client, "holder", "running")
+        await env.client.reset("d", to="second")
+        await env.crash(after_writes=rng.randint(0, 4))
+        assert (await env.client.status("d")).waits[0].kind == "queue"
+        await env.client.send_event("holder", "go", None)
+        await env.crash(after_writes=rng.randint(0, 6))
+        assert await env.client.result("d", timeout=30) == ["d/first", "d/second"]
+        await env.client.start("quick", None, instance_id="after")  # no slot was kept
+        assert await env.client.result("after", timeout=30) == "after"
+        history = await env.client.history("d")
+    rows = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert [r["name"] for r in rows] == ["d/first", "d/second", "d/second"]
+    asks = [e.attributes["key"] for e in history if e.type == "MessageSent" and not e.set_aside]
+    assert asks == ["queue#acquire", "queue#ask2#acquire", "queue#ask2#release"], history
