@@ -74,13 +74,8 @@ def give_back(state: InstanceState, slots: Iterable[str]) -> None:
         state.requeued[base] = max(state.requeued.get(base, 0), number)
         if f"{slot}{_RELEASE}" in entries:
             continue  # given back before the point the run goes on from: replayed
-        for key in (f"{slot}{_ACQUIRE}", slot):
-            entry = entries.pop(key, None)
-            if entry is not None:
-                gone.append(entry)
-                state.dirty_entries.discard(key)
-                state.deleted_entries.add(key)
-    state.forget_sorted(gone)
+        gone += [entries[key] for key in (f"{slot}{_ACQUIRE}", slot) if key in entries]
+    state.drop(gone)
 
 
 class GivenBack:

@@ -26,12 +26,12 @@ from stepstream.engine.replay.entries import EntryState as EntryState
 from stepstream.engine.replay.ids import (
     RUN_TIMEOUT_KEY,
     is_client_command,
-    loop_prefixes,
     parse_child_command,
     reply_key,
     split_timer_id,
     timer_id,
 )
+from stepstream.engine.replay.pruning import prune_iterations
 from stepstream.engine.replay.slots import give_back, unreleased
 from stepstream.engine.replay.status import InvalidTransition as InvalidTransition
 from stepstream.engine.replay.status import Status as Status
@@ -380,36 +380,9 @@ class InstanceState:
 
     def _loop_advanced(self, record: LoopAdvanced) -> None:
         entry = self._entry(record.key, EntryKind.LOOP, EntryState.RECORDED, record.seq)
-        ended = record.iteration - 1
         entry.attempt = record.iteration
         entry.result = record.state
-        marks = entry.marks = entry.marks or {}
-        marks[ended] = record.seq
-        # Iterations below ``before`` are pruned; ``max_attempts`` keeps how far it got.
-        before = max(record.iteration - max(record.keep, 1), 0)
-        if before <= entry.max_attempts:
-            return
-        pruned = self.under(
-            [p for j in range(entry.max_attempts, before) for p in loop_prefixes(record.key, j)]
-        )
-        # The stored history from just after the last pruned iteration (or the first
-        # record of these) through the LoopAdvanced that ended iteration ``before - 1``.
-        boundary = marks.get(entry.max_attempts - 1)
-        starts = [e.seq for e in pruned] + [
-            marks[j] for j in range(entry.max_attempts, before) if j in marks
-        ]
-        low = boundary + 1 if boundary is not None else min(starts, default=record.seq)
-        high = marks.get(before - 1, low - 1) + 1
-        for e in pruned:
-            del self.entries[e.key]
-            self.dirty_entries.discard(e.key)
-            self.deleted_entries.add(e.key)
-        self.forget_sorted(pruned)
-        for j in [j for j in marks if j < before - 1]:
-            del marks[j]
-        if high > low:
-            self.pruned_history.append((low, high))
-        entry.max_attempts = before
+        prune_iterations(self, entry, record)
 
     def _take_buffered(self, command_ids: Iterable[str]) -> None:
         """Remove the buffered events of these commands. The code takes the oldest of a
@@ -457,8 +430,16 @@ class InstanceState:
                 at += 1
         return sorted(found.values(), key=_by_seq)
 
-    def forget_sorted(self, gone: list[Entry]) -> None:
-        """Take the keys of entries that left the state out of the sorted keys."""
+    def drop(self, gone: list[Entry]) -> None:
+        """Take ``gone`` out of the state (a loop's pruned iterations, admissions given
+        back): the write that follows deletes them from storage."""
+        for entry in gone:
+            del self.entries[entry.key]
+            self.dirty_entries.discard(entry.key)
+            self.deleted_entries.add(entry.key)
+        self._unsort(gone)
+
+    def _unsort(self, gone: list[Entry]) -> None:
         ordered = self.sorted_keys
         if ordered is None or not gone:
             return
