@@ -24,7 +24,8 @@ logged). So:
   survive a killed process, not a lost machine or a directory rebuilt from the topics.
 
 Hooks of one instance run one after another, in the order of its records; instances do
-not wait for each other. Sync hooks run on this runner's threads, async ones on the loop.
+not wait for each other. Sync hooks run on threads (``consumers.hook_threads``), async ones
+on the loop.
 A hook that raises or overruns ``timeout_s`` is retried with doubling backoff, then
 dropped with an error in the log: it never fails or holds up a workflow or the partition.
 """
@@ -32,8 +33,6 @@ dropped with an error in the log: it never fails or holds up a workflow or the p
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextvars
 import inspect
 import logging
 import zlib
@@ -54,6 +53,7 @@ from stepstream.consumers.hook_tasks import (
     status_after,
     status_event,
 )
+from stepstream.consumers.hook_threads import HookThreads
 from stepstream.engine.api.hook_events import StatusChangeEvent, StepErrorEvent
 from stepstream.engine.api.workflow import Registry, WorkflowDefinition
 from stepstream.engine.errors import UnknownWorkflow
@@ -107,7 +107,7 @@ class HookRunner:
         self._idle.set()
         self._loaded = False
         self._halted = False
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._threads: HookThreads | None = None
 
     @property
     def owed(self) -> int:
@@ -205,9 +205,7 @@ class HookRunner:
                     "hook tasks not deleted: %s", exc, extra={"partition": self._backend.partition}
                 )
             self._done = []
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        self._threads = None  # a call still running finishes on its own thread
 
     # ---- tasks ------------------------------------------------------------------------
 
@@ -425,15 +423,11 @@ class HookRunner:
             if inspect.iscoroutinefunction(hook):
                 await asyncio.wait_for(_guarded(hook(event)), timeout)
                 return None
-            if self._pool is None:
-                self._pool = concurrent.futures.ThreadPoolExecutor(
-                    self._config.threads,
-                    thread_name_prefix=f"stepstream-hook-{self._backend.partition}",
+            if self._threads is None:
+                self._threads = HookThreads(
+                    self._config.threads, f"stepstream-hook-{self._backend.partition}"
                 )
-            loop = asyncio.get_running_loop()
-            context = contextvars.copy_context()
-            call = loop.run_in_executor(self._pool, context.run, hook, event)
-            result = await asyncio.wait_for(call, timeout)
+            result = await self._threads.call(hook, event, timeout)
             if inspect.isawaitable(result):
                 await asyncio.wait_for(_guarded(result), timeout)
         except asyncio.CancelledError as exc:

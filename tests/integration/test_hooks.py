@@ -9,6 +9,7 @@ replay (a resume or a restart replays the workflow: nothing is reported twice).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -306,3 +307,47 @@ async def test_a_hook_that_raises_systemexit_or_cancelled_is_a_failed_call(
         ("pending", "running"),
         ("running", "completed"),
     ]
+
+
+async def test_a_sync_hook_stuck_for_good_holds_up_no_other_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sync hook blocked for good (what it waits for has no timeout) fails its call
+    once past the hook timeout; its thread cannot be stopped and is left to finish, and
+    the calls of other instances go on, even with one hook thread."""
+    monkeypatch.setenv("STEPSTREAM_HOOK_THREADS", "1")
+    monkeypatch.setenv("STEPSTREAM_HOOK_TIMEOUT_S", "0.2")
+    monkeypatch.setenv("STEPSTREAM_HOOK_ATTEMPTS", "2")
+    monkeypatch.setenv("STEPSTREAM_HOOK_BACKOFF_S", "0.01")
+    release = threading.Event()
+    calls: list[tuple[str, str]] = []
+
+    def audit(event: StatusChangeEvent) -> None:
+        calls.append((event.instance_id, event.new_status))
+        if event.instance_id == "stuck":
+            release.wait()
+
+    @workflow("hooked-hangs", on_status_change=audit)
+    async def hooked(ctx: Context, value: int) -> int:
+        return value
+
+    registry = Registry()
+    registry.add(hooked)
+    try:
+        async with WorkflowEnvironment(registry, partitions=1) as env:
+            await env.client.start("hooked-hangs", 0, instance_id="stuck")
+            for n in range(3):
+                await env.client.start("hooked-hangs", n, instance_id=f"ok-{n}")
+                assert await env.client.result(f"ok-{n}") == n
+            for _ in range(500):
+                if ("ok-2", "completed") in calls and calls.count(("stuck", "pending")) == 2:
+                    break
+                await asyncio.sleep(0.02)
+            made = [c for c in calls if c[0] != "stuck"]
+            for n in range(3):  # each instance's calls made, in the order of its records
+                mine = [c for c in made if c[0] == f"ok-{n}"]
+                assert mine == [(f"ok-{n}", "pending"), (f"ok-{n}", "completed")], calls
+            # The stuck call was made again (its second attempt), its thread left behind.
+            assert calls.count(("stuck", "pending")) == 2, calls
+    finally:
+        release.set()
