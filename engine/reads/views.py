@@ -147,6 +147,10 @@ class HistoryEntry:
     attributes: dict[str, Any]
     # Set aside by a later reset: kept, no longer replayed (``WorkflowReset``).
     set_aside: bool = False
+    # Where ``attributes`` shows a payload as stored, ``{content_type, base64}``, as the
+    # codec that read it could not decode it: the attribute's name (``payloads.<i>`` for
+    # a message's). Said apart, so a decoded value of that same shape is not taken for one.
+    undecoded: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -158,15 +162,40 @@ class HistoryEntry:
     @classmethod
     def of(cls, record: HistoryRecord, codec: PayloadCodec) -> HistoryEntry:
         attributes: dict[str, Any] = {}
+        undecoded: list[str] = []
         for f in fields(record):
             value = getattr(record, f.name)
             if f.name in _ENVELOPE or (value is None and f.name in SHOWN_WHEN_SET):
                 continue
-            attributes[f.name] = _plain(value, codec)
+            attributes[f.name] = _plain(value, codec, f.name, undecoded)
         if isinstance(record, MessagesReceived):  # payloads as one decoded list
             del attributes["content_types"], attributes["data"]
-            attributes["payloads"] = [_plain(p, codec) for p in record.payloads]
-        return cls(record.seq, record.type, _iso(record.time_ms), record.command_id, attributes)
+            attributes["payloads"] = _plain(record.payloads, codec, "payloads", undecoded)
+        return cls(
+            record.seq,
+            record.type,
+            _iso(record.time_ms),
+            record.command_id,
+            attributes,
+            undecoded=undecoded,
+        )
+
+    def shown_as_stored(self, where: str) -> Payload | None:
+        """The payload at ``where`` (an attribute, or ``payloads.<i>``) if the codec that
+        read it could not decode it, as it is stored; None if it was decoded."""
+        if where not in self.undecoded:
+            return None
+        name, _, index = where.partition(".")
+        value = self.attributes.get(name)
+        if index and isinstance(value, list) and index.isdigit() and int(index) < len(value):
+            value = value[int(index)]
+        if not isinstance(value, dict):
+            return None
+        try:
+            data = base64.b64decode(str(value.get("base64", "")), validate=True)
+        except ValueError:  # binascii.Error: not what this view writes
+            return None
+        return Payload(str(value.get("content_type", "")), data)
 
 
 # Fields of a later schema version a record of an earlier one lacks: shown when set, so
@@ -191,13 +220,14 @@ _ENVELOPE = frozenset(
 )
 
 
-def _plain(value: Any, codec: PayloadCodec) -> Any:
+def _plain(value: Any, codec: PayloadCodec, where: str, undecoded: list[str]) -> Any:
     if isinstance(value, Payload):
         # Decoded by the configured codec (the hook may seal JSON under its own content
-        # type); what it cannot read is shown as it is stored.
+        # type); what it cannot read is shown as it is stored, and said to be.
         try:
             return decode_safely(codec, value)
         except StepstreamError:
+            undecoded.append(where)
             return {
                 "content_type": value.content_type,
                 "base64": base64.b64encode(value.data).decode(),
@@ -205,5 +235,5 @@ def _plain(value: Any, codec: PayloadCodec) -> Any:
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     if isinstance(value, list):
-        return [_plain(item, codec) for item in value]
+        return [_plain(item, codec, f"{where}.{i}", undecoded) for i, item in enumerate(value)]
     return value

@@ -10,7 +10,6 @@ environment fails there, with its own message, rather than when its module is im
 
 from __future__ import annotations
 
-import base64
 import importlib
 import inspect
 import sys
@@ -96,22 +95,14 @@ def _not_a_codec(flag: str, spec: str, value: Any) -> str:
 
 
 def undecoded_payloads(entries: Iterable[HistoryEntry]) -> list[Payload]:
-    """The payloads a history view holds as stored (``{content_type, base64}``): the
+    """The payloads a history view holds as stored (``HistoryEntry.undecoded``): the
     codec that read them could not decode them."""
     found: list[Payload] = []
-
-    def visit(value: Any) -> None:
-        if isinstance(value, dict):
-            if set(value) == {"content_type", "base64"}:
-                data = base64.b64decode(str(value["base64"]), validate=False)
-                found.append(Payload(str(value["content_type"]), data))
-        elif isinstance(value, list):
-            for item in value:
-                visit(item)
-
     for entry in entries:
-        for value in entry.attributes.values():
-            visit(value)
+        for where in entry.undecoded:
+            payload = entry.shown_as_stored(where)
+            if payload is not None:
+                found.append(payload)
     return found
 
 

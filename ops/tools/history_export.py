@@ -283,7 +283,10 @@ def records_from_entries(
         attributes: dict[str, Any] = {}
         if cls is MessagesReceived:
             # Shown as one decoded list (``HistoryEntry.of``), stored as two.
-            viewed = [_viewed_payload(p, codec) for p in entry.attributes.get("payloads", [])]
+            viewed = [
+                _viewed_payload(entry, f"payloads.{i}", p, codec)
+                for i, p in enumerate(entry.attributes.get("payloads", []))
+            ]
             attributes["content_types"] = [p.content_type for p in viewed]
             attributes["data"] = [p.data for p in viewed]
         for name, value in entry.attributes.items():
@@ -291,7 +294,7 @@ def records_from_entries(
                 continue
             # A payload that must be there and reads None held JSON null.
             if name in required or (name in payloads and value is not None):
-                value = _viewed_payload(value, codec)
+                value = _viewed_payload(entry, name, value, codec)
             attributes[name] = value
         records.append(
             cls(
@@ -305,10 +308,11 @@ def records_from_entries(
     return records
 
 
-def _viewed_payload(value: Any, codec: PayloadCodec) -> Payload:
-    if isinstance(value, dict) and set(value) == {"content_type", "base64"}:
-        return Payload(value["content_type"], base64.b64decode(value["base64"]))
-    return encode_safely(codec, value)
+def _viewed_payload(entry: HistoryEntry, where: str, value: Any, codec: PayloadCodec) -> Payload:
+    """The payload ``entry`` shows at ``where``: as it is stored where the server could
+    not decode it, else ``value`` encoded again."""
+    stored = entry.shown_as_stored(where)
+    return stored if stored is not None else encode_safely(codec, value)
 
 
 def _ms(iso: str) -> int:

@@ -346,3 +346,42 @@ def test_the_encryption_page_runs_as_typed(tmp_path: Path) -> None:
     assert len(warnings) == 3, done.stderr
     assert "'application/vnd.stepstream.aes-gcm+json; key-id=k1'" in warnings[0]
     assert "key id 'k1', which STEPSTREAM_CODEC_KEYS does not hold (it has k2)" in warnings[2]
+
+
+ECHO = """
+from stepstream import workflow
+
+@workflow("echo")
+async def echo(ctx, value):
+    return value
+"""
+
+
+def test_a_value_shaped_like_an_undecoded_payload_reads_as_the_value(tmp_path: Path) -> None:
+    """A payload shown as stored is said to be apart from the value: a workflow's own
+    dict of the same shape (``content_type`` and ``base64``) is read, exported and
+    replayed as the value it is, never taken for bytes (nor refused as bad base64)."""
+    (tmp_path / "echoes.py").write_text(ECHO)
+    env = {**clean_env(tmp_path), "PYTHONPATH": REPO}
+    for n, value in enumerate(
+        [
+            {"content_type": "text/plain", "base64": "abc"},  # not even base64
+            {"content_type": "text/plain", "base64": "aGk="},
+        ]
+    ):
+        run = ["run", "echoes:echo", "--input", json.dumps(value), "--data", f"d{n}", "--json"]
+        done = json.loads(ok(run_cli(tmp_path, *run, env=env)))
+        assert done["result"] == value
+        instance = done["instance_id"]
+        read = ["history", instance, "--connect", f"embedded:d{n}", "--json"]
+        shown = run_cli(tmp_path, *read, env=env)
+        assert ok(shown) and shown.stderr == "", shown.stderr
+        [started] = [r for r in json.loads(shown.stdout) if r["type"] == "WorkflowStarted"]
+        assert started["attributes"]["input"] == value and started["undecoded"] == [], started
+        export = ["history", instance, "--connect", f"embedded:d{n}", "--export", f"e-{n}.json"]
+        ok(run_cli(tmp_path, *export, env=env))
+        exported = json.loads((tmp_path / f"e-{n}.json").read_text())
+        [start] = [r for r in exported["records"] if r["type"] == "WorkflowStarted"]
+        assert start["attributes"]["input"] == {"content_type": "application/json", "json": value}
+        replay = ["replay", "--workflows", "echoes", "--file", f"e-{n}.json"]
+        assert "ok" in ok(run_cli(tmp_path, *replay, env=env))
