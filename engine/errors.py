@@ -219,7 +219,8 @@ class StepTimeout(StepstreamError, TimeoutError):
 
 
 class EventTimeout(StepstreamError, TimeoutError):
-    """``ctx.wait_for_event`` reached its timeout before the event arrived."""
+    """``ctx.wait_for_event`` (or ``ctx.messages.next``) reached its timeout before the
+    event (or one of the messages) arrived; ``event_name`` names what it waited for."""
 
     def __init__(self, message: str, *, key: str = "", event_name: str = "") -> None:
         super().__init__(message)

@@ -296,12 +296,16 @@ class RuntimeCore:
             case EntryState.ELAPSED:
                 fut.set_result(None)
             case EntryState.TIMED_OUT:
+                if entry.names is not None:  # ctx.messages: one of several names
+                    awaited = "no message " + " or ".join(repr(n) for n in entry.names)
+                else:
+                    awaited = f"no event {entry.event_name!r}"
                 fut.set_exception(
                     EventTimeout(
-                        f"instance {self.state.instance_id}: no event {entry.event_name!r} "
-                        f"arrived before the timeout of wait {entry.key!r}",
+                        f"instance {self.state.instance_id}: {awaited} arrived before the "
+                        f"timeout of wait {entry.key!r}",
                         key=entry.key,
-                        event_name=entry.event_name or "",
+                        event_name=entry.event_name or ", ".join(entry.names or ()),
                     )
                 )
             case _:

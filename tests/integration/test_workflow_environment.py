@@ -284,3 +284,23 @@ async def test_long_sleepers_leave_memory_and_wake_where_they_slept() -> None:
                 "2024-01-03T00:00:00+00:00",
                 "2024-01-04T00:00:00+00:00",
             ]
+
+
+@workflow("inbox")
+async def inbox(ctx: Context, _: Any) -> str:
+    try:
+        await ctx.messages.next(["order", "refund"], timeout=DAY)
+    except EventTimeout as exc:
+        return str(exc)
+    return "a message came"
+
+
+async def test_a_message_wait_that_times_out_names_the_messages_it_waited_for() -> None:
+    async with WorkflowEnvironment(Registry([inbox]), clock="virtual") as env:
+        await env.client.start("inbox", None, instance_id="in-1")
+        await env.advance(2 * DAY)
+        said = await env.client.result("in-1")
+    assert said == (
+        "instance in-1: no message 'order' or 'refund' arrived before the timeout of "
+        "wait 'messages'"
+    ), said
