@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from stepstream.engine.api.attributes import AttributeValue, same_value
+from stepstream.engine.api.attributes import AttributeValue, attribute_problem, same_value
 from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.reads.views import InstanceStatus
 from stepstream.engine.replay.state import Status
@@ -184,8 +184,11 @@ def where_pairs(where: str | Mapping[str, Any]) -> tuple[tuple[str, WhereValue],
     if isinstance(where, str):
         try:
             where = orjson.loads(where)
-        except orjson.JSONDecodeError:
-            where = None  # type: ignore[assignment]
+        except orjson.JSONDecodeError as exc:
+            raise InvalidPayload(
+                f"where is not valid JSON ({exc}): give the attributes to match as one JSON "
+                'object, for example where={"customer":"42","vip":true}'
+            ) from None
         if not isinstance(where, dict):
             raise InvalidPayload(
                 "where is not a JSON object: give the attributes to match as one, for "
@@ -201,6 +204,10 @@ def where_pairs(where: str | Mapping[str, Any]) -> tuple[tuple[str, WhereValue],
                 f"where {key!r}: {value!r} is a {shown}; an attribute is matched by a "
                 "str, int, float or bool (or a list of them: any of its values)"
             )
+        # What no attribute can hold (an infinite number, a key with '='): none matches.
+        problem = next(filter(None, (attribute_problem(key, v) for v in values)), None)
+        if problem is not None:
+            raise InvalidPayload(f"where: {problem} (no attribute can be so: none would match)")
         pairs.append((key, tuple(values) if isinstance(value, list | tuple) else value))
     return tuple(pairs)
 

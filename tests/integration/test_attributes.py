@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import re
 import time
 import urllib.error
 import urllib.request
@@ -66,6 +68,14 @@ async def test_where_matches_every_attribute_across_partitions(client: Client) -
     assert "t-0" not in await _ids(client, where={"customer": "42"})
     with pytest.raises(InvalidPayload, match="str, int, float or bool"):
         await client.list_page(where={"customer": None})  # type: ignore[dict-item]
+    # What no attribute can be would match nothing: said, not sent.
+    for where, says in (
+        ({"amount": math.inf}, "attribute 'amount' is inf; give a finite number"),
+        ({"amount": [1, math.nan]}, "attribute 'amount' is nan"),
+        ({"amount": 2**64}, "must fit in 64 bits"),
+    ):
+        with pytest.raises(InvalidPayload, match=re.escape(says)):
+            await client.list_page(where=where)
 
 
 @pytest.mark.parametrize(
@@ -154,7 +164,9 @@ def test_cli_and_http_list_by_attributes(tmp_path: Path) -> None:
         assert [i["instance_id"] for i in page["instances"]] == ["c-1"]
         assert _get(f"{server.url}/v1/instances/c-2")["attributes"] == {"customer": 42}
         for query, expected in (
-            ("where=customer:42", "where is not a JSON object"),
+            ("where=customer:42", "where is not valid JSON"),
+            (urlencode({"where": "[1]"}), "where is not a JSON object"),
+            (urlencode({"where": '{"customer": 1e999}'}), "number is infinity"),
             (urlencode({"where": '{"customer": {"a": 1}}'}), "is a dict; an attribute"),
         ):
             try:
