@@ -55,6 +55,7 @@ from stepstream.engine.wire.records import (
     WaitSatisfied,
     WorkflowForked,
     WorkflowReset,
+    WorkflowRestarted,
     WorkflowStarted,
 )
 from stepstream.engine.wire.settle import NO_SUCH_KEY, NOT_FAILED
@@ -101,6 +102,8 @@ def fold(instance_id: str, records: Sequence[HistoryRecord]) -> InstanceState:
         slots.see(record, record.seq in aside)
         if record.seq not in aside:
             state.apply(record)
+            if isinstance(record, WorkflowRestarted):
+                floors.clear()  # set aside in an earlier run: its attempts are not this one's
             continue
         if isinstance(record, StepAttemptStarted | StepSucceeded):
             floors[record.key] = max(floors.get(record.key, 0), record.attempt)

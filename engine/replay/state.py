@@ -110,9 +110,9 @@ class InstanceState:
     # A fork's origin: the instance its history was copied from, and the key there.
     forked_from: str = ""
     forked_at: str = ""
-    # After a reset: per step key, the highest attempt number set aside, so the attempts
-    # of the code run on are numbered above it and an outcome of a set-aside attempt
-    # is never taken for theirs (``engine.replay.reset``).
+    # After a reset: per step key, the highest attempt number set aside in this run, so
+    # the attempts of the code run on are numbered above it and an outcome of a
+    # set-aside attempt is never taken for theirs (``engine.replay.reset``).
     attempt_floors: dict[str, int] = field(default_factory=dict)
     # Per queue slot, the highest of its asks that a reset or fork gave back: the code
     # asks again under the next key (``engine.replay.slots``).
@@ -377,6 +377,7 @@ class InstanceState:
         self.finished_ms = 0
         self.attributes = {}  # the new run sets its own
         self.requeued = {}  # and asks its queues under keys of its own
+        self.attempt_floors = {}  # and numbers its attempts from 1
 
     def _loop_advanced(self, record: LoopAdvanced) -> None:
         entry = self._entry(record.key, EntryKind.LOOP, EntryState.RECORDED, record.seq)

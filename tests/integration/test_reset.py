@@ -91,6 +91,29 @@ async def test_retry_runs_the_failed_step_again_with_fresh_attempts(
         await client.retry(instance)
 
 
+async def test_a_run_started_again_numbers_its_attempts_from_one(
+    client: Client, ledger: Path
+) -> None:
+    """The attempt numbers a retry set aside count within their run only: a restart
+    begins a run whose steps start again at attempt 1."""
+    instance = await failed_order(client)
+    await client.retry(instance)  # ship fails again, as attempt 2
+    with pytest.raises(WorkflowFailed, match="warehouse"):
+        await client.result(instance, timeout=20)
+    (ledger / f"open-{instance}").touch()
+    await client.start("repairable", {}, instance_id=instance, if_exists="restart_if_failed")
+    await client.send_event(instance, "go", {"by": "ada"})
+    assert (await client.result(instance, timeout=20))["ship"] == "shipped"
+    history = await client.history(instance)
+    restarted = max(h.seq for h in history if h.type == "WorkflowRestarted")
+    started = [
+        (h.attributes["key"], h.attributes["attempt"])
+        for h in history
+        if h.type == "StepAttemptStarted" and h.seq > restarted
+    ]
+    assert ("ship", 1) in started and all(attempt == 1 for _, attempt in started), started
+
+
 async def test_reset_to_a_key_the_history_lacks_is_refused(client: Client) -> None:
     instance = await failed_order(client)
     with pytest.raises(UnknownReplayKey) as refused:
