@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from stepstream.engine.errors import ResultTimeout, StepstreamError
 from stepstream.engine.version import version
@@ -77,13 +77,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # said with the usage of the command they were given to, not the top level's
         args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     default_level = "INFO" if args.serves else "WARNING"
-    level = (args.log_level or os.environ.get("STEPSTREAM_LOG_LEVEL") or default_level).upper()
-    if level not in _LOG_LEVELS:
-        return _usage(args, f"log level {level!r} is not one of {', '.join(_LOG_LEVELS)}")
-    log_format = (args.log_format or os.environ.get("STEPSTREAM_LOG_FORMAT") or "text").lower()
-    if log_format not in logs.FORMATS:
-        return _usage(args, f"log format {log_format!r} is not one of {', '.join(logs.FORMATS)}")
-    logs.configure(level, log_format, process=_process_index(args))
+    level = _setting(
+        args, args.log_level, "STEPSTREAM_LOG_LEVEL", "--log-level", _LOG_LEVELS, str.upper
+    )
+    if isinstance(level, int):
+        return level
+    log_format = _setting(
+        args, args.log_format, "STEPSTREAM_LOG_FORMAT", "--log-format", logs.FORMATS, str.lower
+    )
+    if isinstance(log_format, int):
+        return log_format
+    logs.configure(level or default_level, log_format or "text", process=_process_index(args))
     handler: Handler = args.handler
     try:
         return handler(args)
@@ -104,6 +108,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return EXIT_ERROR
+
+
+def _setting(
+    args: argparse.Namespace,
+    given: str | None,
+    variable: str,
+    flag: str,
+    allowed: Sequence[str],
+    normal: Callable[[str], str],
+) -> str | int:
+    """A logging setting, from ``flag`` or else ``variable`` ("" when neither is set), or
+    the exit code once a value that is not ``allowed`` was reported, naming where it
+    came from."""
+    value = normal(given or os.environ.get(variable) or "")
+    if not value or value in allowed:
+        return value
+    choices = ", ".join(allowed)
+    if given:
+        return _usage(args, f"{flag} {given!r} is not one of {choices}")
+    print(
+        f"error: {variable}={os.environ[variable]!r} (from the environment) is not one of "
+        f"{choices}; set it to one of them, or unset it",
+        file=sys.stderr,
+    )
+    return EXIT_USAGE
 
 
 def _usage(args: argparse.Namespace, message: str) -> int:

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from stepstream.engine.api.workflow import Registry, WorkflowDefinition, definition_of
-from stepstream.engine.errors import StepstreamError
+from stepstream.engine.errors import ResultTimeout, StepstreamError
 from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.ops import event_loop
 from stepstream.ops.cli import render
@@ -60,6 +60,8 @@ async def _run_once(
             result: Any = None
             try:
                 result = await client.result(instance_id, timeout=args.timeout)
+            except ResultTimeout:
+                error = _unfinished(instance_id, args)
             except StepstreamError as exc:
                 error = exc
             status = await client.status(instance_id)
@@ -94,6 +96,23 @@ async def _run_once(
     if error is not None:
         raise error
     return EXIT_OK
+
+
+def _unfinished(instance_id: str, args: argparse.Namespace) -> ResultTimeout:
+    """What `run` says of an instance it stops unfinished: the engine it ran on stops
+    with the command, so where the instance can go on, if it can."""
+    said = f"instance {instance_id} did not finish within {args.timeout} s"
+    if args.data is None:
+        return ResultTimeout(
+            f"{said}; it ended with the run's throwaway data directory: give a longer "
+            "--timeout, or --data DIR to keep it"
+        )
+    module = args.target.partition(":")[0]
+    return ResultTimeout(
+        f"{said}; it waits in {args.data}: `stepstream dev --data {args.data} --workflows "
+        f"{module}` runs it on, and `stepstream status {instance_id} --connect "
+        f"embedded:{args.data}` shows where it stands"
+    )
 
 
 def load_workflow(target: str) -> WorkflowDefinition:
@@ -147,7 +166,14 @@ COMMANDS = (
                 help="data directory (default: a temporary one); keep one to read the "
                 "instance afterwards with --connect embedded:DIR",
             ),
-            arg("--timeout", type=float, metavar="S", help="give up after S seconds"),
+            arg(
+                "--timeout",
+                type=float,
+                metavar="S",
+                help="give up after S seconds (exit 3): the engine stops with the command, "
+                "so an unfinished instance ends with the throwaway directory, or waits in "
+                "--data DIR for `stepstream dev --data DIR` to run it on",
+            ),
         ),
         epilog='example: stepstream run examples.order:order --input \'{"card": "x"}\'',
     ),

@@ -328,6 +328,22 @@ def test_unusable_flags_and_settings_are_refused_and_nothing_is_started(fresh_de
     )
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert "STEPSTREAM_MAX_PAYLOAD_BYTES='1MiB' is not a whole number" in done.stderr
+    # A logging setting from the environment is named as such, not as the command's flag.
+    for variable, value in (("STEPSTREAM_LOG_LEVEL", "loud"), ("STEPSTREAM_LOG_FORMAT", "xml")):
+        done = subprocess.run(
+            [sys.executable, "-m", "stepstream.ops.cli", "list"],
+            cwd=fresh_dev.root,
+            env={**fresh_dev.env(), variable: value},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2, done
+        assert done.stderr.startswith(f"error: {variable}='{value}' (from the environment)")
+        assert "--help" not in done.stderr, done.stderr
+    assert "--log-level 'loud' is not one of" in refused(
+        fresh_dev, "list", "--log-level", "loud", code=2
+    )
 
 
 async def test_unknown_workflow(dev: Dev) -> None:
@@ -435,6 +451,17 @@ def test_run_prints_result_and_timeline(dev: Dev) -> None:
     assert "stepstream/ops/cli" not in done.stderr, done.stderr
     assert done.stderr.rstrip().splitlines()[-1].endswith("card declined"), done.stderr
     assert re.search(r"step\s+charge\s+failed", done.stdout), done.stdout
+
+    # Out of time: the engine stops with the command, and it says where the instance is.
+    done = cli(dev, "run", f"{MODULE}:gate", "--timeout", "0.5")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "throwaway data directory: give a longer --timeout" in done.stderr, done.stderr
+    done = cli(dev, "run", f"{MODULE}:gate", "--timeout", "0.5", "--data", "kept")
+    assert done.returncode == 3, done.stdout + done.stderr
+    [instance] = re.findall(r"instance (\S+) did not finish within 0.5 s", done.stderr)
+    assert f"it waits in kept: `stepstream dev --data kept --workflows {MODULE}`" in done.stderr
+    status = cli(dev, "status", instance, "--connect", "embedded:kept", "--json")
+    assert json.loads(status.stdout)["status"] == "running", status.stdout + status.stderr
 
 
 def test_readme_quick_start_runs_the_example(tmp_path: Path) -> None:
