@@ -109,8 +109,9 @@ def error_for(reason: str, instance_id: str, action: str) -> StepstreamError:
         status = reason[len(EXISTS) :].strip()
         return InstanceExists(
             f"instance {instance_id} already exists (status {status}); start it under "
-            'another id, or with if_exists="return" to get the existing one'
-            + (', or "restart_if_failed" to run it again' if status in _RESTARTABLE else ""),
+            'another id, or with the start policy "return" to get the existing one'
+            + (', or "restart_if_failed" to run it again' if status in _RESTARTABLE else "")
+            + " (if_exists= of the client and the HTTP API, --if-exists of the CLI)",
             instance_id=instance_id,
             status=status,
         )

@@ -68,6 +68,7 @@ def test_cli_start_if_exists(server: DevServer) -> None:
     assert done.stderr.startswith("error: "), done.stderr
     assert "c-1 already exists (status failed)" in done.stderr
     assert "restart_if_failed" in done.stderr  # says what to do next
+    assert "--if-exists of the CLI" in done.stderr  # and how, whichever way it was started
 
     # The default returns the existing one; a restart runs it again.
     assert cli_json(server, "start", "flaky-once", "--id", "c-1") == {"instance_id": "c-1"}
