@@ -44,6 +44,7 @@ def entry_json(entry: Entry) -> bytes:
     out: dict[str, Any] = {"k": entry.kind, "s": entry.state, "q": entry.seq}
     if entry.attempt:
         out["a"] = entry.attempt
+    if entry.max_attempts:  # a step's limit, how far a loop pruned, a message wait's max
         out["m"] = entry.max_attempts
     if entry.result is not None:
         out["r"] = _payload_json(entry.result)
@@ -77,7 +78,8 @@ def entry_from_json(key: str, raw: dict[str, Any]) -> Entry:
     entry = Entry(key, _member(EntryKind, raw["k"]), _member(EntryState, raw["s"]), raw["q"])
     if "a" in raw:
         entry.attempt = raw["a"]
-        entry.max_attempts = raw.get("m", 0)
+    if "m" in raw:
+        entry.max_attempts = raw["m"]
     if "r" in raw:
         entry.result = _payload_from(raw["r"])
     if "et" in raw:
@@ -94,6 +96,9 @@ def entry_from_json(key: str, raw: dict[str, Any]) -> Entry:
             entry.marks = {i: q for i, q in raw["mk"]}
         entry.child_id = raw.get("ch")
         entry.names = raw.get("nm")
+        if entry.names is not None and not entry.max_attempts:
+            # Stored without its max by an earlier version: one at a time loses nothing.
+            entry.max_attempts = 1
         if "ms" in raw:
             entry.messages = [(i, n, _payload_req(p), t) for i, n, p, t in raw["ms"]]
     return entry

@@ -304,3 +304,28 @@ async def test_a_message_wait_that_times_out_names_the_messages_it_waited_for() 
         "instance in-1: no message 'order' or 'refund' arrived before the timeout of "
         "wait 'messages'"
     ), said
+
+
+@workflow("collector")
+async def collector(ctx: Context, count: int) -> list[Any]:
+    got: list[Any] = []
+    while len(got) < count:
+        got.extend(m.payload for m in await ctx.messages.next_batch("m", max=5))
+    return got
+
+
+async def test_messages_held_while_paused_are_taken_in_order_after_a_crash() -> None:
+    """A message wait keeps how many it takes across a reload of its instance: what came
+    while it was paused is taken after a crash and the resume, before what comes later."""
+    async with WorkflowEnvironment(Registry([collector]), clock="virtual") as env:
+        await env.client.start("collector", 3, instance_id="col")
+        await env.settle()
+        await env.client.pause("col")
+        for payload in ("first", "second"):
+            await env.client.send_event("col", "m", payload)
+        await env.settle()
+        await env.crash()
+        await env.client.resume("col")
+        await env.settle()
+        await env.client.send_event("col", "m", "third")
+        assert await env.client.result("col", timeout=10) == ["first", "second", "third"]
