@@ -17,7 +17,7 @@ from stepstream.consumers.telemetry import Telemetry
 from stepstream.consumers.timers import TimerService
 from stepstream.engine.api.outbox import Outbox
 from stepstream.engine.api.workflow import Registry, WorkflowDefinition
-from stepstream.engine.errors import UnknownInstance
+from stepstream.engine.errors import InstanceFinished, UnknownInstance
 from stepstream.engine.reads.listing import (
     InstancePage,
     ListQuery,
@@ -305,20 +305,40 @@ class PartitionHost:
     async def wait_reply(self, instance_id: str, message_id: str, timeout: float | None) -> Payload:
         """The instance's answer to the message ``message_id`` (``msg.complete``), once it
         is durable; ``TimeoutError`` after ``timeout`` seconds."""
-        fut: asyncio.Future[Payload] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Payload] = loop.create_future()
         self._replies[message_id][fut] = None
+        # An instance that ends without answering never will: the asker is told at once.
+        ended: asyncio.Future[InstanceState] = loop.create_future()
+        self._finished[instance_id][ended] = None
         try:
             # Read after registering, so a commit in between cannot be missed.
-            answer = self._processor(instance_id).reads.reply(instance_id, message_id)
+            reads = self._processor(instance_id).reads
+            answer = reads.reply(instance_id, message_id)
             if answer is not None:
                 return answer
-            self.finished(instance_id)  # UnknownInstance if there is none
-            async with asyncio.timeout(timeout):  # one wake-up, where wait_for takes two
-                return await fut
+            if not self.finished(instance_id):  # UnknownInstance if there is none
+                async with asyncio.timeout(timeout):  # one wake-up, where wait_for takes two
+                    await asyncio.wait((fut, ended), return_when=asyncio.FIRST_COMPLETED)
+                if fut.done():
+                    return fut.result()
+                # Its answer, if any, was in the commit that ended it: stored by now.
+                answer = reads.reply(instance_id, message_id)
+                if answer is not None:
+                    return answer
+            status = self.read_state(instance_id, entries=False).status.value
+            raise InstanceFinished(
+                f"instance {instance_id} ended ({status}) without answering message "
+                f"{message_id}: its code did not call msg.complete() for it before it ended; "
+                f"see `stepstream history {instance_id}`"
+            )
         finally:
             waiters = self._replies.get(message_id)
             if waiters is not None and waiters.pop(fut, 0) is None and not waiters:
                 del self._replies[message_id]
+            waiting = self._finished.get(instance_id)
+            if waiting is not None and waiting.pop(ended, 0) is None and not waiting:
+                del self._finished[instance_id]
 
     async def wait_finished(self, instance_id: str, timeout: float | None) -> InstanceState:
         fut: asyncio.Future[InstanceState] = asyncio.get_running_loop().create_future()

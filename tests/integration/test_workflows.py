@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -525,6 +526,26 @@ async def test_request_gets_the_answer_the_workflow_completes_the_message_with(
     assert await client.result(instance, timeout=20) == 3
     types = [h.type for h in await client.history(instance)]
     assert types.count("MessageCompleted") == 3
+
+
+async def test_a_request_the_instance_ends_without_answering_is_told_so(
+    client: Client,
+) -> None:
+    """A request waits for its answer only while one can come: once the instance ends
+    without answering (it took the message and returned, or never took it), the asker
+    is told at once, not at the end of its timeout."""
+    instance = await client.start("quoter", None, instance_id=new_id("quoter"))
+    unheard = asyncio.ensure_future(client.request(instance, "unheard", None, timeout=60))
+    await asyncio.sleep(0.2)
+    began = time.monotonic()
+    with pytest.raises(InstanceFinished, match="ended \\(completed\\) without answering"):
+        await client.request(instance, "stop", None, timeout=60)
+    with pytest.raises(InstanceFinished, match=f"instance {instance} ended"):
+        await unheard
+    assert time.monotonic() - began < 30  # told, not timed out
+    assert await client.result(instance, timeout=20) == 0
+    with pytest.raises(InstanceFinished):  # and so is a request that comes after the end
+        await client.request(instance, "quote", {"qty": 1}, timeout=60)
 
 
 async def test_ephemeral_steps_record_only_their_results(client: Client) -> None:
