@@ -18,7 +18,7 @@ from stepstream.engine.api.durations import seconds_of
 from stepstream.engine.api.runtime import WorkflowRuntime
 from stepstream.engine.errors import EventTimeout, InvalidWorkflowCall
 from stepstream.engine.wire.codec import PayloadCodec, decode_safely
-from stepstream.engine.wire.names import whole_in
+from stepstream.engine.wire.names import event_name_problem, step_name_problem, whole_in
 from stepstream.engine.wire.records import Payload
 
 
@@ -85,16 +85,33 @@ class Messages:
         timeout: float | timedelta | None,
         what: str,
     ) -> list[Message]:
-        wanted = [names] if isinstance(names, str) else list(names)
+        if isinstance(names, str):
+            wanted = [names]
+        elif isinstance(names, list | tuple):
+            wanted = list(names)
+        else:
+            raise InvalidWorkflowCall(
+                f"ctx.messages.{what}: give a message name or a list of them, not "
+                f"{type(names).__name__} {names!r:.60}"
+            )
         if not wanted:
             raise InvalidWorkflowCall(f"ctx.messages.{what} needs at least one name")
+        for name in wanted:
+            # A name a client may not send (or none at all) would be waited for in vain.
+            problem = event_name_problem(name)
+            if problem is not None:
+                raise InvalidWorkflowCall(
+                    f"ctx.messages.{what}: message name {name!r:.60} {problem}"
+                )
         limit = None
         if timeout is not None:
             # A timeout of 0 or less takes what has come and does not wait.
             negative = isinstance(timeout, int | float) and timeout < 0
             seconds = 0.0 if negative else seconds_of(timeout, f"ctx.messages.{what} timeout")
             limit = round(seconds * 1000)
-        key = self._rt.key_for(wanted[0] if len(wanted) == 1 else "messages")
+        # Named for its one name where that is a step name (no '#' or '/'), as before.
+        one = len(wanted) == 1 and step_name_problem(wanted[0]) is None
+        key = self._rt.key_for(wanted[0] if one else "messages")
         raw = await self._rt.message_future(key, wanted, max_messages, limit)
         return [self._message(*m) for m in raw]
 

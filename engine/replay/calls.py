@@ -298,7 +298,11 @@ class CallsMixin(DrivingMixin):
         nothing, and the receiver applies a repeat of its command id once)."""
         if self._visit(key, EntryKind.SENT) is not None:
             return
-        problem = name_problem(target) or event_name_problem(name)
+        problem = name_problem(target)
+        if problem is not None:
+            problem = f"the instance id it goes to, {target!r}, {problem}"
+        elif (problem := event_name_problem(name)) is not None:
+            problem = f"its name {name!r} {problem}"
         if problem is not None:
             raise InvalidWorkflowCall(f"message {key!r} of {self.state.instance_id}: {problem}")
         encoded = check_size(
@@ -315,8 +319,10 @@ class CallsMixin(DrivingMixin):
         return self.state.requeued.get(slot_key, 0)
 
     def complete_message(self, message_id: str, value: Any) -> None:
-        """Answer a message (a client's request() gets ``value``); once per message."""
-        if self._visit(reply_key(message_id), EntryKind.VALUE) is not None:
+        """Answer a message (a client's request() gets ``value``); once per message:
+        answering it again in the same run changes nothing."""
+        key = reply_key(message_id)
+        if key in self._visited or self._visit(key, EntryKind.VALUE) is not None:
             return
         result = check_size(
             encode_safely(self.codec, value),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -259,7 +260,7 @@ def json_flag(text: str | None, flag: str) -> Any:
 
 
 def timeout_flag(value: float | None, flag: str = "--timeout") -> float | None:
-    if value is not None and value <= 0:
+    if value is not None and not 0 < value < math.inf:
         raise UsageError(f"{flag} must be a positive number of seconds, got {value:g}")
     return value
 

@@ -9,7 +9,9 @@ step succeeds twice in its history.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
+import re
 import sys
 import time
 from datetime import UTC, datetime
@@ -17,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from stepstream import Context, workflow
+from stepstream import Context, InvalidPayload, WorkflowFailed, workflow
 from stepstream.engine.api.retry import RetryPolicy
 from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import EventTimeout, StepstreamError
@@ -329,3 +331,62 @@ async def test_messages_held_while_paused_are_taken_in_order_after_a_crash() -> 
         await env.settle()
         await env.client.send_event("col", "m", "third")
         assert await env.client.result("col", timeout=10) == ["first", "second", "third"]
+
+
+@workflow("takes")
+async def takes(ctx: Context, names: Any) -> list[Any]:
+    return [m.payload for m in await ctx.messages.next_batch(names, max=5, timeout=0)]
+
+
+@pytest.mark.parametrize(
+    ("names", "says"),
+    [
+        (5, "give a message name or a list of them, not int 5"),
+        (None, "give a message name or a list of them, not NoneType"),
+        (["ok", 5], "message name 5 must be a string, not int"),
+        ("~x", "message name '~x' starts with '~'"),
+        (["ok", ""], "message name '' must not be empty"),
+    ],
+)
+async def test_names_no_client_can_send_are_refused_where_the_code_waits(
+    names: Any, says: str
+) -> None:
+    async with WorkflowEnvironment(Registry([takes]), clock="virtual") as env:
+        await env.client.start("takes", names, instance_id="t-1")
+        with pytest.raises(WorkflowFailed, match=re.escape(f"ctx.messages.next_batch: {says}")):
+            await env.client.result("t-1")
+
+
+@workflow("answers")
+async def answers(ctx: Context, target: str) -> str:
+    msg = await ctx.messages.next("a/b")  # any name a client may send
+    await msg.complete("first")
+    await msg.complete("second")  # changes nothing
+    try:
+        await ctx.messages.send(target, "hello", None)
+    except StepstreamError as exc:
+        return str(exc)
+    return "sent"
+
+
+async def test_a_message_answered_twice_keeps_its_first_answer() -> None:
+    async with WorkflowEnvironment(Registry([answers]), clock="virtual") as env:
+        await env.client.start("answers", "", instance_id="a-1")
+        assert await env.client.request("a-1", "a/b", None, timeout=10) == "first"
+        # A bad send says which of its arguments is wrong.
+        assert await env.client.result("a-1") == (
+            "message 'send' of a-1: the instance id it goes to, '', must not be empty or "
+            "only spaces"
+        )
+
+
+async def test_a_bad_request_timeout_is_refused_before_the_message_goes() -> None:
+    async with WorkflowEnvironment(Registry([answers]), clock="virtual") as env:
+        await env.client.start("answers", "x", instance_id="a-2")
+        for timeout in ("5", math.nan, -1):
+            with pytest.raises(InvalidPayload, match="give a number of seconds"):
+                await env.client.request("a-2", "a/b", None, timeout=timeout)  # type: ignore[arg-type]
+            with pytest.raises(InvalidPayload, match="give a number of seconds"):
+                await env.client.result("a-2", timeout=timeout)  # type: ignore[arg-type]
+        assert (await env.client.status("a-2")).buffered_events == 0  # none was sent
+        assert await env.client.request("a-2", "a/b", None, timeout=math.inf) == "first"
