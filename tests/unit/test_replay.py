@@ -109,6 +109,20 @@ async def flow_that_raises(ctx: Context, n: int) -> None:
     raise ValueError("changed my mind")
 
 
+@workflow("flow")
+async def flow_patched_at_the_end(ctx: Context, n: int) -> dict[str, Any]:
+    """``flow`` with a step added at its end behind a patch, as docs/workflows.md says
+    to add one: histories recorded before the change end as they did."""
+    at = ctx.now().isoformat()
+    a = await ctx.step("a", double, n)
+    got = await ctx.wait_for_event("go", timeout=60)
+    await ctx.sleep("nap", 10)
+    b = await ctx.step("b", double, a)
+    if ctx.patched("notify"):
+        await ctx.step("notify", double, b)
+    return {"a": a, "b": b, "got": got, "at": at}
+
+
 @workflow("retry")
 async def retrying(ctx: Context, n: int) -> int:
     return await ctx.step("flaky", flaky, n)
@@ -269,6 +283,14 @@ def test_a_new_step_at_the_frontier_is_where_a_running_instance_goes_on() -> Non
         "completed",
         "step:c",
     )
+
+
+def test_a_patch_after_the_last_call_replays_a_finished_history_the_old_way() -> None:
+    result = replay_history(completed_flow(), registry(flow_patched_at_the_end))
+    assert result.outcome == "ok", result
+    assert result.result["b"] == 12
+    result = replay_history(waiting_flow(), registry(flow_patched_at_the_end))
+    assert result.outcome == "ok", result
 
 
 def test_a_completed_history_whose_code_now_raises_diverges_at_its_end() -> None:

@@ -118,6 +118,7 @@ def replay_history(
         clock=FixedClock(records[-1].time_ms),
         epoch=max(r.epoch for r in records) + 1,
         trace=trace,
+        ended=end is not None,
     )
     out = Output()
     try:

@@ -47,11 +47,17 @@ class ReplayRuntime(InstanceRuntime):
     """Notes every ``ctx`` call and what it was given back. Overrides take any arguments
     and pass them on, so they keep working as the runtime's signatures grow."""
 
-    def __init__(self, *args: Any, trace: bool, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, trace: bool, ended: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.calls: list[NotedCall] = []
         self._tracing = trace
         self._value_counts: dict[str, int] = {}
+        self._ended = ended  # the history has its end (the terminal record is not folded)
+
+    def _history_goes_on(self) -> bool:
+        # A finished history goes on past every point its code reaches, to its end: a
+        # patch first met there was not in the code that made it.
+        return self._ended or super()._history_goes_on()
 
     def _note(self, kind: str, key: str) -> NotedCall:
         entry = self.state.entries.get(key)
