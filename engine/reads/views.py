@@ -74,9 +74,10 @@ class InstanceStatus:
 
     @property
     def diverged(self) -> bool:
-        """Parked: its history no longer matches the deployed code (``error`` says where);
-        it goes on once matching code is deployed."""
-        return not self.finished and (self.error or "").startswith("HistoryDiverged")
+        """Parked: the deployed code cannot run it (``error`` says why: its history no
+        longer matches the code, its version is not deployed, or the payload codec
+        cannot read it); it goes on once code that can is deployed."""
+        return not self.finished and bool(self.error)
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

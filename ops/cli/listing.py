@@ -203,8 +203,10 @@ COMMANDS = (
             arg(
                 "--diverged",
                 action="store_true",
-                help="only instances parked because their history no longer matches the "
-                "deployed code (they stay running; deploy matching code and they go on)",
+                help="only instances parked because the deployed code cannot run them: "
+                "their history no longer matches it, their version is not deployed, or the "
+                "payload codec cannot read them (`stepstream status ID` says which; they "
+                "stay running, and go on once code that can is deployed)",
             ),
         ),
     ),

@@ -124,6 +124,8 @@ async def test_an_instance_whose_version_is_not_deployed_says_so_in_its_status(
         assert "'waiter'" in status.error and "version '1'" in status.error
         listed = {s.instance_id: s for s in await client.list()}
         assert listed["orphan"].error == status.error
+        # Parked like a diverged one: `stepstream list --diverged` finds it.
+        assert [i for i, s in listed.items() if s.diverged] == ["orphan"]
         assert (await client.status("deployed")).error is None
     engine = await open_embedded(workflows_of_tests(), config)  # deployed again
     async with Client(engine.make_transport(owns_engine=True)) as client:
