@@ -38,6 +38,7 @@ from stepstream.engine.wire.records import (
     Payload,
     WorkflowStarted,
 )
+from stepstream.engine.wire.serde import default_serde
 
 FORMAT = "stepstream.history"
 FORMAT_VERSION = 1
@@ -46,6 +47,7 @@ _OPTIONAL_ENVELOPE = ("traceparent", "tracestate")
 _NOT_ATTRIBUTES = frozenset({"instance_id", *_ENVELOPE, *_OPTIONAL_ENVELOPE})
 _CLASSES: dict[str, type[HistoryRecord]] = {cls.type_name: cls for cls in HISTORY_TYPES}
 _CODEC = JsonCodec()
+_SERDE = default_serde()
 
 
 class InvalidHistoryFile(StepstreamError):
@@ -157,6 +159,12 @@ def read_export(path: str | os.PathLike[str]) -> ExportedHistory:
     except OSError as exc:
         reason = exc.strerror or exc
         raise InvalidHistoryFile(f"cannot read history file {where}: {reason}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidHistoryFile(
+            f"history file {where} is not UTF-8 text ({exc.reason} at byte {exc.start}): an "
+            "export is JSON, as `stepstream history ID --export FILE` writes it (unpack a "
+            "compressed one first)"
+        ) from None
     try:
         document = json.loads(text)
     except ValueError as exc:
@@ -171,7 +179,7 @@ def from_document(document: Any, *, where: str = "history document") -> Exported
             "write one with `stepstream history ID --export FILE`"
         )
     version = document.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION or version < 1:
+    if type(version) is not int or version > FORMAT_VERSION or version < 1:
         raise InvalidHistoryFile(
             f"{where} has format_version {version!r}; this stepstream reads versions 1 to "
             f"{FORMAT_VERSION}: upgrade stepstream to read it"
@@ -183,8 +191,12 @@ def from_document(document: Any, *, where: str = "history document") -> Exported
     records = []
     for n, raw in enumerate(raw_records):
         try:
-            records.append(record_from_json(instance_id, raw))
-        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+            record = record_from_json(instance_id, raw)
+            # What the engine could not have written (a field of the wrong type) is
+            # refused here, naming the field, rather than failing whoever reads it.
+            _SERDE.encode(record)
+            records.append(record)
+        except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
             raise InvalidHistoryFile(
                 f"{where}: record {n} cannot be read ({type(exc).__name__}: {exc})"
             ) from None
@@ -197,6 +209,8 @@ def from_document(document: Any, *, where: str = "history document") -> Exported
 
 
 def record_from_json(instance_id: str, raw: Mapping[str, Any]) -> HistoryRecord:
+    if not isinstance(raw, dict):
+        raise ValueError(f"a record must be a JSON object, got {raw!r:.60}")
     type_name = raw["type"]
     cls = _CLASSES.get(type_name)
     if cls is None:
@@ -207,7 +221,10 @@ def record_from_json(instance_id: str, raw: Mapping[str, Any]) -> HistoryRecord:
     payloads = _PAYLOAD_FIELDS[type_name]
     known = _ATTRIBUTES[type_name]
     attributes: dict[str, Any] = {}
-    for name, value in raw.get("attributes", {}).items():
+    given = raw.get("attributes", {})
+    if not isinstance(given, dict):
+        raise ValueError(f"attributes must be a JSON object, got {given!r:.60}")
+    for name, value in given.items():
         if name not in known:
             continue  # a field a newer writer added; this version has no place for it
         attributes[name] = _payload_from(value) if name in payloads and value is not None else value

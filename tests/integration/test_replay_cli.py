@@ -215,6 +215,13 @@ def test_a_missing_data_directory_or_instance_exits_1(tmp_path: Path) -> None:
     (tmp_path / "shop.py").write_text(SHOP)
     run = replay(tmp_path, "--workflows", "shop", "--data", str(tmp_path / "none"))
     assert run.returncode == 1 and "not an embedded data directory" in run.stderr
+    # A misspelt --workflow would replay nothing and pass a deploy gate: refused.
+    (tmp_path / "data").mkdir()
+    run = replay(
+        tmp_path, "--workflows", "shop", "--data", str(tmp_path / "data"), "--workflow", "odrer"
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "--workflow 'odrer' is not a workflow of shop; it has order" in run.stderr
 
 
 # ---- 10,000 histories ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -223,3 +224,43 @@ def test_a_null_payload_in_a_view_is_json_null_not_a_missing_payload() -> None:
     )
     (rebuilt,) = records_from_entries("n", [HistoryEntry.of(record, CODEC)])
     assert rebuilt == record
+
+
+def _damaged(record: int, change: Any) -> dict[str, Any]:
+    """The sample's export document with ``change(raw)`` applied to one record."""
+    document = to_document("o-1", sample())
+    change(document["records"][record])
+    return document
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda r: r.update(attributes=[]), "attributes must be a JSON object"),
+        (lambda r: r.update(attributes=None), "attributes must be a JSON object"),
+        (lambda r: r.update(epoch="x"), "attribute epoch='x'"),
+        (lambda r: r.update(seq=None), "attribute seq=None"),
+        (lambda r: r["attributes"].update(workflow=5), "attribute workflow=5"),
+    ],
+)
+def test_a_record_the_engine_could_not_have_written_is_refused_naming_its_field(
+    tmp_path: Path, change: Any, says: str
+) -> None:
+    """What a replay would trip over later (a field of the wrong type) is refused when
+    the file is read, with the record's number and the field."""
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(_damaged(0, change)))
+    with pytest.raises(InvalidHistoryFile, match=f"record 0 cannot be read.*{re.escape(says)}"):
+        read_export(path)
+
+
+def test_a_file_that_is_not_text_or_of_another_format_version_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "packed.json"
+    path.write_bytes(b"\x1f\x8b\x08\x00 not text")
+    with pytest.raises(InvalidHistoryFile, match="is not UTF-8 text"):
+        read_export(path)
+    document = to_document("o-1", sample())
+    with pytest.raises(InvalidHistoryFile, match="format_version True"):
+        from_document({**document, "format_version": True})
+    with pytest.raises(InvalidHistoryFile, match="record 1 cannot be read"):
+        from_document({**document, "records": [document["records"][0], 7]})

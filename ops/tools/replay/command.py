@@ -30,6 +30,13 @@ def main(args: Any, codec: PayloadCodec | None = None) -> int:
     ``codec`` decodes the recorded payloads (JSON by default)."""
     registry = Registry()
     registry.add_modules(args.workflows)
+    known = registry.names()
+    if args.workflow is not None and args.workflow not in known:
+        # A misspelt name would replay nothing and pass the gate.
+        raise StepstreamError(
+            f"--workflow {args.workflow!r} is not a workflow of {args.workflows}; it has "
+            f"{', '.join(sorted(known)) or 'none'}"
+        )
     histories, total = _histories(args, codec)
     single = args.instance is not None or (args.file is not None and len(args.file) == 1)
     results: list[dict[str, Any]] = []
