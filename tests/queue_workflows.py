@@ -137,3 +137,14 @@ async def fails_once(ctx: Context, ledger: str) -> str:
         True,
         retry=RetryPolicy(max_attempts=1),
     )
+
+
+@workflow("code-fails", queue=single)
+async def code_fails(ctx: Context, args: dict[str, str]) -> list[str]:
+    """In the one slot of ``single``: a step, then code that raises until the file
+    ``args["fixed"]`` exists (a fix deployed), then another step."""
+    first = await ctx.step("first", stamp, args["ledger"], f"{ctx.instance_id}/first")
+    if not Path(args["fixed"]).exists():
+        raise ValueError("a bug in the code")
+    second = await ctx.step("second", stamp, args["ledger"], f"{ctx.instance_id}/second")
+    return [first, second]

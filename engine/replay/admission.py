@@ -46,11 +46,17 @@ class AdmissionMixin(RuntimeCore):
         the attempt failed and the step will retry. The step's own retry timer never
         starts an attempt of a queued step: only the code, admitted again, does."""
         entries = self.state.entries
-        attempt = max(after + 1, self.state.attempt_floors.get(key, 0) + 1)
         if after == 0:
             if not callable(fn):
                 raise TypeError(f"ctx.step({key!r}, ...): {fn!r} is not callable")
             entry = self._visit(key, EntryKind.STEP)
+        else:
+            entry = entries.get(key)
+        attempt = after + 1
+        if entry is None or entry.attempt < attempt:
+            # Not recorded in what still counts: numbered above what a reset set aside.
+            attempt = max(attempt, self.state.attempt_floors.get(key, 0) + 1)
+        if after == 0:
             # Recorded by a version that held one slot for every attempt: it goes on so.
             held = (
                 entry is not None
@@ -62,8 +68,6 @@ class AdmissionMixin(RuntimeCore):
             )
             if held:
                 return self._held_attempts(key, entry)
-        else:
-            entry = entries.get(key)
         assert self._loop is not None
         fut = self._loop.create_future()
         self._futures[key] = fut

@@ -231,7 +231,18 @@ def retry_point(state: InstanceState) -> tuple[str, int] | str:
     if failed:
         newest = max(failed, key=lambda e: e.seq)
         return newest.key, newest.seq
-    return "", state.seq  # the WorkflowFailed record is the instance's last
+    # Just before the WorkflowFailed record (the instance's last), and before the queue
+    # slots the code gave back as the exception went up (``holding``): the code that
+    # runs again asks for them again rather than go on past its own release.
+    released = {
+        e.seq
+        for e in state.entries.values()
+        if e.kind is EntryKind.SENT and e.key.endswith("#release")
+    }
+    first = state.seq
+    while first - 1 in released:
+        first -= 1
+    return "", first
 
 
 # ---- the inputs ------------------------------------------------------------------------

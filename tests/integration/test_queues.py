@@ -255,6 +255,46 @@ async def test_a_queued_step_with_retries_ends_the_same_across_crashes(
     assert keys and all(k.startswith("call#backoff#") for k in keys), slow
 
 
+async def test_a_retry_of_code_that_raised_asks_its_queue_again(
+    client: Client, tmp_path: Path
+) -> None:
+    """The code raised (no step failed), giving its slot back as the exception went up:
+    retried once a fix is deployed, it waits for the queue and runs on."""
+    args = {"ledger": str(tmp_path / "ledger"), "fixed": str(tmp_path / "fixed")}
+    await client.start("code-fails", args, instance_id="cf")
+    with pytest.raises(WorkflowFailed, match="a bug in the code"):
+        await client.result("cf", timeout=30)
+    await client.start("gate", None, instance_id="holder")
+    await until_status(client, "holder", "running")
+    (tmp_path / "fixed").touch()
+    await client.retry("cf")
+    await asyncio.sleep(0.5)
+    assert [w.kind for w in (await client.status("cf")).waits] == ["queue"]
+    await client.send_event("holder", "go", None)
+    assert await client.result("cf", timeout=30) == ["cf/first", "cf/second"]
+    spans = [s for i in ("holder", "cf") for s in slot_spans(await client.history(i))]
+    assert most_at_once(spans) == 1, spans
+
+
+@pytest.mark.parametrize("key", ["call#backoff#1", "call#slot#2", "call#slot#2#acquire"])
+async def test_a_queued_step_reset_between_its_attempts_runs_on(
+    client: Client, tmp_path: Path, key: str
+) -> None:
+    """Reset to a key between a queued step's failed attempt and its retry: the failed
+    attempt replays, and the retry asks for a slot of its own and runs."""
+    ledger = tmp_path / "ledger"
+    await client.start("partner", {"ledger": str(ledger), "fail_first": True}, instance_id="p")
+    assert await client.result("p", timeout=30) == "p"
+    await client.reset("p", to=key)
+    assert await client.result("p", timeout=30) == "p"
+    history = await client.history("p")
+    attempts = [e.attributes["attempt"] for e in history if e.type == "StepAttemptStarted"]
+    assert attempts == [1, 2, 3], history  # the set-aside second, then a third
+    assert len(ledger.read_text().splitlines()) == 3
+    await client.start("partner", {"ledger": str(ledger)}, instance_id="after")
+    assert await client.result("after", timeout=30) == "after"  # no slot was kept
+
+
 @pytest.mark.parametrize("seed", range(4))
 async def test_a_run_asking_its_queue_again_ends_the_same_across_crashes(
     seed: int, tmp_path: Path
