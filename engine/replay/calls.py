@@ -29,6 +29,7 @@ from stepstream.engine.wire.codec import (
 from stepstream.engine.wire.names import event_name_problem, name_problem, step_name_problem
 from stepstream.engine.wire.records import (
     AttributesSet,
+    CallRemoved,
     ChildStarted,
     LoopAdvanced,
     MessageCompleted,
@@ -362,9 +363,12 @@ class CallsMixin(DrivingMixin):
         if entry is None or key in self._visited:
             return
         self._visited.add(key)
-        if entry.timer_id is not None and not entry.state.final:
+        if entry.state.final:
+            return
+        if entry.timer_id is not None:
             self._timer(TimerCancelled, timer_id=entry.timer_id)
         self._give_up_attempts([entry])
+        self._emit(CallRemoved, key=key)  # abandoned: no status or wait shows it open
 
     def _history_goes_on(self) -> bool:
         """Whether recorded entries remain that replay has not reached yet."""

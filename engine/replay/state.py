@@ -38,6 +38,7 @@ from stepstream.engine.replay.status import Status as Status
 from stepstream.engine.replay.status import check_transition
 from stepstream.engine.wire.records import (
     AttributesSet,
+    CallRemoved,
     ChildStarted,
     EventBuffered,
     HistoryRecord,
@@ -304,11 +305,9 @@ class InstanceState:
                 entry = self._entry(record.key, EntryKind.RACE, EntryState.RECORDED, record.seq)
                 entry.winner = record.winner
                 entry.losers = list(record.losers)
-                for other in self.under(record.losers):
-                    if not other.state.final:
-                        other.state = EntryState.ABANDONED
-                        other.timer_id = other.fire_at_ms = None
-                        self.dirty_entries.add(other.key)
+                self._abandon(self.under(record.losers))
+            case CallRemoved():
+                self._abandon([self.entries[record.key]] if record.key in self.entries else [])
             case LoopAdvanced():
                 self._loop_advanced(record)
             case ValueRecorded():
@@ -384,6 +383,14 @@ class InstanceState:
         entry.attempt = record.iteration
         entry.result = record.state
         prune_iterations(self, entry, record)
+
+    def _abandon(self, entries: list[Entry]) -> None:
+        """What the code will never reach again (a lost race branch, a removed call)."""
+        for entry in entries:
+            if not entry.state.final:
+                entry.state = EntryState.ABANDONED
+                entry.timer_id = entry.fire_at_ms = None
+                self.dirty_entries.add(entry.key)
 
     def _take_buffered(self, command_ids: Iterable[str]) -> None:
         """Remove the buffered events of these commands. The code takes the oldest of a

@@ -234,6 +234,14 @@ class RaceDecided(HistoryRecord):
 
 
 @record
+class CallRemoved(HistoryRecord):
+    """The code no longer has the step, sleep or wait at ``key`` (``ctx.removed``), which
+    was still open: it is abandoned (its attempt given up, its timer cancelled)."""
+
+    key: str
+
+
+@record
 class LoopAdvanced(HistoryRecord):
     """An iteration of a loop ended with ``Continue``: the next iteration and its state;
     iterations older than the last ``keep`` are pruned."""
@@ -532,6 +540,7 @@ HISTORY_TYPES: tuple[type[HistoryRecord], ...] = (
     WorkflowTerminatedRecord,
     WorkflowTimeoutSet,
     WorkflowRestarted,
+    CallRemoved,
 )
 TIMER_TYPES: tuple[type[TimerRecord], ...] = (TimerScheduled, TimerCancelled)
 SNAPSHOT_TYPES: tuple[type[SnapshotRecord], ...] = (StateChunk, SnapshotTaken)

@@ -47,7 +47,6 @@ _OPTIONAL_ENVELOPE = ("traceparent", "tracestate")
 _NOT_ATTRIBUTES = frozenset({"instance_id", *_ENVELOPE, *_OPTIONAL_ENVELOPE})
 _CLASSES: dict[str, type[HistoryRecord]] = {cls.type_name: cls for cls in HISTORY_TYPES}
 _CODEC = JsonCodec()
-_SERDE = default_serde()
 
 
 class InvalidHistoryFile(StepstreamError):
@@ -194,7 +193,7 @@ def from_document(document: Any, *, where: str = "history document") -> Exported
             record = record_from_json(instance_id, raw)
             # What the engine could not have written (a field of the wrong type) is
             # refused here, naming the field, rather than failing whoever reads it.
-            _SERDE.encode(record)
+            default_serde().encode(record)
             records.append(record)
         except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
             raise InvalidHistoryFile(

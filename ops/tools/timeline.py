@@ -168,6 +168,9 @@ def timeline_rows(history: Sequence[HistoryEntry]) -> list[TimelineRow]:
                 for kind, name in [s for s in open_spans if s[1].startswith(losers)]:
                     end(at, kind, name, "abandoned", "lost the race")
                 point(at, "race", key, "won", f"by {a.get('winner')}")
+            case "CallRemoved":
+                for kind, name in [s for s in open_spans if s[1] == key]:
+                    end(at, kind, name, "abandoned", "removed from the code")
             case "LoopAdvanced":
                 point(at, "loop", key, "next", f"iteration {a.get('iteration')}")
             case "ChildStarted":

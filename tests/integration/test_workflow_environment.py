@@ -13,8 +13,10 @@ import math
 import random
 import re
 import sys
+import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -390,3 +392,48 @@ async def test_a_bad_request_timeout_is_refused_before_the_message_goes() -> Non
                 await env.client.result("a-2", timeout=timeout)  # type: ignore[arg-type]
         assert (await env.client.status("a-2")).buffered_events == 0  # none was sent
         assert await env.client.request("a-2", "a/b", None, timeout=math.inf) == "first"
+
+
+AUDITING = threading.Event()
+
+
+def slow_audit(x: int) -> str:
+    AUDITING.set()
+    time.sleep(2)
+    return "audited"
+
+
+async def test_calls_the_code_removed_while_open_are_abandoned(tmp_path: Path) -> None:
+    """ctx.removed on a step whose attempt was running and a sleep still sleeping when
+    the code changed: both are abandoned (recorded), so no status shows them open and
+    the environment settles; the instance goes on."""
+
+    @workflow("audited", version="1")
+    async def audited_v1(ctx: Context, slow: bool) -> Any:
+        if slow:
+            await ctx.step("audit", slow_audit, 1)
+        await ctx.sleep("cool", 3600)
+        return await ctx.wait_for_event("go")
+
+    @workflow("audited", version="1")
+    async def audited_v1_without(ctx: Context, slow: bool) -> Any:
+        ctx.removed("audit")
+        ctx.removed("cool")
+        return await ctx.wait_for_event("go")
+
+    data = tmp_path / "data"
+    async with WorkflowEnvironment(Registry([audited_v1]), data_dir=data) as env:
+        await env.client.start("audited", True, instance_id="slow")
+        await env.client.start("audited", False, instance_id="sleepy")
+        await asyncio.get_running_loop().run_in_executor(None, AUDITING.wait, 10)
+    async with WorkflowEnvironment(Registry([audited_v1_without]), data_dir=data) as env:
+        await env.settle()
+        for instance in ("slow", "sleepy"):
+            status = await env.client.status(instance)
+            assert [(w.kind, w.key) for w in status.waits] == [("wait", "go")], status
+            await env.client.send_event(instance, "go", instance)
+            assert await env.client.result(instance, timeout=10) == instance
+        history = await env.client.history("slow")
+    removed = [e.attributes["key"] for e in history if e.type == "CallRemoved"]
+    assert removed == ["audit"], history
+    assert "StepSucceeded" not in [e.type for e in history]  # its outcome was ignored

@@ -22,6 +22,7 @@ from stepstream.engine.errors import UndecodableRecord
 from stepstream.engine.wire.records import (
     ALL_TYPES,
     AttributesSet,
+    CallRemoved,
     CancelWorkflow,
     ChildStarted,
     CommandIgnored,
@@ -208,6 +209,7 @@ SAMPLES: list[Record] = [
         key="attributes#1",
         attributes={"customer": "42", "amount": 25.0, "items": 3, "vip": True, "old": None},
     ),
+    CallRemoved(**env(8), key="audit"),
 ]
 
 # CRC-64-AVRO of the schema each record type is written with. A change here means a
@@ -262,6 +264,7 @@ RELEASED_FINGERPRINTS = {
     "WorkflowTimeoutSet": 0x536E56028E32FA5E,
     "WorkflowRestarted": 0x114BCDF3671A8B34,
     "AttributesSet": 0x8789D377EC0AB2C9,
+    "CallRemoved": 0xDC6776F06A0FD6AF,
 }
 # Released versions that a newer one replaced for writing; records of them still decode.
 OLDER_FINGERPRINTS = {
