@@ -44,8 +44,8 @@ def entry_json(entry: Entry) -> bytes:
     out: dict[str, Any] = {"k": entry.kind, "s": entry.state, "q": entry.seq}
     if entry.attempt:
         out["a"] = entry.attempt
-    if entry.max_attempts:  # a step's limit, how far a loop pruned, a message wait's max
-        out["m"] = entry.max_attempts
+    if entry.max_attempts or entry.names is not None:
+        out["m"] = entry.max_attempts  # a step's limit, a loop's pruning, a message wait's max
     if entry.result is not None:
         out["r"] = _payload_json(entry.result)
     if entry.error_type:
@@ -96,7 +96,7 @@ def entry_from_json(key: str, raw: dict[str, Any]) -> Entry:
             entry.marks = {i: q for i, q in raw["mk"]}
         entry.child_id = raw.get("ch")
         entry.names = raw.get("nm")
-        if entry.names is not None and not entry.max_attempts:
+        if entry.names is not None and "m" not in raw:
             # Stored without its max by an earlier version: one at a time loses nothing.
             entry.max_attempts = 1
         if "ms" in raw:
