@@ -17,8 +17,14 @@ from typing import Any
 from stepstream.engine.api.durations import seconds_of
 from stepstream.engine.api.runtime import WorkflowRuntime
 from stepstream.engine.errors import EventTimeout, InvalidWorkflowCall
+from stepstream.engine.replay.ids import CHILD_EVENT_PREFIX
 from stepstream.engine.wire.codec import PayloadCodec, decode_safely
-from stepstream.engine.wire.names import event_name_problem, step_name_problem, whole_in
+from stepstream.engine.wire.names import (
+    event_name_problem,
+    name_problem,
+    step_name_problem,
+    whole_in,
+)
 from stepstream.engine.wire.records import Payload
 
 
@@ -97,8 +103,10 @@ class Messages:
         if not wanted:
             raise InvalidWorkflowCall(f"ctx.messages.{what} needs at least one name")
         for name in wanted:
-            # A name a client may not send (or none at all) would be waited for in vain.
-            problem = event_name_problem(name)
+            # A name a client may not send (or none at all) would be waited for in vain;
+            # a child's notice of its end is the engine's own (the schedules take them).
+            engines = isinstance(name, str) and name.startswith(CHILD_EVENT_PREFIX)
+            problem = name_problem(name) if engines else event_name_problem(name)
             if problem is not None:
                 raise InvalidWorkflowCall(
                     f"ctx.messages.{what}: message name {name!r:.60} {problem}"

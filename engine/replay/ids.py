@@ -57,9 +57,12 @@ def parse_child_command(command_id: str) -> tuple[str, str] | None:
     return rest[: int(size)], rest[int(size) + 1 :]
 
 
+CHILD_EVENT_PREFIX = "~child/"
+
+
 def child_event(key: str) -> str:
     """The event a child sends its parent when it finishes (``~`` is not for clients)."""
-    return f"~child/{key}"
+    return f"{CHILD_EVENT_PREFIX}{key}"
 
 
 def loop_prefixes(key: str, iteration: int) -> tuple[str, str]:
