@@ -50,13 +50,19 @@ class HookThreads:
             except RuntimeError:  # the loop closed meanwhile: nobody waits for it
                 pass
 
-        async with self._running:
-            threading.Thread(target=run, name=self._name, daemon=True).start()
-            try:
-                result, error = await asyncio.wait_for(asyncio.shield(done), timeout)
-            except TimeoutError:
-                self._leave_behind(done, timeout)
-                raise
+        started = False
+        try:
+            async with self._running:
+                threading.Thread(target=run, name=self._name, daemon=True).start()
+                started = True  # its thread gives the permit back when it ends
+                try:
+                    result, error = await asyncio.wait_for(asyncio.shield(done), timeout)
+                except TimeoutError:
+                    self._leave_behind(done, timeout)
+                    raise
+        finally:
+            if not started:  # cancelled before its thread ran (the runner stopping)
+                alive.release()
         if error is not None:
             raise error
         return result

@@ -105,8 +105,8 @@ class Messages:
         for name in wanted:
             # A name a client may not send (or none at all) would be waited for in vain;
             # a child's notice of its end is the engine's own (the schedules take them).
-            engines = isinstance(name, str) and name.startswith(CHILD_EVENT_PREFIX)
-            problem = name_problem(name) if engines else event_name_problem(name)
+            notice = isinstance(name, str) and name.startswith(CHILD_EVENT_PREFIX)
+            problem = name_problem(name) if notice else event_name_problem(name)
             if problem is not None:
                 raise InvalidWorkflowCall(
                     f"ctx.messages.{what}: message name {name!r:.60} {problem}"
