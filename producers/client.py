@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import builtins
 import importlib
-import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from stepstream.engine.api.attributes import AttributeValue
+from stepstream.engine.api.durations import wait_timeout
 from stepstream.engine.api.reserved_ids import reserved_id_problem
 from stepstream.engine.api.schedule_spec import (
     DEFAULT_CATCHUP_WINDOW,
@@ -211,7 +211,7 @@ class Client:
         (``await msg.complete(value)`` returns ``value`` here); ``ResultTimeout`` if
         there is none within ``timeout`` seconds (the message stays queued)."""
         check_name(name, "message name", event_name_problem)
-        timeout = _timeout(timeout)  # before the message goes: a retry would send it twice
+        timeout = wait_timeout(timeout)  # before the message goes: a retry would send it twice
         message_id = str(uuid.uuid4())
         await self._transport.send_event(_id(instance_id), name, payload, message_id)
         return await self._transport.reply(instance_id, message_id, timeout)
@@ -272,7 +272,7 @@ class Client:
         """The workflow's return value; raises ``WorkflowFailed`` or ``WorkflowCancelled``
         if it did not complete, ``ResultTimeout`` if it is still running after
         ``timeout`` seconds."""
-        return await self._transport.result(_id(instance_id), _timeout(timeout))
+        return await self._transport.result(_id(instance_id), wait_timeout(timeout))
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
         """The instance's records in order, decoded; those a reset set aside say so
@@ -458,21 +458,6 @@ def _reason(reason: str, instance_id: str) -> str:
             f"limit of {MAX_MESSAGE_CHARS}; say it in fewer words"
         )
     return reason
-
-
-def _timeout(timeout: float | None) -> float | None:
-    """A wait's ``timeout``: None or a number of seconds (infinite: None), else
-    ``InvalidPayload``."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        if timeout == math.inf:
-            return None
-        if timeout >= 0:  # False for nan
-            return float(timeout)
-    raise InvalidPayload(
-        f"timeout={timeout!r}: give a number of seconds, 0 or more, or None to wait without one"
-    )
 
 
 def _id(instance_id: str) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from datetime import timedelta
 
+from stepstream.engine.errors import InvalidPayload
+
 MAX_DURATION_S = 100 * 365 * 86400
 
 
@@ -42,3 +44,19 @@ def seconds_of(duration: float | timedelta, what: str) -> float:
     if isinstance(duration, timedelta):
         return duration.total_seconds()
     return float(duration)
+
+
+def wait_timeout(timeout: object) -> float | None:
+    """How long a client waits (``Client.result``, ``request``): None, or an infinite
+    number, waits without a timeout; else a number of seconds, 0 or more. Anything else
+    is ``InvalidPayload``, raised before the client sends anything."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        if timeout == math.inf:
+            return None
+        if timeout >= 0:  # False for nan
+            return float(timeout)
+    raise InvalidPayload(
+        f"timeout={timeout!r}: give a number of seconds, 0 or more, or None to wait without one"
+    )
