@@ -10,7 +10,6 @@ entries it holds per replay key ``engine.replay.entries``'.
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from stepstream.engine.replay.ids import (
     split_timer_id,
     timer_id,
 )
+from stepstream.engine.replay.key_order import KeyOrder
 from stepstream.engine.replay.pruning import prune_iterations
 from stepstream.engine.replay.slots import give_back, unreleased
 from stepstream.engine.replay.status import InvalidTransition as InvalidTransition
@@ -148,10 +148,8 @@ class InstanceState:
     # superset (one that stopped waiting leaves when next looked at), so an event does
     # not look through every entry. Not stored: rebuilt from the entries when read.
     open_waits: dict[str, dict[str, Entry]] = field(default_factory=dict)
-    # The entries' keys in sorted order, so those under a scope (a loop iteration, a
-    # race's losing branches) are found without looking through every entry: built when
-    # first asked for (an instance without loops or races never needs it), then kept.
-    sorted_keys: list[str] | None = field(default=None, compare=False, repr=False)
+    # The entries' keys in sorted order, for those under a scope (``key_order``).
+    key_order: KeyOrder = field(default_factory=KeyOrder, compare=False, repr=False)
     # Whether this object's own writes put the instance in the active index: then the
     # next ones need not put it again (a state read from storage puts it once more).
     active_stored: bool = field(default=False, compare=False, repr=False)
@@ -367,7 +365,7 @@ class InstanceState:
         self.deleted_entries.update(self.entries)
         self.dirty_entries.clear()
         self.entries.clear()
-        self.sorted_keys = None
+        self.key_order.forget()
         self.open_waits.clear()
         self.taken_buffered.extend(event.seq for event in self.buffered)
         self.buffered.clear()  # stored ones taken; new ones are stored, then taken
@@ -417,26 +415,14 @@ class InstanceState:
         if entry is None:
             entry = self.entries[key] = Entry(key, kind, state, seq)
             self.deleted_entries.discard(key)  # a reset took it back, and it comes again
-            if self.sorted_keys is not None:
-                insort(self.sorted_keys, key)
+            self.key_order.added(key)
         self.dirty_entries.add(key)
         return entry
 
     def under(self, prefixes: Iterable[str]) -> list[Entry]:
         """The entries whose keys start with one of ``prefixes`` (scope prefixes), each
-        once, in the order they were recorded: found by bisection in the sorted keys, so
-        the cost follows what is found, not how many entries the instance has."""
-        ordered = self.sorted_keys
-        if ordered is None:
-            ordered = self.sorted_keys = sorted(self.entries)
-        found: dict[str, Entry] = {}
-        for prefix in prefixes:
-            at = bisect_left(ordered, prefix)
-            while at < len(ordered) and ordered[at].startswith(prefix):
-                key = ordered[at]
-                found[key] = self.entries[key]
-                at += 1
-        return sorted(found.values(), key=_by_seq)
+        once, in the order they were recorded."""
+        return self.key_order.under(self.entries, prefixes)
 
     def drop(self, gone: list[Entry]) -> None:
         """Take ``gone`` out of the state (a loop's pruned iterations, admissions given
@@ -445,17 +431,7 @@ class InstanceState:
             del self.entries[entry.key]
             self.dirty_entries.discard(entry.key)
             self.deleted_entries.add(entry.key)
-        self._unsort(gone)
-
-    def _unsort(self, gone: list[Entry]) -> None:
-        ordered = self.sorted_keys
-        if ordered is None or not gone:
-            return
-        removed = {e.key for e in gone}
-        low = bisect_left(ordered, min(removed))
-        high = bisect_left(ordered, max(removed)) + 1
-        # The removed keys sit in one or a few runs: only that stretch is rebuilt.
-        ordered[low:high] = [key for key in ordered[low:high] if key not in removed]
+        self.key_order.removed(e.key for e in gone)
 
     def _touch(self, key: str) -> Entry:
         self.dirty_entries.add(key)
@@ -500,7 +476,3 @@ class InstanceState:
             return next((e for e in self.pending_timers() if e.timer_id == fired), None)
         # Only the entry the id names can hold it (a late or duplicate fire: none).
         return entry if entry.timer_id == fired and not entry.state.final else None
-
-
-def _by_seq(entry: Entry) -> int:
-    return entry.seq

@@ -786,7 +786,8 @@ def test_entries_under_a_scope_match_a_walk_of_all_entries(ops: list[Any], reloa
             state = _stored(state)
         for prefix in _SCOPE_PREFIXES:
             assert state.under([prefix]) == _brute_under(state, prefix)
-        assert state.sorted_keys is None or state.sorted_keys == sorted(state.entries)
+        order = state.key_order.keys
+        assert order is None or order == sorted(state.entries)
     both = state.under(["count/1/", "count/"])  # overlapping scopes: each entry once
     assert both == _brute_under(state, "count/")
 
