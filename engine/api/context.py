@@ -36,7 +36,7 @@ from stepstream.engine.api.outbox import (
 from stepstream.engine.api.queues import Queue, queued_step
 from stepstream.engine.api.retry import RetryPolicy
 from stepstream.engine.api.runtime import WorkflowRuntime
-from stepstream.engine.api.saga import SagaFrame, current_saga, register, roll_back
+from stepstream.engine.api.saga import SagaFrame, current_saga, hand_over, register, roll_back
 from stepstream.engine.errors import (
     ChildFailed,
     InvalidWorkflowCall,
@@ -125,14 +125,6 @@ class ChildHandle:
             error_type=error_type,
             error=error,
         )
-
-
-async def _compensable(
-    fut: asyncio.Future[Any], key: str, compensate: Callable[..., Any], frame: SagaFrame
-) -> Any:
-    value = await fut
-    register(key, compensate, value, frame)
-    return value
 
 
 Branch = Callable[["Context"], Coroutine[Any, Any, Any]]
@@ -257,15 +249,16 @@ class Context:
             raise InvalidWorkflowCall(
                 f"step {key!r} has compensate= but no enclosing ctx.saga(...) block"
             )
-
-        def launch() -> Coroutine[Any, Any, Any]:
-            fut = self._rt.step_future(key, fn, args, kwargs, retry, limit, ephemeral)
-            if compensate is None or frame is None:
-                return _awaiting(fut)
-            return _compensable(fut, key, compensate, frame)
-
+        if compensate is not None and not callable(compensate):
+            raise InvalidWorkflowCall(
+                f"step {key!r}: compensate={compensate!r} is not callable (give the "
+                "function that undoes the step; it is called with the step's result)"
+            )
         if queue is None:
-            return launch()
+            fut = self._rt.step_future(key, fn, args, kwargs, retry, limit, ephemeral)
+            if compensate is not None and frame is not None:
+                register(key, compensate, fut, frame)
+            return _awaiting(fut)
         return self._queued_step(
             key, queue, fn, args, kwargs, retry, limit, ephemeral, compensate, frame
         )
@@ -290,11 +283,21 @@ class Context:
         def attempt_after(after: int) -> asyncio.Future[Any]:
             return rt.queued_attempt_future(key, fn, args, kwargs, retry, limit, ephemeral, after)
 
-        value = await queued_step(
-            self, queue, key, attempt_after, priority=priority, queue_key=queue_key
-        )
-        if compensate is not None and frame is not None:
-            register(key, compensate, value, frame)
+        run = queued_step(self, queue, key, attempt_after, priority=priority, queue_key=queue_key)
+        if compensate is None or frame is None:
+            return await run
+        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        register(key, compensate, outcome, frame)
+        try:
+            value = await run
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                outcome.cancel()
+            else:
+                outcome.set_exception(exc)
+                outcome.exception()  # the caller gets it; a rollback reads it again
+            raise
+        outcome.set_result(value)
         return value
 
     async def try_step(
@@ -426,6 +429,7 @@ class Context:
         _refuse_in_step_body("ctx.saga")
         key = self._rt.key_for(name)
         frame = SagaFrame(key)
+        outer = current_saga.get()
         scope_token = current_scope.set(key + "/")
         saga_token = current_saga.set(frame)
         try:
@@ -437,6 +441,7 @@ class Context:
             raise await roll_back(self._rt, frame, exc) from exc
         finally:
             current_scope.reset(scope_token)
+        hand_over(frame, outer)
 
     @contextlib.asynccontextmanager
     async def scope(self, name: str) -> AsyncIterator[None]:

@@ -1,15 +1,18 @@
 """Sagas: ``async with ctx.saga(name)`` is a rollback checkpoint.
 
-Steps run inside it with ``compensate=fn`` register ``fn`` once they succeed. If an
-exception leaves the block, the compensations of the steps completed in it run newest
-first, each a durable step (recorded, retried, never run again once it succeeded, so a
-crash in the middle of compensating picks up where it was), then ``RolledBack`` is
-raised with the exception as its cause. A compensation receives the result of the step
-it undoes.
+A step run inside it with ``compensate=fn`` is noted when it starts. If an exception
+leaves the block, the rollback first waits for those steps still running, then runs the
+compensations of the ones that succeeded, newest first (by when each step was recorded
+as started, which the history fixes, so a replay undoes in the order the first run did),
+each a durable step (recorded, retried, never run again once it succeeded, so a crash in
+the middle of compensating picks up where it was); then ``RolledBack`` is raised with the
+exception as its cause. A compensation receives the result of the step it undoes. A
+saga that ends without an exception hands its steps to the saga around it, if any.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -27,34 +30,61 @@ COMPENSATION_RETRY = RetryPolicy(max_attempts=10, initial_interval=1.0, max_inte
 class _Compensation:
     key: str  # the replay key of the step it undoes
     fn: Callable[..., Any]
-    result: Any
+    outcome: asyncio.Future[Any]  # the step's: its value, or its failure
 
 
 @dataclass(slots=True)
 class SagaFrame:
     key: str
-    done: list[_Compensation] = field(default_factory=list)
+    begun: list[_Compensation] = field(default_factory=list)
 
 
 current_saga: ContextVar[SagaFrame | None] = ContextVar("stepstream_saga", default=None)
 
 
-def register(key: str, fn: Callable[..., Any], result: Any, frame: SagaFrame) -> None:
-    frame.done.append(_Compensation(key, fn, result))
+def register(
+    key: str, fn: Callable[..., Any], outcome: asyncio.Future[Any], frame: SagaFrame
+) -> None:
+    """Note a compensable step as it starts: a rollback waits for its ``outcome``."""
+    frame.begun.append(_Compensation(key, fn, outcome))
+
+
+def hand_over(frame: SagaFrame, outer: SagaFrame | None) -> None:
+    """A saga that ended well: its steps are the enclosing saga's to undo."""
+    if outer is not None:
+        outer.begun.extend(frame.begun)
+
+
+async def _succeeded(rt: WorkflowRuntime, frame: SagaFrame) -> list[tuple[_Compensation, Any]]:
+    """The frame's steps that succeeded, newest first, once none is still running."""
+    running = [c.outcome for c in frame.begun if not c.outcome.done()]
+    if running:
+        await asyncio.wait(running)
+    done = [
+        (comp, comp.outcome.result())
+        for comp in frame.begun
+        if not comp.outcome.cancelled() and comp.outcome.exception() is None
+    ]
+    # Newest by when the history recorded each start: the order the code reached the
+    # starts in can differ between a run and its replay when steps run side by side.
+    done.reverse()
+    done.sort(key=lambda pair: rt.recorded_at(pair[0].key), reverse=True)
+    return done
 
 
 async def roll_back(rt: WorkflowRuntime, frame: SagaFrame, cause: BaseException) -> RolledBack:
-    """Run the frame's compensations newest first, each as a durable step; the error to
-    raise (compensations that failed for good are listed on it)."""
+    """Run the compensations of the frame's steps that succeeded, newest first, each as a
+    durable step; the error to raise (compensations that failed for good are listed)."""
     failed: dict[str, StepFailed] = {}
-    for comp in reversed(frame.done):
+    undo = await _succeeded(rt, frame)
+    for comp, result in undo:
         # Named for the step it undoes (a step key is never a scope, so this is free).
         key = f"{comp.key}/undo"
         try:
-            await rt.step_future(key, comp.fn, (comp.result,), {}, COMPENSATION_RETRY, None)
+            await rt.step_future(key, comp.fn, (result,), {}, COMPENSATION_RETRY, None)
         except StepFailed as exc:
             failed[comp.key] = exc
-    undone = ", ".join(c.key for c in reversed(frame.done)) or "nothing"
+    undone = ", ".join(comp.key for comp, _ in undo) or "nothing"
     message = f"saga {frame.key!r} rolled back ({undone}) after {type(cause).__name__}: {cause}"
     if failed:
         message += f"; compensations that failed: {', '.join(failed)}"

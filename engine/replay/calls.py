@@ -254,6 +254,11 @@ class CallsMixin(DrivingMixin):
         assert entry.winner is not None
         return entry.winner, list(entry.losers or ())
 
+    def recorded_at(self, key: str) -> int:
+        """The seq at which the history first recorded ``key`` (0: not recorded)."""
+        entry = self.state.entries.get(key)
+        return entry.seq if entry is not None else 0
+
     def race_lost(self, task_path: str) -> None:
         """A race branch's task that lost on replay (started, then cancelled): what it
         recorded under its task path is not reached again."""
