@@ -28,6 +28,7 @@ from stepstream.engine.wire.codec import (
     PayloadCodec,
     check_size,
     encode_safely,
+    error_message,
     format_traceback,
 )
 
@@ -351,7 +352,7 @@ class StepExecutor:
             launch.key,
             launch.attempt,
             error_type=type(exc).__name__,
-            error_message=str(exc) or repr(exc),
+            error_message=error_message(exc),
             retryable=retryable,
             traceback=format_traceback(exc),
         )

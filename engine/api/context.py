@@ -44,6 +44,7 @@ from stepstream.engine.errors import (
     RaceError,
     StepFailed,
 )
+from stepstream.engine.wire.codec import error_message
 from stepstream.engine.wire.names import step_name_problem, whole_in
 
 T = TypeVar("T")
@@ -477,7 +478,9 @@ class Context:
             elif t.exception() is not None:
                 errors[b] = t.exception()  # type: ignore[assignment]
         if errors:
-            failed = ", ".join(f"{b}: {type(e).__name__}: {e}" for b, e in errors.items())
+            failed = ", ".join(
+                f"{b}: {type(e).__name__}: {error_message(e)}" for b, e in errors.items()
+            )
             raise JoinError(
                 f"{len(errors)} of {len(tasks)} branches of {key!r} failed ({failed})",
                 errors=errors,
@@ -527,7 +530,9 @@ class Context:
                     other.cancel()
                 await asyncio.wait([t for t in tasks.values() if t is not task])
                 return b, task.result()
-        failed = ", ".join(f"{b}: {type(e).__name__}: {e}" for b, e in errors.items())
+        failed = ", ".join(
+            f"{b}: {type(e).__name__}: {error_message(e)}" for b, e in errors.items()
+        )
         raise RaceError(f"every branch of {key!r} failed ({failed})", errors=errors)
 
     def patched(self, patch_id: str) -> bool:

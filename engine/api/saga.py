@@ -21,6 +21,7 @@ from typing import Any
 from stepstream.engine.api.retry import RetryPolicy
 from stepstream.engine.api.runtime import WorkflowRuntime
 from stepstream.engine.errors import RolledBack, StepFailed
+from stepstream.engine.wire.codec import error_message
 
 # Compensation steps retry far longer than ordinary ones: giving up leaves work undone.
 COMPENSATION_RETRY = RetryPolicy(max_attempts=10, initial_interval=1.0, max_interval=60.0)
@@ -85,7 +86,8 @@ async def roll_back(rt: WorkflowRuntime, frame: SagaFrame, cause: BaseException)
         except StepFailed as exc:
             failed[comp.key] = exc
     undone = ", ".join(comp.key for comp, _ in undo) or "nothing"
-    message = f"saga {frame.key!r} rolled back ({undone}) after {type(cause).__name__}: {cause}"
+    why = f"{type(cause).__name__}: {error_message(cause)}"
+    message = f"saga {frame.key!r} rolled back ({undone}) after {why}"
     if failed:
         message += f"; compensations that failed: {', '.join(failed)}"
     return RolledBack(message, cause=cause, compensation_errors=failed)

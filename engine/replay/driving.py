@@ -38,6 +38,7 @@ from stepstream.engine.wire.codec import (
     clip_message,
     decode_safely,
     encode_safely,
+    error_message,
     format_traceback,
 )
 from stepstream.engine.wire.records import (
@@ -373,7 +374,7 @@ class DrivingMixin(OutgoingMixin, AdmissionMixin):
         if exc is not None:
             trace = format_traceback(exc)
             self.tracebacks[WORKFLOW_TRACEBACK] = trace
-            self._fail_workflow(type(exc).__name__, str(exc) or repr(exc), trace)
+            self._fail_workflow(type(exc).__name__, error_message(exc), trace)
             return
         try:
             result = check_size(

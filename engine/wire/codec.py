@@ -213,6 +213,20 @@ def format_traceback(error: BaseException, limit: int = MAX_TRACEBACK_CHARS) -> 
     return f"[{len(text) - limit} characters cut]...\n{text[-limit:]}"
 
 
+def error_message(error: BaseException) -> str:
+    """What ``error`` says, for a record: its ``str``, else its ``repr``, else its type's
+    name. The error is the user's, so its ``__str__`` may itself raise or return a
+    non-string; that must not cost the outcome it is part of."""
+    for render in (str, repr):
+        try:
+            text = render(error)
+        except Exception:  # any failure of the user's method
+            continue
+        if text:
+            return text
+    return f"<{type(error).__name__} that cannot be shown>"
+
+
 def clip_message(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     """``text`` cut to ``limit`` characters, saying how much was cut."""
     if len(text) <= limit:
