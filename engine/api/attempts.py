@@ -13,6 +13,8 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
+from stepstream.engine.errors import InvalidWorkflowCall
+
 if TYPE_CHECKING:
     from stepstream.engine.api.outbox import Outbox
 
@@ -45,6 +47,17 @@ def attempt_number() -> int:
     """The attempt number (1-based) of the step body running this code; 0 outside."""
     flag = current_flag.get()
     return 0 if flag is None else flag.attempt
+
+
+def refuse_in_step_body(what: str) -> None:
+    """Raise ``InvalidWorkflowCall`` when ``what`` (a ``ctx`` call) runs in a step body:
+    what it records would land between the step's own records, where no replay of the
+    workflow code reaches it."""
+    if attempt_number():
+        raise InvalidWorkflowCall(
+            f"{what} was called inside a step body; step bodies do the work of one step "
+            "and must not call ctx methods (call them from the workflow function instead)"
+        )
 
 
 def attempt_cancelled() -> bool:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
-from stepstream.engine.api.attempts import attempt_number
+from stepstream.engine.api.attempts import attempt_number, refuse_in_step_body
 from stepstream.engine.api.durations import seconds_of
 from stepstream.engine.api.loops import LoopBody, run_loop
 from stepstream.engine.api.messages import Messages
@@ -76,14 +76,6 @@ class StepResult(Generic[T]):
     ok: bool
     value: T | None = None
     failure: StepFailure | None = None
-
-
-def _refuse_in_step_body(what: str) -> None:
-    if attempt_number():
-        raise InvalidWorkflowCall(
-            f"{what} was called inside a step body; step bodies do the work of one step "
-            "and must not call ctx methods (call them from the workflow function instead)"
-        )
 
 
 async def _awaiting(fut: asyncio.Future[Any]) -> Any:
@@ -177,7 +169,7 @@ class Context:
     @property
     def messages(self) -> Messages:
         """Named message queues of this instance, and sending to other instances."""
-        _refuse_in_step_body("ctx.messages")
+        refuse_in_step_body("ctx.messages")
         return Messages(self._rt, self._rt.codec)
 
     @property
@@ -235,7 +227,7 @@ class Context:
         crash before that runs it again. For cheap, idempotent steps.
         ``queue``: the step starts once the ``Queue`` admits it and frees its slot when
         it ends (with the instance's priority and queue key); see docs/queues.md."""
-        _refuse_in_step_body("ctx.step")
+        refuse_in_step_body("ctx.step")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise InvalidWorkflowCall(
                 f"step {name!r}: retry={retry!r} is not a stepstream.RetryPolicy (for three "
@@ -338,7 +330,7 @@ class Context:
         every retry and replay): a consumer that drops ids it has
         seen gets each publish once. ``name``: the replay key (default
         ``publish:<topic>``, counted like any name when it repeats)."""
-        _refuse_in_step_body("ctx.publish")
+        refuse_in_step_body("ctx.publish")
         record = outbox_record(topic, value, key, headers, codec=self._rt.codec)
         step_key = self._rt.key_for(name or f"{NAME_PREFIX}{topic}")
         # A restarted run publishes anew: its ids name the run (as its children's do).
@@ -350,12 +342,12 @@ class Context:
 
     def sleep(self, name: str, duration: float | timedelta) -> Coroutine[Any, Any, None]:
         """Sleep durably for ``duration`` (seconds or timedelta); survives restarts."""
-        _refuse_in_step_body("ctx.sleep")
+        refuse_in_step_body("ctx.sleep")
         delay_ms = round(_seconds(duration) * 1000)
         return _awaiting(self._rt.sleep_future(self._rt.key_for(name), delay_ms=delay_ms))
 
     def sleep_until(self, name: str, when: datetime) -> Coroutine[Any, Any, None]:
-        _refuse_in_step_body("ctx.sleep_until")
+        refuse_in_step_body("ctx.sleep_until")
         if when.tzinfo is None:
             raise ValueError("sleep_until needs a timezone-aware datetime (e.g. UTC)")
         wake_at_ms = int(when.timestamp() * 1000)
@@ -372,7 +364,7 @@ class Context:
         Events sent earlier are buffered and claimed in order of arrival; waiting for the
         same name again takes the next one. Raises ``EventTimeout`` after ``timeout``.
         ``key`` names the wait for replay instead of the event name."""
-        _refuse_in_step_body("ctx.wait_for_event")
+        refuse_in_step_body("ctx.wait_for_event")
         limit = None if timeout is None else round(_seconds(timeout) * 1000)
         return _awaiting(self._rt.wait_future(self._rt.key_for(key or name), name, limit))
 
@@ -383,7 +375,7 @@ class Context:
         iterations older than the last ``keep`` are pruned, so an endless loop holds
         bounded history, state and replay time. The state must be encodable by the
         payload codec (JSON by default: a tuple comes back as a list)."""
-        _refuse_in_step_body("ctx.loop")
+        refuse_in_step_body("ctx.loop")
         if not whole_in(keep, 1):
             raise InvalidWorkflowCall(
                 f"loop {name!r}: keep must be a whole number of at least 1, not {keep!r}"
@@ -404,7 +396,7 @@ class Context:
         is recorded, so replay and restarts never start it twice. Cancelling the parent
         cancels the children it still waits for. ``name``: the replay key (default: the
         workflow's name)."""
-        _refuse_in_step_body("ctx.start_child")
+        refuse_in_step_body("ctx.start_child")
         key = self._rt.key_for(name or workflow)
         return ChildHandle(self._rt, key, self._rt.start_child(key, workflow, input, instance_id))
 
@@ -427,7 +419,7 @@ class Context:
         ``compensate=`` functions of the steps that completed in it run newest first,
         each as a durable step, then ``RolledBack`` is raised with the exception as its
         ``cause``."""
-        _refuse_in_step_body("ctx.saga")
+        refuse_in_step_body("ctx.saga")
         key = self._rt.key_for(name)
         frame = SagaFrame(key)
         outer = current_saga.get()
@@ -449,7 +441,7 @@ class Context:
         """Names used inside the block are prefixed with this scope's name, so a block
         (a helper, a loop body) can reuse names without clashing with the code around it.
         Scopes repeat like names: the second ``scope("item")`` is ``item#2``."""
-        _refuse_in_step_body("ctx.scope")
+        refuse_in_step_body("ctx.scope")
         token = current_scope.set(self._rt.key_for(name) + "/")
         try:
             yield
@@ -461,7 +453,7 @@ class Context:
         (``join/<branch>/...``), and return their values by name once all finished. If
         any raised, every branch still settles first, then ``JoinError`` carries the
         errors and the values of the others."""
-        _refuse_in_step_body("ctx.join")
+        refuse_in_step_body("ctx.join")
         key = self._rt.key_for(name)
         scopes = _branch_scopes(self, key, branches)
         tasks = {
@@ -494,7 +486,7 @@ class Context:
         their running attempts given up, their waits withdrawn (an event never goes to
         them) and their timers cancelled. Replay runs only the recorded winner. A branch
         that raises does not win; ``RaceError`` if every branch raised."""
-        _refuse_in_step_body("ctx.race")
+        refuse_in_step_body("ctx.race")
         key = self._rt.key_for(name)
         scopes = _branch_scopes(self, key, branches)
         decided = self._rt.race_decided(key)
@@ -540,14 +532,14 @@ class Context:
         new else: old``): True for instances that reach this point with the new code
         (recorded), False while replaying a history made before the change. Keep the
         old path until no instance from before the change is running."""
-        _refuse_in_step_body("ctx.patched")
+        refuse_in_step_body("ctx.patched")
         return self._rt.patched(patch_id)
 
     def removed(self, name: str) -> None:
         """Where code used to run the step, sleep or wait ``name``: a history recorded
         with it replays without it (its entry counts as reached) instead of diverging.
         Call it where the removed call was, in the same scope."""
-        _refuse_in_step_body("ctx.removed")
+        refuse_in_step_body("ctx.removed")
         self._rt.removed(self._rt.key_for(name))
 
     def set_attributes(self, attributes: Mapping[str, str | int | float | bool | None]) -> None:
@@ -556,7 +548,7 @@ class Context:
         later call merges into what earlier ones set, and None removes a key. Recorded:
         replay applies the record and does not record again. ``InvalidWorkflowCall``
         names a key whose value cannot be an attribute."""
-        _refuse_in_step_body("ctx.set_attributes")
+        refuse_in_step_body("ctx.set_attributes")
         if not isinstance(attributes, Mapping):
             raise InvalidWorkflowCall(
                 f"ctx.set_attributes takes a dict, not {type(attributes).__name__}"
@@ -565,13 +557,17 @@ class Context:
 
     def now(self) -> datetime:
         """The current time, recorded: replay returns the same value."""
+        refuse_in_step_body("ctx.now")
         ms: int = self._rt.record_value("now", self._rt.now_ms)
         return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
     def uuid(self) -> _uuid.UUID:
+        """A random UUID, recorded."""
+        refuse_in_step_body("ctx.uuid")
         return _uuid.UUID(self._rt.record_value("uuid", lambda: str(_uuid.uuid4())))
 
     def random(self) -> float:
         """A float in [0, 1), recorded."""
+        refuse_in_step_body("ctx.random")
         value: float = self._rt.record_value("random", _random.random)
         return value

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from stepstream.engine.api.attempts import refuse_in_step_body
 from stepstream.engine.api.durations import seconds_of
 from stepstream.engine.api.runtime import WorkflowRuntime
 from stepstream.engine.errors import EventTimeout, InvalidWorkflowCall
@@ -41,6 +42,7 @@ class Message:
     async def complete(self, value: Any = None) -> None:
         """Answer the message: a client that sent it with ``request()`` gets ``value``.
         Recorded once; completing it again changes nothing."""
+        refuse_in_step_body("msg.complete")
         self._rt.complete_message(self.id, value)
 
 
@@ -82,6 +84,7 @@ class Messages:
     async def send(self, instance_id: str, name: str, payload: Any = None) -> None:
         """Send ``payload`` as message (event) ``name`` to another instance: recorded,
         published once the record is durable, applied there exactly once."""
+        refuse_in_step_body("ctx.messages.send")
         self._rt.send_message(self._rt.key_for("send"), instance_id, name, payload)
 
     async def _take(
@@ -91,6 +94,7 @@ class Messages:
         timeout: float | timedelta | None,
         what: str,
     ) -> list[Message]:
+        refuse_in_step_body(f"ctx.messages.{what}")
         if isinstance(names, str):
             wanted = [names]
         elif isinstance(names, list | tuple):
