@@ -333,9 +333,12 @@ def _failure_kind(entry: Entry) -> str:
         return "timeout"
     # A body's NonRetryableError ends the step at whichever attempt raised it: at the last
     # one (an earlier attempt was lost to a crash, say) the count alone would read
-    # "exhausted". (A subclass is recorded by its own name: there only the count tells.)
-    if entry.error_type == "NonRetryableError" or (
-        entry.max_attempts and entry.attempt < entry.max_attempts
+    # "exhausted". A subclass is recorded by its own name: there only the count tells,
+    # and a step that retries for ever (no limit: 0) can only have ended that way.
+    if (
+        entry.error_type == "NonRetryableError"
+        or not entry.max_attempts
+        or entry.attempt < entry.max_attempts
     ):
         return "non_retryable"
     return "exhausted"

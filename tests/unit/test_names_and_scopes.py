@@ -219,6 +219,24 @@ def test_a_non_retryable_error_at_the_last_attempt_is_still_non_retryable() -> N
     assert h.result()[2] == fatal
 
 
+async def _tries_for_ever(ctx: Context, _: Any) -> list[Any]:
+    r = await ctx.try_step("charge", _boom, "fatal", retry=RetryPolicy(max_attempts=None))
+    assert r.failure is not None
+    return [r.failure.kind, r.failure.attempts, r.failure.error_type]
+
+
+def test_a_step_that_retries_for_ever_and_gives_up_was_not_exhausted() -> None:
+    # A subclass of NonRetryableError is recorded by its own name; a policy without a
+    # limit cannot run out, so the step ended because the error said not to retry.
+    h = Harness(define("for-ever", _tries_for_ever))
+    h.start(None)
+    h.fail("charge", "declined", retryable=False, error_type="CardDeclined")
+    h.run_all()
+    assert h.result() == ["non_retryable", 1, "CardDeclined"]
+    h.crash()
+    assert h.result() == ["non_retryable", 1, "CardDeclined"]
+
+
 async def _forever(ctx: Context, _: Any) -> Any:
     return await ctx.step("until-ok", ident, "done", retry=RetryPolicy(max_attempts=None))
 
