@@ -124,13 +124,24 @@ class ChildHandle:
 Branch = Callable[["Context"], Coroutine[Any, Any, Any]]
 
 
-def _branch_scopes(ctx: Context, key: str, branches: dict[str, Branch]) -> dict[str, str]:
-    if not branches:
-        raise InvalidWorkflowCall(f"{key}: give at least one branch")
-    for name in branches:
+def _check_branches(what: str, branches: object) -> None:
+    if not isinstance(branches, Mapping):
+        raise InvalidWorkflowCall(
+            f"ctx.{what} takes a dict of branch name -> async function(ctx), not "
+            f"{type(branches).__name__}"
+        )
+    for name, branch in branches.items():
         problem = step_name_problem(name)
         if problem is not None:
-            raise InvalidWorkflowCall(f"{key}: branch name {problem}")
+            raise InvalidWorkflowCall(f"ctx.{what}: branch name {problem}")
+        if not callable(branch):
+            raise InvalidWorkflowCall(
+                f"ctx.{what}: branch {name!r} is {type(branch).__name__} {branch!r:.60}, "
+                "not an async function taking ctx"
+            )
+
+
+def _branch_scopes(key: str, branches: dict[str, Branch]) -> dict[str, str]:
     return {name: f"{key}/{name}/" for name in branches}
 
 
@@ -455,8 +466,11 @@ class Context:
         any raised, every branch still settles first, then ``JoinError`` carries the
         errors and the values of the others."""
         refuse_in_step_body("ctx.join")
+        _check_branches("join", branches)
+        if not branches:
+            return {}  # as asyncio.gather() of nothing: no name is used
         key = self._rt.key_for(name)
-        scopes = _branch_scopes(self, key, branches)
+        scopes = _branch_scopes(key, branches)
         tasks = {
             b: asyncio.ensure_future(_in_scope(scopes[b], fn, self)) for b, fn in branches.items()
         }
@@ -488,8 +502,11 @@ class Context:
         them) and their timers cancelled. Replay runs only the recorded winner. A branch
         that raises does not win; ``RaceError`` if every branch raised."""
         refuse_in_step_body("ctx.race")
+        _check_branches("race", branches)
+        if not branches:
+            raise InvalidWorkflowCall("ctx.race needs at least one branch: nothing can win none")
         key = self._rt.key_for(name)
-        scopes = _branch_scopes(self, key, branches)
+        scopes = _branch_scopes(key, branches)
         decided = self._rt.race_decided(key)
         if decided is not None and decided[0] not in branches:
             raise InvalidWorkflowCall(

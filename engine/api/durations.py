@@ -26,7 +26,9 @@ def duration_problem(duration: object) -> str | None:
         seconds = float(duration)
     else:
         return f"is a {type(duration).__name__}; give a number of seconds or a timedelta"
-    if math.isnan(seconds) or seconds < 0:
+    if math.isnan(seconds):
+        return "is not a number (nan); give a number of seconds or a timedelta"
+    if seconds < 0:
         return f"must not be negative, got {duration!r}"
     if seconds > MAX_DURATION_S:
         return (

@@ -25,8 +25,10 @@ def test_a_workflow_timeout_no_record_could_hold_is_refused(timeout: Any) -> Non
 def test_retry_intervals_and_queue_windows_are_bounded() -> None:
     with pytest.raises(ValueError, match=r"RetryPolicy\.max_interval is longer than the 100"):
         RetryPolicy(max_interval=1e300)
-    with pytest.raises(ValueError, match=r"RetryPolicy\.initial_interval must not be negative"):
+    with pytest.raises(ValueError, match=r"RetryPolicy\.initial_interval is not a number"):
         RetryPolicy(initial_interval=math.nan)
+    with pytest.raises(ValueError, match=r"RetryPolicy\.initial_interval must not be negative"):
+        RetryPolicy(initial_interval=-1)
     for rate in [(1, math.inf), (5,), (True, 1), (5, "10")]:
         with pytest.raises(ValueError, match="rate must be"):
             Queue("q", rate=rate)  # type: ignore[arg-type]
