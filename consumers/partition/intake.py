@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stepstream.engine.api.reserved_ids import reserved_id_problem
 from stepstream.engine.errors import StepstreamError, UndecodableRecord
 from stepstream.engine.replay.ids import child_command_run, child_done, parse_child_command
 from stepstream.engine.replay.outgoing import child_outcome
 from stepstream.engine.seams import Clock, LogEntry
 from stepstream.engine.wire.codec import PayloadCodec, check_size, decode_safely, encode_safely
 from stepstream.engine.wire.names import name_problem
-from stepstream.engine.wire.records import Command, SendEvent, StartWorkflow, TimerFired
+from stepstream.engine.wire.records import Command, SendEvent, StartFork, StartWorkflow, TimerFired
 from stepstream.engine.wire.serde import RecordSerde
 from stepstream.engine.wire.topics import partition_for
 
@@ -91,6 +92,13 @@ class CommandIntake:
             problem = name_problem(command.instance_id)
             if problem is not None:
                 return f"InvalidPayload: instance id {problem}"
+        if isinstance(command, StartWorkflow | StartFork):
+            # Any producer may write commands (a source, a Kafka tool): the engine's own
+            # instances (schedules, queues) must stand where their ids say.
+            workflow = command.workflow if isinstance(command, StartWorkflow) else None
+            problem = reserved_id_problem(command.instance_id, workflow)
+            if problem is not None:
+                return f"InvalidPayload: instance id {command.instance_id!r} {problem}"
         if isinstance(command, SendEvent):
             problem = name_problem(command.name)
             if problem is not None:

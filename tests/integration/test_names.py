@@ -179,6 +179,39 @@ async def test_a_foreign_command_with_a_nul_in_its_id_is_dead_lettered(tmp_path:
         await engine.close()
 
 
+async def test_a_foreign_start_under_a_reserved_id_is_dead_lettered(tmp_path: Path) -> None:
+    """A producer other than the client (a Kafka source keyed by the upstream's ids, a
+    Kafka tool) writes a start under a schedule's id: the engine refuses it, and the
+    schedule of that name can still be made."""
+    engine = await open_embedded(
+        workflows_of_tests(), EmbeddedConfig(data_dir=str(tmp_path / "data"), partitions=1)
+    )
+    try:
+        client = Client(engine.make_transport())
+        start = StartWorkflow(
+            instance_id="~schedule/weekly",
+            command_id="c-squat",
+            workflow="arith",
+            version="1",
+            input=CODEC.encode(1),
+        )
+        await engine.db.log.append([Append(COMMANDS, b"~schedule/weekly", SERDE.encode(start), 0)])
+        for _ in range(300):
+            letters = dead_letters(engine, 0)
+            if letters:
+                break
+            await asyncio.sleep(0.01)
+        assert len(letters) == 1, letters
+        assert "'~schedule/weekly' starts with '~schedule/', which is reserved for schedules" in (
+            letters[0].reason
+        )
+        assert await client.list() == []
+        await client.create_schedule("weekly", "arith", input=1, every=3600)
+        assert [s.name for s in await client.list_schedules()] == ["weekly"]
+    finally:
+        await engine.close()
+
+
 async def test_an_id_that_extends_another_with_a_nul_cannot_touch_its_state(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
