@@ -122,6 +122,7 @@ class SourceConsumer:
         self._translators = {
             s.topic: RecordTranslator(s, codec, max_payload_bytes) for s in sources
         }
+        self._max_payload_bytes = max_payload_bytes
         self._sink = sink
         self._serde = serde
         self._clock = clock
@@ -250,7 +251,7 @@ class SourceConsumer:
 
     def _dead_letter(self, record: SourceRecord, problem: Unreadable, now: int) -> Append:
         log.warning("source record %s sent to dead-letters: %s", record.command_id, problem.reason)
-        letter = dead_letter(record, problem, now)
+        letter = dead_letter(record, problem, now, self._max_payload_bytes)
         key = problem.instance_id or record.command_id
         return Append(DEAD_LETTERS, key.encode(), self._serde.encode(letter))
 

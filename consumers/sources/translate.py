@@ -138,8 +138,24 @@ def _text(raw: bytes | None) -> str | None:
         return None
 
 
-def dead_letter(record: SourceRecord, problem: Unreadable, now_ms: int) -> DeadLetter:
-    """The record kept as it came, with its coordinates and the reason."""
+# What a dead letter leaves for its key, reason and envelope under the payload limit:
+# the dead-letters topic takes records about as large as the commands topic does.
+DEAD_LETTER_HEADROOM = 64 * 1024
+
+
+def dead_letter(
+    record: SourceRecord, problem: Unreadable, now_ms: int, max_bytes: int
+) -> DeadLetter:
+    """The record kept as it came, with its coordinates and the reason. A record too large
+    to be kept whole (over ``max_bytes`` less the headroom) is kept without its value, and
+    the reason says so: the dead-letters topic would refuse it, and stop the sources."""
+    key, value, reason = record.key or b"", record.value or b"", problem.reason
+    if len(key) + len(value) > max(max_bytes - DEAD_LETTER_HEADROOM, 0):
+        reason = (
+            f"{reason} (the record, {len(key) + len(value)} bytes, is too large to keep "
+            f"here: read it at {record.command_id} while the topic still holds it)"
+        )
+        key, value = key[:256], b""
     return DeadLetter(
         instance_id=problem.instance_id,
         time_ms=now_ms,
@@ -147,7 +163,7 @@ def dead_letter(record: SourceRecord, problem: Unreadable, now_ms: int) -> DeadL
         source_topic=record.topic,
         partition=record.partition,
         offset=record.offset,
-        key=record.key or b"",
-        value=record.value or b"",
-        reason=problem.reason,
+        key=key,
+        value=value,
+        reason=reason,
     )

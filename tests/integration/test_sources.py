@@ -288,6 +288,43 @@ async def test_unreadable_records_go_to_dead_letters_and_the_records_after_them_
         worker.stop()
 
 
+async def test_a_record_too_large_to_keep_is_dead_lettered_without_its_value(
+    kafka_broker: Broker, settings: KafkaSettings, tmp_path: Path
+) -> None:
+    """A source topic may take larger records than the dead-letters topic: such a record
+    is refused (over the payload limit) and its dead letter keeps its coordinates, not
+    its value, which the dead-letters topic would refuse, stopping the sources."""
+    run = uuid.uuid4().hex[:8]
+    big = f"src-big-{run}"
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    topic = NewTopic(big, 1, 1, config={"max.message.bytes": str(4 * 1024 * 1024)})
+    for future in admin.create_topics([topic], request_timeout=30).values():
+        future.result()
+    huge = json_value({"id": f"big-{run}", "blob": "x" * (2 * 1024 * 1024)})
+    producer = Producer(
+        {"bootstrap.servers": kafka_broker.bootstrap, "message.max.bytes": 4 * 1024 * 1024}
+    )
+    producer.produce(big, huge, None, partition=0)
+    producer.produce(big, json_value({"id": f"after-{run}"}), None, partition=0)
+    assert producer.flush(10) == 0
+    sources = [Source(big, start="src-order", instance_id="field:id")]
+    worker = ThreadedWorker(settings, tmp_path / "w", src_registry(), sources=sources)
+    try:
+        worker.start()
+        async with Client.connect(kafka_url(settings)) as client:
+            assert await result(client, f"after-{run}") == {"input": {"id": f"after-{run}"}}
+        [letter] = [
+            body
+            for body in (decode(r.value)[1] for r in read_topic(settings, "dead-letters"))
+            if body["source_topic"] == big
+        ]
+        assert letter["offset"] == 0 and letter["value"] == b""
+        assert "PayloadTooLarge" in letter["reason"]
+        assert f"is too large to keep here: read it at {big}/0/0" in letter["reason"]
+    finally:
+        worker.stop()
+
+
 def doc_snippets() -> list[str]:
     """The Python blocks of docs/kafka.md's section on event sources, in order."""
     text = (REPO / "docs" / "kafka.md").read_text()
