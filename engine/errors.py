@@ -118,9 +118,23 @@ class UndecodableRecord(StepstreamError):
 class HistoryDiverged(StepstreamError):
     """The recorded history of an instance no longer matches what the code does."""
 
+    # How a parked instance's error names why (``stepstream status``), and what to do.
+    parked_as = "HistoryDiverged"
+    advice = "deploy code that matches its history to let it go on"
+
     def __init__(self, message: str, *, key: str = "") -> None:
         super().__init__(message)
         self.key = key
+
+
+class RecordedPayloadUnreadable(HistoryDiverged):
+    """A value in an instance's history that this engine's codec cannot decode (another
+    codec wrote it, or a key it needs was dropped or is not here yet). It was readable
+    when recorded, so the code is not at fault: the instance is parked, not failed, and
+    goes on once an engine with the codec and keys that wrote it loads it."""
+
+    parked_as = "InvalidPayload"
+    advice = "start the engine with the codec and keys that wrote it to let it go on"
 
 
 class NonRetryableError(Exception):

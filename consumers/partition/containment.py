@@ -92,10 +92,11 @@ class Containment:
         batch.strip(instance_id)
         self._cache.drop(instance_id)
         parked = self._cache.load(instance_id)
+        reason = f"{diverged.parked_as}: {diverged}"
         if parked is None:
-            return f"HistoryDiverged: {diverged}"
+            return reason
         parked.inflight |= running
-        parked.park(f"HistoryDiverged: {diverged}")
+        parked.park(reason)
         if msg is not None:
             try:
                 parked.handle(msg, batch.out)
@@ -110,9 +111,9 @@ class Containment:
                 return f"internal error while applying {type(msg).__name__}: {exc!r}"
         batch.touched[instance_id] = parked
         log.warning(
-            "instance parked: %s; deploy code that matches its history to let it go on "
-            "(stepstream list --diverged)",
+            "instance parked: %s; %s (stepstream list --diverged)",
             diverged,
+            diverged.advice,
             extra=instance_fields(parked.state, self._partition),
         )
         return None

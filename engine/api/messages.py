@@ -19,7 +19,7 @@ from stepstream.engine.api.durations import seconds_of
 from stepstream.engine.api.runtime import WorkflowRuntime
 from stepstream.engine.errors import EventTimeout, InvalidWorkflowCall
 from stepstream.engine.replay.ids import CHILD_EVENT_PREFIX
-from stepstream.engine.wire.codec import PayloadCodec, decode_safely
+from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.engine.wire.names import (
     event_name_problem,
     name_problem,
@@ -131,7 +131,7 @@ class Messages:
         return Message(
             id=message_id,
             name=name,
-            payload=decode_safely(self._codec, payload),
+            payload=self._rt.decode_recorded(payload, f"the message {message_id!r} ({name!r})"),
             sent_at=datetime.fromtimestamp(sent_ms / 1000, tz=UTC),
             _rt=self._rt,
         )

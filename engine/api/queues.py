@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from stepstream.engine.api.durations import MAX_DURATION_S, duration_problem
 from stepstream.engine.errors import InvalidWorkflowCall
-from stepstream.engine.wire.codec import decode_safely
 from stepstream.engine.wire.names import event_name_problem, name_problem, whole_in
 
 if TYPE_CHECKING:
@@ -183,7 +182,7 @@ async def acquire(
         },
     )
     [(_, _, payload, _)] = await rt.message_future(slot_key, [answer], 1, None)
-    admitted = decode_safely(rt.codec, payload)
+    admitted = rt.decode_recorded(payload, f"the admission of {slot_key!r}")
     return Slot(queue.name, target, slot_key, token, int(admitted.get("admitted_ms", 0)))
 
 

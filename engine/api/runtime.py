@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from stepstream.engine.api.retry import RetryPolicy
 from stepstream.engine.wire.codec import PayloadCodec
+from stepstream.engine.wire.records import Payload
 
 
 class WorkflowRuntime(Protocol):
@@ -62,6 +63,8 @@ class WorkflowRuntime(Protocol):
     def race_decided(self, key: str) -> tuple[str, list[str]] | None: ...
 
     def recorded_at(self, key: str) -> int: ...
+
+    def decode_recorded(self, payload: Payload, what: str) -> Any: ...
 
     def loop_resume(self, key: str, initial: Any) -> tuple[int, Any]: ...
 

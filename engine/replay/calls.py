@@ -190,7 +190,7 @@ class CallsMixin(DrivingMixin):
         if entry is None:
             return 0, initial
         assert entry.result is not None
-        return entry.attempt, decode_safely(self.codec, entry.result)
+        return entry.attempt, self.decode_recorded(entry.result, f"the state of loop {key!r}")
 
     def loop_advanced(self, key: str, iteration: int, state: Any, keep: int) -> Any:
         """Record that the loop goes on with ``iteration`` and ``state``; returns the
@@ -417,7 +417,7 @@ class CallsMixin(DrivingMixin):
         entry = self._visit(key, EntryKind.VALUE)
         if entry is not None:
             assert entry.result is not None
-            return decode_safely(self.codec, entry.result)
+            return self.decode_recorded(entry.result, f"the recorded value {key!r}")
         value = produce()
         self._emit(ValueRecorded, key=key, kind=kind, value=encode_safely(self.codec, value))
         return value

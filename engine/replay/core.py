@@ -11,6 +11,7 @@ from stepstream.engine.api.workflow import WorkflowDefinition
 from stepstream.engine.errors import (
     EventTimeout,
     HistoryDiverged,
+    RecordedPayloadUnreadable,
     StepFailed,
     StepstreamError,
 )
@@ -36,6 +37,7 @@ from stepstream.engine.wire.records import (
     Command,
     CommandIgnored,
     HistoryRecord,
+    Payload,
     TimerRecord,
     TimerScheduled,
     WorkflowStarted,
@@ -270,6 +272,20 @@ class RuntimeCore:
                 del self._futures[key]
                 self._intents.pop(key, None)
 
+    def decode_recorded(self, payload: Payload, what: str) -> Any:
+        """A value from the history, decoded. It was readable when it was recorded, so
+        one this engine's codec cannot read was written by another codec, or under a key
+        this engine lacks (a rotation under way): the instance is parked, as for a
+        divergence, and goes on where an engine that reads it loads it."""
+        try:
+            return decode_safely(self.codec, payload)
+        except StepstreamError as exc:
+            err = RecordedPayloadUnreadable(
+                f"instance {self.state.instance_id}: {what} cannot be decoded by this engine: {exc}"
+            )
+            self._diverged = self._diverged or err
+            raise err from None
+
     def _settle(self, fut: asyncio.Future[Any], entry: Entry) -> None:
         if entry.names is not None and entry.state is EntryState.SATISFIED:
             fut.set_result(list(entry.messages or ()))  # raw: decoded where they are used
@@ -278,9 +294,11 @@ class RuntimeCore:
             case EntryState.SUCCEEDED | EntryState.SATISFIED | EntryState.RECORDED:
                 assert entry.result is not None
                 try:
-                    fut.set_result(decode_safely(self.codec, entry.result))
-                except StepstreamError as exc:
-                    fut.set_exception(exc)
+                    value = self.decode_recorded(entry.result, _recorded_what(entry))
+                except RecordedPayloadUnreadable as exc:
+                    fut.set_exception(exc)  # parked once the code is quiet
+                else:
+                    fut.set_result(value)
             case EntryState.FAILED:
                 fut.set_exception(
                     StepFailed(
@@ -324,6 +342,12 @@ class RuntimeCore:
         for entry in entries:
             if entry.state is EntryState.RUNNING and (entry.key, entry.attempt) in self.inflight:
                 self._out.cancels.append((self.state.instance_id, entry.key, entry.attempt))
+
+
+def _recorded_what(entry: Entry) -> str:
+    if entry.kind is EntryKind.WAIT:
+        return f"the event {entry.event_name!r} that wait {entry.key!r} took"
+    return f"the recorded result of {entry.kind.value} {entry.key!r}"
 
 
 def _failure_kind(entry: Entry) -> str:

@@ -385,3 +385,71 @@ def test_a_value_shaped_like_an_undecoded_payload_reads_as_the_value(tmp_path: P
         assert start["attributes"]["input"] == {"content_type": "application/json", "json": value}
         replay = ["replay", "--workflows", "echoes", "--file", f"e-{n}.json"]
         assert "ok" in ok(run_cli(tmp_path, *replay, env=env))
+
+
+ROTATION_FLOWS = """
+from stepstream import Context, workflow
+
+
+def note(value):
+    return value
+
+
+@workflow("two-approvals")
+async def two_approvals(ctx: Context, _: object) -> dict:
+    first = await ctx.wait_for_event("first", timeout=3600)
+    noted = await ctx.step("note", note, first)
+    second = await ctx.wait_for_event("second", timeout=3600)
+    return {"first": noted, "second": second}
+"""
+
+
+def _waits(dev: DevServer, instance: str, count: int) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        seen = [r["type"] for r in json.loads(ok(dev.cli("history", instance, "--json")))]
+        if seen.count("WaitStarted") >= count:
+            return
+        assert time.monotonic() < deadline, f"{instance} never waited {count} times: {seen}"
+        time.sleep(0.1)
+
+
+def test_a_new_key_rolled_out_unevenly_parks_what_an_old_engine_cannot_read(
+    tmp_path: Path,
+) -> None:
+    """k2 encrypts on one engine while another still has only k1: what k2 sealed (an
+    event taken, a step's result) parks the instance on the k1 engine instead of
+    failing it, an event sent there meanwhile is kept, and once every engine has both
+    keys the instance goes on."""
+
+    def dev_with(*key_ids: str) -> DevServer:
+        env = clean_env(tmp_path, STEPSTREAM_CODEC_KEYS=keys(*key_ids))
+        return start_dev(tmp_path, "rotation_flows", ROTATION_FLOWS, "--codec", CODEC, env=env)
+
+    dev = dev_with("k1")
+    try:
+        ok(dev.cli("start", "two-approvals", "--id", "t-1"))
+        _waits(dev, "t-1", 1)
+    finally:
+        dev.stop()
+    dev = dev_with("k2", "k1")  # rotated first: seals under k2
+    try:
+        ok(dev.cli("send", "t-1", "first", "--payload", '{"by": "ada"}'))
+        _waits(dev, "t-1", 2)
+    finally:
+        dev.stop()
+    dev = dev_with("k1")  # not rotated yet
+    try:
+        status = json.loads(ok(dev.cli("status", "t-1", "--json")))
+        assert status["status"] == "running", status
+        assert status["error"].startswith("InvalidPayload: instance t-1: the event 'first'")
+        assert "key id 'k2', which STEPSTREAM_CODEC_KEYS does not hold" in status["error"]
+        ok(dev.cli("send", "t-1", "second", "--payload", '{"by": "bob"}'))
+    finally:
+        dev.stop()
+    dev = dev_with("k2", "k1")
+    try:
+        result = json.loads(ok(dev.cli("result", "t-1", "--timeout", "30")))
+    finally:
+        dev.stop()
+    assert result == {"first": {"by": "ada"}, "second": {"by": "bob"}}
