@@ -42,9 +42,10 @@ class PayloadCodec(Protocol):
 
 
 def encode_safely(codec: PayloadCodec, value: Any) -> Payload:
-    """``codec.encode``, with whatever a user's codec raises turned into InvalidPayload."""
+    """``codec.encode``, with whatever a user's codec raises, or returns that is not a
+    ``Payload`` of a str content type and bytes, turned into InvalidPayload."""
     try:
-        return codec.encode(value)
+        payload = codec.encode(value)
     except InvalidPayload:
         raise
     except Exception as exc:
@@ -52,6 +53,25 @@ def encode_safely(codec: PayloadCodec, value: Any) -> Payload:
             f"the payload codec cannot encode a value of type {type(value).__name__}: "
             f"{type(exc).__name__}: {exc}"
         ) from None
+    if (
+        type(payload) is not Payload
+        or type(payload.data) is not bytes
+        or type(payload.content_type) is not str
+    ):
+        raise InvalidPayload(
+            f"the payload codec {type(codec).__name__} returned {_shape(payload)} from "
+            "encode; it must return stepstream.Payload(content_type=str, data=bytes)"
+        )
+    return payload
+
+
+def _shape(payload: object) -> str:
+    if isinstance(payload, Payload):
+        return (
+            f"a Payload of content_type {type(payload.content_type).__name__} and data "
+            f"{type(payload.data).__name__}"
+        )
+    return f"a {type(payload).__name__}"
 
 
 def decode_safely(codec: PayloadCodec, payload: Payload) -> Any:
