@@ -8,9 +8,13 @@ format, decoded with the writer schemas the ``Source`` was given (no schema regi
 
 from __future__ import annotations
 
+import base64
 import io
 from collections.abc import Mapping
+from datetime import date, datetime, time
+from decimal import Decimal
 from typing import Any
+from uuid import UUID
 
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
@@ -90,4 +94,22 @@ def _read(body: bytes, schema: Any) -> Any:
             f"Avro body has {len(body) - stream.tell()} bytes left over after the record; "
             "it was written with another schema"
         )
-    return decoded
+    return _as_json(decoded)
+
+
+def _as_json(value: Any) -> Any:
+    """fastavro's Python values for Avro's ``bytes``, ``fixed`` and logical types as the
+    JSON a workflow gets: bytes as base64 text (as ``format="bytes"`` hands them over),
+    times and dates as ISO 8601 text, decimals as text (no digit lost to a float), UUIDs
+    as text."""
+    if isinstance(value, dict):
+        return {k: _as_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_json(v) for v in value]
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, Decimal | UUID):
+        return str(value)
+    return value

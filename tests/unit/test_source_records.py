@@ -5,14 +5,18 @@ format, and the reasons an unreadable record is dead-lettered with."""
 from __future__ import annotations
 
 import base64
+import datetime
+import decimal
 import io
 import json
 import sys
 import types
+import uuid
 from typing import Any
 
 import fastavro
 import pytest
+from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from stepstream import Context, Source, UnknownWorkflow
 from stepstream.consumers.sources import RecordTranslator, SourceRecord, Unreadable
@@ -157,3 +161,50 @@ def test_avro_single_object_and_confluent_wire_format() -> None:
     )
     with pytest.raises(ValueError, match="invalid Avro schema"):
         AvroReader(({"type": "record", "name": "X", "fields": [{"name": "a"}]},))
+
+
+def test_avro_bytes_and_logical_types_reach_the_workflow_as_json() -> None:
+    schema = {
+        "type": "record",
+        "name": "Shipment",
+        "fields": [
+            {"name": "id", "type": "string"},
+            {"name": "blob", "type": "bytes"},
+            {"name": "hash", "type": {"type": "fixed", "name": "H", "size": 4}},
+            {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+            {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+            {
+                "name": "price",
+                "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2},
+            },
+            {"name": "ref", "type": {"type": "string", "logicalType": "uuid"}},
+            {"name": "tags", "type": {"type": "array", "items": "bytes"}},
+        ],
+    }
+    parsed = fastavro.parse_schema(schema)
+    value = {
+        "id": "s-1",
+        "blob": b"\x01\x02",
+        "hash": b"abcd",
+        "at": datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=datetime.UTC),
+        "day": datetime.date(2026, 1, 2),
+        "price": decimal.Decimal("1234567.89"),
+        "ref": uuid.UUID(int=1),
+        "tags": [b"\xff"],
+    }
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, parsed, value)
+    canonical = to_parsing_canonical_form(parsed)
+    framed = b"\xc3\x01" + bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")) + body.getvalue()
+    source = Source("t", start="w", instance_id="field:id", format="avro", schemas=[schema])
+    got = command(source, rec(framed))
+    assert json.loads(got.input.data) == {
+        "id": "s-1",
+        "blob": "AQI=",
+        "hash": "YWJjZA==",
+        "at": "2026-01-02T03:04:05+00:00",
+        "day": "2026-01-02",
+        "price": "1234567.89",
+        "ref": "00000000-0000-0000-0000-000000000001",
+        "tags": ["/w=="],
+    }
