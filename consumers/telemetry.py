@@ -135,11 +135,11 @@ def _step_label(key: str) -> str:
 def step_outcome(record: StepSucceeded | StepFailedRecord) -> str:
     if isinstance(record, StepSucceeded):
         return "succeeded"
-    if record.error_type == "StepTimeout":
-        return "timed_out"
     if record.error_type == "AttemptCancelled":
         return "cancelled"
-    return "retried" if record.next_attempt_at_ms is not None else "failed"
+    if record.next_attempt_at_ms is None:
+        return "failed"  # the step gave up, a last attempt's timeout too: what alerts count
+    return "timed_out" if record.error_type == "StepTimeout" else "retried"
 
 
 # What a dead letter's reason says (lower case) -> its label, first match wins.

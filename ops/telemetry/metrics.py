@@ -121,8 +121,8 @@ class EngineCollector(Collector):
         yield Family(
             "counter",
             "stepstream_steps",
-            "Step attempts that ended, by workflow, step and outcome "
-            "(succeeded, retried, failed, timed_out, cancelled).",
+            "Step attempts that ended, by workflow, step and outcome (succeeded, retried, "
+            "timed_out: retried after its timeout, failed: the step gave up, cancelled).",
             ["workflow", "step", "outcome"],
             t.steps,
         )

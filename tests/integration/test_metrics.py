@@ -24,6 +24,7 @@ from tests.helm.metric_names import METRICS
 
 WORKFLOWS = textwrap.dedent(
     """
+    import asyncio
     from datetime import timedelta
 
     from stepstream import Context, NonRetryableError, RetryPolicy, workflow
@@ -52,6 +53,14 @@ WORKFLOWS = textwrap.dedent(
     @workflow("declined")
     async def declined_wf(ctx: Context, _: None) -> None:
         await ctx.step("pay", declined)
+
+    async def hang() -> None:
+        await asyncio.sleep(60)
+
+    @workflow("hanging")
+    async def hanging(ctx: Context, _: None) -> None:
+        policy = RetryPolicy(max_attempts=2, initial_interval=0.01)
+        await ctx.step("call", hang, retry=policy, timeout=0.05)
     """
 )
 
@@ -133,12 +142,12 @@ async def test_dev_metrics_count_what_ran(tmp_path: Path) -> None:
         async with Client.connect(server.url) as client:
             ids = [await client.start("orders", f"o{n}", instance_id=f"o{n}") for n in range(4)]
             failing = await client.start("declined", None, instance_id="d1")
+            hanging = await client.start("hanging", None, instance_id="h1")
             for instance_id in ids:
                 assert await client.result(instance_id, timeout=30) == instance_id
-            try:
-                await client.result(failing, timeout=30)
-            except Exception as exc:
-                assert "card declined" in str(exc)
+            for instance_id, why in [(failing, "card declined"), (hanging, "StepTimeout")]:
+                with pytest.raises(stepstream.WorkflowFailed, match=why):
+                    await client.result(instance_id, timeout=30)
         # Plain HTTP requests, as curl or a browser makes them: one found, one not, one
         # path no route serves.
         before = _scrape(server.url)
@@ -163,18 +172,23 @@ async def test_dev_metrics_count_what_ran(tmp_path: Path) -> None:
     assert _value(samples, steps, workflow="orders", step="flaky", outcome="retried") == 4
     assert _value(samples, steps, workflow="orders", step="flaky", outcome="succeeded") == 4
     assert _value(samples, steps, workflow="declined", step="pay", outcome="failed") == 1
+    # A timeout that is retried, then one that gives up: the give-up is a failure, which
+    # the StepstreamStepsFailing alert counts.
+    assert _value(samples, steps, workflow="hanging", step="call", outcome="timed_out") == 1
+    assert _value(samples, steps, workflow="hanging", step="call", outcome="failed") == 1
     durations = "stepstream_step_attempt_duration_seconds_count"
     assert _value(samples, durations, workflow="orders", step="charge") == 12
     assert _value(samples, durations, workflow="orders", step="flaky") == 8
     runs = "stepstream_workflow_duration_seconds_count"
     assert _value(samples, runs, workflow="orders", outcome="completed") == 4
-    # Every run slept 50 ms and waited out a retry backoff: timers fired and were timed.
+    # Every order slept 50 ms and waited out a retry backoff, and the hanging call one
+    # backoff: timers fired and were timed.
     applied = "stepstream_commands_applied_total"
-    assert _value(samples, applied, type="StartWorkflow") == 5
-    assert _value(samples, applied, type="TimerFired") == 8
-    assert _value(samples, "stepstream_timer_lateness_seconds_count") == 8
+    assert _value(samples, applied, type="StartWorkflow") == 6
+    assert _value(samples, applied, type="TimerFired") == 9
+    assert _value(samples, "stepstream_timer_lateness_seconds_count") == 9
     fired = "stepstream_timers_fired_total"  # by the processor's hand, or round the log
-    assert _value(samples, fired, path="direct") + _value(samples, fired, path="log") == 8
+    assert _value(samples, fired, path="direct") + _value(samples, fired, path="log") == 9
     assert _value(samples, fired, path="direct") > 0
     assert _value(samples, "stepstream_commit_duration_seconds_count") > 0
     assert _value(samples, "stepstream_parked_instances") == 0
