@@ -70,6 +70,11 @@ def as_registry(workflows: Workflows) -> Registry:
     if isinstance(workflows, Registry):
         return workflows
     registry = Registry()
+    if not _single(workflows) and not isinstance(workflows, Iterable):
+        raise TypeError(
+            f"{workflows!r} is not a workflow: pass @workflow functions, modules holding them, "
+            "module names or a Registry"
+        )
     items = [workflows] if _single(workflows) else list(cast(Iterable[Any], workflows))
     for item in items:
         if isinstance(item, str):
@@ -183,6 +188,7 @@ class WorkflowEnvironment:
         self._engine: EmbeddedEngine | None = None
         self._client: Client | None = None
         self._ready = asyncio.Event()
+        self._running = False  # from start() to close(), crashes included
         self._crashed = asyncio.Event()  # set (and replaced) by each crash
         self._writes_before = 0  # durable writes of engines before the running one
         self.crashes = 0
@@ -206,12 +212,14 @@ class WorkflowEnvironment:
             self.data_dir = self._temporary.name
         self._engine = await self._open()
         self._client = Client(cast(Transport, _EnvironmentTransport(self)))
+        self._running = True
         self._ready.set()
 
     async def close(self) -> None:
         """Stop the engine (letting running attempts finish for a moment) and remove the
         temporary directory."""
         engine, self._engine = self._engine, None
+        self._running = False
         self._ready.clear()
         try:
             if engine is not None:
@@ -250,6 +258,16 @@ class WorkflowEnvironment:
             raise StepstreamError("the environment is not running (not started, or closed)")
         return self._engine
 
+    async def _running_engine(self, what: str) -> None:
+        """Wait out a crash's restart; refuse at once when nothing will ever run."""
+        if not self._running:
+            raise StepstreamError(
+                f"{what} needs a running environment: use `async with "
+                "WorkflowEnvironment(...) as env:` (or `await env.start()`), and call it "
+                "inside the block"
+            )
+        await self._ready.wait()
+
     @property
     def clock(self) -> Clock:
         return self._clock
@@ -278,6 +296,8 @@ class WorkflowEnvironment:
         step = seconds.total_seconds() if isinstance(seconds, timedelta) else float(seconds)
         if step < 0:
             raise ValueError(f"advance() moves time forward, not by {step} s")
+        if not self._running:
+            await self._running_engine("env.advance()")
         target = clock.now_ms() + round(step * 1000)
         await self.settle()
         while True:
@@ -297,7 +317,7 @@ class WorkflowEnvironment:
         deadline = loop.time() + (self._settle_timeout if timeout is None else timeout)
         quiet = 0
         while quiet < 2:
-            await self._ready.wait()
+            await self._running_engine("env.settle()")
             busy = self._busy()
             if busy is None:
                 quiet += 1
@@ -383,7 +403,7 @@ class WorkflowEnvironment:
         """A client call on the engine running now; one that a crash interrupts is made
         again on the restarted engine if that is safe, else raises ConnectionFailed."""
         while True:
-            await self._ready.wait()
+            await self._running_engine(f"env.client.{name}()")
             crashed = self._crashed
             method: Callable[..., Awaitable[Any]] = getattr(self.engine.transport, name)
             call = asyncio.ensure_future(method(*args, **kwargs))

@@ -250,6 +250,26 @@ async def test_workflows_may_be_functions_modules_names_or_a_registry() -> None:
             assert (await env.client.result("s", timeout=5))["days"] == 37.0
 
 
+async def test_something_that_is_not_a_workflow_is_refused_saying_what_to_pass() -> None:
+    with pytest.raises(TypeError, match="42 is not a workflow: pass @workflow functions"):
+        WorkflowEnvironment(42)  # type: ignore[arg-type]
+
+
+async def test_an_environment_that_is_not_running_says_so_instead_of_waiting() -> None:
+    env = WorkflowEnvironment([subscription])
+    for call in (env.settle(), env.advance(1)):
+        with pytest.raises(StepstreamError, match=r"needs a running environment: use `async with"):
+            await asyncio.wait_for(call, 5)
+    async with env:
+        client = env.client
+        await client.start("subscription", "d", instance_id="s")
+    for call in (env.settle(), env.advance(1)):
+        with pytest.raises(StepstreamError, match="needs a running environment"):
+            await asyncio.wait_for(call, 5)
+    with pytest.raises(StepstreamError, match=r"environment is not running \(not started, or"):
+        await asyncio.wait_for(client.status("s"), 5)
+
+
 async def test_the_system_clock_runs_in_real_time_and_cannot_be_advanced() -> None:
     async with WorkflowEnvironment([ticks], clock="system") as env:
         with pytest.raises(StepstreamError, match="clock='virtual'"):
