@@ -52,6 +52,7 @@ def make_whole(backend: PartitionBackend, commit: CommitBatch) -> int:
                 state = state_from_storage(instance_id, meta, [])
                 if state.status.finished:
                     commit.put(keys.finished(state.finished_ms, instance_id), b"")
+    if looked:  # a new partition has nothing to index, and nothing to say
         log.info(
             "indexed %d instances by %s: state here was written by a version that kept "
             "no such index (before this one ran, or since: a rollback)",

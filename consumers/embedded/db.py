@@ -141,13 +141,16 @@ class EmbeddedDB:
             await asyncio.to_thread(release, rocks, wal, lock_fd)
             raise
         log.info(
-            "embedded data directory opened path=%s partitions=%d epoch=%d durability=%s "
-            "direct_io=%s",
-            data_dir,
-            count,
-            epoch,
-            durability.value,
-            "yes" if rocks.direct_io else "no (O_DIRECT is refused here or not available)",
+            "embedded data directory opened",
+            extra={
+                "path": data_dir,
+                "partitions": count,
+                "epoch": epoch,
+                "durability": durability.value,
+                "direct_io": (
+                    "yes" if rocks.direct_io else "no (O_DIRECT is refused here or not available)"
+                ),
+            },
         )
         return db
 

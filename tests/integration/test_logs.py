@@ -143,7 +143,13 @@ async def test_dev_logs_failures_as_fields_in_the_trace_it_exports(tmp_path: Pat
         collector.close()
     ids = _run_span(collector)
     assert ids[0] == format(checkout.get_span_context().trace_id, "032x")  # the caller's
-    _check_failure_lines(_lines(server.log), instance_id, ids)
+    lines = _lines(server.log)
+    _check_failure_lines(lines, instance_id, ids)
+    # A new data directory: opened, with its context in fields; nothing to re-index, so no
+    # word of an older version or a rollback.
+    [opened] = [line for line in lines if line["msg"] == "embedded data directory opened"]
+    assert opened["partitions"] == 4 and opened["durability"] and opened["path"], opened
+    assert not [line for line in lines if "rollback" in line["msg"]], lines
 
 
 @pytest.mark.slow

@@ -72,9 +72,11 @@ def test_the_probe_answers_for_the_directory_and_leaves_nothing_behind(tmp_path:
 
 
 def opened_line(caplog: pytest.LogCaptureFixture) -> str:
-    lines = [r.getMessage() for r in caplog.records if "data directory opened" in r.getMessage()]
+    """The open's line, its fields as key=value (they are fields, not in the message)."""
+    lines = [r for r in caplog.records if r.getMessage() == "embedded data directory opened"]
     assert lines, "the open was not logged"
-    return lines[-1]
+    fields = ("path", "partitions", "epoch", "durability", "direct_io")
+    return " ".join(f"{name}={getattr(lines[-1], name)}" for name in fields)
 
 
 async def test_table_files_are_written_with_direct_io_where_the_filesystem_allows(
