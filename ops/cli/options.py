@@ -35,6 +35,7 @@ LOGGING = (
     ),
     arg(
         "--log-format",
+        type=str.lower,  # as $STEPSTREAM_LOG_FORMAT and --log-level take any case
         choices=logs.FORMATS,
         help="text (key=value) or json: one object per line with instance_id, workflow, "
         "step, attempt, partition, trace_id and span_id as fields when a line concerns "

@@ -210,3 +210,5 @@ def test_a_bad_log_format_is_refused(tmp_path: Path) -> None:
     result = run_cli(tmp_path, "list", "--log-format", "xml")
     assert result.returncode == 2
     assert "invalid choice: 'xml'" in result.stderr
+    # Any case, as $STEPSTREAM_LOG_FORMAT and --log-level take it.
+    assert run_cli(tmp_path, "list", "--log-format", "JSON", "--help").returncode == 0
