@@ -42,7 +42,9 @@ them; this module gathers them (``tests/unit/test_errors.py`` fails if one is mi
     │                                loop.time): use ctx.sleep, ctx.now
     ├── HistoryDiverged              the code no longer matches an instance's history
     │   │                            (the instance is parked; deploy matching code)
-    │   └── ReplayDiverged           stepstream.testing.replay found the same
+    │   ├── ReplayDiverged           stepstream.testing.replay found the same
+    │   └── RecordedPayloadUnreadable  a recorded value this engine's codec cannot read
+    │                                (a key it lacks: parked until an engine that has it)
     ├── DuplicateWorkflow            two definitions of one name and version
     ├── UndecodableRecord            bytes on a topic that are no record of this version
     ├── InvalidHistoryFile           a history export that cannot be read
@@ -111,6 +113,7 @@ from stepstream.engine.errors import (
     OutboxNotConfigured,
     PayloadTooLarge,
     RaceError,
+    RecordedPayloadUnreadable,
     ResultTimeout,
     RolledBack,
     StepFailed,
@@ -166,6 +169,7 @@ __all__ = [
     "PayloadTooLarge",
     "ProduceFailed",
     "RaceError",
+    "RecordedPayloadUnreadable",
     "ReplayDiverged",
     "RestoreFailed",
     "ResultTimeout",
