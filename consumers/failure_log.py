@@ -6,7 +6,7 @@ outcome deserves:
 - a step that failed for good (its retries exhausted, or not retryable) and a workflow
   that failed: ERROR;
 - an attempt given up because its step no longer needs it (``AttemptCancelled``: a race
-  lost, a cancel): INFO.
+  lost), and a run cancelled or terminated, with the attempts it gave up: INFO.
 
 Each carries the failure as the engine has it: the traceback the step executor (or the
 workflow task) formatted when the exception was raised in this process, else the
@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from stepstream.consumers.log_context import TRACE_OF, instance_fields
 from stepstream.engine.replay.core import WORKFLOW_TRACEBACK
-from stepstream.engine.wire.records import StepFailedRecord, WorkflowFailedRecord
+from stepstream.engine.wire.records import (
+    StepFailedRecord,
+    WorkflowCancelledRecord,
+    WorkflowFailedRecord,
+    WorkflowTerminatedRecord,
+)
 
 if TYPE_CHECKING:
     from stepstream.engine.replay.runtime import InstanceRuntime
@@ -73,6 +78,27 @@ def run_failed(
         (record.error_type, record.error_message),
         fields,
         traceback or _recorded(record),
+    )
+
+
+def run_stopped(
+    partition: int,
+    record: WorkflowCancelledRecord | WorkflowTerminatedRecord,
+    runtime: InstanceRuntime | None,
+    given_up: list[tuple[str, int]],
+) -> None:
+    """A run cancelled or terminated: INFO, with the step attempts it gave up."""
+    if not run_log.isEnabledFor(logging.INFO):
+        return
+    how = "cancelled" if isinstance(record, WorkflowCancelledRecord) else "terminated"
+    attempts = ", ".join(f"{key} (attempt {attempt})" for key, attempt in given_up)
+    _emit(
+        run_log,
+        logging.INFO,
+        "workflow %s: %s%s",
+        (how, record.reason or "no reason given", f"; gave up {attempts}" if attempts else ""),
+        _fields(record.instance_id, partition, runtime),
+        "",
     )
 
 

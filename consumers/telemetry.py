@@ -321,8 +321,16 @@ class Telemetry:
                     activations[record.instance_id].first = True
             elif kind in _RUN_ENDS:
                 end = cast("RunEnd", record)
-                started.pop(record.instance_id, None)
                 owner = touched.get(record.instance_id)
+                # Attempts begun here that the run's end gave up: no outcome will come.
+                left = started.pop(record.instance_id, None)
+                given_up = sorted((key, a) for key, (a, _) in left.items()) if left else []
+                for key, _ in given_up:
+                    workflow = owner.state.workflow if owner is not None else ""
+                    self.steps[(workflow, step_label(key), "cancelled")] += 1
+                if kind is WorkflowCancelledRecord or kind is WorkflowTerminatedRecord:
+                    stopped = cast("WorkflowCancelledRecord | WorkflowTerminatedRecord", record)
+                    failure_log.run_stopped(partition, stopped, owner, given_up)
                 if kind is WorkflowFailedRecord:
                     if owner is not None and traced:  # before the log takes it
                         run_tracebacks[record.instance_id] = owner.tracebacks.get(

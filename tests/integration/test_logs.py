@@ -11,6 +11,7 @@ import socket
 import subprocess
 import textwrap
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -212,3 +213,48 @@ def test_a_bad_log_format_is_refused(tmp_path: Path) -> None:
     assert "invalid choice: 'xml'" in result.stderr
     # Any case, as $STEPSTREAM_LOG_FORMAT and --log-level take it.
     assert run_cli(tmp_path, "list", "--log-format", "JSON", "--help").returncode == 0
+
+
+CANCELLABLE = textwrap.dedent(
+    """
+    import time
+
+    from stepstream import Context, attempt_cancelled, workflow
+
+    def long_call() -> str:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not attempt_cancelled():
+            time.sleep(0.01)
+        return "done"
+
+    @workflow("long")
+    async def long(ctx: Context, _: None) -> str:
+        return await ctx.step("long-call", long_call)
+    """
+)
+
+
+def test_a_cancel_logs_the_step_attempt_it_gave_up_and_counts_it(tmp_path: Path) -> None:
+    server = start_dev(tmp_path, "long_flows", CANCELLABLE, "--log-format", "json")
+    try:
+        assert server.cli("start", "long", "--id", "cx-1").returncode == 0
+        deadline = time.monotonic() + 20
+        while "StepAttemptStarted" not in server.cli("history", "cx-1", "--json").stdout:
+            assert time.monotonic() < deadline, "the step never started"
+            time.sleep(0.05)
+        cancelled = server.cli("cancel", "cx-1", "--reason", "customer called")
+        assert cancelled.returncode == 0, cancelled.stderr
+        deadline = time.monotonic() + 20
+        while not [x for x in _lines(server.log) if x["msg"].startswith("workflow cancelled")]:
+            assert time.monotonic() < deadline, server.log.read_text()
+            time.sleep(0.05)
+        with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as response:
+            metrics = response.read().decode()
+    finally:
+        server.stop()
+    [line] = [x for x in _lines(server.log) if x["msg"].startswith("workflow cancelled")]
+    assert line["msg"] == "workflow cancelled: customer called; gave up long-call (attempt 1)"
+    assert line["level"] == "INFO" and line["instance_id"] == "cx-1", line
+    assert line["workflow"] == "long", line
+    counted = 'stepstream_steps_total{outcome="cancelled",step="long-call",workflow="long"} 1.0'
+    assert counted in metrics, metrics
