@@ -10,14 +10,20 @@ with ``stepstream.testing.replay`` and with ``stepstream replay --file``.
 
 The files are exports (docs/history-export.md) of instances run on a
 ``WorkflowEnvironment`` with a virtual clock. Regenerate only on purpose:
-``python -m tests.golden.test_replay_goldens`` rewrites them.
+``python -m tests.golden.test_replay_goldens [DIR]`` rewrites them (into DIR, if given),
+the same bytes each time for the same code: ids and random values are seeded, and
+tracebacks, which name the recording machine's files, are left out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import random
 import subprocess
 import sys
+import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -171,8 +177,25 @@ BEFORE = Registry(
 )
 
 
-async def _record() -> None:
+def _seeded_ids(seed: int) -> Callable[[], uuid.UUID]:
+    """``uuid.uuid4`` from a seeded generator: command ids and ``ctx.uuid`` values come
+    out the same at every regeneration, so a diff shows only what changed on purpose."""
+    rng = random.Random(seed)
+    return lambda: uuid.UUID(int=rng.getrandbits(128), version=4)
+
+
+def _without_tracebacks(records: list[Any]) -> list[Any]:
+    """A traceback names the files of the machine that recorded it: kept out of the repo."""
+    return [
+        dataclasses.replace(r, traceback=None) if getattr(r, "traceback", None) else r
+        for r in records
+    ]
+
+
+async def _record(out: Path) -> None:
     start = datetime(2024, 1, 1, tzinfo=UTC)
+    random.seed(2024)  # ctx.random
+    uuid.uuid4 = _seeded_ids(2024)  # type: ignore[assignment]  # a one-off script
     async with WorkflowEnvironment(BEFORE, clock="virtual", start=start) as env:
         client = env.client
         await client.start("order", {"amount": 25, "id": "o-1"}, instance_id="ok-order")
@@ -192,10 +215,10 @@ async def _record() -> None:
         assert (await client.status("ok-loop-pruned")).status == "completed"
         for name in EXPECTED:
             history = await client.history(name)
-            records = records_from_entries(name, history)
-            (HERE / f"{name}.json").write_text(dumps(to_document(name, records)))
-            print(f"wrote {HERE / name}.json ({len(records)} records)")
+            records = _without_tracebacks(records_from_entries(name, history))
+            (out / f"{name}.json").write_text(dumps(to_document(name, records)))
+            print(f"wrote {out / name}.json ({len(records)} records)")
 
 
 if __name__ == "__main__":
-    asyncio.run(_record())
+    asyncio.run(_record(Path(sys.argv[1]) if len(sys.argv) > 1 else HERE))
