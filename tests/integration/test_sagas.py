@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stepstream import Context, InvalidWorkflowCall, NonRetryableError, RolledBack, workflow
+from stepstream import Context, NonRetryableError, RolledBack, workflow
 from stepstream.testing import WorkflowEnvironment
 
 _WAIT = 30.0  # seconds a step body waits for its cue before it gives up
@@ -46,6 +47,24 @@ class _Trip:
 
     def decline(self) -> None:
         raise NonRetryableError("card declined")
+
+
+async def _rolled_back(name: str, body: Callable[[Context], Awaitable[Any]]) -> str:
+    """Run ``body`` in a saga "trip" as workflow ``name``; what its ``RolledBack`` said,
+    with the type of its cause."""
+
+    @workflow(name)
+    async def flow(ctx: Context, _: Any) -> Any:
+        try:
+            async with ctx.saga("trip"):
+                await body(ctx)
+        except RolledBack as exc:
+            return f"{exc} [cause: {type(exc.cause).__name__}]"
+        return "booked"
+
+    async with WorkflowEnvironment([flow], clock="virtual") as env:
+        await env.client.start(name, None, instance_id=f"{name}-1")
+        return str(await env.client.result(f"{name}-1", timeout=_WAIT))
 
 
 def _undo_keys(history: list[Any]) -> list[str]:
@@ -116,22 +135,14 @@ async def test_a_rollback_waits_for_a_compensable_step_still_running() -> None:
         flight_may_finish.set()  # the flight books only after the hotel has failed
         raise NonRetryableError("no rooms")
 
-    @workflow("gather-trip")
-    async def gather_trip(ctx: Context, _: Any) -> Any:
-        try:
-            async with ctx.saga("trip"):
-                await asyncio.gather(
-                    ctx.step("flight", slow_flight, compensate=trip.undo),
-                    ctx.step("hotel", no_rooms, compensate=trip.undo),
-                )
-        except RolledBack as exc:
-            return {"rolled_back": str(exc)}
-        return "booked"
+    async def body(ctx: Context) -> None:
+        await asyncio.gather(
+            ctx.step("flight", slow_flight, compensate=trip.undo),
+            ctx.step("hotel", no_rooms, compensate=trip.undo),
+        )
 
-    async with WorkflowEnvironment([gather_trip], clock="virtual") as env:
-        await env.client.start("gather-trip", None, instance_id="g-1")
-        result = await env.client.result("g-1", timeout=_WAIT)
-    assert "rolled back (trip/flight) after StepFailed" in result["rolled_back"]
+    said = await _rolled_back("gather-trip", body)
+    assert "rolled back (trip/flight) after StepFailed" in said
     assert trip.undone == ["flight"]
 
 
@@ -139,22 +150,14 @@ async def test_an_inner_saga_that_ended_well_is_undone_with_the_outer_one() -> N
     trip = _Trip()
     trip.release_undo.set()
 
-    @workflow("nested-trip")
-    async def nested_trip(ctx: Context, _: Any) -> Any:
-        try:
-            async with ctx.saga("trip"):
-                await ctx.step("flight", trip.book, "flight", compensate=trip.undo)
-                async with ctx.saga("stay"):
-                    await ctx.step("hotel", trip.book, "hotel", compensate=trip.undo)
-                await ctx.step("pay", trip.decline)
-        except RolledBack as exc:
-            return {"rolled_back": str(exc)}
-        return "booked"
+    async def body(ctx: Context) -> None:
+        await ctx.step("flight", trip.book, "flight", compensate=trip.undo)
+        async with ctx.saga("stay"):
+            await ctx.step("hotel", trip.book, "hotel", compensate=trip.undo)
+        await ctx.step("pay", trip.decline)
 
-    async with WorkflowEnvironment([nested_trip], clock="virtual") as env:
-        await env.client.start("nested-trip", None, instance_id="n-1")
-        result = await env.client.result("n-1", timeout=_WAIT)
-    assert "rolled back (trip/stay/hotel, trip/flight)" in result["rolled_back"]
+    said = await _rolled_back("nested-trip", body)
+    assert "rolled back (trip/stay/hotel, trip/flight)" in said
     assert trip.undone == ["hotel", "flight"]
 
 
@@ -164,19 +167,11 @@ async def test_a_compensation_that_is_not_callable_is_refused_where_it_is_given(
     trip = _Trip()
     trip.release_undo.set()
 
-    @workflow("typo-trip")
-    async def typo_trip(ctx: Context, _: Any) -> Any:
-        try:
-            async with ctx.saga("trip"):
-                await ctx.step("flight", trip.book, "flight", compensate=trip.undo)
-                await ctx.step("hotel", trip.book, "hotel", compensate="cancel_hotel")
-        except RolledBack as exc:
-            assert isinstance(exc.cause, InvalidWorkflowCall)
-            return {"rolled_back": str(exc)}
-        return "booked"
+    async def body(ctx: Context) -> None:
+        await ctx.step("flight", trip.book, "flight", compensate=trip.undo)
+        await ctx.step("hotel", trip.book, "hotel", compensate="cancel_hotel")
 
-    async with WorkflowEnvironment([typo_trip], clock="virtual") as env:
-        await env.client.start("typo-trip", None, instance_id="c-1")
-        result = await env.client.result("c-1", timeout=_WAIT)
-    assert "compensate='cancel_hotel' is not callable" in result["rolled_back"]
+    said = await _rolled_back("typo-trip", body)
+    assert said.endswith("[cause: InvalidWorkflowCall]")
+    assert "compensate='cancel_hotel' is not callable" in said
     assert trip.undone == ["flight"]
