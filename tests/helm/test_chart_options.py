@@ -191,3 +191,24 @@ def test_mistakes_in_these_values_are_refused_naming_them(
     with pytest.raises((helm_python.HelmValuesError, helm_python.HelmRenderError)) as refused:
         render(values)
     assert message in str(refused.value)
+
+
+def test_kafka_properties_reach_the_client_as_written_large_numbers_too() -> None:
+    """Helm reads numbers as floats: 10000000 must not reach librdkafka as 1e+07, which
+    it would read as 1."""
+    config = {
+        "message.max.bytes": 10000000,
+        "queue.buffering.max.kbytes": 1048576,
+        "linger.ms": 5,
+        "enable.idempotence": True,
+        "client.rack": "eu-west-1a",
+    }
+    env = env_of(_worker(render({"kafka": {"config": config}})))
+    got = {name: env[f"STEPSTREAM_KAFKA_{name.upper().replace('.', '_')}"] for name in config}
+    assert {name: value["value"] for name, value in got.items()} == {
+        "message.max.bytes": "10000000",
+        "queue.buffering.max.kbytes": "1048576",
+        "linger.ms": "5",
+        "enable.idempotence": "true",
+        "client.rack": "eu-west-1a",
+    }

@@ -165,7 +165,9 @@ before the release's Secrets exist.
 {{- end }}
 {{- range $key, $value := $kafka.config }}
 - name: STEPSTREAM_KAFKA_{{ $key | upper | replace "." "_" }}
-  value: {{ $value | toString | quote }}
+  {{- /* Values files are read as floats: toString would write 10000000 as 1e+07, which
+  librdkafka reads as 1. JSON writes a number in full, and true as true. */}}
+  value: {{ if kindIs "string" $value }}{{ $value | quote }}{{ else }}{{ $value | toJson | quote }}{{ end }}
 {{- end }}
 {{- end -}}
 
