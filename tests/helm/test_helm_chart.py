@@ -306,6 +306,9 @@ def test_the_topic_job_is_a_hook_that_creates_the_topics() -> None:
     annotations = job["metadata"]["annotations"]
     assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert "before-hook-creation" in annotations["helm.sh/hook-delete-policy"]
+    # A failed try keeps its pod, so the log that says why outlives the last retry.
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    assert "hook-failed" not in annotations["helm.sh/hook-delete-policy"]
     topics = container(job, "topics")
     assert topics["command"] == ["stepstream"]
     assert topics["args"][:2] == ["topics", "create"]
