@@ -215,6 +215,8 @@ class _Guard:
         if names & _WILDCARD_BINDS:
             names.add(_host_name(socket.gethostname()))
         self._any_host = "*" in names
+        # "*.shop.example" (an Ingress host, say): any name below shop.example.
+        self._suffixes = tuple(n[1:] for n in names if n.startswith("*.") and len(n) > 2)
         self._names = frozenset(names - _WILDCARD_BINDS)
 
     @web.middleware
@@ -270,6 +272,8 @@ class _Guard:
     def _host_allowed(self, header: str) -> bool:
         name = _host_name(header)
         if self._any_host or name in self._names or is_loopback(name):
+            return True
+        if self._suffixes and name.endswith(self._suffixes):
             return True
         try:
             ipaddress.ip_address(name)  # reached by address: no name to rebind

@@ -121,7 +121,8 @@ SERVING = (
         metavar="NAME",
         help="a host name clients reach the API by, besides loopback, IP addresses, --host "
         "and the advertised URL (repeatable; also $STEPSTREAM_ALLOWED_HOSTS, comma-separated; "
-        "* for any). Requests for other names are refused (DNS rebinding)",
+        "*.example.com for any name below example.com, * for any). Requests for other "
+        "names are refused (DNS rebinding)",
     ),
     arg(
         "--public-url",

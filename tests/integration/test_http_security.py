@@ -279,7 +279,7 @@ def test_binding_beyond_loopback_needs_a_token_or_insecure(tmp_path: Path) -> No
         MODULE,
         WORKFLOWS,
         *("--host", "0.0.0.0", "--insecure", "--allowed-host", "api.example"),
-        env=clean_env(tmp_path / "b", STEPSTREAM_ALLOWED_HOSTS="other.example, more.example"),
+        env=clean_env(tmp_path / "b", STEPSTREAM_ALLOWED_HOSTS="other.example, *.shop.example"),
     )
     try:
         asyncio.run(_an_open_server(insecure))
@@ -291,7 +291,16 @@ async def _an_open_server(dev: DevServer) -> None:
     port = dev.url.rsplit(":", 1)[1]
     url = f"http://127.0.0.1:{port}"
     async with aiohttp.ClientSession(url) as http:
-        for host, expected in (("api.example", 200), ("other.example", 200), ("evil.example", 403)):
+        answers = {
+            "api.example": 200,
+            "other.example": 200,
+            "flows.shop.example": 200,  # below *.shop.example, as an Ingress host allows
+            "a.b.shop.example": 200,
+            "shop.example": 403,  # the wildcard is for the names below it
+            "evilshop.example": 403,
+            "evil.example": 403,
+        }
+        for host, expected in answers.items():
             async with http.get("/v1/instances", headers={"Host": f"{host}:{port}"}) as r:
                 assert r.status == expected, (host, await r.text())
     async with Client.connect(url) as client:  # no token needed: --insecure
