@@ -441,7 +441,7 @@ COMMANDS = (
         "then (docs/kafka.md). "
         + _PROCESS_TUNING
         + _OBSERVED
-        + " Example: stepstream worker --workflows pkg.flows --bootstrap kafka:9092"
+        + " Example: stepstream worker --workflows pkg.flows --bootstrap kafka:9092."
         + _TRACING_HELP,
         args=(
             arg(
