@@ -195,6 +195,8 @@ def with_client(
     module = _TRANSPORT_MODULES.get(scheme)
     if module is not None:
         importlib.import_module(module)
+    if scheme == "embedded":
+        put_cwd_on_path()  # it imports $STEPSTREAM_WORKFLOWS, as `run` and `dev` would
     options: dict[str, Any] = {}
     if scheme in ("http", "https", "kafka"):
         # Without the flags the transports read STEPSTREAM_API_TOKEN / STEPSTREAM_TLS_CA.

@@ -67,6 +67,28 @@ def test_version_is_pyprojects(tmp_path: Path) -> None:
     assert done.stdout.strip() == f"stepstream {expected}"
 
 
+def test_an_embedded_client_command_finds_the_workflows_of_the_working_directory(
+    tmp_path: Path,
+) -> None:
+    """``--connect embedded:`` runs the engine in the command, which imports
+    $STEPSTREAM_WORKFLOWS from where the user is, as ``run`` and ``dev`` do."""
+    (tmp_path / "greeting.py").write_text(
+        "from stepstream import Context, workflow\n\n"
+        "@workflow('greet')\n"
+        "async def greet(ctx: Context, name: str) -> str:\n"
+        "    return f'hello {name}'\n"
+    )
+    env = clean_env(tmp_path, STEPSTREAM_CONNECT="embedded:./data")
+    env.update(STEPSTREAM_WORKFLOWS="greeting", PYTHONPATH=REPO)  # not the directory itself
+    # The console script, as a user runs it (``python -m`` would put the directory on
+    # the path by itself).
+    script = str(Path(sys.executable).parent / "stepstream")
+    start = [script, "start", "greet", "--input", '"ada"', "--id", "g-1", "--wait"]
+    done = subprocess.run(start, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "hello ada" in done.stdout
+
+
 # ---- --json on the commands that change an instance -------------------------------------
 
 
