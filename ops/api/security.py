@@ -251,7 +251,8 @@ class _Guard:
                 415,
                 "UnsupportedMediaType",
                 f"POST {request.path} takes a JSON body sent with Content-Type: "
-                f"application/json; this one came with {sent or 'no Content-Type'}",
+                f"application/json; this one came with {sent or 'no Content-Type'} (a POST "
+                "without a body says it too: curl -H 'Content-Type: application/json')",
             )
         return await handler(request)
 

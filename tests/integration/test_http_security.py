@@ -236,6 +236,14 @@ async def test_post_bodies_must_be_json(dev: DevServer, http: aiohttp.ClientSess
     ) as r:
         assert r.status == 201, await r.text()
     assert "plain-1" in await instance_ids(dev)
+    # A POST without a body is no exception (a cross-site one is a simple request), and
+    # the refusal says how to send it.
+    async with http.post("/v1/instances/plain-1/pause", headers=AUTH) as r:
+        status, body = await answer(r)
+    assert status == 415, body
+    assert "curl -H 'Content-Type: application/json'" in body["error"]["message"]
+    async with http.post("/v1/instances/plain-1/pause", headers={**AUTH, **JSON}) as r:
+        assert r.status == 409, await r.text()  # taken: plain-1 has finished already
 
 
 async def test_a_host_header_that_is_not_the_servers_is_refused(
