@@ -232,15 +232,7 @@ class _Guard:
             )
         origin = request.headers.get("Origin")
         if origin is not None and not self._own_origin(origin, host):
-            return _refuse(
-                403,
-                "AccessDenied",
-                f"cross-site request refused: Origin {origin!r} is not this server "
-                f"({self._scheme}://{host or '(no Host header)'}); stepstream's API is not "
-                "for other web sites, nor for pages served over another scheme. If "
-                "browsers reach this server through a proxy at another URL (one that "
-                f"terminates TLS, say), start it with --public-url URL or {PUBLIC_URL_ENV}",
-            )
+            return _refuse(403, "AccessDenied", self._foreign_origin(origin, host))
         if self._token is not None and request.path not in _OPEN_PATHS:
             refusal = self._check_token(request.headers.get("Authorization"))
             if refusal is not None:
@@ -255,6 +247,21 @@ class _Guard:
                 "without a body says it too: curl -H 'Content-Type: application/json')",
             )
         return await handler(request)
+
+    def _foreign_origin(self, origin: str, host: str | None) -> str:
+        served = f"{self._scheme}://{host or '(no Host header)'}"
+        said = (
+            f"cross-site request refused: Origin {origin!r} is not this server ({served}"
+            + (f", or its public URLs {', '.join(sorted(self._public))}" if self._public else "")
+            + "); stepstream's API is not for other web sites, nor for pages served over "
+            "another scheme."
+        )
+        if self._public:
+            return said + " Open the UI at its public URL, or add this one with --public-url"
+        return (
+            f"{said} If browsers reach this server through a proxy at another URL (one that "
+            f"terminates TLS, say), start it with --public-url URL or {PUBLIC_URL_ENV}"
+        )
 
     def _own_origin(self, origin: str, host: str | None) -> bool:
         """The server's own origins: its public URLs', and the scheme it serves with the

@@ -166,6 +166,10 @@ async def test_pages_behind_a_tls_proxy_need_the_public_url(
                 for foreign in ("https://evil.example", plain_public, "null"):
                     status, text = await _start(http, foreign, f"foreign-{name}")
                     assert status == 403, (foreign, text)
+                    # The refusal names the public URLs it has, not advice to set one.
+                    message = json.loads(text)["error"]["message"]
+                    assert f"or its public URLs {public}" in message, message
+                    assert "Open the UI at its public URL" in message, message
             # The plain case is unchanged: the server's own origin, straight to it.
             async with aiohttp.ClientSession(dev.url) as direct:
                 status, text = await _start(direct, dev.url, f"direct-{name}")
