@@ -427,10 +427,11 @@ class Context:
 
     @contextlib.asynccontextmanager
     async def saga(self, name: str) -> AsyncIterator[None]:
-        """A rollback checkpoint (and a scope): if an exception leaves the block, the
-        ``compensate=`` functions of the steps that completed in it run newest first,
-        each as a durable step, then ``RolledBack`` is raised with the exception as its
-        ``cause``."""
+        """A rollback checkpoint (and a scope): if an exception leaves the block, its
+        compensable steps still running are waited for, then the ``compensate=``
+        functions of those that succeeded run newest first (by recorded start), each as
+        a durable step, and ``RolledBack`` is raised with the exception as its
+        ``cause``. A saga that ends well hands its steps to the saga around it."""
         refuse_in_step_body("ctx.saga")
         key = self._rt.key_for(name)
         frame = SagaFrame(key)
