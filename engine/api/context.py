@@ -16,12 +16,14 @@ import contextlib
 import random as _random
 import uuid as _uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, overload
 
 from stepstream.engine.api.attempts import attempt_number, refuse_in_step_body
+from stepstream.engine.api.branches import Branch, check_branches
+from stepstream.engine.api.branches import join as branches_join
+from stepstream.engine.api.branches import race as branches_race
 from stepstream.engine.api.durations import seconds_of
 from stepstream.engine.api.loops import LoopBody, run_loop
 from stepstream.engine.api.messages import Messages
@@ -37,21 +39,15 @@ from stepstream.engine.api.queues import Queue, queued_step
 from stepstream.engine.api.retry import RetryPolicy
 from stepstream.engine.api.runtime import WorkflowRuntime
 from stepstream.engine.api.saga import SagaFrame, current_saga, hand_over, register, roll_back
+from stepstream.engine.api.scopes import current_scope
 from stepstream.engine.errors import (
     ChildFailed,
     InvalidWorkflowCall,
-    JoinError,
-    RaceError,
     StepFailed,
 )
-from stepstream.engine.wire.codec import error_message
-from stepstream.engine.wire.names import step_name_problem, whole_in
+from stepstream.engine.wire.names import whole_in
 
 T = TypeVar("T")
-
-# The scope names in workflow code get prefixed with ("" at the top; "shipping/" inside
-# ``ctx.scope("shipping")``). Tasks created inside a scope inherit it.
-current_scope: ContextVar[str] = ContextVar("stepstream_scope", default="")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,35 +115,6 @@ class ChildHandle:
             error_type=error_type,
             error=error,
         )
-
-
-Branch = Callable[["Context"], Coroutine[Any, Any, Any]]
-
-
-def _check_branches(what: str, branches: object) -> None:
-    if not isinstance(branches, Mapping):
-        raise InvalidWorkflowCall(
-            f"ctx.{what} takes a dict of branch name -> async function(ctx), not "
-            f"{type(branches).__name__}"
-        )
-    for name, branch in branches.items():
-        problem = step_name_problem(name)
-        if problem is not None:
-            raise InvalidWorkflowCall(f"ctx.{what}: branch name {problem}")
-        if not callable(branch):
-            raise InvalidWorkflowCall(
-                f"ctx.{what}: branch {name!r} is {type(branch).__name__} {branch!r:.60}, "
-                "not an async function taking ctx"
-            )
-
-
-def _branch_scopes(key: str, branches: dict[str, Branch]) -> dict[str, str]:
-    return {name: f"{key}/{name}/" for name in branches}
-
-
-async def _in_scope(scope: str, branch: Branch, ctx: Context) -> Any:
-    current_scope.set(scope)  # this task's own context: the caller's is untouched
-    return await branch(ctx)
 
 
 def _seconds(duration: float | timedelta) -> float:
@@ -467,34 +434,10 @@ class Context:
         any raised, every branch still settles first, then ``JoinError`` carries the
         errors and the values of the others."""
         refuse_in_step_body("ctx.join")
-        _check_branches("join", branches)
+        check_branches("join", branches)
         if not branches:
             return {}  # as asyncio.gather() of nothing: no name is used
-        key = self._rt.key_for(name)
-        scopes = _branch_scopes(key, branches)
-        tasks = {
-            b: asyncio.ensure_future(_in_scope(scopes[b], fn, self)) for b, fn in branches.items()
-        }
-        await asyncio.wait(tasks.values())
-        results = {
-            b: t.result() for b, t in tasks.items() if not t.cancelled() and not t.exception()
-        }
-        errors: dict[str, BaseException] = {}
-        for b, t in tasks.items():
-            if t.cancelled():
-                errors[b] = asyncio.CancelledError(f"branch {b!r} was cancelled")
-            elif t.exception() is not None:
-                errors[b] = t.exception()  # type: ignore[assignment]
-        if errors:
-            failed = ", ".join(
-                f"{b}: {type(e).__name__}: {error_message(e)}" for b, e in errors.items()
-            )
-            raise JoinError(
-                f"{len(errors)} of {len(tasks)} branches of {key!r} failed ({failed})",
-                errors=errors,
-                results=results,
-            )
-        return results
+        return await branches_join(self, self._rt.key_for(name), branches)
 
     async def race(self, branches: dict[str, Branch], *, name: str = "race") -> tuple[str, Any]:
         """Run ``branches`` concurrently, each in its own scope; the first to finish wins
@@ -503,48 +446,10 @@ class Context:
         them) and their timers cancelled. Replay runs only the recorded winner. A branch
         that raises does not win; ``RaceError`` if every branch raised."""
         refuse_in_step_body("ctx.race")
-        _check_branches("race", branches)
+        check_branches("race", branches)
         if not branches:
             raise InvalidWorkflowCall("ctx.race needs at least one branch: nothing can win none")
-        key = self._rt.key_for(name)
-        scopes = _branch_scopes(key, branches)
-        decided = self._rt.race_decided(key)
-        if decided is not None and decided[0] not in branches:
-            raise InvalidWorkflowCall(
-                f"race {key!r} was won by branch {decided[0]!r}, which the code no longer "
-                f"has (it has {', '.join(branches)})"
-            )
-        # Every branch gets its task, in order, so task paths (the keys of ctx.now and
-        # friends) are those of the live run; on replay the losers never start.
-        tasks = {
-            b: asyncio.ensure_future(_in_scope(scopes[b], fn, self)) for b, fn in branches.items()
-        }
-        if decided is not None:
-            for b, task in tasks.items():
-                if b != decided[0]:
-                    self._rt.race_lost(task.get_name())
-                    task.cancel()
-            return decided[0], await tasks[decided[0]]
-        errors: dict[str, BaseException] = {}
-        pending = set(tasks.values())
-        while pending:
-            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for b, task in tasks.items():  # declaration order breaks a tie
-                if not task.done() or b in errors:
-                    continue
-                if task.cancelled() or task.exception() is not None:
-                    errors[b] = task.exception() or asyncio.CancelledError(b)
-                    continue
-                losers = [scopes[o] for o in tasks if o != b]
-                self._rt.decide_race(key, b, losers)
-                for other in tasks.values():
-                    other.cancel()
-                await asyncio.wait([t for t in tasks.values() if t is not task])
-                return b, task.result()
-        failed = ", ".join(
-            f"{b}: {type(e).__name__}: {error_message(e)}" for b, e in errors.items()
-        )
-        raise RaceError(f"every branch of {key!r} failed ({failed})", errors=errors)
+        return await branches_race(self, self._rt.key_for(name), branches)
 
     def patched(self, patch_id: str) -> bool:
         """Whether this run takes the new code path of a change (``if ctx.patched(...):

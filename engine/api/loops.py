@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from stepstream.engine.api.scopes import current_scope
 from stepstream.engine.errors import InvalidWorkflowCall
 
 if TYPE_CHECKING:
@@ -45,8 +46,6 @@ LoopBody = Callable[["Context", Any], Coroutine[Any, Any, "Continue[Any] | Break
 
 
 async def run_loop(ctx: Context, key: str, body: LoopBody, state: Any, keep: int) -> Any:
-    from stepstream.engine.api.context import current_scope
-
     rt = ctx._rt
     iteration, state = rt.loop_resume(key, state)
     while True:

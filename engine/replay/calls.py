@@ -9,8 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 from stepstream.engine.api.attributes import MAX_ATTRIBUTES, attribute_problem, merged
-from stepstream.engine.api.context import current_scope
 from stepstream.engine.api.retry import DEFAULT_RETRY, RetryPolicy
+from stepstream.engine.api.scopes import current_scope
 from stepstream.engine.errors import (
     Evicted,
     InvalidWorkflowCall,
