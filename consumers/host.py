@@ -30,6 +30,7 @@ from stepstream.engine.seams import Clock, PartitionBackend
 from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.engine.wire.records import HistoryRecord, Payload
 from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.settle import settled_key
 from stepstream.engine.wire.topics import COMMANDS, partition_for
 
 log = logging.getLogger("stepstream.host")
@@ -98,13 +99,15 @@ class PartitionHost:
         # two waits on one command share its future, and the first to give up must not
         # take it from the other.
         self._settled_waiters: dict[str, int] = {}
-        # Commands settled lately (see RECENT_SETTLED): command id -> when, in the clock's
-        # ms, oldest first; and, for the few refused, why. No tuple per command: at the
-        # bound of 50,000 the map holds 8 MB with their ids rather than 11.
+        # Commands settled lately (see RECENT_SETTLED): ``settled_key`` -> when, in the
+        # clock's ms, oldest first; and, for the few refused, why. No tuple per command:
+        # at the bound of 50,000 the map holds 8 MB with their ids rather than 11. The
+        # futures above are keyed the same way: a command id is unique on its instance
+        # only (two instances may be sent events with one event id).
         self._recent: OrderedDict[str, int] = OrderedDict()
         self._refused: dict[str, str] = {}
-        # Waiters per instance, in a dict used as an ordered set: removing one is O(1),
-        # however many wait for the same instance.
+        # Waiters per message (``settled_key``) and per instance, in dicts used as
+        # ordered sets: removing one is O(1), however many wait for the same one.
         self._replies: defaultdict[str, dict[asyncio.Future[Payload], None]] = defaultdict(dict)
         self._finished: defaultdict[str, dict[asyncio.Future[InstanceState], None]] = defaultdict(
             dict
@@ -211,15 +214,15 @@ class PartitionHost:
         recent = self._recent
         refused = self._refused
         now_ms = self.clock.now_ms()
-        for command_id, reason in committed.commands.items():
-            recent[command_id] = now_ms
-            recent.move_to_end(command_id)
+        for key, reason in committed.commands.items():
+            recent[key] = now_ms
+            recent.move_to_end(key)
             if reason is not None:
-                refused[command_id] = reason
+                refused[key] = reason
             elif refused:
-                refused.pop(command_id, None)
-            fut = self._settled.pop(command_id, None)
-            self._settled_waiters.pop(command_id, None)
+                refused.pop(key, None)
+            fut = self._settled.pop(key, None)
+            self._settled_waiters.pop(key, None)
             if fut is not None and not fut.done():
                 fut.set_result(reason)
         self._expire_recent(now_ms)
@@ -228,8 +231,8 @@ class PartitionHost:
                 for waiter in self._finished.pop(state.instance_id, ()):
                     if not waiter.done():
                         waiter.set_result(state)
-        for message_id, answer in committed.replies.items():
-            for asker in self._replies.pop(message_id, ()):
+        for key, answer in committed.replies.items():
+            for asker in self._replies.pop(key, ()):
                 if not asker.done():
                     asker.set_result(answer)
         for partition, waiters in self._consumed.items():  # empty but for reads-after-start
@@ -264,50 +267,54 @@ class PartitionHost:
         oldest = now_ms - int(RECENT_SETTLED_S * 1000)
         refused = self._refused
         while recent and (len(recent) > RECENT_SETTLED or next(iter(recent.values())) < oldest):
-            command_id, _ = recent.popitem(last=False)
+            key, _ = recent.popitem(last=False)
             if refused:
-                refused.pop(command_id, None)
+                refused.pop(key, None)
 
     @property
     def recent_settled(self) -> int:
         """How many settled commands this process keeps for publishers that ask."""
         return len(self._recent)
 
-    def settled_recently(self, command_id: str) -> tuple[bool, str | None]:
-        """Whether this process settled ``command_id`` lately, and how."""
+    def settled_recently(self, instance_id: str, command_id: str) -> tuple[bool, str | None]:
+        """Whether this process settled the instance's ``command_id`` lately, and how."""
         self._expire_recent(self.clock.now_ms())
-        if command_id in self._recent:
-            return True, self._refused.get(command_id)
+        key = settled_key(instance_id, command_id)
+        if key in self._recent:
+            return True, self._refused.get(key)
         return False, None
 
-    def settled(self, command_id: str) -> asyncio.Future[str | None]:
-        """Resolves once the command is applied (None) or dead-lettered (the reason).
-        Register before publishing the command."""
-        fut = self._settled.get(command_id)
+    def settled(self, instance_id: str, command_id: str) -> asyncio.Future[str | None]:
+        """Resolves once the instance's command is applied (None) or dead-lettered (the
+        reason). Register before publishing the command."""
+        key = settled_key(instance_id, command_id)
+        fut = self._settled.get(key)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
-            found, reason = self.settled_recently(command_id)
+            found, reason = self.settled_recently(instance_id, command_id)
             if found:
                 fut.set_result(reason)
                 return fut
-            self._settled[command_id] = fut
-        self._settled_waiters[command_id] = self._settled_waiters.get(command_id, 0) + 1
+            self._settled[key] = fut
+        self._settled_waiters[key] = self._settled_waiters.get(key, 0) + 1
         return fut
 
-    def forget(self, command_id: str) -> None:
+    def forget(self, instance_id: str, command_id: str) -> None:
         """One caller of ``settled`` no longer waits; the last one drops the future."""
-        left = self._settled_waiters.pop(command_id, 0) - 1
+        key = settled_key(instance_id, command_id)
+        left = self._settled_waiters.pop(key, 0) - 1
         if left > 0:
-            self._settled_waiters[command_id] = left
+            self._settled_waiters[key] = left
         else:
-            self._settled.pop(command_id, None)
+            self._settled.pop(key, None)
 
     async def wait_reply(self, instance_id: str, message_id: str, timeout: float | None) -> Payload:
         """The instance's answer to the message ``message_id`` (``msg.complete``), once it
         is durable; ``TimeoutError`` after ``timeout`` seconds."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Payload] = loop.create_future()
-        self._replies[message_id][fut] = None
+        key = settled_key(instance_id, message_id)
+        self._replies[key][fut] = None
         # An instance that ends without answering never will: the asker is told at once.
         ended: asyncio.Future[InstanceState] = loop.create_future()
         self._finished[instance_id][ended] = None
@@ -333,9 +340,9 @@ class PartitionHost:
                 f"see `stepstream history {instance_id}`"
             )
         finally:
-            waiters = self._replies.get(message_id)
+            waiters = self._replies.get(key)
             if waiters is not None and waiters.pop(fut, 0) is None and not waiters:
-                del self._replies[message_id]
+                del self._replies[key]
             waiting = self._finished.get(instance_id)
             if waiting is not None and waiting.pop(ended, 0) is None and not waiting:
                 del self._finished[instance_id]

@@ -35,11 +35,11 @@ class OwnedReader:
     def resolve(self, workflow: str, version: str | None = None) -> WorkflowDefinition:
         return self._host.resolve(workflow, version)
 
-    def settled(self, command_id: str) -> asyncio.Future[str | None]:
-        return self._host.settled(command_id)
+    def settled(self, instance_id: str, command_id: str) -> asyncio.Future[str | None]:
+        return self._host.settled(instance_id, command_id)
 
-    def forget(self, command_id: str) -> None:
-        self._host.forget(command_id)
+    def forget(self, instance_id: str, command_id: str) -> None:
+        self._host.forget(instance_id, command_id)
 
     def finished(self, instance_id: str) -> bool:
         self._check(instance_id)
@@ -101,7 +101,7 @@ class OwnedReader:
         if offset is None:  # the owner cannot tell whether it is past it: wait for it
             remaining = None if deadline is None else max(0.0, deadline - loop.time())
             return await self.wait_settled(command_id, instance_id, remaining)
-        found, reason = self._host.settled_recently(command_id)
+        found, reason = self._host.settled_recently(instance_id, command_id)
         if found:
             return reason
         applied, reason = self._host.settled_before(instance_id, command_id)
@@ -115,11 +115,11 @@ class OwnedReader:
         )
 
     async def wait_settled(
-        self, command_id: str, instance_id: str | None, timeout: float | None
+        self, command_id: str, instance_id: str, timeout: float | None
     ) -> str | None:
-        settled = self._host.settled(command_id)
+        settled = self._host.settled(instance_id, command_id)
         try:
-            if instance_id is not None and not settled.done():
+            if not settled.done():
                 self._check(instance_id)
                 # Settled before this worker took the partition over? The instance
                 # keeps the ids of the commands applied to it, and their history.
@@ -132,4 +132,4 @@ class OwnedReader:
                 f"command {command_id} was not settled within {timeout} s"
             ) from None
         finally:
-            self._host.forget(command_id)
+            self._host.forget(instance_id, command_id)

@@ -84,9 +84,9 @@ class Publishing(Protocol):
 
     def resolve(self, workflow: str, version: str | None = None) -> WorkflowRef: ...
 
-    def settled(self, command_id: str) -> asyncio.Future[str | None]: ...
+    def settled(self, instance_id: str, command_id: str) -> asyncio.Future[str | None]: ...
 
-    def forget(self, command_id: str) -> None: ...
+    def forget(self, instance_id: str, command_id: str) -> None: ...
 
 
 class Reader(Publishing, Protocol):
@@ -199,12 +199,12 @@ class CommandPublisher(abc.ABC):
             if traceparent is not None:
                 object.__setattr__(command, "traceparent", traceparent)
                 object.__setattr__(command, "tracestate", tracestate)
-            settled = self._publishing.settled(command.command_id)
+            settled = self._publishing.settled(instance_id, command.command_id)
             try:
                 await self._publish(command)
                 reason = await settled
             finally:
-                self._publishing.forget(command.command_id)
+                self._publishing.forget(instance_id, command.command_id)
         if reason is not None:
             action = _ACTIONS.get(command.type, command.type)
             raise error_for(reason, command.instance_id, action)

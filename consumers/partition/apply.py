@@ -167,7 +167,7 @@ class Applier:
     ) -> Batch:
         batch = Batch(self._clock.now_ms())
         for entry in entries:
-            command_id, reason, rejected = self._apply_command(entry, batch)
+            instance_id, (command_id, reason, rejected) = self._apply_command(entry, batch)
             if batch.poisoned:
                 self._undo_poisoned(batch)
             if rejected:
@@ -176,7 +176,7 @@ class Applier:
             elif command_id:
                 batch.record_applied(entry, command_id)
             if command_id:
-                batch.settled[command_id] = reason
+                batch.settle(instance_id, command_id, reason)
         for fire in fires:  # after the commands: none of them was acknowledged later
             self._apply(fire, batch, direct=True)
             if batch.poisoned:
@@ -256,25 +256,27 @@ class Applier:
     def _settle_undone(self, batch: Batch) -> None:
         """Inputs undone after an internal error: client commands are dead-lettered (the
         client sends them again); timer fires go round again (nobody else would)."""
-        for item, command_id in batch.undone:
+        for instance_id, item, command_id in batch.undone:
             if isinstance(item, TimerFired):
                 batch.fires_again.append(item)  # applied again, in the next batch
             elif is_client_command(command_id):
                 commit = batch.commit
                 commit.appends.append(self.dead_letter(item, NOT_APPLIED_AFTER_ERROR, command_id))
-                batch.settled[command_id] = NOT_APPLIED_AFTER_ERROR
+                batch.settle(instance_id, command_id, NOT_APPLIED_AFTER_ERROR)
             else:  # a timer fire read from the log
                 appends = batch.commit.appends
                 appends.append(Append(COMMANDS, item.key, item.value, self._partition))
 
-    def _apply_command(self, entry: LogEntry, batch: Batch) -> Applied:
+    def _apply_command(self, entry: LogEntry, batch: Batch) -> tuple[str, Applied]:
+        """The instance the command is for, and what became of it."""
         batch.last_instance = ""
         record: Command | Rejected | None = self.own_fires.take(entry.value)
         if record is None:
             record = self._intake.read(entry)
         if isinstance(record, Rejected):
-            return record.command_id, record.reason, True
-        return self._apply(record, batch, offset=entry.offset, accepted_ms=entry.accepted_ms)
+            return record.instance_id, (record.command_id, record.reason, True)
+        applied = self._apply(record, batch, offset=entry.offset, accepted_ms=entry.accepted_ms)
+        return record.instance_id, applied
 
     def _apply(
         self,

@@ -15,9 +15,12 @@ from stepstream.engine.replay.effects import Output, StepOutcome
 from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.engine.seams import CommitBatch, LogEntry
 from stepstream.engine.wire.records import Command, TimerFired, TimerScheduled
+from stepstream.engine.wire.settle import settled_key
 
 # A command's log entry, or a timer fire handed over directly, with its command id.
 Input = tuple[LogEntry | TimerFired, str]
+# An input undone after an internal error, with the instance it had been applied to.
+Undone = tuple[str, LogEntry | TimerFired, str]
 
 
 @dataclass(slots=True, eq=False)
@@ -30,14 +33,15 @@ class Batch:
     commit: CommitBatch = field(default_factory=CommitBatch)
     # Instances the batch changed: their state is written with the commit.
     touched: dict[str, InstanceRuntime] = field(default_factory=dict)
-    # Command id -> None when it took effect, or why not (the publisher learns it).
+    # ``settled_key`` -> None when the command took effect, or why not (the publisher
+    # learns it).
     settled: dict[str, str | None] = field(default_factory=dict)
     # The inputs applied to each instance (commands, direct fires, step outcomes), so an
     # internal error can undo all of that instance's part of the batch.
     applied: dict[str, list[Input]] = field(default_factory=dict)
     applied_outcomes: dict[str, list[StepOutcome]] = field(default_factory=dict)
     # Inputs undone after an internal error: dead-lettered, or applied again.
-    undone: list[Input] = field(default_factory=list)
+    undone: list[Undone] = field(default_factory=list)
     # Instances whose earlier decisions in the batch were just undone (pending the undo
     # of their inputs), and every instance that was.
     poisoned: set[str] = field(default_factory=set)
@@ -56,6 +60,10 @@ class Batch:
     # The instance the last input applied to ("" when it took no effect).
     last_instance: str = ""
 
+    def settle(self, instance_id: str, command_id: str, reason: str | None) -> None:
+        """The command took effect (``reason`` None) or did not, and why."""
+        self.settled[settled_key(instance_id, command_id)] = reason
+
     def record_applied(self, item: LogEntry | TimerFired, command_id: str) -> None:
         if self.last_instance:
             self.applied.setdefault(self.last_instance, []).append((item, command_id))
@@ -66,7 +74,10 @@ class Batch:
         step outcomes undone, to go round again (their attempts still count as running)."""
         again: list[tuple[str, StepOutcome]] = []
         for instance_id in self.poisoned:
-            self.undone.extend(self.applied.pop(instance_id, ()))
+            self.undone.extend(
+                (instance_id, item, command_id)
+                for item, command_id in self.applied.pop(instance_id, ())
+            )
             again.extend((instance_id, o) for o in self.applied_outcomes.pop(instance_id, ()))
             self.poisoned_seen.add(instance_id)
         self.poisoned.clear()

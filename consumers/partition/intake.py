@@ -25,6 +25,7 @@ from stepstream.engine.wire.topics import partition_for
 class Rejected:
     """A command that is dead-lettered rather than applied, and why."""
 
+    instance_id: str
     command_id: str
     reason: str
 
@@ -53,15 +54,18 @@ class CommandIntake:
         try:
             record = self._serde.decode(entry.value)
         except UndecodableRecord as exc:
-            return Rejected("", f"undecodable record: {exc}")
+            return Rejected("", "", f"undecodable record: {exc}")
         if not isinstance(record, Command):
-            return Rejected(record.command_id, f"{record.type} is not a command")
+            return Rejected(
+                record.instance_id, record.command_id, f"{record.type} is not a command"
+            )
         problem = self._payload_problem(record)
         if problem is not None:
-            return Rejected(record.command_id, problem)
+            return Rejected(record.instance_id, record.command_id, problem)
         home = partition_for(record.instance_id, self._partitions)
         if home != self._partition:
             return Rejected(
+                record.instance_id,
                 record.command_id,
                 f"misrouted: instance {record.instance_id!r} lives on partition {home}, this "
                 f"record is on partition {self._partition}; produce commands keyed by "

@@ -10,6 +10,7 @@ from stepstream.engine.replay.state import EntryState, Status
 from stepstream.engine.seams import Append
 from stepstream.engine.wire.records import SleepStarted
 from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.settle import settled_key
 from stepstream.engine.wire.topics import COMMANDS, HISTORY, TIMERS
 
 
@@ -54,7 +55,8 @@ def persist(batch: Batch, serde: RecordSerde, partition: int) -> None:
             state = runtime.state
             owner = state.instance_id
             if state.new_replies:
-                out.replies.update(state.new_replies)
+                for message_id, answer in state.new_replies.items():
+                    out.replies[settled_key(owner, message_id)] = answer
             write_state(state, commit)
     except _UNSTORABLE as exc:
         if not owner:

@@ -41,7 +41,8 @@ class ProcessorConfig:
 @dataclass(frozen=True, slots=True)
 class Committed:
     """What one commit changed, for waiters: instances touched and commands settled
-    (command id -> None when applied, or the reason it was dead-lettered)."""
+    (``settled_key`` of the instance and command id -> None when applied, or the reason
+    it was dead-lettered)."""
 
     instances: list[InstanceState]
     commands: dict[str, str | None]

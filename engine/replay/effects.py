@@ -88,8 +88,9 @@ class Output:
     # Commands for other instances (children, parents), published with the records:
     # (the instance that decided it, the command).
     commands: list[tuple[str, Command]] = field(default_factory=list)
-    # Answers to messages made durable by the commit (message id -> answer), for the
-    # clients waiting in request(); filled when the state is written.
+    # Answers to messages made durable by the commit (``settled_key`` of the instance and
+    # message id -> answer: a message id is an event id, unique on its instance only),
+    # for the clients waiting in request(); filled when the state is written.
     replies: dict[str, Payload] = field(default_factory=dict)
 
 

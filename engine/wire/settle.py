@@ -21,6 +21,16 @@ from stepstream.engine.errors import (
 )
 from stepstream.engine.wire.records import Command, PauseWorkflow, ResumeWorkflow, StartWorkflow
 
+
+def settled_key(instance_id: str, command_id: str) -> str:
+    """How a settled command is known to the waiters: a command id is unique on its
+    instance only (an event id a user gives may be used again on another instance), so
+    the key names both. Instance ids hold no control character, so the NUL between them
+    cannot come from either side of a valid id; one string, not a tuple, so the host's
+    memory of settled commands stays small."""
+    return f"{instance_id}\x00{command_id}"
+
+
 FINISHED = "instance finished:"
 NOT_PAUSED = "instance not paused:"
 EXISTS = "instance exists:"

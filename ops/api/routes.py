@@ -319,11 +319,16 @@ class _Api:
         # Waits here, woken by the commit that settles the command: one long request.
         assert self._commands is not None
         command_id = request.match_info["id"]
+        instance_id = request.query.get("instance")
+        if not instance_id:
+            raise InvalidPayload(
+                f"GET /v1/commands/{command_id} needs ?instance=ID, the instance the "
+                "command was sent to: a command id (an event id) is unique on its "
+                "instance only"
+            )
         timeout = _timeout(request)
         with self._waiting():
-            reason = await self._commands.wait_settled(
-                command_id, request.query.get("instance") or None, timeout
-            )
+            reason = await self._commands.wait_settled(command_id, instance_id, timeout)
         return web.json_response({"command_id": command_id, "settled": True, "reason": reason})
 
     async def result(self, request: web.Request) -> web.Response:

@@ -69,7 +69,7 @@ class CommandWaiter(Protocol):
         ...
 
     async def wait_settled(
-        self, command_id: str, instance_id: str | None, timeout: float | None
+        self, command_id: str, instance_id: str, timeout: float | None
     ) -> str | None:
         """None once applied, the reason once dead-lettered; ``ResultTimeout`` if not
         settled within ``timeout`` seconds."""

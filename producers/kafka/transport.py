@@ -40,6 +40,7 @@ from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.engine.wire.records import Command, StartWorkflow
 from stepstream.engine.wire.serde import RecordSerde
+from stepstream.engine.wire.settle import settled_key
 from stepstream.engine.wire.topics import TopicNames, partition_for
 from stepstream.producers import trace_context
 from stepstream.producers.http.transport import DEFAULT_REQUEST_TIMEOUT_S
@@ -69,17 +70,18 @@ class _Settlements:
     def resolve(self, workflow: str, version: str | None = None) -> RemoteWorkflow:
         return self._definitions.resolve(workflow, version)
 
-    def settled(self, command_id: str) -> asyncio.Future[str | None]:
-        fut = self._waiting.get(command_id)
+    def settled(self, instance_id: str, command_id: str) -> asyncio.Future[str | None]:
+        key = settled_key(instance_id, command_id)
+        fut = self._waiting.get(key)
         if fut is None:
-            fut = self._waiting[command_id] = asyncio.get_running_loop().create_future()
+            fut = self._waiting[key] = asyncio.get_running_loop().create_future()
         return fut
 
-    def forget(self, command_id: str) -> None:
-        self._waiting.pop(command_id, None)
+    def forget(self, instance_id: str, command_id: str) -> None:
+        self._waiting.pop(settled_key(instance_id, command_id), None)
 
-    def settle(self, command_id: str, reason: str | None) -> None:
-        fut = self._waiting.get(command_id)
+    def settle(self, instance_id: str, command_id: str, reason: str | None) -> None:
+        fut = self._waiting.get(settled_key(instance_id, command_id))
         if fut is not None and not fut.done():
             fut.set_result(reason)
 
@@ -192,7 +194,7 @@ class KafkaTransport(CommandPublisher):
                 del self._unconfirmed[next(iter(self._unconfirmed))]
             self._latest[partition] = max(landed.offset, self._latest.get(partition, -1))
             if command.if_exists != "fail":
-                self._settlements.settle(command.command_id, None)
+                self._settlements.settle(command.instance_id, command.command_id, None)
                 return
             # if_exists="fail": the owner decides against the state it owns, so its
             # answer is awaited as a cancel's is (InstanceExists).
@@ -223,7 +225,7 @@ class KafkaTransport(CommandPublisher):
                     self._command_timeout,
                     exc,
                 )
-        self._settlements.settle(command.command_id, reason)
+        self._settlements.settle(command.instance_id, command.command_id, reason)
 
     async def _check_exists(self, instance_id: str) -> None:
         """No round trip before publishing (the owner may be down): a live owner settles a

@@ -603,9 +603,14 @@ async def test_worker_class_runs_a_kafka_worker_in_process(
                     "settled": True,
                     "reason": None,
                 }
-            async with http.get(f"{base}/v1/commands/never", params={"timeout": "0.1"}) as answer:
+            never = {"instance": instance, "timeout": "0.1"}
+            async with http.get(f"{base}/v1/commands/never", params=never) as answer:
                 assert answer.status == 408
                 assert (await answer.json())["error"]["type"] == "ResultTimeout"
+            # A command id is unique on its instance only: the wait must name it.
+            async with http.get(f"{base}/v1/commands/never", params={"timeout": "0.1"}) as answer:
+                assert answer.status == 400
+                assert "?instance=ID" in (await answer.json())["error"]["message"]
             async with http.get(f"{base}/v1/instances/{instance}") as answer:
                 assert (await answer.json())["status"] == "completed"
             # A session read may name the start it comes after (command id, offset): the

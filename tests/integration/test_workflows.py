@@ -134,6 +134,24 @@ async def test_events_sent_before_any_wait_are_buffered_and_claimed_in_order(
     assert claimed == buffered[:2]  # each claimed once, in order of arrival
 
 
+async def test_two_instances_may_use_one_event_id(client: Client) -> None:
+    """An event id makes a retried send apply once on its instance; another instance may
+    use the same id, and each send is answered with its own outcome, not the other's."""
+    done = await client.start("arith", 1, instance_id=new_id("done"))
+    await client.result(done, timeout=10)
+    with pytest.raises(InstanceFinished, match="already completed"):
+        await client.send_event(done, "approval", 1, event_id="order-7")
+    live = await client.start("waiter", None, instance_id=new_id("wait"))
+    await client.send_event(live, "approval", 2, event_id="order-7")  # not the refusal
+    assert await client.result(live, timeout=10) == 2
+
+    other = await client.start("waiter", None, instance_id=new_id("wait"))
+    await client.send_event(other, "approval", 3, event_id="order-8")
+    assert await client.result(other, timeout=10) == 3
+    with pytest.raises(InstanceFinished, match="already completed"):  # not "applied"
+        await client.send_event(done, "approval", 4, event_id="order-8")
+
+
 async def test_event_for_other_name_stays_buffered(client: Client) -> None:
     instance = await client.start("waiter", None, instance_id=new_id("wait"))
     await client.send_event(instance, "unrelated", 1)

@@ -731,6 +731,7 @@ async def test_two_waits_on_one_command_both_learn_it_settled(tmp_path: Path) ->
     """The first wait to give up (a timed-out retry of a Kafka client's check) must not
     take the shared future from the one still waiting."""
     from stepstream.consumers.partition import Committed
+    from stepstream.engine.wire.settle import settled_key
     from stepstream.ops.embedded import EmbeddedConfig, open_embedded
     from tests.conftest import test_registry
 
@@ -739,11 +740,11 @@ async def test_two_waits_on_one_command_both_learn_it_settled(tmp_path: Path) ->
     )
     try:
         host = engine.host
-        first, second = host.settled("cmd-1"), host.settled("cmd-1")
-        host.forget("cmd-1")  # the first waiter gave up
-        host._committed(Committed([], {"cmd-1": "dead-lettered: why"}))
+        first, second = host.settled("i-1", "cmd-1"), host.settled("i-1", "cmd-1")
+        host.forget("i-1", "cmd-1")  # the first waiter gave up
+        host._committed(Committed([], {settled_key("i-1", "cmd-1"): "dead-lettered: why"}))
         assert second.done() and second.result() == "dead-lettered: why"
-        host.forget("cmd-1")
+        host.forget("i-1", "cmd-1")
         assert host._settled == {} and host._settled_waiters == {}
         assert first is second
     finally:

@@ -13,6 +13,7 @@ from stepstream.engine.api.workflow import Registry
 from stepstream.engine.virtual_clock import VirtualClock
 from stepstream.engine.wire.codec import JsonCodec
 from stepstream.engine.wire.serde import default_serde
+from stepstream.engine.wire.settle import settled_key
 
 REFUSED = "unknown_instance: no instance i-9"
 
@@ -28,9 +29,9 @@ def _host(clock: VirtualClock) -> PartitionHost:
     )
 
 
-def _commit(host: PartitionHost, commands: dict[str, str | None]) -> None:
+def _commit(host: PartitionHost, commands: dict[str, str | None], instance_id: str = "i-1") -> None:
     # What a partition processor tells its host after each commit.
-    host._committed(Committed([], commands))
+    host._committed(Committed([], {settled_key(instance_id, c): r for c, r in commands.items()}))
 
 
 async def test_a_refusal_is_told_to_a_publisher_that_asks_after_the_commit() -> None:
@@ -38,10 +39,10 @@ async def test_a_refusal_is_told_to_a_publisher_that_asks_after_the_commit() -> 
     host = _host(clock)
     _commit(host, {"c-applied": None, "c-refused": REFUSED})
     clock.advance(RECENT_SETTLED_S - 1)  # a client that asks late, but within the window
-    assert host.settled_recently("c-applied") == (True, None)
-    asked = host.settled("c-refused")
+    assert host.settled_recently("i-1", "c-applied") == (True, None)
+    asked = host.settled("i-1", "c-refused")
     assert asked.done() and asked.result() == REFUSED
-    host.forget("c-refused")
+    host.forget("i-1", "c-refused")
 
 
 async def test_settled_commands_are_forgotten_after_the_window() -> None:
@@ -52,10 +53,10 @@ async def test_settled_commands_are_forgotten_after_the_window() -> None:
     _commit(host, {"newer": None, "old": REFUSED})  # settled again (a redelivery): kept on
     clock.advance(RECENT_SETTLED_S / 2 + 1)
     _commit(host, {"newest": None})
-    assert host.settled_recently("old") == (True, REFUSED)
+    assert host.settled_recently("i-1", "old") == (True, REFUSED)
     assert host.recent_settled == 3
     clock.advance(RECENT_SETTLED_S + 1)
-    assert host.settled_recently("newest") == (False, None)  # asking expires them too
+    assert host.settled_recently("i-1", "newest") == (False, None)  # asking expires them too
     assert host.recent_settled == 0
 
 
@@ -63,8 +64,8 @@ async def test_a_burst_leaves_at_most_the_cap_behind() -> None:
     host = _host(VirtualClock())
     _commit(host, {f"c-{i}": None for i in range(RECENT_SETTLED + 100)})
     assert host.recent_settled == RECENT_SETTLED
-    assert host.settled_recently("c-99") == (False, None)  # the oldest went first
-    assert host.settled_recently(f"c-{RECENT_SETTLED + 99}") == (True, None)
+    assert host.settled_recently("i-1", "c-99") == (False, None)  # the oldest went first
+    assert host.settled_recently("i-1", f"c-{RECENT_SETTLED + 99}") == (True, None)
 
 
 async def test_a_refusal_leaves_with_its_command() -> None:
@@ -72,8 +73,22 @@ async def test_a_refusal_leaves_with_its_command() -> None:
     host = _host(clock)
     _commit(host, {"refused": REFUSED})
     _commit(host, {f"c-{i}": None for i in range(RECENT_SETTLED)})  # pushes it out
-    assert host.settled_recently("refused") == (False, None)
+    assert host.settled_recently("i-1", "refused") == (False, None)
     assert host._refused == {}  # its reason is not kept without it
     _commit(host, {"again": REFUSED})
     _commit(host, {"again": None})  # settled again, applied this time
-    assert host.settled_recently("again") == (True, None)
+    assert host.settled_recently("i-1", "again") == (True, None)
+
+
+async def test_one_command_id_on_two_instances_is_two_commands() -> None:
+    """An event id is unique on its instance only: one used on two instances settles
+    each on its own, and a publisher is told its own instance's outcome."""
+    host = _host(VirtualClock())
+    _commit(host, {"order-7": REFUSED}, instance_id="finished-one")
+    assert host.settled_recently("live-one", "order-7") == (False, None)
+    waiting = host.settled("live-one", "order-7")
+    assert not waiting.done()
+    _commit(host, {"order-7": None}, instance_id="live-one")
+    assert waiting.done() and waiting.result() is None
+    host.forget("live-one", "order-7")
+    assert host.settled_recently("finished-one", "order-7") == (True, REFUSED)
