@@ -40,6 +40,13 @@ class HttpTransport:
     """One ``aiohttp.ClientSession`` for every request and one ``ApiSession`` for the
     waits; ``close()`` closes both."""
 
+    # What to do when nothing listens at the address (``stepstream dev`` is what an
+    # http:// client usually talks to).
+    NOT_LISTENING_ADVICE = (
+        "is `stepstream dev` running? ({reason}); start it, or pass --connect / "
+        "STEPSTREAM_CONNECT with the right address"
+    )
+
     def __init__(
         self,
         base_url: str,
@@ -284,11 +291,8 @@ class HttpTransport:
                 "https (--tls-cert), and http:// vs https:// right?"
             ) from None
         except aiohttp.ClientConnectorError as exc:
-            raise ConnectionFailed(
-                f"cannot reach stepstream at {self._base}: is `stepstream dev` running? "
-                f"({exc.os_error.strerror or exc}); start it, or pass --connect / "
-                "STEPSTREAM_CONNECT with the right address"
-            ) from None
+            advice = self.NOT_LISTENING_ADVICE.format(reason=exc.os_error.strerror or exc)
+            raise ConnectionFailed(f"cannot reach stepstream at {self._base}: {advice}") from None
         except aiohttp.ClientError as exc:
             raise ConnectionFailed(
                 f"lost the connection to stepstream at {self._base} during {method} {path}: "

@@ -8,11 +8,13 @@ Nothing polls in a loop: between attempts the router waits for the view to chang
 A read of a partition that nobody owns does not wait for a worker: with no worker running
 it fails at once saying which partition and since when; while other workers run (the
 partition is changing hands) it waits for the hand-over at most ``HANDOVER_GRACE_S``. An
-owner that cannot be reached while no other worker runs (killed, its announcement left
-behind; or restarting, soon to announce its new address) fails the read at once, naming
-that worker; with other workers running, one of them takes the partition over and the
-read is asked again of it, until the request timeout. Waits for an outcome (``result``)
-do wait for an owner, until their timeout.
+owner that cannot be reached (killed, its announcement left behind; or restarting, soon
+to announce its new address) while no other announced worker can be reached either (all
+killed) fails the read at once, naming them; with another worker running, that one takes
+the partition over and the read is asked again of it, until the request timeout. Waits
+for an outcome (``result``) do wait for an owner, until their timeout. A list asks every
+worker: one that cannot be reached fails it at once if none of the others can be either,
+and otherwise once the hand-over has not come within the request timeout.
 """
 
 from __future__ import annotations
@@ -93,15 +95,14 @@ class Router:
         synced = False
         problem = "no worker owns it"
         unreachable: tuple[Member, ConnectionFailed] | None = None
+        gone: dict[str, ConnectionFailed] = {}  # workers found not listening, this call
         while True:
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 if expired is not None:
                     raise expired()
-                if unreachable is not None and {m.worker_id for m in self._members.live()} == {
-                    unreachable[0].worker_id
-                }:
-                    raise self.unreachable(what, partition, *unreachable) from None
+                if unreachable is not None and self._all_gone(gone):
+                    raise self.unreachable(what, partition, *unreachable, gone) from None
                 raise ConnectionFailed(
                     f"{what}: the owner of partition {partition} did not answer within "
                     f"{timeout} s ({problem}); is a worker of prefix {self._topics.prefix!r} "
@@ -142,15 +143,13 @@ class Router:
                 # survivor takes the partition over; a worker restarting under the same id
                 # announces its new address soon).
                 problem = str(exc)
-                unreachable = (owner, exc) if problem.startswith("cannot reach") else None
-                if (
-                    unreachable is not None
-                    and not wait_for_owner
-                    and {m.worker_id for m in self._members.live()} == {owner.worker_id}
-                ):
-                    # Its announcement outlived it (killed) and no other worker runs to
-                    # take the partition over: say so now rather than at the deadline.
-                    raise self.unreachable(what, partition, *unreachable) from None
+                unreachable = (owner, exc) if _not_listening(exc) else None
+                if unreachable is not None:
+                    gone[owner.worker_id] = exc
+                    if not wait_for_owner and await self._none_answer(gone, remaining):
+                        # Its announcement outlived it (killed) and no other worker runs
+                        # to take the partition over: say so now, not at the deadline.
+                        raise self.unreachable(what, partition, *unreachable, gone) from None
                 wait = RETRY_S if remaining is None else min(remaining, RETRY_S)
                 await self._members.changed(wait)
 
@@ -209,10 +208,60 @@ class Router:
                     return [a for a in answers if not isinstance(a, BaseException)]
                 if not all(isinstance(a, ConnectionFailed) for a in failed):
                     raise failed[0]
+                gone = {
+                    m.worker_id: a
+                    for m, a in zip(members, answers, strict=True)
+                    if isinstance(a, ConnectionFailed) and _not_listening(a)
+                }
+                if gone and len(gone) == len(members):
+                    raise self.none_answer(what, members, gone)  # no one to hand over to
                 problem = str(failed[0])
+                if gone:
+                    problem = self._gone_list(members, gone)
             await self._members.changed(min(RETRY_S, max(deadline - loop.time(), 0)))
         raise ConnectionFailed(
-            f"cannot {what}: {problem}; is every worker of prefix {self._topics.prefix!r} running?"
+            f"cannot {what}: {problem}; is every worker of prefix {self._topics.prefix!r} "
+            "running? A killed worker's partitions go to the others once the group misses "
+            "its heartbeats (the session timeout): start `stepstream worker`, then ask again"
+        )
+
+    def _all_gone(self, gone: dict[str, ConnectionFailed]) -> bool:
+        return all(m.worker_id in gone for m in self._members.live())
+
+    async def _none_answer(
+        self, gone: dict[str, ConnectionFailed], remaining: float | None
+    ) -> bool:
+        """Whether no announced worker listens: the ones in ``gone`` did not, and the
+        others are asked now. Only a refused connection counts: a worker that is slow
+        to answer may still take the partition over."""
+        others = [m for m in self._members.live() if m.worker_id not in gone]
+        if others:
+            limit = self._request_timeout if remaining is None else remaining
+            probes = await asyncio.gather(
+                *(asyncio.wait_for(self.api(m.url).probe(), limit) for m in others),
+                return_exceptions=True,
+            )
+            for member, probe in zip(others, probes, strict=True):
+                if isinstance(probe, ConnectionFailed) and _not_listening(probe):
+                    gone[member.worker_id] = probe
+        return self._all_gone(gone)
+
+    def _gone_list(self, members: Sequence[Member], gone: dict[str, ConnectionFailed]) -> str:
+        owned = {m.worker_id: list(m.partitions) for m in members}
+        return "; ".join(
+            f"worker {worker} (partitions {owned.get(worker, [])}) did not answer ({exc})"
+            for worker, exc in gone.items()
+        )
+
+    def none_answer(
+        self, what: str, members: Sequence[Member], gone: dict[str, ConnectionFailed]
+    ) -> ConnectionFailed:
+        """The error for a call on every worker when none of them answers."""
+        return ConnectionFailed(
+            f"cannot {what}: no announced worker of prefix {self._topics.prefix!r} answers: "
+            f"{self._gone_list(members, gone)} (were they killed?). Commands sent meanwhile "
+            f"are kept on {self._topics.commands} and run when a worker owns the partition: "
+            "start `stepstream worker`, then ask again"
         )
 
     def unowned(self, what: str, partitions: Sequence[int]) -> ConnectionFailed:
@@ -241,16 +290,25 @@ class Router:
         )
 
     def unreachable(
-        self, what: str, partition: int, owner: Member, exc: ConnectionFailed
+        self,
+        what: str,
+        partition: int,
+        owner: Member,
+        exc: ConnectionFailed,
+        gone: dict[str, ConnectionFailed],
     ) -> ConnectionFailed:
-        """The error for a read whose owner did not answer, with no other worker."""
+        """The error for a read whose owner did not answer, with no other worker that
+        does (``gone``: the workers found not listening)."""
         announced = datetime.fromtimestamp(owner.time_ms / 1000, UTC)
+        others = [w for w in gone if w != owner.worker_id]
+        names = ", ".join(f"worker {w}" for w in others)
+        also = f" (not answering either: {names})" if others else ""
         return ConnectionFailed(
             f"{what}: partition {partition}: its owner, worker {owner.worker_id} at {owner.url} "
             f"(announced {announced.isoformat(timespec='seconds')}), did not answer ({exc}) "
-            f"and no other worker of prefix {self._topics.prefix!r} is running (was it killed?). "
-            f"Commands sent meanwhile are kept on {self._topics.commands} and run when a "
-            "worker owns the partition: start `stepstream worker`, then ask again"
+            f"and no other worker of prefix {self._topics.prefix!r} is running{also} (was it "
+            f"killed?). Commands sent meanwhile are kept on {self._topics.commands} and run "
+            "when a worker owns the partition: start `stepstream worker`, then ask again"
         )
 
     async def close(self) -> None:
@@ -263,3 +321,9 @@ class Router:
             owner = self._members.owner(partition)
             if owner is None or (owner.worker_id, owner.url) != (worker_id, url):
                 request.cancel()
+
+
+def _not_listening(exc: ConnectionFailed) -> bool:
+    """Whether the call failed because nothing listens at the worker's address (a killed
+    worker's), not because it was slow or went away mid-call."""
+    return str(exc).startswith("cannot reach")

@@ -17,6 +17,8 @@ After = tuple[str | None, int]
 class WorkerSession(HttpTransport):
     """The calls a ``kafka://`` client makes of the worker that owns a partition."""
 
+    NOT_LISTENING_ADVICE = "no worker listens there ({reason})"
+
     async def settled(self, command_id: str, instance_id: str, timeout: float | None) -> str | None:
         reason = await self._calls.call(
             "settled", command_id=command_id, instance_id=instance_id, timeout=timeout

@@ -142,6 +142,38 @@ async def test_commands_are_accepted_while_every_worker_is_down_and_run_when_one
             await asyncio.to_thread(second.stop)
 
 
+async def test_reads_fail_at_once_when_no_announced_owner_answers(kafka_broker: Broker) -> None:
+    """Workers killed with kill -9 leave their announcements behind. When neither the
+    owner nor any other announced worker answers, no running worker can take the
+    partition over: a read says so at once, naming them, rather than waiting out its
+    timeout; so does a list, which asks every worker."""
+    settings = kafka_settings(kafka_broker)
+    await asyncio.to_thread(create_topics, settings, KAFKA_TEST_PARTITIONS)
+    port = free_base(2)  # nothing listens there: as a killed worker's address
+    ghosts = [
+        Member(f"ghost-{p}", f"http://127.0.0.1:{port + p}", (p,), 1, KAFKA_TEST_PARTITIONS)
+        for p in range(KAFKA_TEST_PARTITIONS)
+    ]
+    await asyncio.to_thread(
+        produce_raw, settings, "members", [(0, g.worker_id.encode(), g.encode()) for g in ghosts]
+    )
+    async with Client.connect(kafka_url(settings), timeout=20) as client:
+        began = time.monotonic()
+        with pytest.raises(ConnectionFailed) as read:
+            await client.status(instance_on(0, "gone"))
+        assert re.search(
+            r"partition 0: its owner, worker ghost-0 at .* did not answer", str(read.value)
+        )
+        assert "no other worker of prefix" in str(read.value), read.value
+        assert "ghost-1" in str(read.value), read.value  # the other one asked, and named
+        with pytest.raises(ConnectionFailed) as listed:
+            await client.list()
+        assert re.search(r"cannot list instances: .*ghost-0.*ghost-1", str(listed.value)), listed
+        assert "stepstream dev" not in str(listed.value)  # a worker, not the dev server
+        assert "start `stepstream worker`" in str(listed.value)
+        assert time.monotonic() - began < 10, "waited for a hand-over no worker can make"
+
+
 def _quick_start() -> str:
     """The first shell block of the README's Kafka section."""
     readme = (REPO / "README.md").read_text()
