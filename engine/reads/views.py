@@ -11,7 +11,7 @@ from typing import Any
 
 from stepstream.engine.api.queues import QUEUE_ADMITTED
 from stepstream.engine.errors import StepstreamError
-from stepstream.engine.replay.state import Entry, InstanceState
+from stepstream.engine.replay.state import Entry, EntryState, InstanceState
 from stepstream.engine.wire.codec import PayloadCodec, decode_safely
 from stepstream.engine.wire.records import HistoryRecord, MessagesReceived, Payload
 
@@ -128,10 +128,17 @@ def _wait(state: InstanceState, entry: Entry) -> Wait:
     if entry.names and entry.names[0].startswith(QUEUE_ADMITTED):
         request = state.entries.get(f"{entry.key}#acquire")
         queue = request.child_id if request is not None else None
+    wait_state = entry.state.value
+    if state.buffered and entry.state is EntryState.WAITING:
+        # What it waits for has come, and waits in the buffer for the code to take it
+        # (the instance is paused): a queue's admission means it holds its slot now.
+        names = entry.names if entry.names is not None else [entry.event_name]
+        if any(event.name in names for event in state.buffered):
+            wait_state = "admitted" if queue else "received"
     return Wait(
         key=entry.key,
         kind="queue" if queue else entry.kind.value,
-        state=entry.state.value,
+        state=wait_state,
         attempt=entry.attempt,
         until=None if entry.fire_at_ms is None else _iso(entry.fire_at_ms),
         event=entry.event_name,

@@ -67,7 +67,7 @@ def describe_status(status: InstanceStatus) -> str:
         ("waits", "\n".join(_describe_wait(w) for w in status.waits) or "none"),
     ]
     if status.buffered_events:
-        pairs.append(("buffered", f"{status.buffered_events} event(s) nobody waits for yet"))
+        pairs.append(("buffered", f"{status.buffered_events} event(s) the code has not taken yet"))
     if status.error:
         pairs.append(("error", status.error))
     if status.origin:

@@ -125,6 +125,44 @@ async def test_cancelled_waiter_and_holder_give_their_slots_back(client: Client)
     assert await client.result("after", timeout=30) == "after"
 
 
+async def test_a_paused_waiter_admitted_shows_it_holds_its_slot(client: Client) -> None:
+    """Admitted while paused, an instance holds its slot from then on: its status says
+    so, not that it still waits, and it runs once resumed. An event a paused instance's
+    wait was sent shows the same way."""
+    await client.start("gate", None, instance_id="holder")
+    await until_status(client, "holder", "running")
+    await client.start("quick", None, instance_id="next")
+    await asyncio.sleep(0.3)  # its request has reached the queue
+    assert (await client.status("next")).waits[0].position == 1
+    await client.pause("next")
+    await client.send_event("holder", "go", None)
+    assert await client.result("holder", timeout=30) == "holder"
+    for _ in range(500):
+        [wait] = (await client.status("next")).waits
+        if wait.state != "waiting":
+            break
+        await asyncio.sleep(0.02)
+    assert (wait.kind, wait.state, wait.queue, wait.position) == (
+        "queue",
+        "admitted",
+        "~queue/single",
+        None,
+    )
+    paused = await client.status("next")
+    assert paused.status == "paused" and paused.buffered_events == 1
+    await client.resume("next")
+    assert await client.result("next", timeout=30) == "next"
+
+    await client.start("gate", None, instance_id="gated")  # the slot is free again
+    await until_status(client, "gated", "running")
+    await client.pause("gated")
+    await client.send_event("gated", "go", None)
+    [wait] = (await client.status("gated")).waits
+    assert (wait.kind, wait.state, wait.event) == ("wait", "received", "go")
+    await client.resume("gated")
+    assert await client.result("gated", timeout=30) == "gated"
+
+
 async def test_a_step_queue_limits_its_calls_across_instances(client: Client) -> None:
     ids = [await client.start("calls", 6, instance_id=f"c-{n}") for n in range(8)]
     for i in ids:
