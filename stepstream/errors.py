@@ -21,8 +21,10 @@ them; this module gathers them (``tests/unit/test_errors.py`` fails if one is mi
     │   │   └── WorkflowTerminated   result(): the instance was terminated
     │   ├── ResultTimeout            result()/request() gave up waiting   (retriable)
     │   ├── ConnectionFailed         the engine or worker could not be reached (retriable)
-    │   │   └── SessionUnavailable   the server opened no session websocket (an older
-    │   │                            server, or a proxy that drops upgrades)
+    │   │   ├── SessionUnavailable   the server opened no session websocket (an older
+    │   │   │                        server, or a proxy that drops upgrades)
+    │   │   └── NotListening         no connection could be made to the address (refused,
+    │   │                            unknown name): nothing was sent
     │   ├── AccessDenied             the API refused the token, Origin or Host
     │   └── ServerUnavailable        HTTP 503: the server cannot take the call now, its
     │       │                        fault, not the call's (a full disk); .retry_after
@@ -134,7 +136,7 @@ from stepstream.ops.api.security import InsecureBind
 from stepstream.ops.brokers import BrokerError
 from stepstream.ops.tools.history_export import InvalidHistoryFile
 from stepstream.ops.tools.replay.results import ReplayDiverged
-from stepstream.producers.http.session import SessionUnavailable
+from stepstream.producers.http.session import NotListening, SessionUnavailable
 from stepstream.producers.http.wire import ServerBusy, ServerUnavailable
 
 __all__ = [
@@ -164,6 +166,7 @@ __all__ = [
     "KafkaSettingsError",
     "NonRetryableError",
     "NondeterministicCall",
+    "NotListening",
     "OutboxNotConfigured",
     "PartitionCountMismatch",
     "PayloadTooLarge",

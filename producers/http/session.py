@@ -37,6 +37,12 @@ class SessionUnavailable(ConnectionFailed):
     server, or a proxy between that does not pass websockets. Nothing was sent."""
 
 
+class NotListening(ConnectionFailed):
+    """No connection could be made to the address (refused, no route, unknown name):
+    nothing was sent. A kafka:// client takes a worker whose address says so for
+    killed, not slow."""
+
+
 class _Link:
     """One websocket of a session and what belongs to it alone: the calls sent on it and
     awaiting their replies, and the calls waiting to be written to it. A call never
@@ -113,10 +119,16 @@ class ApiSession:
                 raise SessionUnavailable(f"cannot open {self._url}: HTTP {exc.status}") from None
             except aiohttp.ClientConnectorCertificateError as exc:
                 raise untrusted(self._url, exc) from None
-            except (aiohttp.ClientError, OSError) as exc:
-                raise ConnectionFailed(
+            except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+                raise NotListening(
                     f"cannot reach stepstream at {self._url}: {exc}; is it running, and is the "
                     "address right?"
+                ) from None
+            except (aiohttp.ClientError, OSError) as exc:
+                raise ConnectionFailed(
+                    f"lost the connection to stepstream at {self._url} while opening its "
+                    f"session: {str(exc) or type(exc).__name__}; check the server log, then "
+                    "retry"
                 ) from None
             link = self._link = _Link(ws)
             loop = asyncio.get_running_loop()

@@ -24,7 +24,7 @@ from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.wire.codec import dump_json_text
 from stepstream.producers import trace_context
 from stepstream.producers.http.security import untrusted
-from stepstream.producers.http.session import ApiSession, SessionUnavailable
+from stepstream.producers.http.session import ApiSession, NotListening, SessionUnavailable
 from stepstream.producers.http.wire import SESSION_COMMAND_BYTES, error_from_wire
 
 # How much longer than the server-side wait a result request may take before the client
@@ -292,7 +292,7 @@ class HttpTransport:
             ) from None
         except aiohttp.ClientConnectorError as exc:
             advice = self.NOT_LISTENING_ADVICE.format(reason=exc.os_error.strerror or exc)
-            raise ConnectionFailed(f"cannot reach stepstream at {self._base}: {advice}") from None
+            raise NotListening(f"cannot reach stepstream at {self._base}: {advice}") from None
         except aiohttp.ClientError as exc:
             raise ConnectionFailed(
                 f"lost the connection to stepstream at {self._base} during {method} {path}: "

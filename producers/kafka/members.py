@@ -129,6 +129,11 @@ class MembersView:
         """For a partition without an owner: who had it last and since when, if known."""
         return None if partition in self._owners else self._vacated.get(partition)
 
+    def announced(self) -> list[Member]:
+        """Every member whose announcement stands, owning partitions or not (one that
+        stopped cleanly withdrew its own; a killed one's stays)."""
+        return sorted(self._members.values(), key=lambda m: m.worker_id)
+
     def live(self) -> list[Member]:
         """Members that own at least one partition."""
         unique = {m.worker_id: m for m in self._owners.values()}

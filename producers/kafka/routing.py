@@ -8,13 +8,14 @@ Nothing polls in a loop: between attempts the router waits for the view to chang
 A read of a partition that nobody owns does not wait for a worker: with no worker running
 it fails at once saying which partition and since when; while other workers run (the
 partition is changing hands) it waits for the hand-over at most ``HANDOVER_GRACE_S``. An
-owner that cannot be reached (killed, its announcement left behind; or restarting, soon
-to announce its new address) while no other announced worker can be reached either (all
-killed) fails the read at once, naming them; with another worker running, that one takes
-the partition over and the read is asked again of it, until the request timeout. Waits
-for an outcome (``result``) do wait for an owner, until their timeout. A list asks every
-worker: one that cannot be reached fails it at once if none of the others can be either,
-and otherwise once the hand-over has not come within the request timeout.
+owner where nothing listens (killed, its announcement left behind; or restarting, soon
+to announce its new address) fails the read at once, naming it, if nothing listens at
+any other announced worker's address either (all killed; those that own no partition,
+standing by or restoring, count too); while another may be running, that one takes the
+partition over and the read is asked again of it, until the request timeout. Waits for
+an outcome (``result``) do wait for an owner, until their timeout. A list asks every
+worker: it fails at once the same way when none listens, and otherwise once the
+hand-over has not come within the request timeout.
 """
 
 from __future__ import annotations
@@ -37,11 +38,18 @@ from stepstream.engine.reads.listing import (
 )
 from stepstream.engine.reads.views import InstanceStatus
 from stepstream.engine.wire.topics import TopicNames
+from stepstream.producers.http.session import NotListening
 from stepstream.producers.kafka.members import Member, MembersView
 from stepstream.producers.kafka.session import WorkerSession
 
 T = TypeVar("T")
 RETRY_S = 1.0  # longest wait for the members view to move on before asking again
+# How long a worker has to accept a probe (is anything listening at its address?); one
+# that takes longer is taken to be alive, only slow.
+PROBE_S = 2.0
+# The workers found not listening during one call, by id and address (a worker that
+# restarts under its id announces another address): what each refused with.
+Gone = dict[tuple[str, str], ConnectionFailed]
 # A rebalance leaves a partition without an announced owner for a moment: join time
 # (about half of session.timeout.ms) plus restore; a read waits that long at most.
 HANDOVER_GRACE_S = 5.0
@@ -95,7 +103,7 @@ class Router:
         synced = False
         problem = "no worker owns it"
         unreachable: tuple[Member, ConnectionFailed] | None = None
-        gone: dict[str, ConnectionFailed] = {}  # workers found not listening, this call
+        gone: Gone = {}
         while True:
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
@@ -143,13 +151,14 @@ class Router:
                 # survivor takes the partition over; a worker restarting under the same id
                 # announces its new address soon).
                 problem = str(exc)
-                unreachable = (owner, exc) if _not_listening(exc) else None
+                unreachable = (owner, exc) if isinstance(exc, NotListening) else None
                 if unreachable is not None:
-                    gone[owner.worker_id] = exc
-                    if not wait_for_owner and await self._none_answer(gone, remaining):
+                    gone[owner.worker_id, owner.url] = exc
+                    if not wait_for_owner and await self._none_listens(gone, remaining):
                         # Its announcement outlived it (killed) and no other worker runs
                         # to take the partition over: say so now, not at the deadline.
                         raise self.unreachable(what, partition, *unreachable, gone) from None
+                remaining = None if deadline is None else max(0.0, deadline - loop.time())
                 wait = RETRY_S if remaining is None else min(remaining, RETRY_S)
                 await self._members.changed(wait)
 
@@ -208,16 +217,18 @@ class Router:
                     return [a for a in answers if not isinstance(a, BaseException)]
                 if not all(isinstance(a, ConnectionFailed) for a in failed):
                     raise failed[0]
-                gone = {
-                    m.worker_id: a
+                gone: Gone = {
+                    (m.worker_id, m.url): a
                     for m, a in zip(members, answers, strict=True)
-                    if isinstance(a, ConnectionFailed) and _not_listening(a)
+                    if isinstance(a, NotListening)
                 }
-                if gone and len(gone) == len(members):
-                    raise self.none_answer(what, members, gone)  # no one to hand over to
+                if len(gone) == len(members) and await self._none_listens(
+                    gone, deadline - loop.time()
+                ):
+                    raise self.none_answer(what, gone)  # no one to hand the partitions to
                 problem = str(failed[0])
                 if gone:
-                    problem = self._gone_list(members, gone)
+                    problem = self._gone_list(gone)
             await self._members.changed(min(RETRY_S, max(deadline - loop.time(), 0)))
         raise ConnectionFailed(
             f"cannot {what}: {problem}; is every worker of prefix {self._topics.prefix!r} "
@@ -225,42 +236,48 @@ class Router:
             "its heartbeats (the session timeout): start `stepstream worker`, then ask again"
         )
 
-    def _all_gone(self, gone: dict[str, ConnectionFailed]) -> bool:
-        return all(m.worker_id in gone for m in self._members.live())
+    def _all_gone(self, gone: Gone) -> bool:
+        return all((m.worker_id, m.url) in gone for m in self._members.announced())
 
-    async def _none_answer(
-        self, gone: dict[str, ConnectionFailed], remaining: float | None
-    ) -> bool:
-        """Whether no announced worker listens: the ones in ``gone`` did not, and the
-        others are asked now. Only a refused connection counts: a worker that is slow
-        to answer may still take the partition over."""
-        others = [m for m in self._members.live() if m.worker_id not in gone]
-        if others:
-            limit = self._request_timeout if remaining is None else remaining
-            probes = await asyncio.gather(
-                *(asyncio.wait_for(self.api(m.url).probe(), limit) for m in others),
-                return_exceptions=True,
-            )
-            for member, probe in zip(others, probes, strict=True):
-                if isinstance(probe, ConnectionFailed) and _not_listening(probe):
-                    gone[member.worker_id] = probe
+    async def _none_listens(self, gone: Gone, remaining: float | None) -> bool:
+        """Whether nothing listens at any announced worker's address: not at those in
+        ``gone``, and the others are probed now. Only a refused connection counts: a
+        worker that is slow to accept (or frozen) may still take the partition over, so
+        the first probe that does not end in a refusal answers False."""
+        others = [m for m in self._members.announced() if (m.worker_id, m.url) not in gone]
+        limit = PROBE_S if remaining is None else max(0.0, min(remaining, PROBE_S))
+        probes = {
+            asyncio.ensure_future(asyncio.wait_for(self.api(m.url).probe(), limit)): m
+            for m in others
+        }
+        try:
+            pending = set(probes)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for probe in done:
+                    failure = None if probe.cancelled() else probe.exception()
+                    if not isinstance(failure, NotListening):
+                        return False  # it answered, or may yet
+                    member = probes[probe]
+                    gone[member.worker_id, member.url] = failure
+        finally:
+            for probe in probes:
+                probe.cancel()
         return self._all_gone(gone)
 
-    def _gone_list(self, members: Sequence[Member], gone: dict[str, ConnectionFailed]) -> str:
-        owned = {m.worker_id: list(m.partitions) for m in members}
+    def _gone_list(self, gone: Gone) -> str:
+        owned = {m.worker_id: list(m.partitions) for m in self._members.announced()}
         return "; ".join(
-            f"worker {worker} (partitions {owned.get(worker, [])}) did not answer ({exc})"
-            for worker, exc in gone.items()
+            f"worker {worker} at {url} (partitions {owned.get(worker, [])}) did not answer ({exc})"
+            for (worker, url), exc in gone.items()
         )
 
-    def none_answer(
-        self, what: str, members: Sequence[Member], gone: dict[str, ConnectionFailed]
-    ) -> ConnectionFailed:
-        """The error for a call on every worker when none of them answers."""
+    def none_answer(self, what: str, gone: Gone) -> ConnectionFailed:
+        """The error for a call on every worker when nothing listens at any of them."""
         return ConnectionFailed(
-            f"cannot {what}: no announced worker of prefix {self._topics.prefix!r} answers: "
-            f"{self._gone_list(members, gone)} (were they killed?). Commands sent meanwhile "
-            f"are kept on {self._topics.commands} and run when a worker owns the partition: "
+            f"cannot {what}: no announced worker of prefix {self._topics.prefix!r} answers "
+            f"(were they killed?): {self._gone_list(gone)}. Commands sent meanwhile are "
+            f"kept on {self._topics.commands} and run when a worker owns the partition: "
             "start `stepstream worker`, then ask again"
         )
 
@@ -295,20 +312,23 @@ class Router:
         partition: int,
         owner: Member,
         exc: ConnectionFailed,
-        gone: dict[str, ConnectionFailed],
+        gone: Gone,
     ) -> ConnectionFailed:
         """The error for a read whose owner did not answer, with no other worker that
         does (``gone``: the workers found not listening)."""
         announced = datetime.fromtimestamp(owner.time_ms / 1000, UTC)
-        others = [w for w in gone if w != owner.worker_id]
-        names = ", ".join(f"worker {w}" for w in others)
-        also = f" (not answering either: {names})" if others else ""
+        others = [f"worker {w}" for w, _ in gone if w != owner.worker_id]
+        running = (
+            f"nothing listens at the other announced workers either ({', '.join(others)}): "
+            "were they killed?"
+            if others
+            else f"no other worker of prefix {self._topics.prefix!r} is running: was it killed?"
+        )
         return ConnectionFailed(
             f"{what}: partition {partition}: its owner, worker {owner.worker_id} at {owner.url} "
-            f"(announced {announced.isoformat(timespec='seconds')}), did not answer ({exc}) "
-            f"and no other worker of prefix {self._topics.prefix!r} is running{also} (was it "
-            f"killed?). Commands sent meanwhile are kept on {self._topics.commands} and run "
-            "when a worker owns the partition: start `stepstream worker`, then ask again"
+            f"(announced {announced.isoformat(timespec='seconds')}), did not answer ({exc}), "
+            f"and {running} Commands sent meanwhile are kept on {self._topics.commands} and "
+            "run when a worker owns the partition: start `stepstream worker`, then ask again"
         )
 
     async def close(self) -> None:
@@ -321,9 +341,3 @@ class Router:
             owner = self._members.owner(partition)
             if owner is None or (owner.worker_id, owner.url) != (worker_id, url):
                 request.cancel()
-
-
-def _not_listening(exc: ConnectionFailed) -> bool:
-    """Whether the call failed because nothing listens at the worker's address (a killed
-    worker's), not because it was slow or went away mid-call."""
-    return str(exc).startswith("cannot reach")
