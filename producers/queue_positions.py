@@ -26,17 +26,22 @@ async def with_queue_positions(reads: _Reads, status: InstanceStatus) -> Instanc
     that queue) set on each wait for a queue slot whose request the queue has taken; a
     request on its way to the queue, or a queue that cannot be read now, leaves them
     unset."""
-    if not any(w.queue and w.position is None for w in status.waits):
+    if not any(_unplaced(w) for w in status.waits):
         return status
     queues: dict[str, list[list[Any]] | None] = {}
     waits: list[Wait] = []
     for wait in status.waits:
-        if wait.queue and wait.position is None:
+        if wait.queue and _unplaced(wait):
             if wait.queue not in queues:
                 queues[wait.queue] = await _waiting(reads, wait.queue)
             wait = _placed(wait, queues[wait.queue], status)
         waits.append(wait)
     return dataclasses.replace(status, waits=waits)
+
+
+def _unplaced(wait: Wait) -> bool:
+    # Admitted (a paused instance's, its code not yet on): it has no place in the queue.
+    return bool(wait.queue) and wait.position is None and wait.state == "waiting"
 
 
 async def _waiting(reads: _Reads, queue: str) -> list[list[Any]] | None:

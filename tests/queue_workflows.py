@@ -148,3 +148,18 @@ async def code_fails(ctx: Context, args: dict[str, str]) -> list[str]:
         raise ValueError("a bug in the code")
     second = await ctx.step("second", stamp, args["ledger"], f"{ctx.instance_id}/second")
     return [first, second]
+
+
+@workflow("two-gates")
+async def two_gates(ctx: Context, _: Any) -> list[Any]:
+    """Two waits for the same event name at once: each takes one event, oldest first."""
+    return list(
+        await asyncio.gather(
+            ctx.wait_for_event("go", key="go-a"), ctx.wait_for_event("go", key="go-b")
+        )
+    )
+
+
+@workflow("timed-gate")
+async def timed_gate(ctx: Context, timeout: float) -> Any:
+    return await ctx.wait_for_event("go", timeout=timeout)

@@ -91,11 +91,11 @@ class InstanceStatus:
 
     @classmethod
     def of(cls, state: InstanceState) -> InstanceStatus:
-        waits = [
-            _wait(state, e)
-            for e in sorted(state.open_entries(), key=lambda e: e.seq)
-            if not state.status.finished  # a cancelled instance waits for nothing
-        ]
+        waits = []
+        if not state.status.finished:  # a cancelled instance waits for nothing
+            entries = sorted(state.open_entries(), key=lambda e: e.seq)
+            come = _come(state, entries)
+            waits = [_wait(state, e, e.key in come) for e in entries]
         error = None
         if state.error_type:
             error = f"{state.error_type}: {state.error_message}"
@@ -123,18 +123,37 @@ class InstanceStatus:
         )
 
 
-def _wait(state: InstanceState, entry: Entry) -> Wait:
+def _come(state: InstanceState, entries: list[Entry]) -> set[str]:
+    """The waits (keys) whose event has come and waits in the buffer for the code to take
+    it, as a paused instance's do: each buffered event goes to the oldest wait for its
+    name, once. Not a wait with a timeout: that may pass before the instance resumes."""
+    if not state.buffered:
+        return set()
+    unclaimed: dict[str, int] = {}
+    for event in state.buffered:
+        unclaimed[event.name] = unclaimed.get(event.name, 0) + 1
+    come = set()
+    for entry in entries:
+        if entry.state is not EntryState.WAITING or entry.fire_at_ms is not None:
+            continue
+        for name in entry.names if entry.names is not None else [entry.event_name or ""]:
+            if unclaimed.get(name):
+                unclaimed[name] -= 1
+                come.add(entry.key)
+                break
+    return come
+
+
+def _wait(state: InstanceState, entry: Entry, come: bool) -> Wait:
+    """``come``: what it waits for is in the buffer (see ``_come``); a queue's admission
+    means the instance holds its slot now."""
     queue = None
     if entry.names and entry.names[0].startswith(QUEUE_ADMITTED):
         request = state.entries.get(f"{entry.key}#acquire")
         queue = request.child_id if request is not None else None
     wait_state = entry.state.value
-    if state.buffered and entry.state is EntryState.WAITING:
-        # What it waits for has come, and waits in the buffer for the code to take it
-        # (the instance is paused): a queue's admission means it holds its slot now.
-        names = entry.names if entry.names is not None else [entry.event_name]
-        if any(event.name in names for event in state.buffered):
-            wait_state = "admitted" if queue else "received"
+    if come:
+        wait_state = "admitted" if queue else "received"
     return Wait(
         key=entry.key,
         kind="queue" if queue else entry.kind.value,

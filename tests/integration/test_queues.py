@@ -163,6 +163,31 @@ async def test_a_paused_waiter_admitted_shows_it_holds_its_slot(client: Client) 
     assert await client.result("gated", timeout=30) == "gated"
 
 
+async def test_a_paused_instance_shows_received_only_for_the_waits_that_get_an_event(
+    client: Client,
+) -> None:
+    """One event goes to one wait (the oldest for its name); a wait with a timeout may
+    time out before the instance resumes, so it still shows waiting."""
+    await client.start("two-gates", None, instance_id="two")
+    await until_status(client, "two", "running")
+    await client.pause("two")
+    await client.send_event("two", "go", "first")
+    states = [(w.key, w.state) for w in (await client.status("two")).waits]
+    assert states == [("go-a", "received"), ("go-b", "waiting")], states
+    await client.resume("two")
+    await client.send_event("two", "go", "second")
+    assert await client.result("two", timeout=30) == ["first", "second"]
+
+    await client.start("timed-gate", 30, instance_id="timed")
+    await until_status(client, "timed", "running")
+    await client.pause("timed")
+    await client.send_event("timed", "go", "in time")
+    [wait] = (await client.status("timed")).waits
+    assert (wait.state, wait.until is not None) == ("waiting", True)
+    await client.resume("timed")
+    assert await client.result("timed", timeout=30) == "in time"
+
+
 async def test_a_step_queue_limits_its_calls_across_instances(client: Client) -> None:
     ids = [await client.start("calls", 6, instance_id=f"c-{n}") for n in range(8)]
     for i in ids:
