@@ -138,6 +138,56 @@ def test_a_running_engines_data_replays_read_only_and_a_breaking_deploy_exits_1(
     assert files_digest(tmp_path / "data") == before
 
 
+RESTARTS = """
+from stepstream import Context, workflow
+
+
+def check(args):
+    if args.get("fail"):
+        raise ValueError("declined")
+    return args["tag"]
+
+
+@workflow("flaky")
+async def flaky(ctx: Context, args: dict) -> str:
+    return await ctx.step("check", check, args, retry={"max_attempts": 1})
+
+
+@workflow("gate")
+async def gate(ctx: Context, _: dict) -> str:
+    return await ctx.wait_for_event("go")
+"""
+
+
+def test_instances_restarted_after_they_ended_replay_their_last_run(tmp_path: Path) -> None:
+    """``if_exists="restart_if_failed"`` begins a new run (perhaps of another workflow)
+    after a failed, cancelled or terminated one: replay runs the code of the last run."""
+    server = start_dev(tmp_path, "restarts", RESTARTS)
+    try:
+        restart = ("--if-exists", "restart_if_failed", "--wait")
+        for args in (
+            ("start", "flaky", "--input", '{"tag": "a", "fail": true}', "--id", "k-1", "--wait"),
+            ("start", "flaky", "--input", '{"tag": "b"}', "--id", "k-1", *restart),
+            ("start", "gate", "--input", "{}", "--id", "c-1"),
+            ("cancel", "c-1"),
+            ("start", "flaky", "--input", '{"tag": "c"}', "--id", "c-1", *restart),
+        ):
+            run = server.cli(*args)
+            assert run.returncode in (0, 1), run.stderr  # k-1's first run fails: exit 1
+        assert json.loads(server.cli("status", "k-1", "--json").stdout)["run"] == 2
+        assert json.loads(server.cli("status", "c-1", "--json").stdout)["run"] == 2
+        exported = tmp_path / "c-1.json"
+        assert server.cli("history", "c-1", "--export", str(exported)).returncode == 0
+    finally:
+        server.stop()
+    run = replay(tmp_path, "--workflows", "restarts", "--data", str(tmp_path / "data"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert lines(run.stdout) == {"k-1": "ok", "c-1": "ok"}
+    run = replay(tmp_path, "--workflows", "restarts", "--file", str(exported), "--json")
+    [c1] = json.loads(run.stdout)["instances"]
+    assert (c1["outcome"], c1["workflow"]) == ("ok", "flaky"), c1  # the run's, not "gate"
+
+
 def test_an_exported_history_replays_from_its_file(shop: Any, tmp_path: Path) -> None:
     exported = tmp_path / "o-2.json"
     run = shop.cli("history", "o-2", "--export", str(exported))

@@ -25,7 +25,9 @@ from stepstream.engine.wire.records import (
     WorkflowCompleted,
     WorkflowFailedRecord,
     WorkflowPaused,
+    WorkflowRestarted,
     WorkflowResumed,
+    WorkflowStarted,
 )
 from stepstream.engine.wire.records import SleepStarted as SleepStartedRecord
 from stepstream.ops.tools.replay.results import ReplayResult, ReplaySummary, TraceStep
@@ -60,12 +62,21 @@ def replay_history(
     if until_seq is not None:
         records = [r for r in records if r.seq <= until_seq]
     started = history.started
+    # The run the code replays: the last (``if_exists="restart_if_failed"`` begins another
+    # after a failed, cancelled or terminated one, perhaps of another workflow). Earlier
+    # runs fold as they ended; only the last one's end is left for the code to reach.
+    aside = set_aside(records)
+    restarts = [r.seq for r in records if isinstance(r, WorkflowRestarted) and r.seq not in aside]
+    run_from = restarts[-1] if restarts else 0
+    current = next(
+        (r for r in records if isinstance(r, WorkflowStarted) and r.seq > run_from), started
+    )
 
     def made(outcome: str, **details: Any) -> ReplayResult:
         return ReplayResult(
             instance_id=history.instance_id,
-            workflow=started.workflow if started is not None else "",
-            version=started.version if started is not None else "",
+            workflow=current.workflow if current is not None else "",
+            version=current.version if current is not None else "",
             outcome=outcome,
             records=len(records),
             **details,
@@ -80,8 +91,9 @@ def replay_history(
         )
     # Gaps are expected: a loop's pruned iterations leave the stored history, and replay
     # starts the loop at its last recorded iteration anyway.
+    assert current is not None
     try:
-        definition = registry.resolve(started.workflow, started.version)
+        definition = registry.resolve(current.workflow, current.version)
     except UnknownWorkflow as exc:
         return made("missing", message=str(exc))
     ended: list[str] = []  # how the code ended, if it did
@@ -99,10 +111,9 @@ def replay_history(
     try:
         # What a reset set aside does not count (engine.replay.reset); the terminal
         # record kept is the one that still counts, if any.
-        aside = set_aside(records)
         counted = []
         for record in records:
-            if isinstance(record, _TERMINAL):
+            if isinstance(record, _TERMINAL) and record.seq > run_from:
                 end = record if record.seq not in aside else end
             elif not isinstance(record, WorkflowPaused | WorkflowResumed):
                 # Pauses only stop the code between commands; replay runs it regardless.
