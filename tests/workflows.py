@@ -9,6 +9,7 @@ import asyncio
 import os
 import time
 from datetime import datetime, timedelta
+from enum import IntEnum, StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -556,6 +557,25 @@ async def repairable(ctx: Context, order: dict[str, Any]) -> dict[str, Any]:
     go = await ctx.wait_for_event("go")
     shipped = await ctx.step("ship", ship, ctx.instance_id)
     return {"charges": [first, second], "go": go, "ship": shipped}
+
+
+class _Amount(float):
+    """As numpy.float64 is: a float subclass."""
+
+
+class Tier(StrEnum):
+    GOLD = "gold"
+
+
+class Level(IntEnum):
+    HIGH = 3
+
+
+@workflow("tagged-typed")
+async def tagged_typed(ctx: Context, amount: float) -> str:
+    """Sets attributes of subclasses of the scalar types, as code passes them along."""
+    ctx.set_attributes({"amount": _Amount(amount), "tier": Tier.GOLD, "level": Level.HIGH})
+    return await ctx.step("after", str, amount)
 
 
 @workflow("tagged")

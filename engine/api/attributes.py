@@ -55,6 +55,19 @@ def attribute_problem(key: object, value: object) -> str | None:
     )
 
 
+def plain(value: AttributeValue | None) -> AttributeValue | None:
+    """The value as its built-in type: a subclass (``numpy.float64``, an ``IntEnum`` or
+    ``StrEnum`` member) is stored, compared and shown as the number or text it is."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, int):  # not a bool: bool cannot be subclassed
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    assert isinstance(value, str)
+    return str.__str__(value)
+
+
 def merged(
     current: Mapping[str, AttributeValue], changes: Mapping[str, AttributeValue | None]
 ) -> dict[str, AttributeValue]:
@@ -88,6 +101,11 @@ def parse_where(items: list[str]) -> dict[str, AttributeValue | list[AttributeVa
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--where {item!r} is not KEY=VALUE (for example customer=42)")
+        if key in out:
+            raise ValueError(
+                f"--where gives {key!r} twice; every --where must match and an attribute has "
+                "one value: give each key once"
+            )
         value: Any
         try:
             value = orjson.loads(text)

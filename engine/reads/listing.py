@@ -21,6 +21,7 @@ string it is a JSON object.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -178,30 +179,53 @@ class ListQuery:
         return replace(self, after=after, limit=limit)
 
 
+class _Twice(ValueError):
+    pass
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members, refusing a key given twice (JSON keeps the last)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Twice(
+                f"where gives {key!r} twice; every key must match and an attribute has one "
+                "value: give each key once (a list of values matches any of them)"
+            )
+        out[key] = value
+    return out
+
+
 def where_pairs(where: str | Mapping[str, Any]) -> tuple[tuple[str, WhereValue], ...]:
     """A ``where`` (a mapping, or its JSON object text from a query string) as the pairs
     of ``ListQuery.where``; ``InvalidPayload`` saying what is wrong."""
     if isinstance(where, str):
         try:
-            where = orjson.loads(where)
-        except orjson.JSONDecodeError as exc:
+            where = json.loads(where, object_pairs_hook=_once_each)
+        except ValueError as exc:
+            if isinstance(exc, _Twice):
+                raise InvalidPayload(str(exc)) from None
             raise InvalidPayload(
                 f"where is not valid JSON ({exc}): give the attributes to match as one JSON "
                 'object, for example where={"customer":"42","vip":true}'
             ) from None
-        if not isinstance(where, dict):
-            raise InvalidPayload(
-                "where is not a JSON object: give the attributes to match as one, for "
-                'example where={"customer":"42","vip":true}'
-            )
+    if not isinstance(where, Mapping):
+        raise InvalidPayload(
+            f"where is not a JSON object but a {type(where).__name__}: give the attributes "
+            'to match as one, for example where={"customer":"42","vip":true}'
+        )
     pairs: list[tuple[str, WhereValue]] = []
     for key, value in where.items():
+        if not isinstance(key, str):
+            raise InvalidPayload(
+                f"where has the key {key!r}, which is not text: an attribute key is text"
+            )
         values = value if isinstance(value, list | tuple) else [value]
         bad = [v for v in values if not isinstance(v, str | int | float | bool)]
-        if not isinstance(key, str) or bad or not values:
-            shown = type(bad[0]).__name__ if bad else "empty list"
+        if bad or not values:
+            shown = f"a {type(bad[0]).__name__}" if bad else "an empty list"
             raise InvalidPayload(
-                f"where {key!r}: {value!r} is a {shown}; an attribute is matched by a "
+                f"where {key!r}: {value!r} is {shown}; an attribute is matched by a "
                 "str, int, float or bool (or a list of them: any of its values)"
             )
         # What no attribute can hold (an infinite number, a key with '='): none matches.

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from stepstream.engine.api.attributes import MAX_ATTRIBUTES, attribute_problem, merged
+from stepstream.engine.api.attributes import MAX_ATTRIBUTES, attribute_problem, merged, plain
 from stepstream.engine.api.retry import DEFAULT_RETRY, RetryPolicy
 from stepstream.engine.api.scopes import current_scope
 from stepstream.engine.errors import (
@@ -404,6 +404,7 @@ class CallsMixin(DrivingMixin):
             problem = attribute_problem(name, value)
             if problem is not None:
                 raise InvalidWorkflowCall(f"{where}: {problem}")
+        attributes = {name: plain(value) for name, value in attributes.items()}
         total = len(merged(self.state.attributes, attributes))
         if total > MAX_ATTRIBUTES:
             raise InvalidWorkflowCall(

@@ -196,9 +196,10 @@ COMMANDS = (
                 action="append",
                 metavar="KEY=VALUE",
                 help="only instances whose search attribute KEY (ctx.set_attributes) equals "
-                "VALUE; repeat it and every one must match. A number, true or false matches "
-                'that value or the same text (customer=42 finds "42" and 42); a quoted '
-                "JSON string only that text (customer='\"42\"'); anything else is text",
+                "VALUE; repeat it for other keys, every one must match. A number, true or "
+                'false matches that value or the same text (customer=42 finds "42" and '
+                "42); a quoted JSON string only that text (customer='\"42\"'); anything "
+                "else is text",
             ),
             arg(
                 "--diverged",

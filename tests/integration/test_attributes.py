@@ -78,6 +78,24 @@ async def test_where_matches_every_attribute_across_partitions(client: Client) -
             await client.list_page(where=where)
 
 
+async def test_subclasses_of_the_scalar_types_are_stored_as_their_value(client: Client) -> None:
+    """A numpy.float64, an IntEnum or a StrEnum member is the number or text it is: the
+    run goes on, and the instance is found by that value."""
+    await client.start("tagged-typed", 2.5, instance_id="typed")
+    assert await client.result("typed", timeout=30) == "2.5"
+    attributes = (await client.status("typed")).attributes
+    assert attributes == {"amount": 2.5, "tier": "gold", "level": 3}
+    assert [type(attributes[k]) for k in ("amount", "tier", "level")] == [float, str, int]
+    assert await _ids(client, where={"tier": "gold", "level": 3}) == ["typed"]
+
+
+async def test_a_where_names_each_key_once_and_is_a_mapping(client: Client) -> None:
+    with pytest.raises(InvalidPayload, match="where has the key 1, which is not text"):
+        await client.list_page(where={1: "x"})  # type: ignore[dict-item]
+    with pytest.raises(InvalidPayload, match="where is not a JSON object but a list"):
+        await client.list_page(where=[("customer", 42)])  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("attributes", "message"),
     [
@@ -158,6 +176,8 @@ def test_cli_and_http_list_by_attributes(tmp_path: Path) -> None:
         assert "c-3" in table.stdout and "c-1" not in table.stdout
         bad = server.cli("list", "--where", "customer")
         assert bad.returncode == 2 and "is not KEY=VALUE" in bad.stderr
+        twice = server.cli("list", "--where", "customer=42", "--where", "customer=7")
+        assert twice.returncode == 2 and "gives 'customer' twice" in twice.stderr
 
         where = urlencode({"where": json.dumps({"customer": "42"}), "order": "id"})
         page = _get(f"{server.url}/v1/instances?{where}")
@@ -166,7 +186,9 @@ def test_cli_and_http_list_by_attributes(tmp_path: Path) -> None:
         for query, expected in (
             ("where=customer:42", "where is not valid JSON"),
             (urlencode({"where": "[1]"}), "where is not a JSON object"),
-            (urlencode({"where": '{"customer": 1e999}'}), "number is infinity"),
+            (urlencode({"where": '{"customer": 1e999}'}), "attribute 'customer' is inf"),
+            (urlencode({"where": '{"a": 1, "a": 2}'}), "where gives 'a' twice"),
+            (urlencode({"where": '{"n": 18446744073709551616}'}), "must fit in 64 bits"),
             (urlencode({"where": '{"customer": {"a": 1}}'}), "is a dict; an attribute"),
         ):
             try:
