@@ -96,9 +96,17 @@ def recorded_and_ignored(reason: str) -> bool:
 
 
 def finished_error(instance_id: str, status: str, action: str) -> InstanceFinished:
+    again = "start a new instance instead"
+    if status == "failed":
+        again = f"`stepstream retry {instance_id}` runs it on from where it failed, or {again}"
+    elif status in _RESTARTABLE:
+        again = (
+            f"start it again under its id with --if-exists restart_if_failed "
+            f'(if_exists="restart_if_failed"), or {again}'
+        )
     return InstanceFinished(
         f"instance {instance_id} is already {status}; {action} has no "
-        "effect on a finished instance (start a new instance instead)"
+        f"effect on a finished instance ({again})"
     )
 
 

@@ -45,6 +45,11 @@ def compact(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def _shown(value: Any) -> str:
+    # An attribute as --where takes it: text quoted, so "42" and 42 read apart.
+    return json.dumps(value, ensure_ascii=False)
+
+
 def key_values(pairs: Sequence[tuple[str, str]]) -> str:
     width = max(len(key) for key, _ in pairs) + 1
     lines = []
@@ -72,6 +77,11 @@ def describe_status(status: InstanceStatus) -> str:
         pairs.append(("error", status.error))
     if status.origin:
         pairs.append(("origin", status.origin))
+    if status.run > 1:
+        pairs.append(("run", f"{status.run} (restarted {status.run - 1} time(s))"))
+    if status.attributes:
+        shown = (f"{key}={_shown(value)}" for key, value in sorted(status.attributes.items()))
+        pairs.append(("attributes", "\n".join(shown)))
     return key_values(pairs)
 
 
@@ -93,9 +103,17 @@ def _describe_wait(wait: Wait) -> str:
 def instance_table(instances: Sequence[InstanceStatus]) -> str:
     if not instances:
         return "no instances"
-    header = ("INSTANCE", "WORKFLOW", "VERSION", "STATUS", "CREATED", "UPDATED")
+    header = ("INSTANCE", "WORKFLOW", "VERSION", "STATUS", "CREATED", "UPDATED", "ATTRIBUTES")
     rows = [header] + [
-        (i.instance_id, i.workflow, i.version, i.status, i.created_at, i.updated_at)
+        (
+            i.instance_id,
+            i.workflow,
+            i.version,
+            i.status,
+            i.created_at,
+            i.updated_at,
+            " ".join(f"{k}={_shown(v)}" for k, v in sorted(i.attributes.items())),
+        )
         for i in instances
     ]
     widths = [max(len(row[c]) for row in rows) for c in range(len(header))]

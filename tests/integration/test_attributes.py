@@ -174,6 +174,10 @@ def test_cli_and_http_list_by_attributes(tmp_path: Path) -> None:
         ]
         table = server.cli("list", "--where", "customer=7")
         assert "c-3" in table.stdout and "c-1" not in table.stdout
+        # The text shows them as --where takes them: "42" is text, 42 a number.
+        assert 'customer="7" vip=true' in table.stdout, table.stdout
+        status = server.cli("status", "c-2").stdout
+        assert re.search(r"^attributes:\s+customer=42$", status, re.M), status
         bad = server.cli("list", "--where", "customer")
         assert bad.returncode == 2 and "is not KEY=VALUE" in bad.stderr
         twice = server.cli("list", "--where", "customer=42", "--where", "customer=7")

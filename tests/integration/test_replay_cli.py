@@ -176,6 +176,7 @@ def test_instances_restarted_after_they_ended_replay_their_last_run(tmp_path: Pa
             assert run.returncode in (0, 1), run.stderr  # k-1's first run fails: exit 1
         assert json.loads(server.cli("status", "k-1", "--json").stdout)["run"] == 2
         assert json.loads(server.cli("status", "c-1", "--json").stdout)["run"] == 2
+        assert "run:      2 (restarted 1 time(s))" in server.cli("status", "c-1").stdout
         exported = tmp_path / "c-1.json"
         assert server.cli("history", "c-1", "--export", str(exported)).returncode == 0
     finally:
