@@ -61,7 +61,11 @@ def on_start(rt: InstanceRuntime, msg: StartWorkflow) -> None:
         rt._emit(WorkflowRestarted, run=rt.state.run + 1, previous_status=previous)
     elif rt.state.workflow:
         policy = f"; {REFUSED_START}" if msg.if_exists == "fail" else ""
-        rt._ignore(msg, f"instance already exists (status {rt.state.status.value}){policy}")
+        other = ""
+        if msg.workflow != rt.state.workflow:  # the policy looks at the id only
+            other = f", workflow {rt.state.workflow!r}, not {msg.workflow!r}"
+        status = rt.state.status.value
+        rt._ignore(msg, f"instance already exists (status {status}{other}){policy}")
         asker = parse_child_command(msg.command_id)
         if asker is not None and asker != (rt.state.parent_id, rt.state.parent_key):
             rt._refuse_child(msg, *asker)

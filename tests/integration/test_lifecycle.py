@@ -55,6 +55,11 @@ async def test_return_is_the_default_and_keeps_the_first_run(client: Client) -> 
     with pytest.raises(WorkflowFailed):
         await client.result(instance, timeout=5)
     assert (await client.status(instance)).run == 1
+    # The policy looks at the id only; the history says when a start named another workflow.
+    assert await client.start("arith", 1, instance_id=instance) == instance
+    ignored = [a for _, t, a in await history_of(client, instance) if t == "CommandIgnored"]
+    assert "workflow 'flaky-once', not 'arith'" in ignored[-1]["reason"], ignored
+    assert (await client.status(instance)).workflow == "flaky-once"
 
 
 async def test_fail_raises_instance_exists_naming_the_id_and_status(client: Client) -> None:
