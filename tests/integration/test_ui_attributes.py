@@ -28,14 +28,17 @@ def test_the_list_filters_by_attributes_and_the_instance_shows_them(
         start(server, "tagged", "a-1", {"customer": "42", "vip": True})
         start(server, "tagged", "a-2", {"customer": 42, "amount": 25.0})
         start(server, "tagged", "a-3", {"customer": "7"})
+        start(server, "tagged", "a-4", {"name": "Smith, John"})
         for _ in range(400):
-            listed = call(server, "GET", "/v1/instances?where=%7B%22customer%22%3A%227%22%7D")
+            listed = call(
+                server, "GET", "/v1/instances?where=%7B%22name%22%3A%22Smith%2C%20John%22%7D"
+            )
             if listed["instances"]:
                 break
             time.sleep(0.05)
 
         page.goto(f"{server.url}/ui#/")
-        expect(page.locator("#instances tbody tr")).to_have_count(3)
+        expect(page.locator("#instances tbody tr")).to_have_count(4)
         page.get_by_role("textbox", name="Attributes").fill("customer=42")
         page.get_by_role("button", name="Filter").click()
         rows = page.locator("#instances tbody tr")
@@ -53,6 +56,16 @@ def test_the_list_filters_by_attributes_and_the_instance_shows_them(
         page.get_by_role("textbox", name="Attributes").fill("customer")
         page.get_by_role("button", name="Filter").click()
         expect(page.locator("#attrs-error")).to_contain_text('"customer" is not KEY=VALUE')
+        page.get_by_role("textbox", name="Attributes").fill("customer=42, customer=7")
+        page.get_by_role("button", name="Filter").click()
+        expect(page.locator("#attrs-error")).to_contain_text("customer is given twice")
+
+        # Text with a comma is quoted, so the filter reads it as one value.
+        page.goto(f"{server.url}/ui#/i/a-4")
+        page.locator("#attributes").get_by_role("link", name="name").click()
+        expect(page.get_by_role("textbox", name="Attributes")).to_have_value('name="Smith, John"')
+        expect(rows).to_have_count(1)
+        expect(rows.first.locator("td.attrs")).to_have_text('name="Smith, John"')
 
         page.goto(f"{server.url}/ui#/i/a-2")
         table = page.locator("#attributes")

@@ -17,15 +17,32 @@ function toLocal(iso) {
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`;
 }
 
+// The filter's items: split at the commas outside double quotes ("Smith, John" is one).
+function items(text) {
+  const found = [];
+  let item = "";
+  let quoted = false;
+  for (let i = 0; i < text.length; i += 1) {
+    const c = text[i];
+    if (c === "\\" && quoted) { item += c + (text[i + 1] ?? ""); i += 1; continue; }
+    if (c === '"') quoted = !quoted;
+    if (c === "," && !quoted) { found.push(item); item = ""; } else item += c;
+  }
+  found.push(item);
+  return found.map((t) => t.trim()).filter(Boolean);
+}
+
 // The attribute filter as typed ("customer=42, vip=true") as the where of the API: a
 // number, true or false matches that value or the same text (as `stepstream list
-// --where` does), a quoted string only that text. Null with the item it cannot read.
+// --where` does), a quoted string only that text. Null with the item it cannot read, or
+// the key it gives twice (every key must match, and an attribute has one value).
 export function whereOf(text) {
   const where = {};
-  for (const item of text.split(",").map((t) => t.trim()).filter(Boolean)) {
+  for (const item of items(text)) {
     const at = item.indexOf("=");
     if (at < 1) return { where: null, bad: item };
     const key = item.slice(0, at).trim();
+    if (Object.hasOwn(where, key)) return { where: null, bad: item, twice: key };
     const raw = item.slice(at + 1).trim();
     let value = raw;
     try { value = JSON.parse(raw); } catch { value = raw; }
@@ -49,7 +66,7 @@ export async function listPage(main, params) {
   for (const name of ["status", "workflow", "prefix", "after", "since", "until"]) {
     if (params.get(name)) query.set(name, params.get(name));
   }
-  const { where, bad } = whereOf(params.get("attrs") || "");
+  const { where, bad, twice } = whereOf(params.get("attrs") || "");
   if (where && Object.keys(where).length) query.set("where", JSON.stringify(where));
   const [page, workflows] = await Promise.all([
     bad ? { instances: [], next: null } : api(`/ui/api/instances?${query}`),
@@ -115,7 +132,8 @@ export async function listPage(main, params) {
     pager.append(h("a", { href: listHash(next), rel: "next" }, "Next page"));
   }
   const refused = bad ? h("p", { class: "error", id: "attrs-error", role: "alert" },
-    `Attributes: "${bad}" is not KEY=VALUE; separate several with commas, as in customer=42, vip=true`) : "";
+    twice ? `Attributes: ${twice} is given twice; every key must match and an attribute has one value, so give each key once`
+      : `Attributes: "${bad}" is not KEY=VALUE; separate several with commas, as in customer=42, vip=true`) : "";
   // A newer filter was asked for while this page loaded: its render wins, not this one.
   if (location.hash !== asked) return;
   main.replaceChildren(h("h1", { tabindex: "-1" }, "Instances"), form, refused, recent, scroll(table), pager);

@@ -9,9 +9,10 @@ export const instanceLink = (id) => h("a", { href: `#/i/${encodeURIComponent(id)
 export const scroll = (table) => h("div", { class: "scroll" }, table);
 export const headRow = (...names) => h("thead", {}, h("tr", {}, ...names.map((n) => h("th", { scope: "col" }, n))));
 
-// An attribute as the filter takes it: text that would read as a number or a bool quoted.
+// An attribute as the filter takes it: text quoted when it would read as a number or a
+// bool, or holds a comma or a quote (the filter's separators).
 export function attributeItem(key, value) {
-  let plain = typeof value === "string";
+  let plain = typeof value === "string" && !/[",]/.test(value);
   if (plain) { try { plain = typeof JSON.parse(value) === "string"; } catch { plain = true; } }
   return `${key}=${plain ? value : JSON.stringify(value)}`;
 }
