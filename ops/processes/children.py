@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from stepstream.engine.errors import StepstreamError
-from stepstream.ops.processes.observability import not_ready
+from stepstream.ops.processes.observability import PROBE_TIMEOUT_S, not_ready
 from stepstream.producers.http.security import client_headers
 
 log = logging.getLogger("stepstream.processes")
@@ -27,7 +27,13 @@ log = logging.getLogger("stepstream.processes")
 SPEC_ENV = "STEPSTREAM_PROCESS_SPEC"  # set for a child: which process it is, and its peers
 PARENT_POLL_S = 0.5  # how often a child looks whether its parent is still there
 READY_TIMEOUT_S = 120.0  # the longest the parent waits for a child to restore and serve
+# A child that dies is started again after RESTART_DELAY_S, twice as long after each death
+# in a row (up to MAX_RESTART_DELAY_S); one that ran RAN_WELL_S first starts the count over.
 RESTART_DELAY_S = 1.0
+MAX_RESTART_DELAY_S = 30.0
+RAN_WELL_S = 60.0
+# At start, a child that dies this many times before it is ready will not be: say why.
+DEATHS_BEFORE_READY = 3
 STOP_TIMEOUT_S = 60.0
 
 
@@ -67,7 +73,10 @@ class Children:
         self._tasks = [loop.create_task(self._keep(spec)) for spec in self._specs]
 
     async def _keep(self, spec: Spec) -> None:
+        loop = asyncio.get_running_loop()
+        delay = RESTART_DELAY_S
         while not self._stopping:
+            began = loop.time()
             env = {**os.environ, SPEC_ENV: spec.to_env()}
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -88,14 +97,20 @@ class Children:
                 return
             self.restarts[spec.process] = self.restarts.get(spec.process, 0) + 1
             self.exits[spec.process] = code
+            if loop.time() - began >= RAN_WELL_S:
+                delay = RESTART_DELAY_S
             log.error(
-                "engine process %d (pid %d) exited with status %d; starting it again (its "
-                "partitions wait until it is back, nothing is lost)",
-                spec.process,
-                proc.pid,
-                code,
+                "an engine process exited; starting it again (its partitions wait until it "
+                "is back, nothing is lost)",
+                extra={
+                    "engine_process": spec.process,
+                    "pid": proc.pid,
+                    "exit_status": code,
+                    "restart_in_s": delay,
+                },
             )
-            await asyncio.sleep(RESTART_DELAY_S)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RESTART_DELAY_S)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -124,8 +139,15 @@ async def wait_ready(urls: Sequence[str], token: str, children: Children) -> Non
     async with aiohttp.ClientSession(headers=client_headers(token)) as http:
         for process, url in enumerate(urls[1:], start=1):
             reason = "not started"
-            while loop.time() < deadline:
-                reason = await not_ready(http, url)
+            while (left := deadline - loop.time()) > 0:
+                deaths = children.restarts.get(process, 0)
+                if deaths >= DEATHS_BEFORE_READY:
+                    raise StepstreamError(
+                        f"engine process {process} died {deaths} times before it was ready "
+                        f"(last exit status {children.exits.get(process)}); its log lines "
+                        "above say why"
+                    )
+                reason = await not_ready(http, url, min(left, PROBE_TIMEOUT_S))
                 if not reason:
                     break
                 await asyncio.sleep(0.1)

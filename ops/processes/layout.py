@@ -94,4 +94,15 @@ def prepare_layout(data_dir: str, processes: int, partitions: int | None) -> Pro
             f"data directory {data_dir} was created with {layout.partitions} partitions: pass "
             f"--partitions {layout.partitions}, or another --data"
         )
+    there = [os.path.exists(process_dir(data_dir, g)) for g in range(layout.processes)]
+    if any(there) and not all(there):
+        # Made anew, the missing one's instances would be gone without a word.
+        gone = [g for g, found in enumerate(there) if not found]
+        missing = ", ".join(process_dir(data_dir, g) for g in gone)
+        lost = [p for g in gone for p in layout.partitions_of(g)]
+        raise StepstreamError(
+            f"data directory {data_dir} is missing {missing}, the data of partitions {lost}; "
+            "put it back (from where it was moved, or a backup): started without it, their "
+            "instances would be gone"
+        )
     return layout

@@ -3,6 +3,7 @@ series labelled ``process``, ``/readyz`` ready when every process is."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -15,6 +16,11 @@ from prometheus_client.samples import Sample
 
 from stepstream.ops.telemetry.metrics import CONTENT_TYPE, Observability
 from stepstream.producers.http.security import client_headers
+
+# How long a process has to answer a probe (``/readyz``, ``/metrics``): its listening
+# socket is the parent's, so a process that died or hangs does not refuse the connection,
+# the call would wait in the backlog.
+PROBE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -31,9 +37,10 @@ class ProcessesObservability(Observability):
         async with aiohttp.ClientSession(headers=client_headers(self.token)) as http:
             for url in self.peers:
                 try:
-                    async with http.get(url + "/metrics") as response:
-                        texts.append(await response.text())
-                except aiohttp.ClientError:
+                    async with asyncio.timeout(PROBE_TIMEOUT_S):
+                        async with http.get(url + "/metrics") as response:
+                            texts.append(await response.text())
+                except (aiohttp.ClientError, TimeoutError):
                     texts.append("")  # a process starting again: its series come back with it
         restarts = Metric(
             "stepstream_engine_process_restarts",
@@ -63,13 +70,20 @@ class ProcessesObservability(Observability):
         return web.json_response({"ready": True})
 
 
-async def not_ready(http: aiohttp.ClientSession, url: str) -> str:
+async def not_ready(http: aiohttp.ClientSession, url: str, timeout: float = PROBE_TIMEOUT_S) -> str:
+    """Why the process at ``url`` is not ready ("" when it is)."""
     try:
-        async with http.get(url + "/readyz") as response:
-            if response.status == 200:
-                return ""
-            answer = await response.json(content_type=None)
-            return str(answer.get("reason", f"HTTP {response.status}"))
+        async with asyncio.timeout(timeout):
+            async with http.get(url + "/readyz") as response:
+                if response.status == 200:
+                    return ""
+                answer = await response.json(content_type=None)
+                return str(answer.get("reason", f"HTTP {response.status}"))
+    except TimeoutError:
+        return (
+            f"not answering within {timeout:g} s (it died and is being started again, is "
+            "still restoring, or hangs)"
+        )
     except aiohttp.ClientError as exc:
         return f"not answering ({exc}); it is being started again"
 

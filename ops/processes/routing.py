@@ -23,9 +23,11 @@ from stepstream.ops.processes.layout import ProcessLayout
 from stepstream.producers.client import Transport
 from stepstream.producers.http.security import client_headers
 from stepstream.producers.http.transport import HttpTransport
-from stepstream.producers.http.wire import PROCESSES_PATH
+from stepstream.producers.http.wire import PROCESSES_PATH, ServerUnavailable
 
 T = TypeVar("T")
+# How long a listing or an overview waits for each engine process.
+EVERY_TIMEOUT_S = 10.0
 
 
 class ProcessesTransport:
@@ -114,7 +116,23 @@ class ProcessesTransport:
         return merge_overviews(await self._every(lambda t: t.overview()))
 
     async def _every(self, call: Callable[[Transport], Awaitable[T]]) -> Sequence[T]:
-        return await asyncio.gather(*(call(t) for t in self._all.values()))
+        """``call`` on every process; ``ServerUnavailable`` naming the first that does not
+        answer within ``EVERY_TIMEOUT_S`` (its socket is the parent's: a process that
+        died or hangs does not refuse the call, it would wait in the backlog)."""
+
+        async def one(process: int, transport: Transport) -> T:
+            try:
+                async with asyncio.timeout(EVERY_TIMEOUT_S):
+                    return await call(transport)
+            except TimeoutError:
+                raise ServerUnavailable(
+                    f"engine process {process} did not answer within {EVERY_TIMEOUT_S:g} s "
+                    "(it died and is being started again, is still restoring, or hangs: "
+                    "the server's log says which); ask again",
+                    retry_after=EVERY_TIMEOUT_S,
+                ) from None
+
+        return await asyncio.gather(*(one(p, t) for p, t in self._all.items()))
 
     async def close(self) -> None:
         for transport in self._all.values():

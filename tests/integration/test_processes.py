@@ -71,9 +71,9 @@ def engine_child(dev: DevServer) -> int:
     return child
 
 
-def get_json(url: str) -> tuple[int, dict[str, object]]:
+def get_json(url: str, timeout: float = 10) -> tuple[int, dict[str, object]]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
@@ -264,6 +264,49 @@ def test_a_data_directory_keeps_its_process_count(tmp_path: Path) -> None:
         )
         assert run.returncode == 1, run.stderr
         assert says in run.stderr, run.stderr
+
+    # A process's directory gone (moved away): refused, not made anew and empty.
+    os.rename(f"{data}/process-1", f"{data}/moved")
+    run = run_cli(
+        tmp_path / "two", "dev", "--workflows", "flows", "--data", data, "--port", "0",
+        "--processes", "2",
+    )  # fmt: skip
+    assert run.returncode == 1 and f"is missing {data}/process-1" in run.stderr, run.stderr
+    assert "partitions [1, 3]" in run.stderr
+
+    # One that cannot open its data: said once it died a few times, not after minutes.
+    (tmp_path / "two" / "data" / "process-1").write_text("not a directory")
+    began = time.monotonic()
+    run = run_cli(
+        tmp_path / "two", "dev", "--workflows", "flows", "--data", data, "--port", "0",
+        "--processes", "2", timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    assert "engine process 1 died 3 times before it was ready" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+    assert time.monotonic() - began < 60
+
+
+def test_a_hung_engine_process_is_named_not_waited_for(tmp_path: Path) -> None:
+    """Its socket is the server's: a process that hangs (or died) does not refuse calls.
+    A listing and /readyz say which process does not answer, in seconds."""
+    dev = start_dev(tmp_path, "flows", WORKFLOWS, "--processes", "2")
+    try:
+        child = engine_child(dev)
+        os.kill(child, signal.SIGSTOP)
+        try:
+            began = time.monotonic()
+            status, answer = get_json(f"{dev.url}/readyz", timeout=30)
+            assert status == 503 and "engine process 1: not answering" in str(answer), answer
+            status, answer = get_json(f"{dev.url}/v1/instances", timeout=30)
+            assert status == 503, answer
+            assert "engine process 1 did not answer within 10 s" in str(answer), answer
+            assert time.monotonic() - began < 25
+        finally:
+            os.kill(child, signal.SIGCONT)
+        until(lambda: get_json(f"{dev.url}/v1/instances")[0] == 200, "listing again")
+    finally:
+        dev.stop()
 
 
 def test_the_documented_example_runs_as_written(tmp_path: Path) -> None:
