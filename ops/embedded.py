@@ -143,13 +143,22 @@ class EmbeddedEngine:
 
 def _refuse_split(data_dir: str) -> None:
     """A directory of several engine processes' shares is not one engine's."""
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise StepstreamError(
+            f"{data_dir} is a file, not a data directory: give --data a directory (one that "
+            "does not exist yet is made)"
+        )
+    path = os.path.join(data_dir, PROCESSES_FILE)
     try:
-        with open(os.path.join(data_dir, PROCESSES_FILE)) as f:
-            count = json.load(f).get("processes", "N")
+        with open(path) as f:
+            count = json.load(f)["processes"]
     except FileNotFoundError:
         return
-    except (OSError, ValueError, AttributeError):
-        count = "N"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise StepstreamError(
+            f"cannot read {path} ({exc}); it says how many engine processes share this "
+            "data directory: put it back, or give --data another directory"
+        ) from None
     raise StepstreamError(
         f"data directory {data_dir} holds partitions spread over {count} engine processes: "
         f"serve it with `stepstream dev --processes {count}`"

@@ -30,6 +30,12 @@ class ReadOnlyData:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
         rocks_dir = os.path.join(self.path, ROCKSDB_DIR)
+        if os.path.isfile(os.path.join(self.path, "processes.json")):
+            raise StorageFailed(
+                f"{self.path} holds the partitions of several engine processes (`stepstream "
+                f"dev --processes`), each in a directory of its own: pass "
+                f"{os.path.join(self.path, 'process-0')}, then process-1 and so on"
+            )
         if not os.path.isfile(os.path.join(rocks_dir, "CURRENT")):
             raise StorageFailed(
                 f"{self.path} is not an embedded data directory (no {ROCKSDB_DIR}/CURRENT); "

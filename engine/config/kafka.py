@@ -181,7 +181,9 @@ class KafkaSettings:
             properties[key] = value
         servers = bootstrap or properties.pop(BOOTSTRAP, "")
         properties.pop(BOOTSTRAP, None)
-        return cls(servers, prefix or env.get(ENV_TOPIC_PREFIX) or DEFAULT_PREFIX, properties)
+        if prefix is None:  # given, even as "": checked as given (a script's unset $PREFIX)
+            prefix = env.get(ENV_TOPIC_PREFIX, DEFAULT_PREFIX)
+        return cls(servers, prefix, properties)
 
     def client_config(
         self,

@@ -18,6 +18,13 @@ def _topics_create(args: argparse.Namespace) -> int:
     settings = kafka_settings(args)
     if not args.timeout > 0:
         raise UsageError(f"--timeout {args.timeout} is not a number of seconds > 0")
+    for flag, value in (
+        ("--partitions", args.partitions),
+        ("--replication-factor", args.replication),
+        ("--min-insync", args.min_insync),
+    ):
+        if value is not None and value < 1:
+            raise UsageError(f"{flag} must be 1 or more, got {value}")
     states = create_topics(
         settings,
         args.partitions,

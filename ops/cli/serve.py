@@ -97,6 +97,8 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
     from stepstream.ops.embedded import EmbeddedConfig, open_embedded
     from stepstream.ops.embedded_sources import start_embedded_sources
 
+    if args.partitions is not None and args.partitions < 1:
+        raise UsageError(f"--partitions must be 1 or more, got {args.partitions}")
     config = EmbeddedConfig.from_env(data_dir=args.data, partitions=args.partitions)
     if args.processes < 1:
         raise UsageError(f"--processes must be 1 or more, got {args.processes}")

@@ -355,3 +355,15 @@ def test_the_http_client_sends_an_instances_calls_to_its_owner(tmp_path: Path) -
         assert asyncio.run(while_the_server_is_frozen()) == (6, "completed")
     finally:
         dev.stop()
+
+
+def test_a_wrong_data_directory_or_partition_count_is_said_plainly(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "flows.py").write_text(WORKFLOWS)
+    for args, code, says in (
+        (("--partitions", "0"), 2, "--partitions must be 1 or more, got 0"),
+        (("--data", str(tmp_path / "afile")), 1, "is a file, not a data directory"),
+    ):
+        run = run_cli(tmp_path, "dev", "--workflows", "flows", "--port", "0", *args)
+        assert run.returncode == code, run.stderr
+        assert says in run.stderr and "Traceback" not in run.stderr, run.stderr

@@ -319,3 +319,27 @@ def test_the_local_brokers_variables_are_not_read_as_client_properties() -> None
     environ = {name: "x" for name in names}
     settings = KafkaSettings.load("127.0.0.1:9092", "p", environ=environ)
     assert settings.client_config("producer", {}, {})["bootstrap.servers"] == "127.0.0.1:9092"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--prefix", ""], "topic prefix '' must be non-empty"),  # a script's unset $PREFIX
+        (["--partitions", "0"], "--partitions must be 1 or more, got 0"),
+        (["--replication-factor", "0"], "--replication-factor must be 1 or more, got 0"),
+        (["--min-insync", "0"], "--min-insync must be 1 or more, got 0"),
+    ],
+)
+def test_topics_create_refuses_a_wrong_command_line_before_the_cluster(
+    args: list[str], says: str
+) -> None:
+    command = ["topics", "create", "--bootstrap", "127.0.0.1:1", "--partitions", "1", *args]
+    done = subprocess.run(
+        [sys.executable, "-m", "stepstream.ops.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert says in done.stderr, done.stderr
+    assert done.returncode == (1 if "prefix" in says else 2), done.stderr
