@@ -82,13 +82,18 @@ class ActivationSpan(NamedTuple):
     offset: int  # its offset in the partition (-1 if none)
     commands: int  # commands read from the log
     status: str  # the instance's status after it
-    error_type: str  # how the run failed (status "failed"), else ""
+    error_type: str  # how the run failed, if it failed in this activation, else ""
     error_message: str
     stacktrace: str  # the workflow's traceback when it failed here ("" if not known)
     links: tuple[tuple[str, str | None], ...]  # trace contexts inputs carried from elsewhere
     system: str  # ``Messaging``'s fields
     destination: str
     group: str
+
+    @property
+    def failed_here(self) -> bool:
+        """The run failed in this activation (its span is the error, not a later one)."""
+        return self.status == "failed" and bool(self.error_type)
 
 
 class SpanSink(Protocol):
@@ -307,7 +312,9 @@ class Activations:
                             state.error_message,
                             run_tracebacks.get(instance_id, ""),
                         )
-                        if state.status is Status.FAILED
+                        # Only the activation that failed the run: a later one (the
+                        # outcome of a step the failure left running) is not an error.
+                        if state.status is Status.FAILED and instance_id in run_tracebacks
                         else None
                     ),
                     links,

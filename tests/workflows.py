@@ -96,6 +96,12 @@ def slow(seconds: float) -> str:
     return "done"
 
 
+@workflow("fail-beside-slow")
+async def fail_beside_slow(ctx: Context, seconds: float) -> Any:
+    """A step fails the run at once while another, slow one still runs."""
+    return await asyncio.gather(ctx.step("charge", fatal), ctx.step("slow", slow, seconds))
+
+
 @workflow("timeout")
 async def timeout_wf(ctx: Context, seconds: float) -> str:
     return await ctx.step(

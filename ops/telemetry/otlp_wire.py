@@ -272,7 +272,7 @@ class SpanEncoder:
             )
         )
         events, status = b"", EMPTY_STATUS
-        if span.status == "failed":
+        if span.failed_here:
             events, status = failure(
                 span.error_type, span.error_message, span.stacktrace, span.end_ns
             )

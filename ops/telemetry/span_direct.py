@@ -126,7 +126,7 @@ class DirectSpans:
                 span.instance_id, span.run_start_ms, span.traceparent, span.tracestate
             )
             trace_id, span_id = parent.trace_id, self._random.getrandbits(64) or 1
-        failed = span.status == "failed"
+        failed = span.failed_here
         self._end(
             shape.activation_name(span),
             SpanKind.CONSUMER,

@@ -216,6 +216,39 @@ async def test_failures_record_exception_events_and_children_join_the_parents_tr
     assert not [e for s in spans["process parent"] for e in s.events]
 
 
+async def test_only_the_activation_that_failed_the_run_is_an_error(
+    tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """The outcome of a step the failure left running comes later, in an activation of
+    its own: the run had failed already, that activation did not fail it."""
+    engine = await open_embedded(registry(), EmbeddedConfig(data_dir=str(tmp_path / "d")))
+    tracing.install(engine.host, provider)
+    async with Client(engine.make_transport(owns_engine=True)) as client:
+        instance_id = await client.start("fail-beside-slow", 0.3)
+        with pytest.raises(stepstream.WorkflowFailed):
+            await client.result(instance_id, timeout=30)
+        for _ in range(200):  # until the slow step's outcome came and was recorded
+            mine = [
+                s
+                for s in exporter.get_finished_spans()
+                if s.name == "process fail-beside-slow"
+                and "StepOutcome" in str(_attrs(s).get("stepstream.inputs"))
+            ]
+            if len(mine) >= 2:
+                break
+            await asyncio.sleep(0.05)
+    activations = [
+        s
+        for s in exporter.get_finished_spans()
+        if s.name == "process fail-beside-slow"
+        and _attrs(s)["stepstream.instance_id"] == instance_id
+    ]
+    assert len(activations) >= 3, [_attrs(s)["stepstream.inputs"] for s in activations]
+    errors = [s for s in activations if s.status.status_code is StatusCode.ERROR]
+    assert len(errors) == 1, [(_attrs(s)["stepstream.inputs"], s.status) for s in activations]
+    assert [e.name for e in errors[0].events] == ["exception"]
+
+
 async def test_every_command_has_a_span_and_an_event_links_to_its_send(
     tmp_path: Path, provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
