@@ -274,7 +274,7 @@ class EmbeddedDB:
         # Closing flushes memtables, which can take a while: off the event loop.
         await asyncio.to_thread(release, rocks, self._wal, self._lock_fd)
         self._executor.shutdown(wait=True)
-        log.info("embedded data directory closed path=%s", self.path)
+        log.info("embedded data directory closed", extra={"path": self.path})
 
     def _cf(self, name: str) -> Any:
         if self._rocks is None:

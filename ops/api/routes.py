@@ -223,7 +223,7 @@ class _Api:
             }
             return web.json_response(body, status=exc.status)
         except Exception:
-            log.exception("request failed method=%s path=%s", request.method, request.path)
+            log.exception("request failed", extra={"method": request.method, "path": request.path})
             body = {
                 "error": {
                     "type": "InternalError",

@@ -73,7 +73,7 @@ def _log_serving(url: str, security: ApiSecurity) -> None:
     """What a serving process logs once it listens at ``url``: where its web UI is (a
     URL a browser can open: the public one behind a proxy) and the event loop it runs on."""
     log.info("web UI at %s/ui", security.public_url() or reachable(url))
-    log.info("event loop=%s", event_loop.running_loop_name())
+    log.info("event loop running", extra={"event_loop": event_loop.running_loop_name()})
 
 
 def _workflow_names(registry: Registry) -> str:
@@ -170,7 +170,7 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
                 if failed.done() and not failed.cancelled():
                     await cut_off(runner)
                     raise failed.result()
-                log.info("shutting down url=%s", url)
+                log.info("shutting down", extra={"url": url})
             finally:
                 await runner.cleanup()
     finally:
@@ -302,7 +302,7 @@ async def _run_worker(
                 task.cancel()
             if failed.done() and not failed.cancelled() and failed.exception() is not None:
                 raise StepstreamError(str(failed.exception()))
-            log.info("shutting down url=%s", worker.url)
+            log.info("shutting down", extra={"url": worker.url})
         finally:
             bound = config.processor.drain_timeout_s + STOP_GRACE_S
             why = None

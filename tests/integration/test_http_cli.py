@@ -539,6 +539,6 @@ def test_the_readme_running_it_commands_work_as_written(tmp_path: Path) -> None:
         assert "status:      completed" in outputs[-1] and '"by": "auto"' in outputs[-1]
         waited = dev.cli("start", "order", "--id", "o-1", "--wait")  # the same id: its result
         assert '"by": "ada"' in waited.stdout, waited.stdout + waited.stderr
-        assert "event loop=uvloop" in dev.log.read_text()  # the server's loop, in its log
+        assert "event_loop=uvloop" in dev.log.read_text()  # the server's loop, in its log
     finally:
         dev.stop()
