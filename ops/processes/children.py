@@ -86,7 +86,9 @@ class Children:
                 env=env,
                 pass_fds=(spec.fd, spec.public_fd),
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
+                # The server's own: what workflow code prints, and spans a console
+                # exporter writes (a child prints nothing else there).
+                stdout=None,
                 # Out of the terminal's process group: Ctrl-C stops the server, which
                 # stops its children, rather than racing it to them (and a restart).
                 start_new_session=True,

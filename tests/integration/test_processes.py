@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shlex
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -18,7 +21,7 @@ import pytest
 from stepstream.ops.bench.sessions import engine_children
 from stepstream.ops.processes import ProcessLayout
 from stepstream.producers.client import Client
-from tests.dev_server import REPO, DevServer, run_cli, spawn_dev, start_dev
+from tests.dev_server import REPO, DevServer, clean_env, run_cli, spawn_dev, start_dev
 
 pytestmark = pytest.mark.slow
 
@@ -28,6 +31,16 @@ from stepstream import workflow
 
 async def double(n):
     return 2 * n
+
+
+def say(n):
+    print(f"said {n}", flush=True)
+    return n
+
+
+@workflow("shout")
+async def shout(ctx, n):
+    return await ctx.step("say", say, n)
 
 
 @workflow("kid")
@@ -367,3 +380,36 @@ def test_a_wrong_data_directory_or_partition_count_is_said_plainly(tmp_path: Pat
         run = run_cli(tmp_path, "dev", "--workflows", "flows", "--port", "0", *args)
         assert run.returncode == code, run.stderr
         assert says in run.stderr and "Traceback" not in run.stderr, run.stderr
+
+
+def test_what_workflow_code_prints_in_any_process_reaches_the_server_s_output(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "flows.py").write_text(WORKFLOWS)
+    out = tmp_path / "stdout.txt"
+    command = ["dev", "--workflows", "flows", "--data", str(tmp_path / "data"), "--port", "0"]
+    with open(out, "wb") as stdout, open(tmp_path / "dev.log", "wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stepstream.ops.cli", *command, "--processes", "2"],
+            cwd=tmp_path,
+            env=clean_env(tmp_path),
+            stdout=stdout,
+            stderr=stderr,
+        )
+    try:
+        until(lambda: "listening on" in out.read_text(), "the server listening")
+        url = re.search(r"listening on (\S+)", out.read_text()).group(1)  # type: ignore[union-attr]
+        until(lambda: get_json(f"{url}/readyz")[0] == 200, "ready")
+        far, near = ids_in(1, "s", 1)[0], ids_in(0, "s", 1)[0]
+
+        async def run() -> list[object]:
+            async with Client.connect(url) as client:
+                for n, instance in enumerate((far, near)):
+                    await client.start("shout", n, instance_id=instance)
+                return [await client.result(i, timeout=30) for i in (far, near)]
+
+        assert asyncio.run(run()) == [0, 1]
+        until(lambda: "said 0" in out.read_text() and "said 1" in out.read_text(), "printed")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
