@@ -268,11 +268,26 @@ def _check_one(
                     alter("max.message.bytes", str(SNAPSHOT_MAX_MESSAGE_BYTES)),
                 )
             )
+    if rule.kind == COMMANDS:
+        stamped = config.get("message.timestamp.type")
+        if stamped is not None and stamped != "LogAppendTime":
+            found.append(
+                Finding(
+                    name,
+                    f"message.timestamp.type={stamped}: a new instance's clock (a sleep begun "
+                    "at its start) would count from the producing client's clock, which may "
+                    "be behind the broker's, not from when the broker took the start",
+                    alter("message.timestamp.type", "LogAppendTime"),
+                )
+            )
     if factor == 1:
+        alone = (
+            " (a one-broker cluster: fine to develop on, not to keep data)" if brokers == 1 else ""
+        )
         found.append(
             Finding(
                 name,
-                "replication factor 1: losing one broker's disk loses the topic",
+                f"replication factor 1: losing one broker's disk loses the topic{alone}",
                 "recreate the prefix's topics with `stepstream topics create ... "
                 f"--replication-factor {RECOMMENDED_REPLICATION} --min-insync 2` on a cluster "
                 f"of at least 3 brokers (this one has {brokers}), or raise it with "

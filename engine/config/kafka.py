@@ -137,6 +137,24 @@ def authentication_failed(bootstrap: str, reason: str, *, tls: bool) -> KafkaAut
     )
 
 
+# The listener protocols librdkafka takes in front of a bootstrap server.
+_LISTENER_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+
+
+def _server_problem(server: str) -> str | None:
+    """Why ``server`` is not a bootstrap server ``[PROTOCOL://]HOST[:PORT]``, or None."""
+    scheme, sep, rest = server.partition("://")
+    if sep and scheme.upper() not in _LISTENER_PROTOCOLS:
+        return (
+            f"is a {scheme}:// URL (a client's address for Client.connect and --connect, "
+            "with ?prefix=), not a broker's"
+        )
+    host, colon, port = (rest if sep else server).rpartition(":")
+    if colon and not port.isdigit() and not host.endswith(":"):  # not an IPv6 address
+        return f"has the port {port!r}, which is not a number"
+    return None
+
+
 @dataclass(frozen=True)
 class KafkaSettings:
     """``properties`` holds user-given client properties by librdkafka name, scoped ones
@@ -156,6 +174,13 @@ class KafkaSettings:
             raise KafkaSettingsError(
                 f"topic prefix {self.prefix!r} must be non-empty, without spaces or slashes"
             )
+        for server in filter(None, self.bootstrap.split(",")):
+            problem = _server_problem(server.strip())
+            if problem is not None:
+                raise KafkaSettingsError(
+                    f"bootstrap server {server.strip()!r} {problem}: give HOST:PORT (several "
+                    "separated by commas), for example --bootstrap 127.0.0.1:9092"
+                )
 
     @classmethod
     def load(

@@ -38,6 +38,11 @@ def _topics_create(args: argparse.Namespace) -> int:
         f"partition{'' if t.partitions == 1 else 's'})"
         for t in states
     )
+    if any(not t.created for t in states) and not args.json:
+        human += (
+            "\nsome topics existed already, with the settings they had: `stepstream topics "
+            "check` says whether those keep stepstream's guarantees"
+        )
     render.output(args, rows, human)
     return EXIT_OK
 

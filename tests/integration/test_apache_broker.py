@@ -184,6 +184,12 @@ def test_the_check_names_one_replica_topics(three_nodes: ApacheCluster) -> None:
         "create", "--bootstrap", three_nodes.bootstrap, "--prefix", prefix, "--partitions", "2"
     )
     assert created.returncode == 0, created.stderr
+    assert "existed already" not in created.stdout
+    again = _topics(
+        "create", "--bootstrap", three_nodes.bootstrap, "--prefix", prefix, "--partitions", "2"
+    )
+    assert again.returncode == 0, again.stderr
+    assert "existed already" in again.stdout and "topics check" in again.stdout
     checked = _topics("check", "--bootstrap", three_nodes.bootstrap, "--prefix", prefix)
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert f"{prefix}.history: replication factor 1" in checked.stdout

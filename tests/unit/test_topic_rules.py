@@ -53,6 +53,12 @@ def test_the_broker_stamps_commands_as_it_takes_them() -> None:
         (HISTORY, {"min.insync.replicas": "1"}, "min.insync.replicas=1", "min.insync.replicas=2"),
         (SNAPSHOTS, {"max.message.bytes": "1048588"}, "max.message.bytes", "max.message.bytes="),
         (
+            COMMANDS,
+            {"message.timestamp.type": "CreateTime"},
+            "message.timestamp.type=CreateTime",
+            "message.timestamp.type=LogAppendTime",
+        ),
+        (
             HISTORY,
             {"unclean.leader.election.enable": "true"},
             "unclean.leader.election.enable=true",
