@@ -17,6 +17,7 @@ Pure data: nothing here imports a Kafka client library.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +138,10 @@ def authentication_failed(bootstrap: str, reason: str, *, tls: bool) -> KafkaAut
     )
 
 
+# What Kafka takes in a topic name, and how long a prefix leaves room for the longest of
+# its topics' names (``<prefix>.dead-letters``) within Kafka's 249 characters.
+_TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+MAX_PREFIX_CHARS = 249 - len(".dead-letters")
 # The listener protocols librdkafka takes in front of a bootstrap server.
 _LISTENER_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 
@@ -170,9 +175,16 @@ class KafkaSettings:
                 "no Kafka bootstrap servers: pass --bootstrap HOST:PORT (or "
                 f"{ENV_PREFIX}BOOTSTRAP_SERVERS, or bootstrap.servers in the config file)"
             )
-        if not self.prefix or any(c in self.prefix for c in "/\\ "):
+        if not self.prefix or not _TOPIC_CHARS.fullmatch(self.prefix):
             raise KafkaSettingsError(
-                f"topic prefix {self.prefix!r} must be non-empty, without spaces or slashes"
+                f"topic prefix {self.prefix!r} must be non-empty, of letters, digits, '.', "
+                "'_' and '-' only (what Kafka takes in a topic name)"
+            )
+        if len(self.prefix) > MAX_PREFIX_CHARS:
+            raise KafkaSettingsError(
+                f"topic prefix {self.prefix!r} is {len(self.prefix)} characters long; the "
+                f"limit is {MAX_PREFIX_CHARS} (Kafka's 249 for a topic name, less "
+                "'.dead-letters')"
             )
         for server in filter(None, self.bootstrap.split(",")):
             problem = _server_problem(server.strip())

@@ -101,6 +101,7 @@ async def serve_child(
             runner = web.AppRunner(
                 internal_app(engine, config, spec.token, receiver, observability),
                 handler_cancellation=True,
+                access_log=None,  # the processes' own calls: the client's is logged once
             )
             await runner.setup()
             # Its own partitions straight, any other instance through its owner.
@@ -236,7 +237,9 @@ async def serve_parent(
             engine, source_lag=sources.lag.records if sources is not None else dict
         )
         async with forwarding(engine, layout, 0, urls, token) as receiver:
-            internal = web.AppRunner(internal_app(engine, config, token, receiver, base))
+            internal = web.AppRunner(
+                internal_app(engine, config, token, receiver, base), access_log=None
+            )
             await internal.setup()
             await web.SockSite(internal, sockets[0]).start()
             await wait_ready(urls, token, children)

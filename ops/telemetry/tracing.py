@@ -60,6 +60,15 @@ def exporter_from_env(env: Mapping[str, str]) -> SpanExporter:
         return ConsoleSpanExporter()
     if kind != "otlp":
         log.warning("OTEL_TRACES_EXPORTER=%s is not supported here; using otlp", kind)
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        protocol = env.get(name, "").strip().lower()
+        if protocol and protocol != "http/protobuf":
+            log.warning(
+                "only OTLP over HTTP (http/protobuf) is sent: spans go that way to the "
+                "endpoint, which must take it (a collector's port 4318, not gRPC's 4317)",
+                extra={name.lower(): protocol},
+            )
+            break
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()

@@ -325,6 +325,8 @@ def test_the_local_brokers_variables_are_not_read_as_client_properties() -> None
     ("args", "says"),
     [
         (["--prefix", ""], "topic prefix '' must be non-empty"),  # a script's unset $PREFIX
+        (["--prefix", "shop:eu"], "of letters, digits, '.', '_' and '-' only"),
+        (["--prefix", "q" * 237], "237 characters long; the limit is 236"),
         (["--bootstrap", "kafka://127.0.0.1:1"], "is a kafka:// URL (a client's address"),
         (["--bootstrap", "127.0.0.1:port"], "has the port 'port', which is not a number"),
         (["--partitions", "0"], "--partitions must be 1 or more, got 0"),
