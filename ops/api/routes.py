@@ -82,6 +82,9 @@ _STATUS_CODES: dict[type[StepstreamError], int] = {
     # (the server's fault, never the client's: a 4xx would say "do not retry").
     ServerUnavailable: 503,
 }
+# What a 503 for a ConnectionFailed says to wait: what serves the instance is away for a
+# moment (a worker handing its partition over, an engine process starting again).
+CONNECTION_RETRY_AFTER_S = 2.0
 # Any of these asks ``GET /v1/instances`` for one page (``engine.reads.listing``) rather than all.
 _PAGE_PARAMS = frozenset(
     {"limit", "after", "workflow", "prefix", "order", "since", "until", "where"}
@@ -356,6 +359,8 @@ def _error_response(exc: StepstreamError) -> web.Response:
     headers = None
     if isinstance(exc, ServerUnavailable):
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    elif code == 503:  # ConnectionFailed: what serves it is away (an engine process restarting)
+        headers = {"Retry-After": str(math.ceil(CONNECTION_RETRY_AFTER_S))}
     return web.json_response(error_to_wire(exc), status=code, headers=headers)
 
 

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from stepstream.consumers.kafka import create_topics
@@ -255,6 +256,14 @@ async def test_two_workers_share_the_partitions_and_hand_over_cleanly(
             assert results == [{"total": i + 1, "doubled": 2 * (i + 1)} for i in range(12)]
             served_by = {owners[partition_for(i, partitions)] for i in ids}
             assert served_by == {a.url, b.url}, "both workers should have served instances"
+            # A worker's REST API asked for an instance it does not own: 503, and when to
+            # ask again (of its owner: the message says which partition).
+            elsewhere = next(i for i in ids if owners[partition_for(i, partitions)] == b.url)
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{a.url}/v1/instances/{elsewhere}") as answer:
+                    assert answer.status == 503, await answer.text()
+                    assert answer.headers["Retry-After"] == "2"
+                    assert "does not own" in (await answer.json())["error"]["message"]
             assert {s.instance_id for s in await client.list()} == set(ids)
 
             on_b = next(
