@@ -325,9 +325,24 @@ class Telemetry:
                 # Attempts begun here that the run's end gave up: no outcome will come.
                 left = started.pop(record.instance_id, None)
                 given_up = sorted((key, a) for key, (a, _) in left.items()) if left else []
-                for key, _ in given_up:
+                for key, number in given_up:
                     workflow = owner.state.workflow if owner is not None else ""
                     self.steps[(workflow, step_label(key), "cancelled")] += 1
+                    if spans is not None and owner is not None and left is not None:
+                        # Its span too, ended with the run: no outcome will come.
+                        spans.append(
+                            (
+                                FLAT_STEP,
+                                owner.state.span_run or run_fields(owner.state, partition),
+                                key,
+                                step_label(key),
+                                number,
+                                left[key][1],
+                                record.time_ms,
+                                "cancelled",
+                                None,
+                            )
+                        )
                 if kind is WorkflowCancelledRecord or kind is WorkflowTerminatedRecord:
                     stopped = cast("WorkflowCancelledRecord | WorkflowTerminatedRecord", record)
                     failure_log.run_stopped(partition, stopped, owner, given_up)

@@ -247,6 +247,13 @@ async def test_only_the_activation_that_failed_the_run_is_an_error(
     errors = [s for s in activations if s.status.status_code is StatusCode.ERROR]
     assert len(errors) == 1, [(_attrs(s)["stepstream.inputs"], s.status) for s in activations]
     assert [e.name for e in errors[0].events] == ["exception"]
+    # Every attempt has its span: the slow one, given up when the run failed, too.
+    ended = [s for s in exporter.get_finished_spans() if s.name.startswith("step ")]
+    assert sorted(s.name for s in ended) == ["step charge", "step slow"]
+    steps = {s.name: s for s in ended}
+    assert _attrs(steps["step slow"])["stepstream.outcome"] == "cancelled", steps
+    assert steps["step slow"].status.status_code is not StatusCode.ERROR
+    assert steps["step charge"].status.status_code is StatusCode.ERROR
 
 
 async def test_every_command_has_a_span_and_an_event_links_to_its_send(
