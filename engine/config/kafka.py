@@ -219,7 +219,7 @@ class KafkaSettings:
         servers = bootstrap or properties.pop(BOOTSTRAP, "")
         properties.pop(BOOTSTRAP, None)
         if prefix is None:  # given, even as "": checked as given (a script's unset $PREFIX)
-            prefix = env.get(ENV_TOPIC_PREFIX, DEFAULT_PREFIX)
+            prefix = env.get(ENV_TOPIC_PREFIX) or DEFAULT_PREFIX  # an empty variable: unset
         return cls(servers, prefix, properties)
 
     def client_config(

@@ -202,7 +202,7 @@ def where_pairs(where: str | Mapping[str, Any]) -> tuple[tuple[str, WhereValue],
     if isinstance(where, str):
         try:
             where = json.loads(where, object_pairs_hook=_once_each)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # nested too deep: RecursionError
             if isinstance(exc, _Twice):
                 raise InvalidPayload(str(exc)) from None
             raise InvalidPayload(

@@ -27,7 +27,7 @@ from stepstream.producers.http.wire import PROCESSES_PATH, ServerUnavailable
 
 T = TypeVar("T")
 # How long a listing or an overview waits for each engine process.
-EVERY_TIMEOUT_S = 10.0
+EVERY_TIMEOUT_S = 20.0
 
 
 class ProcessesTransport:

@@ -119,6 +119,11 @@ class ApiSession:
                 raise SessionUnavailable(f"cannot open {self._url}: HTTP {exc.status}") from None
             except aiohttp.ClientConnectorCertificateError as exc:
                 raise untrusted(self._url, exc) from None
+            except aiohttp.ClientConnectorSSLError as exc:  # something listens: TLS failed
+                raise ConnectionFailed(
+                    f"TLS with stepstream at {self._url} failed ({exc.os_error}); is it "
+                    "serving https (--tls-cert), and http:// vs https:// right?"
+                ) from None
             except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
                 raise NotListening(
                     f"cannot reach stepstream at {self._url}: {exc}; is it running, and is the "

@@ -192,6 +192,7 @@ def test_cli_and_http_list_by_attributes(tmp_path: Path) -> None:
             (urlencode({"where": "[1]"}), "where is not a JSON object"),
             (urlencode({"where": '{"customer": 1e999}'}), "attribute 'customer' is inf"),
             (urlencode({"where": '{"a": 1, "a": 2}'}), "where gives 'a' twice"),
+            (urlencode({"where": "[" * 1200}), "where is not valid JSON"),  # too deep
             (urlencode({"where": '{"n": 18446744073709551616}'}), "must fit in 64 bits"),
             (urlencode({"where": '{"customer": {"a": 1}}'}), "is a dict; an attribute"),
         ):

@@ -311,10 +311,10 @@ def test_a_hung_engine_process_is_named_not_waited_for(tmp_path: Path) -> None:
             began = time.monotonic()
             status, answer = get_json(f"{dev.url}/readyz", timeout=30)
             assert status == 503 and "engine process 1: not answering" in str(answer), answer
-            status, answer = get_json(f"{dev.url}/v1/instances", timeout=30)
+            status, answer = get_json(f"{dev.url}/v1/instances", timeout=40)
             assert status == 503, answer
-            assert "engine process 1 did not answer within 10 s" in str(answer), answer
-            assert time.monotonic() - began < 25
+            assert "engine process 1 did not answer within 20 s" in str(answer), answer
+            assert time.monotonic() - began < 40
         finally:
             os.kill(child, signal.SIGCONT)
         until(lambda: get_json(f"{dev.url}/v1/instances")[0] == 200, "listing again")

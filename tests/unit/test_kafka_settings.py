@@ -347,3 +347,12 @@ def test_topics_create_refuses_a_wrong_command_line_before_the_cluster(
     )
     assert says in done.stderr, done.stderr
     assert done.returncode == (2 if says.startswith("--") else 1), done.stderr
+
+
+def test_an_empty_prefix_variable_means_the_default_and_an_empty_flag_is_refused() -> None:
+    from stepstream.engine.config.kafka import KafkaSettings as Settings
+    from stepstream.engine.config.kafka import KafkaSettingsError
+
+    assert Settings.load("b:9092", environ={"STEPSTREAM_PREFIX": ""}).prefix == "stepstream"
+    with pytest.raises(KafkaSettingsError, match="must be non-empty"):
+        Settings.load("b:9092", "", environ={})
