@@ -120,6 +120,24 @@ def _router(view: _View, http: aiohttp.ClientSession) -> Router:
     return Router(view, http, TopicNames("t"), 2, request_timeout=10.0)
 
 
+async def _read_handed_over(view: _View, to: str, url: str) -> float:
+    """A read of partition 0, whose owner is gone, while worker ``to`` (at ``url``) takes
+    both partitions over after 1 s: how long it took to be answered."""
+
+    async def hand_over() -> None:
+        await asyncio.sleep(1.0)
+        view.announce(to, url, [0, 1], 2)
+
+    async with aiohttp.ClientSession() as http:
+        router = _router(view, http)
+        moved = asyncio.ensure_future(hand_over())
+        answer, took = await _status(router)
+        assert answer == "answered"
+        await moved
+        await router.close()
+    return took
+
+
 async def test_with_every_announced_worker_killed_a_read_fails_at_once() -> None:
     view = _View()
     view.announce("w1", _dead_address(), [0], 1)
@@ -144,18 +162,8 @@ async def test_a_worker_without_partitions_that_listens_takes_the_read_over(live
     view.announce("w1", _dead_address(), [0], 1)
     view.announce("w2", _dead_address(), [1], 1)
     view.announce("w3", live, [], 0)
-
-    async def hand_over() -> None:
-        await asyncio.sleep(1.0)
-        view.announce("w3", live, [0, 1], 2)
-
-    async with aiohttp.ClientSession() as http:
-        router = _router(view, http)
-        moved = asyncio.ensure_future(hand_over())
-        answer, took = await _status(router)
-        assert answer == "answered" and took >= 0.9
-        await moved
-        await router.close()
+    took = await _read_handed_over(view, "w3", live)
+    assert took >= 0.9
 
 
 async def test_a_frozen_worker_does_not_hold_the_read_back_from_a_live_one(
@@ -165,18 +173,8 @@ async def test_a_frozen_worker_does_not_hold_the_read_back_from_a_live_one(
     view.announce("w1", _dead_address(), [0], 1)
     view.announce("w2", live, [1], 1)
     view.announce("w3", frozen, [], 0)
-
-    async def hand_over() -> None:
-        await asyncio.sleep(1.0)
-        view.announce("w2", live, [0, 1], 2)
-
-    async with aiohttp.ClientSession() as http:
-        router = _router(view, http)
-        moved = asyncio.ensure_future(hand_over())
-        answer, took = await _status(router)
-        assert answer == "answered" and took < 5, took
-        await moved
-        await router.close()
+    took = await _read_handed_over(view, "w2", live)
+    assert took < 5, took
 
 
 async def test_only_a_connection_nothing_accepts_counts_as_not_listening() -> None:
