@@ -141,6 +141,11 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
                 source_lag=lambda: sources.lag.records() if sources is not None else {},
             ),
         )
+        # One process: a client asking where each serves (it does on connect) is told so,
+        # and the server logs no 404 for it.
+        processes.add_processes_route(
+            app, processes.ProcessLayout(1, engine.host.partitions), [sock.getsockname()[1]]
+        )
         runner = api_runner(app)
         await runner.setup()
         with _stop_on_signals() as stop:

@@ -27,6 +27,14 @@ What the CLI runs it with is exported here.
 
 from stepstream.ops.processes.children import SPEC_ENV, Spec
 from stepstream.ops.processes.layout import ProcessLayout
+from stepstream.ops.processes.routing import add_processes_route
 from stepstream.ops.processes.serving import serve_child, serve_parent
 
-__all__ = ["SPEC_ENV", "ProcessLayout", "Spec", "serve_child", "serve_parent"]
+__all__ = [
+    "SPEC_ENV",
+    "ProcessLayout",
+    "Spec",
+    "add_processes_route",
+    "serve_child",
+    "serve_parent",
+]
