@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -335,6 +336,10 @@ def _sdk_decision(
     return bool(result.decision is Decision.RECORD_AND_SAMPLE)
 
 
+WARN_EVERY_S = 10.0
+_SDK_EXPORTER_LOGGER = "opentelemetry.exporter.otlp.proto.http"
+
+
 class WireExport:
     """The exporter process's sink: each batch of spans becomes one OTLP
     request, sent by the OTLP/HTTP exporter's own client (endpoint, headers, TLS,
@@ -346,6 +351,13 @@ class WireExport:
         self._send = exporter._client.export
         self.exported = 0
         self.dropped = 0
+        # A failure is warned of at once, then at most every WARN_EVERY_S with how many
+        # batches failed since: an endpoint that is down fails every batch.
+        self._warned_at = -WARN_EVERY_S
+        self._unwarned = 0
+        # This warning says why each batch failed: the exporter's own client need not
+        # (it logs each retry, then the failure, of every batch).
+        logging.getLogger(_SDK_EXPORTER_LOGGER).setLevel(logging.CRITICAL)
 
     def batch(self, spans: Iterable[AnySpan]) -> None:
         data, count = self._encoder.request(spans)
@@ -356,10 +368,19 @@ class WireExport:
             self.exported += count
             return
         self.dropped += count
+        now = time.monotonic()
+        if now - self._warned_at < WARN_EVERY_S:
+            self._unwarned += 1
+            return
+        since = (
+            f", and {self._unwarned} more batches since the last warning" if self._unwarned else ""
+        )
+        self._warned_at, self._unwarned = now, 0
         log.warning(
-            "could not export %d spans to the OTLP endpoint (%s); %d dropped so far",
+            "could not export %d spans to the OTLP endpoint (%s)%s; %d dropped so far",
             count,
             result.error or f"HTTP {result.status_code}",
+            since,
             self.dropped,
         )
 
