@@ -269,7 +269,7 @@ class Router:
         owned = {m.worker_id: list(m.partitions) for m in self._members.announced()}
         return "; ".join(
             f"worker {worker} at {url} (partitions {owned.get(worker, [])}) did not answer ({exc})"
-            for (worker, url), exc in gone.items()
+            for (worker, url), exc in sorted(gone.items(), key=lambda item: item[0])
         )
 
     def none_answer(self, what: str, gone: Gone) -> ConnectionFailed:
@@ -317,7 +317,7 @@ class Router:
         """The error for a read whose owner did not answer, with no other worker that
         does (``gone``: the workers found not listening)."""
         announced = datetime.fromtimestamp(owner.time_ms / 1000, UTC)
-        others = [f"worker {w}" for w, _ in gone if w != owner.worker_id]
+        others = [f"worker {w}" for w, _ in sorted(gone) if w != owner.worker_id]
         running = (
             f"nothing listens at the other announced workers either ({', '.join(others)}): "
             "were they killed?"
