@@ -278,8 +278,10 @@ class PartitionHost:
 
     def settled_recently(self, instance_id: str, command_id: str) -> tuple[bool, str | None]:
         """Whether this process settled the instance's ``command_id`` lately, and how."""
+        return self._recently(settled_key(instance_id, command_id))
+
+    def _recently(self, key: str) -> tuple[bool, str | None]:
         self._expire_recent(self.clock.now_ms())
-        key = settled_key(instance_id, command_id)
         if key in self._recent:
             return True, self._refused.get(key)
         return False, None
@@ -291,7 +293,7 @@ class PartitionHost:
         fut = self._settled.get(key)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
-            found, reason = self.settled_recently(instance_id, command_id)
+            found, reason = self._recently(key)
             if found:
                 fut.set_result(reason)
                 return fut

@@ -327,22 +327,13 @@ class Telemetry:
                 given_up = sorted((key, a) for key, (a, _) in left.items()) if left else []
                 for key, number in given_up:
                     workflow = owner.state.workflow if owner is not None else ""
-                    self.steps[(workflow, step_label(key), "cancelled")] += 1
-                    if spans is not None and owner is not None and left is not None:
+                    step = step_label(key)
+                    self.steps[(workflow, step, "cancelled")] += 1
+                    if spans is not None and owner is not None and left:
                         # Its span too, ended with the run: no outcome will come.
-                        spans.append(
-                            (
-                                FLAT_STEP,
-                                owner.state.span_run or run_fields(owner.state, partition),
-                                key,
-                                step_label(key),
-                                number,
-                                left[key][1],
-                                record.time_ms,
-                                "cancelled",
-                                None,
-                            )
-                        )
+                        times = (left[key][1], record.time_ms)
+                        span = _step_span(owner, partition, (key, step), number, times, "cancelled")
+                        spans.append(span)
                 if kind is WorkflowCancelledRecord or kind is WorkflowTerminatedRecord:
                     stopped = cast("WorkflowCancelledRecord | WorkflowTerminatedRecord", record)
                     failure_log.run_stopped(partition, stopped, owner, given_up)
@@ -399,21 +390,15 @@ class Telemetry:
             histogram = self.step_seconds[(workflow, step)] = Histogram(LATENCY_BUCKETS_S)
         histogram.observe(seconds)
         if spans is not None and runtime is not None:
+            error = (
+                (record.error_type, record.error_message, traceback)
+                if isinstance(record, StepFailedRecord)
+                else None
+            )
+            times = (started[1], record.time_ms)
             spans.append(
-                (  # StepSpan's fields after the run's
-                    FLAT_STEP,
-                    runtime.state.span_run or run_fields(runtime.state, partition),
-                    record.key,
-                    step,
-                    record.attempt,
-                    started[1],
-                    record.time_ms,
-                    outcome,
-                    (
-                        (record.error_type, record.error_message, traceback)
-                        if isinstance(record, StepFailedRecord)
-                        else None
-                    ),
+                _step_span(
+                    runtime, partition, (record.key, step), record.attempt, times, outcome, error
                 )
             )
 
@@ -446,3 +431,18 @@ class Telemetry:
         self.activations.take(partition)
         self.restore_seconds.pop(partition, None)
         self.queues.partition_released(partition)
+
+
+def _step_span(
+    runtime: InstanceRuntime,
+    partition: int,
+    named: tuple[str, str],
+    attempt: int,
+    times_ms: tuple[int, int],
+    outcome: str,
+    error: tuple[str, str, str] | None = None,
+) -> tuple[object, ...]:
+    """A flat step span (``FlatSpanSink``): ``StepSpan``'s fields after the run's, for the
+    attempt of step ``named`` (its key, and its label) from start to end ``times_ms``."""
+    run = runtime.state.span_run or run_fields(runtime.state, partition)
+    return (FLAT_STEP, run, *named, attempt, *times_ms, outcome, error)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+from collections import Counter
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
@@ -129,15 +130,13 @@ def _come(state: InstanceState, entries: list[Entry]) -> set[str]:
     name, once. Not a wait with a timeout: that may pass before the instance resumes."""
     if not state.buffered:
         return set()
-    unclaimed: dict[str, int] = {}
-    for event in state.buffered:
-        unclaimed[event.name] = unclaimed.get(event.name, 0) + 1
+    unclaimed = Counter(event.name for event in state.buffered)
     come = set()
     for entry in entries:
         if entry.state is not EntryState.WAITING or entry.fire_at_ms is not None:
             continue
-        for name in entry.names if entry.names is not None else [entry.event_name or ""]:
-            if unclaimed.get(name):
+        for name in entry.waited_names:
+            if unclaimed[name]:
                 unclaimed[name] -= 1
                 come.add(entry.key)
                 break

@@ -70,6 +70,11 @@ class Entry:
     names: list[str] | None = None
     messages: list[tuple[str, str, Payload, int]] | None = None
 
+    @property
+    def waited_names(self) -> list[str]:
+        """The event or message names a wait takes (an event wait: its one name)."""
+        return self.names if self.names is not None else [self.event_name or ""]
+
 
 @dataclass(slots=True)
 class BufferedEvent:

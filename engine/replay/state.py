@@ -456,8 +456,7 @@ class InstanceState:
 
     def open_wait(self, entry: Entry) -> None:
         """Index a waiting entry under each name it waits for (see ``open_waits``)."""
-        names = entry.names if entry.names is not None else [entry.event_name or ""]
-        for name in names:
+        for name in entry.waited_names:
             self.open_waits.setdefault(name, {})[entry.key] = entry
 
     def open_entries(self) -> list[Entry]:
