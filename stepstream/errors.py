@@ -23,8 +23,11 @@ them; this module gathers them (``tests/unit/test_errors.py`` fails if one is mi
     │   ├── ConnectionFailed         the engine or worker could not be reached (retriable)
     │   │   ├── SessionUnavailable   the server opened no session websocket (an older
     │   │   │                        server, or a proxy that drops upgrades)
-    │   │   └── NotListening         no connection could be made to the address (refused,
-    │   │                            unknown name): nothing was sent
+    │   │   ├── NotListening         no connection could be made to the address (refused,
+    │   │   │                        unknown name): nothing was sent
+    │   │   └── ConnectionLost       the connection broke after the call was sent: a
+    │   │                            command may have been applied (a wait or a read
+    │   │                            is asked again by the http:// client)
     │   ├── AccessDenied             the API refused the token, Origin or Host
     │   └── ServerUnavailable        HTTP 503: the server cannot take the call now, its
     │       │                        fault, not the call's (a full disk); .retry_after
@@ -136,7 +139,7 @@ from stepstream.ops.api.security import InsecureBind
 from stepstream.ops.brokers import BrokerError
 from stepstream.ops.tools.history_export import InvalidHistoryFile
 from stepstream.ops.tools.replay.results import ReplayDiverged
-from stepstream.producers.http.session import NotListening, SessionUnavailable
+from stepstream.producers.http.session import ConnectionLost, NotListening, SessionUnavailable
 from stepstream.producers.http.wire import ServerBusy, ServerUnavailable
 
 __all__ = [
@@ -145,6 +148,7 @@ __all__ = [
     "ChildFailed",
     "ConfigError",
     "ConnectionFailed",
+    "ConnectionLost",
     "DataDirCorrupted",
     "DataDirInUse",
     "DiskFull",

@@ -33,6 +33,7 @@ from stepstream.ops.cli.table import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
     EXIT_USAGE,
     Command,
     Handler,
@@ -98,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_TIMEOUT
     except StepstreamError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_UNAVAILABLE if exc.retriable else EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except BrokenPipeError:

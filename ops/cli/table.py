@@ -19,6 +19,10 @@ EXIT_OK = 0
 EXIT_ERROR = 1  # stepstream refused or failed; the message is on stderr
 EXIT_USAGE = 2  # the command line is wrong; nothing was sent
 EXIT_TIMEOUT = 3  # gave up waiting (``result --timeout``, ``start --wait --timeout``)
+# The engine could not take the call now (the error is ``retriable``: not reached, the
+# connection broke, HTTP 503): the same call may work later; a command cut off by a
+# broken connection may have been applied.
+EXIT_UNAVAILABLE = 4
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 Handler = Callable[[argparse.Namespace], int]

@@ -31,10 +31,27 @@ def refused(url: str, status: int) -> AccessDenied:
 
 
 def untrusted(url: str, exc: aiohttp.ClientConnectorCertificateError) -> ConnectionFailed:
-    return ConnectionFailed(
-        f"the TLS certificate of {url} is not trusted ({exc.certificate_error}); pass the CA "
-        f"that signed it as tls_ca= to Client.connect, --tls-ca or {TLS_CA_ENV}"
+    return _for_good(
+        ConnectionFailed(
+            f"the TLS certificate of {url} is not trusted ({exc.certificate_error}); pass the "
+            f"CA that signed it as tls_ca= to Client.connect, --tls-ca or {TLS_CA_ENV}"
+        )
     )
+
+
+def tls_failed(url: str, exc: aiohttp.ClientConnectorSSLError) -> ConnectionFailed:
+    return _for_good(
+        ConnectionFailed(
+            f"TLS with stepstream at {url} failed ({exc.os_error}); is it serving https "
+            "(--tls-cert), and http:// vs https:// right?"
+        )
+    )
+
+
+def _for_good(exc: ConnectionFailed) -> ConnectionFailed:
+    """A connection that the same settings will never make: not ``retriable``."""
+    exc.retriable = False
+    return exc
 
 
 def client_headers(token: str | None) -> dict[str, str]:

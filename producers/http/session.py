@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 
 from stepstream.engine.errors import ConnectionFailed
-from stepstream.producers.http.security import refused, untrusted
+from stepstream.producers.http.security import refused, tls_failed, untrusted
 from stepstream.producers.http.wire import (
     SESSION_FRAME_BYTES,
     SESSION_FRAME_CALLS,
@@ -43,6 +43,12 @@ class NotListening(ConnectionFailed):
     killed, not slow."""
 
 
+class ConnectionLost(ConnectionFailed):
+    """The connection broke after the call was sent, before its answer came: a command
+    may have been applied (``status`` or ``history`` tells). The ``http://`` client asks
+    a wait (``result``, a reply) or a read again by itself."""
+
+
 class _Link:
     """One websocket of a session and what belongs to it alone: the calls sent on it and
     awaiting their replies, and the calls waiting to be written to it. A call never
@@ -69,7 +75,7 @@ class ApiSession:
     """One websocket to an API's ``/v1/session``: many calls in flight at once (at most
     ``SESSION_MAX_CALLS``; more wait here for a free slot), batched both ways. Connected
     on first use and again after a loss; calls in flight when the connection is lost
-    fail with ``ConnectionFailed``. The websocket upgrade carries the session's headers
+    fail with ``ConnectionLost``. The websocket upgrade carries the session's headers
     (the bearer token) like any request."""
 
     def __init__(self, http: aiohttp.ClientSession, base_url: str) -> None:
@@ -120,10 +126,7 @@ class ApiSession:
             except aiohttp.ClientConnectorCertificateError as exc:
                 raise untrusted(self._url, exc) from None
             except aiohttp.ClientConnectorSSLError as exc:  # something listens: TLS failed
-                raise ConnectionFailed(
-                    f"TLS with stepstream at {self._url} failed ({exc.os_error}); is it "
-                    "serving https (--tls-cert), and http:// vs https:// right?"
-                ) from None
+                raise tls_failed(self._url, exc) from None
             except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
                 raise NotListening(
                     f"cannot reach stepstream at {self._url}: {exc}; is it running, and is the "
@@ -180,7 +183,7 @@ class ApiSession:
                         future.set_result(reply.get("ok"))
         finally:
             why = f" ({ws.close_code}: {ws.exception() or 'closed'})" if ws.close_code else ""
-            lost = ConnectionFailed(f"lost the session with {self._url}{why}")
+            lost = ConnectionLost(f"lost the session with {self._url}{why}")
             for future in pending.values():
                 if not future.done():
                     future.set_exception(lost)

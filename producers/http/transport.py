@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 from typing import Any
 from urllib.parse import quote
 
@@ -23,9 +24,16 @@ from stepstream.engine.reads.listing import InstancePage, ListQuery, Overview
 from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.wire.codec import dump_json_text
 from stepstream.producers import trace_context
-from stepstream.producers.http.security import untrusted
-from stepstream.producers.http.session import ApiSession, NotListening, SessionUnavailable
+from stepstream.producers.http.security import tls_failed, untrusted
+from stepstream.producers.http.session import (
+    ApiSession,
+    ConnectionLost,
+    NotListening,
+    SessionUnavailable,
+)
 from stepstream.producers.http.wire import SESSION_COMMAND_BYTES, error_from_wire
+
+log = logging.getLogger("stepstream.client")
 
 # How much longer than the server-side wait a result request may take before the client
 # gives up on the server itself.
@@ -34,6 +42,14 @@ DEFAULT_REQUEST_TIMEOUT_S = 30.0
 POOL_CONNECTIONS = 100  # the pool for commands and reads (waits use the session instead)
 # Bodies over this are streamed (aiohttp's own limit for bytes, TOO_LARGE_BYTES_BODY).
 _STREAMED_BODY_BYTES = 1 << 20
+# A wait or a read whose connection is lost under it is asked again, up to this many
+# times, after _LOST_DELAY_S, then twice as long each time.
+_LOST_RETRIES = 4
+_LOST_DELAY_S = 0.5
+_MAY_HAVE_BEEN = (
+    "it may have been applied or not: `stepstream status` or `history` tells, and the "
+    "server log says why the connection broke"
+)
 
 
 class HttpTransport:
@@ -170,33 +186,47 @@ class HttpTransport:
         # A call on the session: the server waits for the instance to finish (woken by
         # the commit, it does not poll) and answers at the latest after ``timeout``;
         # waiting holds no connection of the pool.
-        limit = None if timeout is None else timeout + _RESULT_MARGIN_S
-        try:
-            async with asyncio.timeout(limit):
-                return await self._calls.call("result", instance_id=instance_id, timeout=timeout)
-        except TimeoutError as exc:
-            if isinstance(exc, StepstreamError):
-                raise
-            raise ConnectionFailed(
-                f"stepstream at {self._base} did not answer the wait for {instance_id} within "
-                f"{limit} s; check the server log, then retry"
-            ) from None
+        return await self._wait("result", timeout, f"the wait for {instance_id}", instance_id)
 
     async def reply(self, instance_id: str, message_id: str, timeout: float | None) -> Any:
         # Like result(): a call on the session, answered when the answer is durable.
-        limit = None if timeout is None else timeout + _RESULT_MARGIN_S
-        try:
-            async with asyncio.timeout(limit):
-                return await self._calls.call(
-                    "reply", instance_id=instance_id, message_id=message_id, timeout=timeout
-                )
-        except TimeoutError as exc:
-            if isinstance(exc, StepstreamError):
-                raise
-            raise ConnectionFailed(
-                f"stepstream at {self._base} did not answer the wait for a reply of "
-                f"{instance_id} within {limit} s; check the server log, then retry"
-            ) from None
+        what = f"the wait for a reply of {instance_id}"
+        return await self._wait("reply", timeout, what, instance_id, message_id=message_id)
+
+    async def _wait(
+        self, op: str, timeout: float | None, what: str, instance_id: str, **args: Any
+    ) -> Any:
+        """A wait on the session, asked again when the connection is lost under it (the
+        server restarted, or a `dev --processes` engine process was started again), until
+        ``timeout`` has passed in all."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        lost = 0
+        while True:
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            limit = None if left is None else left + _RESULT_MARGIN_S
+            try:
+                async with asyncio.timeout(limit):
+                    return await self._calls.call(op, instance_id=instance_id, timeout=left, **args)
+            except ConnectionLost as exc:
+                lost += 1
+                if lost > _LOST_RETRIES or (deadline is not None and loop.time() >= deadline):
+                    raise
+                await self._again(lost, f"{what} ({exc})")
+            except TimeoutError as exc:
+                if isinstance(exc, StepstreamError):
+                    raise
+                raise ConnectionFailed(
+                    f"stepstream at {self._base} did not answer {what} within {limit} s; "
+                    "check the server log, then retry"
+                ) from None
+
+    async def _again(self, lost: int, what: str) -> None:
+        delay = _LOST_DELAY_S * 2 ** (lost - 1)
+        log.info(
+            "lost the connection to %s during %s; asking again in %g s", self._base, what, delay
+        )
+        await asyncio.sleep(delay)
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
         answer = await self._call("GET", f"{_path(instance_id)}/history")
@@ -257,6 +287,25 @@ class HttpTransport:
         params: dict[str, str] | None,
         timeout: float | None,
     ) -> Any:
+        """A request; a read (GET) whose connection is lost under it is made again."""
+        lost = 0
+        while True:
+            try:
+                return await self._send_once(method, path, data, params, timeout)
+            except ConnectionLost:
+                lost += 1
+                if method != "GET" or lost > _LOST_RETRIES:
+                    raise
+                await self._again(lost, f"GET {path}")
+
+    async def _send_once(
+        self,
+        method: str,
+        path: str,
+        data: bytes | None,
+        params: dict[str, str] | None,
+        timeout: float | None,
+    ) -> Any:
         url = URL(self._base + path, encoded=True)
         # A body this large, given as bytes, is written to the socket in one go while the
         # event loop waits (aiohttp warns so); as a stream it goes out a chunk at a time.
@@ -286,17 +335,15 @@ class HttpTransport:
         except aiohttp.ClientConnectorCertificateError as exc:
             raise untrusted(self._base, exc) from None
         except aiohttp.ClientConnectorSSLError as exc:
-            raise ConnectionFailed(
-                f"TLS with stepstream at {self._base} failed ({exc.os_error}); is it serving "
-                "https (--tls-cert), and http:// vs https:// right?"
-            ) from None
+            raise tls_failed(self._base, exc) from None
         except aiohttp.ClientConnectorError as exc:
             advice = self.NOT_LISTENING_ADVICE.format(reason=exc.os_error.strerror or exc)
             raise NotListening(f"cannot reach stepstream at {self._base}: {advice}") from None
         except aiohttp.ClientError as exc:
-            raise ConnectionFailed(
+            raise ConnectionLost(
                 f"lost the connection to stepstream at {self._base} during {method} {path}: "
-                f"{str(exc) or type(exc).__name__}; check the server log, then retry"
+                f"{str(exc) or type(exc).__name__}; "
+                + ("check the server log, then retry" if method == "GET" else _MAY_HAVE_BEEN)
             ) from None
         except TimeoutError:
             raise ConnectionFailed(

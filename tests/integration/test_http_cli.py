@@ -436,7 +436,7 @@ async def test_nobody_listening(dev: Dev) -> None:
     async with Client.connect(url) as client:
         with pytest.raises(ConnectionFailed, match="is `stepstream dev` running"):
             await client.status("x")
-    assert "cannot reach stepstream" in refused(dev, "status", "x", "--connect", url)
+    assert "cannot reach stepstream" in refused(dev, "status", "x", "--connect", url, code=4)
 
 
 def test_run_prints_result_and_timeline(dev: Dev) -> None:
