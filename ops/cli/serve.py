@@ -102,6 +102,11 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
     config = EmbeddedConfig.from_env(data_dir=args.data, partitions=args.partitions)
     if args.processes < 1:
         raise UsageError(f"--processes must be 1 or more, got {args.processes}")
+    if args.hang_timeout is not None:
+        if args.processes == 1:
+            raise UsageError("--hang-timeout watches the engine processes of --processes 2 or more")
+        if not 0 <= args.hang_timeout < float("inf"):
+            raise UsageError(f"--hang-timeout must be 0 or more seconds, got {args.hang_timeout}")
     security = api_security(args)
     limits = api_limits(args)
     tls = security.ssl_context()
@@ -247,6 +252,9 @@ async def _serve_processes(
             security.ssl_context(),
             announce,
             codec=codec,
+            hang_timeout=(
+                processes.HANG_TIMEOUT_S if args.hang_timeout is None else args.hang_timeout
+            ),
         )
     finally:
         sock.close()
@@ -424,6 +432,15 @@ COMMANDS = (
                 "of its own (GET /v1/processes lists them; the http:// client uses them); "
                 "this process serves the API for all of them and starts the others again if "
                 "they die. A data directory keeps the count it was made with",
+            ),
+            arg(
+                "--hang-timeout",
+                type=float,
+                metavar="SECONDS",
+                help="with --processes: kill an engine process that has not answered its "
+                "health probe for this long and start it again, as a liveness probe would "
+                "(default: 60; 0 leaves a hung process alone). Raise it if "
+                "workflow code may block its event loop for longer",
             ),
         ),
     ),

@@ -13,7 +13,8 @@ processes know. The public API sends each call about an instance to the process 
 owns it, over that process's API session, and merges listings and overviews. Commands
 one process's instances send to another's (a child's start, a message, a parent's
 notice) are forwarded through the log, exactly once (``consumers/embedded/forwarding``).
-A child that dies is started again; a child whose parent is gone stops.
+A child that dies, or does not answer its health probe for ``--hang-timeout``, is
+started again; a child whose parent is gone stops.
 
 - ``layout``: which process owns which partitions, and the file that says so
 - ``routing``: the public API over every process (``ProcessesTransport``)
@@ -25,12 +26,13 @@ A child that dies is started again; a child whose parent is gone stops.
 What the CLI runs it with is exported here.
 """
 
-from stepstream.ops.processes.children import SPEC_ENV, Spec
+from stepstream.ops.processes.children import HANG_TIMEOUT_S, SPEC_ENV, Spec
 from stepstream.ops.processes.layout import ProcessLayout
 from stepstream.ops.processes.routing import add_processes_route
 from stepstream.ops.processes.serving import serve_child, serve_parent
 
 __all__ = [
+    "HANG_TIMEOUT_S",
     "SPEC_ENV",
     "ProcessLayout",
     "Spec",

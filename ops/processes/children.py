@@ -1,6 +1,6 @@
 """Processes 1..N-1, the children of ``stepstream dev``: what each is told (``Spec``),
-starting them and starting one again when it dies, waiting until they are ready, and the
-loopback sockets their internal APIs listen on."""
+starting them and starting one again when it dies or hangs, waiting until they are
+ready, and the loopback sockets their internal APIs listen on."""
 
 from __future__ import annotations
 
@@ -35,6 +35,12 @@ RAN_WELL_S = 60.0
 # At start, a child that dies this many times before it is ready will not be: say why.
 DEATHS_BEFORE_READY = 3
 STOP_TIMEOUT_S = 60.0
+# A child that has not answered its health probe (``/healthz``) for ``hang_timeout``
+# seconds (``--hang-timeout``) is killed and started again, as a liveness probe would
+# have it; before its first answer it has READY_TIMEOUT_S to open its data. A probe goes
+# out every third of the timeout, at most every HEALTH_PERIOD_S.
+HANG_TIMEOUT_S = 60.0
+HEALTH_PERIOD_S = 10.0
 
 
 @dataclass
@@ -60,12 +66,14 @@ class Spec:
 class Children:
     """Processes 1..N-1: started, started again when one dies, stopped at the end."""
 
-    def __init__(self, specs: Sequence[Spec]) -> None:
+    def __init__(self, specs: Sequence[Spec], hang_timeout: float = HANG_TIMEOUT_S) -> None:
         self._specs = specs
+        self._hang_timeout = hang_timeout  # 0: a child that hangs is left to hang
         self._procs: dict[int, asyncio.subprocess.Process] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.restarts: dict[int, int] = {}  # process -> times started again
+        self.hangs: dict[int, int] = {}  # process -> times killed for not answering
         self.exits: dict[int, int] = {}  # process -> the status it last exited with
 
     def start(self) -> None:
@@ -94,7 +102,14 @@ class Children:
                 start_new_session=True,
             )
             self._procs[spec.process] = proc
-            code = await proc.wait()
+            watch = loop.create_task(self._watch(spec, proc)) if self._hang_timeout else None
+            try:
+                code = await proc.wait()
+            finally:
+                if watch is not None:
+                    watch.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await watch
             if self._stopping:
                 return
             self.restarts[spec.process] = self.restarts.get(spec.process, 0) + 1
@@ -113,6 +128,37 @@ class Children:
             )
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_RESTART_DELAY_S)
+
+    async def _watch(self, spec: Spec, proc: asyncio.subprocess.Process) -> None:
+        """Kills ``proc`` once it has not answered its health probe for the hang
+        timeout (READY_TIMEOUT_S before its first answer); ``_keep`` starts it again."""
+        loop = asyncio.get_running_loop()
+        period = min(HEALTH_PERIOD_S, self._hang_timeout / 3)
+        url = spec.urls[spec.process] + "/healthz"
+        answered, limit = loop.time(), max(self._hang_timeout, READY_TIMEOUT_S)
+        async with aiohttp.ClientSession(headers=client_headers(spec.token)) as http:
+            while proc.returncode is None and not self._stopping:
+                await asyncio.sleep(period)
+                try:
+                    async with asyncio.timeout(min(period, PROBE_TIMEOUT_S)):
+                        async with http.get(url) as response:
+                            if response.status == 200:
+                                answered, limit = loop.time(), self._hang_timeout
+                                continue
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                silent = loop.time() - answered
+                if silent < limit or proc.returncode is not None or self._stopping:
+                    continue
+                self.hangs[spec.process] = self.hangs.get(spec.process, 0) + 1
+                log.error(
+                    "an engine process has not answered its health probe for %.0f s; killing "
+                    "it to start it again (--hang-timeout)",
+                    silent,
+                    extra={"engine_process": spec.process, "pid": proc.pid},
+                )
+                proc.kill()
+                return
 
     async def stop(self) -> None:
         self._stopping = True

@@ -31,6 +31,7 @@ class ProcessesObservability(Observability):
     peers: Sequence[str] = ()  # the other processes' API URLs, process 1 first
     token: str = ""
     restarts: Callable[[], Mapping[int, int]] = dict  # process -> times started again
+    hangs: Callable[[], Mapping[int, int]] = dict  # process -> times killed for hanging
 
     async def metrics(self, request: web.Request) -> web.Response:
         texts = [(await self.render()).body.decode()]
@@ -42,18 +43,22 @@ class ProcessesObservability(Observability):
                             texts.append(await response.text())
                 except (aiohttp.ClientError, TimeoutError):
                     texts.append("")  # a process starting again: its series come back with it
-        restarts = Metric(
+        restarts = _per_process(
             "stepstream_engine_process_restarts",
             "Times an engine process of `stepstream dev --processes` died and was started "
             "again, by process.",
-            "counter",
+            self.restarts(),
+            len(self.peers),
         )
-        for process in range(1, len(self.peers) + 1):
-            count = self.restarts().get(process, 0)
-            restarts.add_sample(
-                "stepstream_engine_process_restarts_total", {"process": str(process)}, count
-            )
-        body = generate_latest(_labelled(texts, restarts))
+        hangs = _per_process(
+            "stepstream_engine_process_hangs",
+            "Times an engine process of `stepstream dev --processes` did not answer its "
+            "health probe for --hang-timeout and was killed to be started again (each is "
+            "also a restart), by process.",
+            self.hangs(),
+            len(self.peers),
+        )
+        body = generate_latest(_labelled(texts, restarts, hangs))
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def readyz(self, request: web.Request) -> web.Response:
@@ -86,6 +91,14 @@ async def not_ready(http: aiohttp.ClientSession, url: str, timeout: float = PROB
         )
     except aiohttp.ClientError as exc:
         return f"not answering ({exc}); it is being started again"
+
+
+def _per_process(name: str, doc: str, counts: Mapping[int, int], peers: int) -> Metric:
+    """A counter with one sample for each of processes 1..``peers``."""
+    metric = Metric(name, doc, "counter")
+    for process in range(1, peers + 1):
+        metric.add_sample(name + "_total", {"process": str(process)}, counts.get(process, 0))
+    return metric
 
 
 class _Merged:

@@ -22,6 +22,7 @@ from stepstream.engine.wire.codec import PayloadCodec
 from stepstream.ops.api.security import ApiSecurity
 from stepstream.ops.embedded import EmbeddedConfig, EmbeddedEngine, open_embedded
 from stepstream.ops.processes.children import (
+    HANG_TIMEOUT_S,
     Children,
     Spec,
     loopback_sockets,
@@ -201,6 +202,7 @@ async def serve_parent(
     announce: Callable[[str, ProcessLayout], None],
     *,
     codec: PayloadCodec | None = None,
+    hang_timeout: float = HANG_TIMEOUT_S,
 ) -> int:
     """Process 0: starts the others, runs its partitions, serves the public API over all
     of them on ``public``; until SIGTERM or its data directory fails."""
@@ -220,7 +222,7 @@ async def serve_parent(
         Spec(g, processes, layout.partitions, urls, token, sockets[g].fileno(), publics[g].fileno())
         for g in range(1, processes)
     ]
-    children = Children(specs)
+    children = Children(specs, hang_timeout)
     children.start()
     engine: EmbeddedEngine | None = None
     traced = None
@@ -252,6 +254,7 @@ async def serve_parent(
                 peers=urls[1:],
                 token=token,
                 restarts=lambda: children.restarts,
+                hangs=lambda: children.hangs,
             )
             app = make_public_app(transport, engine, observability)
             add_processes_route(app, layout, ports)

@@ -73,6 +73,7 @@ METRICS: dict[str, str] = {
 # label there).
 PROCESSES_METRICS: dict[str, str] = {
     "stepstream_engine_process_restarts_total": "counter",
+    "stepstream_engine_process_hangs_total": "counter",
 }
 
 # Prometheus adds this series for every scrape target itself.

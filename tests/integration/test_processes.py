@@ -322,6 +322,42 @@ def test_a_hung_engine_process_is_named_not_waited_for(tmp_path: Path) -> None:
         dev.stop()
 
 
+def test_a_hung_engine_process_is_killed_and_a_wait_on_it_goes_on(tmp_path: Path) -> None:
+    """`--hang-timeout`: a process that stops answering its health probe is killed and
+    started again, as a liveness probe would; a client's wait on one of its instances,
+    cut off by the kill, is asked again and gets the result."""
+    dev = start_dev(tmp_path, "flows", WORKFLOWS, "--processes", "2", "--hang-timeout", "3")
+    refused = run_cli(tmp_path, "dev", "--workflows", "flows", "--hang-timeout", "5")
+    assert refused.returncode == 2, refused.stderr
+    assert "--hang-timeout watches the engine processes of --processes 2" in refused.stderr
+    (kid,) = ids_in(1, "k", 1)
+
+    async def scenario() -> object:
+        async with Client.connect(dev.url) as client:
+            await client.start("kid", 21, instance_id=kid)
+            waiting = asyncio.ensure_future(client.result(kid, timeout=120))
+            await asyncio.sleep(0.5)  # the wait is on process 1's own session now
+            hung = engine_child(dev)
+            os.kill(hung, signal.SIGSTOP)
+            began = time.monotonic()
+            while engine_children(dev.proc.pid) in ([], [hung]):
+                assert time.monotonic() - began < 60, "the hung process was not replaced"
+                await asyncio.sleep(0.2)
+            assert not waiting.done()
+            await client.send_event(kid, "go", None)
+            return await waiting
+
+    try:
+        assert asyncio.run(scenario()) == 42
+        assert "has not answered its health probe for" in dev.log.read_text()
+        with urllib.request.urlopen(dev.url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        assert 'stepstream_engine_process_hangs_total{process="1"} 1.0' in text
+        assert 'stepstream_engine_process_restarts_total{process="1"} 1.0' in text
+    finally:
+        dev.stop()
+
+
 def test_the_documented_example_runs_as_written(tmp_path: Path) -> None:
     """docs/running.md, "Using more cores": its two commands, as written."""
     page = (Path(REPO) / "docs" / "running.md").read_text()
