@@ -277,28 +277,18 @@ class HttpTransport:
         data: bytes | None = None,
         params: dict[str, str] | None = None,
     ) -> Any:
-        return await self._send(method, path, data, params, self._request_timeout)
-
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        data: bytes | None,
-        params: dict[str, str] | None,
-        timeout: float | None,
-    ) -> Any:
         """A request; a read (GET) whose connection is lost under it is made again."""
         lost = 0
         while True:
             try:
-                return await self._send_once(method, path, data, params, timeout)
+                return await self._send(method, path, data, params, self._request_timeout)
             except ConnectionLost:
                 lost += 1
                 if method != "GET" or lost > _LOST_RETRIES:
                     raise
                 await self._again(lost, f"GET {path}")
 
-    async def _send_once(
+    async def _send(
         self,
         method: str,
         path: str,

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from stepstream import Client
 from stepstream.errors import ConnectionFailed, ConnectionLost
+from tests.http_site import served
 
 
 @pytest.fixture
@@ -32,13 +33,8 @@ async def dropping() -> AsyncIterator[tuple[str, Counter[str]]]:
     app = web.Application()
     app.router.add_get("/v1/instances", handle)
     app.router.add_post("/v1/instances/{id}/terminate", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    yield f"http://127.0.0.1:{port}", calls
-    await runner.cleanup()
+    async with served(app) as url:
+        yield url, calls
 
 
 async def test_a_read_whose_connection_broke_is_asked_again(

@@ -25,6 +25,7 @@ from stepstream.errors import ConnectionFailed, NotListening
 from stepstream.producers.kafka.members import Member, MembersView
 from stepstream.producers.kafka.routing import Router
 from stepstream.producers.kafka.session import WorkerSession
+from tests.http_site import served
 
 
 class _View(MembersView):
@@ -79,15 +80,8 @@ async def live() -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_get("/v1/session", session)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with served(app) as url:
+        yield url
 
 
 @pytest.fixture
