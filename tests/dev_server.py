@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -45,6 +46,14 @@ def clean_env(root: Path, **extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join([str(root), REPO])
     env.update(extra)
     return env
+
+
+def free_port() -> int:
+    """A loopback port nothing listens at (until something takes it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
 
 
 def run_cli(

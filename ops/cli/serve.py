@@ -105,8 +105,10 @@ async def _serve(registry: Registry, args: argparse.Namespace, codec: PayloadCod
     if args.hang_timeout is not None:
         if args.processes == 1:
             raise UsageError("--hang-timeout watches the engine processes of --processes 2 or more")
-        if not 0 <= args.hang_timeout < float("inf"):
-            raise UsageError(f"--hang-timeout must be 0 or more seconds, got {args.hang_timeout}")
+        if not (args.hang_timeout == 0 or 1 <= args.hang_timeout < float("inf")):
+            raise UsageError(
+                f"--hang-timeout must be 0 (never) or 1 second or more, got {args.hang_timeout}"
+            )
     security = api_security(args)
     limits = api_limits(args)
     tls = security.ssl_context()

@@ -42,9 +42,9 @@ DEFAULT_REQUEST_TIMEOUT_S = 30.0
 POOL_CONNECTIONS = 100  # the pool for commands and reads (waits use the session instead)
 # Bodies over this are streamed (aiohttp's own limit for bytes, TOO_LARGE_BYTES_BODY).
 _STREAMED_BODY_BYTES = 1 << 20
-# A wait or a read whose connection is lost under it is asked again, up to this many
-# times, after _LOST_DELAY_S, then twice as long each time.
-_LOST_RETRIES = 4
+# A wait or a read whose connection is lost under it is asked again, up to
+# ``HttpTransport.LOST_RETRIES`` times (refused connections included, once one was lost:
+# 7.5 s for a server to be started again), after _LOST_DELAY_S, then twice as long.
 _LOST_DELAY_S = 0.5
 _MAY_HAVE_BEEN = (
     "it may have been applied or not: `stepstream status` or `history` tells, and the "
@@ -62,6 +62,7 @@ class HttpTransport:
         "is `stepstream dev` running? ({reason}); start it, or pass --connect / "
         "STEPSTREAM_CONNECT with the right address"
     )
+    LOST_RETRIES = 4
 
     def __init__(
         self,
@@ -208,9 +209,14 @@ class HttpTransport:
             try:
                 async with asyncio.timeout(limit):
                     return await self._calls.call(op, instance_id=instance_id, timeout=left, **args)
-            except ConnectionLost as exc:
+            except (ConnectionLost, NotListening) as exc:
+                # Refused after a loss: a server being started again (by its supervisor).
                 lost += 1
-                if lost > _LOST_RETRIES or (deadline is not None and loop.time() >= deadline):
+                if (
+                    (lost == 1 and isinstance(exc, NotListening))
+                    or lost > self.LOST_RETRIES
+                    or (deadline is not None and loop.time() >= deadline)
+                ):
                     raise
                 await self._again(lost, f"{what} ({exc})")
             except TimeoutError as exc:
@@ -282,9 +288,13 @@ class HttpTransport:
         while True:
             try:
                 return await self._send(method, path, data, params, self._request_timeout)
-            except ConnectionLost:
+            except (ConnectionLost, NotListening) as exc:
                 lost += 1
-                if method != "GET" or lost > _LOST_RETRIES:
+                if (
+                    method != "GET"
+                    or (lost == 1 and isinstance(exc, NotListening))
+                    or lost > self.LOST_RETRIES
+                ):
                     raise
                 await self._again(lost, f"GET {path}")
 

@@ -18,6 +18,7 @@ class WorkerSession(HttpTransport):
     """The calls a ``kafka://`` client makes of the worker that owns a partition."""
 
     NOT_LISTENING_ADVICE = "no worker listens there ({reason})"
+    LOST_RETRIES = 0  # the router asks the partition's next owner itself, at once
 
     async def settled(self, command_id: str, instance_id: str, timeout: float | None) -> str | None:
         reason = await self._calls.call(

@@ -14,7 +14,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -39,7 +38,7 @@ from stepstream import (
     WorkflowCancelled,
     WorkflowFailed,
 )
-from tests.dev_server import clean_env, spawn_dev
+from tests.dev_server import clean_env, free_port, spawn_dev
 from tests.processes import first_line
 
 REPO = str(Path(__file__).resolve().parents[2])
@@ -180,13 +179,6 @@ async def waiting_for(client: Client, instance_id: str, event: str) -> None:
         await asyncio.sleep(0.02)
     history = [h.to_json() for h in await client.history(instance_id)]
     pytest.fail(f"{instance_id} never waited for {event!r}: {status}\n{history}")
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 # ---- the happy paths ------------------------------------------------------------------
@@ -432,7 +424,7 @@ async def test_raw_http_errors(dev: Dev) -> None:
 
 
 async def test_nobody_listening(dev: Dev) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     async with Client.connect(url) as client:
         with pytest.raises(ConnectionFailed, match="is `stepstream dev` running"):
             await client.status("x")

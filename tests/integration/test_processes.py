@@ -330,6 +330,11 @@ def test_a_hung_engine_process_is_killed_and_a_wait_on_it_goes_on(tmp_path: Path
     refused = run_cli(tmp_path, "dev", "--workflows", "flows", "--hang-timeout", "5")
     assert refused.returncode == 2, refused.stderr
     assert "--hang-timeout watches the engine processes of --processes 2" in refused.stderr
+    refused = run_cli(
+        tmp_path, "dev", "--workflows", "flows", "--processes", "2", "--hang-timeout", "0.2"
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "--hang-timeout must be 0 (never) or 1 second or more" in refused.stderr
     (kid,) = ids_in(1, "k", 1)
 
     async def scenario() -> object:
