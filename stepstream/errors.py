@@ -26,8 +26,8 @@ them; this module gathers them (``tests/unit/test_errors.py`` fails if one is mi
     │   │   ├── NotListening         no connection could be made to the address (refused,
     │   │   │                        unknown name): nothing was sent
     │   │   └── ConnectionLost       the connection broke after the call was sent: a
-    │   │                            command may have been applied (a wait or a read
-    │   │                            is asked again by the http:// client)
+    │   │                            command may have been applied (not retriable); a
+    │   │                            wait or a read the http:// client asked again
     │   ├── AccessDenied             the API refused the token, Origin or Host
     │   └── ServerUnavailable        HTTP 503: the server cannot take the call now, its
     │       │                        fault, not the call's (a full disk); .retry_after
@@ -139,8 +139,8 @@ from stepstream.ops.api.security import InsecureBind
 from stepstream.ops.brokers import BrokerError
 from stepstream.ops.tools.history_export import InvalidHistoryFile
 from stepstream.ops.tools.replay.results import ReplayDiverged
-from stepstream.producers.http.session import ConnectionLost, NotListening, SessionUnavailable
-from stepstream.producers.http.wire import ServerBusy, ServerUnavailable
+from stepstream.producers.http.session import NotListening, SessionUnavailable
+from stepstream.producers.http.wire import ConnectionLost, ServerBusy, ServerUnavailable
 
 __all__ = [
     "AccessDenied",

@@ -108,8 +108,9 @@ class Children:
             finally:
                 if watch is not None:
                     watch.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await watch
+                    (failed,) = await asyncio.gather(watch, return_exceptions=True)
+                    if isinstance(failed, Exception):  # the watch broke, not the child
+                        log.error("watching engine process %d failed: %r", spec.process, failed)
             if self._stopping:
                 return
             self.restarts[spec.process] = self.restarts.get(spec.process, 0) + 1
@@ -157,7 +158,8 @@ class Children:
                     silent,
                     extra={"engine_process": spec.process, "pid": proc.pid},
                 )
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                    proc.kill()
                 return
 
     async def stop(self) -> None:

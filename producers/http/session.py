@@ -19,6 +19,7 @@ from stepstream.producers.http.wire import (
     SESSION_FRAME_CALLS,
     SESSION_MAX_CALLS,
     SESSION_PATH,
+    ConnectionLost,
     call_text,
     error_from_wire,
 )
@@ -41,12 +42,6 @@ class NotListening(ConnectionFailed):
     """No connection could be made to the address (refused, no route, unknown name):
     nothing was sent. A kafka:// client takes a worker whose address says so for
     killed, not slow."""
-
-
-class ConnectionLost(ConnectionFailed):
-    """The connection broke after the call was sent, before its answer came: a command
-    may have been applied (``status`` or ``history`` tells). The ``http://`` client asks
-    a wait (``result``, a reply) or a read again by itself."""
 
 
 class _Link:
@@ -183,10 +178,9 @@ class ApiSession:
                         future.set_result(reply.get("ok"))
         finally:
             why = f" ({ws.close_code}: {ws.exception() or 'closed'})" if ws.close_code else ""
-            lost = ConnectionLost(f"lost the session with {self._url}{why}")
             for future in pending.values():
                 if not future.done():
-                    future.set_exception(lost)
+                    future.set_exception(ConnectionLost(f"lost the session with {self._url}{why}"))
             pending.clear()
             link.outbox.clear()
             link.ready.set()  # lets the writer see the closed socket and end

@@ -25,13 +25,8 @@ from stepstream.engine.reads.views import HistoryEntry, InstanceStatus
 from stepstream.engine.wire.codec import dump_json_text
 from stepstream.producers import trace_context
 from stepstream.producers.http.security import tls_failed, untrusted
-from stepstream.producers.http.session import (
-    ApiSession,
-    ConnectionLost,
-    NotListening,
-    SessionUnavailable,
-)
-from stepstream.producers.http.wire import SESSION_COMMAND_BYTES, error_from_wire
+from stepstream.producers.http.session import ApiSession, NotListening, SessionUnavailable
+from stepstream.producers.http.wire import SESSION_COMMAND_BYTES, ConnectionLost, error_from_wire
 
 log = logging.getLogger("stepstream.client")
 
@@ -46,9 +41,17 @@ _STREAMED_BODY_BYTES = 1 << 20
 # ``HttpTransport.LOST_RETRIES`` times (refused connections included, once one was lost:
 # 7.5 s for a server to be started again), after _LOST_DELAY_S, then twice as long.
 _LOST_DELAY_S = 0.5
+# Once an attempt ran this long, a loss is a new one: the tries start over. One dropped
+# sooner than _DROPPED_AT_ONCE_S after a loss is not a server starting again.
+_RAN_WELL_S = 10.0
+_DROPPED_AT_ONCE_S = 1.0
 _MAY_HAVE_BEEN = (
     "it may have been applied or not: `stepstream status` or `history` tells, and the "
     "server log says why the connection broke"
+)
+_ASK_AGAIN = (
+    "check the server log, then retry (a server that serves https, --tls-cert, wants "
+    "https:// in the address)"
 )
 
 
@@ -75,6 +78,7 @@ class HttpTransport:
         self._session = session
         self._request_timeout = request_timeout
         self._calls = ApiSession(session, self._base)
+        self.closed = False  # close() was called: a call it cuts off is not asked again
         # Commands go on the session unless the server turned out not to take them there.
         self._session_commands = True
         # Requests take the pool's connections in the order they were made. aiohttp
@@ -164,6 +168,8 @@ class HttpTransport:
         try:
             async with asyncio.timeout(self._request_timeout):
                 return await self._calls.call_json(op, args)
+        except ConnectionLost as exc:
+            raise ConnectionLost(f"{exc} during {op}; {_MAY_HAVE_BEEN}") from None
         except SessionUnavailable:
             self._session_commands = False  # nothing was sent: as a request, from now on
             return await self._call("POST", path, data=body)
@@ -202,7 +208,7 @@ class HttpTransport:
         ``timeout`` has passed in all."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        lost = 0
+        tries = _Tries(self, what, deadline)
         while True:
             left = None if deadline is None else max(0.0, deadline - loop.time())
             limit = None if left is None else left + _RESULT_MARGIN_S
@@ -210,15 +216,7 @@ class HttpTransport:
                 async with asyncio.timeout(limit):
                     return await self._calls.call(op, instance_id=instance_id, timeout=left, **args)
             except (ConnectionLost, NotListening) as exc:
-                # Refused after a loss: a server being started again (by its supervisor).
-                lost += 1
-                if (
-                    (lost == 1 and isinstance(exc, NotListening))
-                    or lost > self.LOST_RETRIES
-                    or (deadline is not None and loop.time() >= deadline)
-                ):
-                    raise
-                await self._again(lost, f"{what} ({exc})")
+                await tries.again(exc)
             except TimeoutError as exc:
                 if isinstance(exc, StepstreamError):
                     raise
@@ -226,13 +224,6 @@ class HttpTransport:
                     f"stepstream at {self._base} did not answer {what} within {limit} s; "
                     "check the server log, then retry"
                 ) from None
-
-    async def _again(self, lost: int, what: str) -> None:
-        delay = _LOST_DELAY_S * 2 ** (lost - 1)
-        log.info(
-            "lost the connection to %s during %s; asking again in %g s", self._base, what, delay
-        )
-        await asyncio.sleep(delay)
 
     async def history(self, instance_id: str) -> list[HistoryEntry]:
         answer = await self._call("GET", f"{_path(instance_id)}/history")
@@ -251,11 +242,13 @@ class HttpTransport:
         return Overview.from_json(await self._call("GET", "/v1/overview"))
 
     async def close(self) -> None:
+        self.closed = True
         await self._calls.close()
         await self._session.close()
 
     async def close_session_only(self) -> None:
         """Close the websocket session, not the connection pool (another owns it)."""
+        self.closed = True
         await self._calls.close()
 
     async def probe(self) -> None:
@@ -284,19 +277,14 @@ class HttpTransport:
         params: dict[str, str] | None = None,
     ) -> Any:
         """A request; a read (GET) whose connection is lost under it is made again."""
-        lost = 0
+        tries = _Tries(self, f"{method} {path}", None) if method == "GET" else None
         while True:
             try:
                 return await self._send(method, path, data, params, self._request_timeout)
             except (ConnectionLost, NotListening) as exc:
-                lost += 1
-                if (
-                    method != "GET"
-                    or (lost == 1 and isinstance(exc, NotListening))
-                    or lost > self.LOST_RETRIES
-                ):
+                if tries is None:
                     raise
-                await self._again(lost, f"GET {path}")
+                await tries.again(exc)
 
     async def _send(
         self,
@@ -340,11 +328,13 @@ class HttpTransport:
             advice = self.NOT_LISTENING_ADVICE.format(reason=exc.os_error.strerror or exc)
             raise NotListening(f"cannot reach stepstream at {self._base}: {advice}") from None
         except aiohttp.ClientError as exc:
-            raise ConnectionLost(
+            lost = ConnectionLost(
                 f"lost the connection to stepstream at {self._base} during {method} {path}: "
                 f"{str(exc) or type(exc).__name__}; "
-                + ("check the server log, then retry" if method == "GET" else _MAY_HAVE_BEEN)
-            ) from None
+                + (_ASK_AGAIN if method == "GET" else _MAY_HAVE_BEEN)
+            )
+            lost.retriable = method == "GET"
+            raise lost from None
         except TimeoutError:
             raise ConnectionFailed(
                 f"stepstream at {self._base} did not answer {method} {path} within {timeout} s "
@@ -376,3 +366,52 @@ def _path(instance_id: str) -> str:
 def _encode(body: dict[str, Any], what: str) -> bytes:
     """Check the user's value here, before anything is sent."""
     return dump_json_text(body, what=what).encode()
+
+
+class _Tries:
+    """When to ask a read or a wait again whose connection broke under it: after a
+    growing delay, up to ``LOST_RETRIES`` times and within ``deadline``; a refusal counts
+    only once a connection was lost (a server being started again), and a connection
+    dropped at once after a loss ends it (something there takes connections and drops
+    them: the wrong scheme, say). Not after the transport was closed on purpose."""
+
+    def __init__(self, transport: HttpTransport, what: str, deadline: float | None) -> None:
+        self._transport = transport
+        self._what = what
+        self._deadline = deadline
+        self._count = 0
+        self._last: Exception | None = None
+        self._began = asyncio.get_running_loop().time()
+
+    async def again(self, exc: ConnectionLost | NotListening) -> None:
+        """Returns once it is time to ask again; raises ``exc`` when it is not."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        ran = now - self._began
+        if ran >= _RAN_WELL_S:
+            self._count, self._last = 0, None  # it was answering: a new loss
+        self._count += 1
+        dropped_again = isinstance(self._last, ConnectionLost) and ran < _DROPPED_AT_ONCE_S
+        if (
+            self._transport.closed
+            or self._count > self._transport.LOST_RETRIES
+            or (isinstance(exc, NotListening) and self._last is None)
+            or (isinstance(exc, ConnectionLost) and dropped_again)
+            or (self._deadline is not None and now >= self._deadline)
+        ):
+            if isinstance(exc, ConnectionLost):
+                exc.retriable = True  # a read or a wait: asking again later is safe
+            raise exc
+        self._last = exc
+        delay = _LOST_DELAY_S * 2 ** (self._count - 1)
+        if self._deadline is not None:
+            delay = min(delay, self._deadline - now)
+        log.info(
+            "lost the connection to %s during %s (%s); asking again in %.2g s",
+            self._transport.base_url,
+            self._what,
+            exc,
+            delay,
+        )
+        await asyncio.sleep(delay)
+        self._began = loop.time()

@@ -57,6 +57,15 @@ class ServerBusy(ServerUnavailable):
     wait for fewer things at once, or raise the server's limit."""
 
 
+class ConnectionLost(ConnectionFailed):
+    """The connection broke after the call was sent, before its answer came. A command
+    may have been applied (``status`` or ``history`` tells): not ``retriable``. The
+    ``http://`` client asks a wait (``result``, a reply) or a read again by itself; one
+    that still fails is ``retriable``."""
+
+    retriable = False
+
+
 _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
     cls.__name__: cls
     for cls in (
@@ -77,6 +86,7 @@ _WIRE_ERRORS: dict[str, type[StepstreamError]] = {
         WorkflowTerminated,
         ResultTimeout,
         ConnectionFailed,
+        ConnectionLost,
         UndecodableRecord,
         HistoryDiverged,
         ServerUnavailable,
