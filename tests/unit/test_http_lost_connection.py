@@ -80,29 +80,22 @@ async def test_a_read_whose_connection_broke_is_asked_again(
     assert calls["/v1/instances"] == 3
 
 
-async def test_a_command_whose_connection_broke_is_not_sent_again(
-    dropping: tuple[str, Calls],
+async def test_a_command_cut_off_is_not_sent_again(
+    dropping: tuple[str, Calls], session_server: tuple[str, Calls]
 ) -> None:
-    url, calls = dropping
-    async with Client.connect(url) as client:
+    """As a request (terminate) or on the session (the others)."""
+    (url, calls), (session_url, session_calls) = dropping, session_server
+    async with Client.connect(url) as client, Client.connect(session_url) as session:
         with pytest.raises(ConnectionLost, match="may have been applied or not") as lost:
             await client.terminate("o-1", reason="test")
+        with pytest.raises(ConnectionLost, match="during cancel_workflow; it may have been"):
+            await session.cancel("o-1", reason="test")
+        with pytest.raises(ConnectionLost, match="during send_event; it may have been"):
+            await session.send_event("o-1", "go", None, event_id="e-1")
     assert isinstance(lost.value, ConnectionFailed)  # what callers already catch
     assert not lost.value.retriable  # the CLI exits 1, not 4: look before sending again
     assert calls["/v1/instances/o-1/terminate"] == 1
-
-
-async def test_a_command_on_the_session_cut_off_is_not_sent_again(
-    session_server: tuple[str, Calls],
-) -> None:
-    url, calls = session_server
-    async with Client.connect(url) as client:
-        with pytest.raises(ConnectionLost, match="during cancel_workflow; it may have been"):
-            await client.cancel("o-1", reason="test")
-        with pytest.raises(ConnectionLost, match="during send_event; it may have been") as lost:
-            await client.send_event("o-1", "go", None, event_id="e-1")
-    assert not lost.value.retriable
-    assert (calls["cancel_workflow"], calls["send_event"]) == (1, 1)
+    assert (session_calls["cancel_workflow"], session_calls["send_event"]) == (1, 1)
 
 
 async def test_a_wait_is_asked_again_on_a_new_session(
