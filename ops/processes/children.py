@@ -34,6 +34,7 @@ MAX_RESTART_DELAY_S = 30.0
 RAN_WELL_S = 60.0
 # At start, a child that dies this many times before it is ready will not be: say why.
 DEATHS_BEFORE_READY = 3
+READY_PROBE_S = 1.0  # how long one probe of a child not ready yet waits for an answer
 STOP_TIMEOUT_S = 60.0
 # A child that has not answered its health probe (``/healthz``) for ``hang_timeout``
 # seconds (``--hang-timeout``) is killed and started again, as a liveness probe would
@@ -197,7 +198,8 @@ async def wait_ready(urls: Sequence[str], token: str, children: Children) -> Non
                         f"(last exit status {children.exits.get(process)}); its log lines "
                         "above say why"
                     )
-                reason = await not_ready(http, url, min(left, PROBE_TIMEOUT_S))
+                # Short probes: a child that keeps dying is seen at its third death.
+                reason = await not_ready(http, url, min(left, READY_PROBE_S))
                 if not reason:
                     break
                 await asyncio.sleep(0.1)
