@@ -10,6 +10,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -167,7 +168,10 @@ class Children:
         self._stopping = True
         for proc in self._procs.values():
             if proc.returncode is None:
-                proc.terminate()
+                with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+                    proc.terminate()
+                    # One stopped (SIGSTOP) would not act on it until continued.
+                    proc.send_signal(signal.SIGCONT)
         for process, proc in self._procs.items():
             try:
                 await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)

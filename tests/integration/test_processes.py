@@ -322,6 +322,17 @@ def test_a_hung_engine_process_is_named_not_waited_for(tmp_path: Path) -> None:
         dev.stop()
 
 
+def test_a_server_with_a_stopped_engine_process_stops_at_once(tmp_path: Path) -> None:
+    """SIGTERM reaches a child stopped with SIGSTOP too: the server does not wait out
+    the minute it gives a child to finish its steps."""
+    dev = start_dev(tmp_path, "flows", WORKFLOWS, "--processes", "2", "--hang-timeout", "0")
+    child = engine_child(dev)
+    os.kill(child, signal.SIGSTOP)
+    dev.stop()  # fails the test unless it exits 0 within 15 s
+    assert not os.path.exists(f"/proc/{child}")
+    assert "did not stop in" not in dev.log.read_text()
+
+
 def test_a_hung_engine_process_is_killed_and_a_wait_on_it_goes_on(tmp_path: Path) -> None:
     """`--hang-timeout`: a process that stops answering its health probe is killed and
     started again, as a liveness probe would; a client's wait on one of its instances,
