@@ -189,6 +189,39 @@ def test_instances_restarted_after_they_ended_replay_their_last_run(tmp_path: Pa
     assert (c1["outcome"], c1["workflow"]) == ("ok", "flaky"), c1  # the run's, not "gate"
 
 
+LIMITS = """
+from stepstream import Context, Queue, workflow
+
+desk = Queue("desk", concurrency=1)
+
+
+def one(n):
+    return n + 1
+
+
+@workflow("limited", queue=desk, timeout=3600)
+async def limited(ctx: Context, n: int) -> int:
+    return await ctx.step("one", one, n)
+"""
+
+
+def test_a_workflow_replays_with_its_queue_and_timeout(tmp_path: Path) -> None:
+    """The code replays as registered: a workflow's queue admission is in its history."""
+    server = start_dev(tmp_path, "limits", LIMITS)
+    try:
+        run = server.cli("start", "limited", "--input", "1", "--id", "l-1", "--wait")
+        assert run.returncode == 0, run.stderr
+        exported = tmp_path / "l-1.json"
+        assert server.cli("history", "l-1", "--export", str(exported)).returncode == 0
+    finally:
+        server.stop()
+    run = replay(tmp_path, "--workflows", "limits", "--data", str(tmp_path / "data"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert lines(run.stdout) == {"l-1": "ok", "~queue/desk": "ok"}
+    run = replay(tmp_path, "--workflows", "limits", "--file", str(exported))
+    assert (run.returncode, run.stdout) == (0, "l-1 ok\n"), run.stdout + run.stderr
+
+
 def test_an_exported_history_replays_from_its_file(shop: Any, tmp_path: Path) -> None:
     exported = tmp_path / "o-2.json"
     run = shop.cli("history", "o-2", "--export", str(exported))

@@ -5,12 +5,13 @@ workflow version against it and says whether, and where, the code no longer matc
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
-from stepstream.engine.api.workflow import Registry, WorkflowDefinition
+from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import HistoryDiverged, StepstreamError, UnknownWorkflow
 from stepstream.engine.replay.effects import Output
 from stepstream.engine.replay.reset import fold, set_aside
@@ -124,7 +125,8 @@ def replay_history(
     recorded = {key: (e.kind.value, e.seq) for key, e in state.entries.items()}
     runtime = ReplayRuntime(
         state,
-        WorkflowDefinition(definition.name, definition.version, noted),
+        # As registered (its queue, its timeout, its hooks), the code noted.
+        dataclasses.replace(definition, fn=noted),
         codec=codec or JsonCodec(),
         clock=FixedClock(records[-1].time_ms),
         epoch=max(r.epoch for r in records) + 1,
