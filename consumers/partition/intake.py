@@ -14,7 +14,13 @@ from stepstream.engine.errors import StepstreamError, UndecodableRecord
 from stepstream.engine.replay.ids import child_command_run, child_done, parse_child_command
 from stepstream.engine.replay.outgoing import child_outcome
 from stepstream.engine.seams import Clock, LogEntry
-from stepstream.engine.wire.codec import PayloadCodec, check_size, decode_safely, encode_safely
+from stepstream.engine.wire.codec import (
+    JSON,
+    PayloadCodec,
+    check_size,
+    decode_safely,
+    encode_safely,
+)
 from stepstream.engine.wire.names import name_problem
 from stepstream.engine.wire.records import Command, SendEvent, StartFork, StartWorkflow, TimerFired
 from stepstream.engine.wire.serde import RecordSerde
@@ -117,5 +123,11 @@ class CommandIntake:
             check_size(payload, self._max_payload_bytes, what=what)
             decode_safely(self._codec, payload)
         except StepstreamError as exc:
+            if isinstance(command, SendEvent) and payload.content_type != JSON:
+                # Sealed by a codec (or under a key) this engine lacks, not malformed: an
+                # instance's message or a client's event. Kept, as the instance's other
+                # values are: the instance parks when it reads it, and goes on where an
+                # engine with that codec does (docs/encryption.md).
+                return None
             return f"{type(exc).__name__}: {exc}"
         return None

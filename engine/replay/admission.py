@@ -24,7 +24,7 @@ from stepstream.engine.replay.effects import Output, Phase, StepIntent
 from stepstream.engine.replay.ids import message_command
 from stepstream.engine.replay.slots import unreleased
 from stepstream.engine.replay.state import Entry, EntryKind, EntryState
-from stepstream.engine.wire.codec import decode_safely, encode_safely
+from stepstream.engine.wire.codec import encode_safely
 from stepstream.engine.wire.records import Command, SendEvent, StartWorkflow
 
 
@@ -127,7 +127,7 @@ class AdmissionMixin(RuntimeCore):
         if entry.event_name != QUEUE_ACQUIRE or not target.startswith(QUEUE_INSTANCE_PREFIX):
             return None
         assert entry.result is not None
-        request = decode_safely(self.codec, entry.result)
+        request = self.decode_recorded(entry.result, f"the queue request {entry.key!r}")
         limits = request.get("limits") if isinstance(request, dict) else None
         return StartWorkflow(
             instance_id=target,
@@ -149,7 +149,7 @@ class AdmissionMixin(RuntimeCore):
         frees a holder; a release of what it no longer knows changes nothing."""
         for key, entry in unreleased(self.state):
             assert entry.child_id is not None and entry.result is not None
-            request = decode_safely(self.codec, entry.result)
+            request = self.decode_recorded(entry.result, f"the queue request {entry.key!r}")
             token = request.get("key", key) if isinstance(request, dict) else key
             run = self.state.run
             self._out.commands.append(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from examples.aes_gcm_codec import AesGcmCodec
 from stepstream.consumers.embedded import EmbeddedDB
 from stepstream.engine.api.workflow import Registry
 from stepstream.engine.errors import UndecodableRecord
@@ -315,6 +316,44 @@ async def test_malformed_event_payload_reaching_the_processor_is_dead_lettered(
         letters = dead_letters(engine, partition_for(instance, PARTITIONS))
         assert result == {"by": "ada"}, f"dead letters: {[d.reason for d in letters]}"
         assert len(letters) == 1 and "JSON" in letters[0].reason
+    finally:
+        await engine.close()
+
+
+async def test_an_event_sealed_by_a_codec_this_engine_lacks_is_kept(tmp_path: Path) -> None:
+    """docs/encryption.md: an engine started without the codec loses nothing. An event a
+    codec sealed (from a client that has it) is not malformed: it is kept, the instance
+    parks when it reads it, and an engine with the codec goes on with it."""
+    data = tmp_path / "data"
+    instance = "dl-sealed"
+    sealing = AesGcmCodec([("k1", bytes(range(32)))])
+    engine = await open_engine(data)
+    try:
+        client = Client(engine.make_transport())
+        await client.start("waiter", None, instance_id=instance)
+        sealed = SendEvent(
+            instance_id=instance,
+            command_id="ev-sealed",
+            name="approval",
+            payload=sealing.encode({"by": "ada"}),
+        )
+        await engine.db.log.append([Append(COMMANDS, instance.encode(), SERDE.encode(sealed))])
+        for _ in range(200):
+            status = await client.status(instance)
+            if status.error:
+                break
+            await asyncio.sleep(0.05)
+        assert status.status == "running" and status.error.startswith("InvalidPayload: "), status
+        assert dead_letters(engine, partition_for(instance, PARTITIONS)) == []
+    finally:
+        await engine.close()
+    registry = Registry()
+    registry.add_module("tests.workflows")
+    config = EmbeddedConfig(data_dir=str(data), partitions=PARTITIONS)
+    engine = await open_embedded(registry, config, codec=sealing)
+    try:
+        client = Client(engine.make_transport())
+        assert await client.result(instance, timeout=10) == {"by": "ada"}
     finally:
         await engine.close()
 

@@ -453,3 +453,54 @@ def test_a_new_key_rolled_out_unevenly_parks_what_an_old_engine_cannot_read(
     finally:
         dev.stop()
     assert result == {"first": {"by": "ada"}, "second": {"by": "bob"}}
+
+
+QUEUED_FLOWS = """
+from stepstream import Context, Queue, workflow
+
+desk = Queue("desk", concurrency=1)
+
+
+@workflow("hold", queue=desk)
+async def hold(ctx: Context, _: object) -> str:
+    await ctx.wait_for_event("release")
+    return "released"
+"""
+
+
+def test_queued_work_sealed_by_a_codec_waits_for_an_engine_that_has_it(
+    tmp_path: Path,
+) -> None:
+    """An engine started without the codec, over instances whose queue requests the
+    codec sealed, serves on: each such instance is parked (it used to stop the engine
+    at start), and an engine with the codec runs them to the end."""
+
+    def dev_with(*args: str, key_ids: tuple[str, ...] = ()) -> DevServer:
+        extra = {"STEPSTREAM_CODEC_KEYS": keys(*key_ids)} if key_ids else {}
+        env = clean_env(tmp_path, **extra)
+        return start_dev(tmp_path, "queued_flows", QUEUED_FLOWS, *args, env=env)
+
+    dev = dev_with("--codec", CODEC, key_ids=("k1",))
+    try:
+        ok(dev.cli("start", "hold", "--id", "h-1"))
+        ok(dev.cli("start", "hold", "--id", "h-2"))
+        _waits(dev, "h-1", 1)  # admitted: h-2 waits behind it
+    finally:
+        dev.stop()
+    dev = dev_with()
+    try:
+        for instance in ("h-1", "h-2"):
+            status = json.loads(ok(dev.cli("status", instance, "--json")))
+            assert status["error"].startswith(
+                f"InvalidPayload: instance {instance}: the queue request 'queue#acquire'"
+            ), status
+        ok(dev.cli("send", "h-1", "release"))  # kept, read once the codec is back
+    finally:
+        dev.stop()
+    dev = dev_with("--codec", CODEC, key_ids=("k1",))
+    try:
+        assert ok(dev.cli("result", "h-1", "--timeout", "30")).strip() == "released"
+        ok(dev.cli("send", "h-2", "release"))
+        assert ok(dev.cli("result", "h-2", "--timeout", "30")).strip() == "released"
+    finally:
+        dev.stop()
