@@ -22,7 +22,7 @@ from stepstream.consumers.log_context import TRACE_OF
 from stepstream.consumers.step_threads import StepThreads
 from stepstream.engine.api.attempts import AttemptFlag, current_flag
 from stepstream.engine.api.outbox import Outbox
-from stepstream.engine.errors import NonRetryableError, StepstreamError
+from stepstream.engine.errors import InvalidWorkflowCall, NonRetryableError, StepstreamError
 from stepstream.engine.replay.effects import StepLaunch, StepOutcome
 from stepstream.engine.wire.codec import (
     PayloadCodec,
@@ -264,7 +264,10 @@ class StepExecutor:
         launch = attempt.launch
         error = task.exception()
         if error is not None:
-            return self._failed(attempt, error, retryable=not isinstance(error, NonRetryableError))
+            # A ctx call inside the body is a defect of the code: every attempt would
+            # raise it again.
+            final = isinstance(error, NonRetryableError | InvalidWorkflowCall)
+            return self._failed(attempt, error, retryable=not final)
         try:
             payload = check_size(
                 encode_safely(self._codec, task.result()),

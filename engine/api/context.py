@@ -56,7 +56,8 @@ class StepFailure:
 
     ``kind``: "exhausted" (every attempt the retry policy allows failed), "timeout" (the
     last attempt ran past the step's timeout), "non_retryable" (the body raised
-    ``NonRetryableError``, or returned a value that cannot be recorded), "cancelled"
+    ``NonRetryableError``, returned a value that cannot be recorded, or called a ``ctx``
+    method: ``InvalidWorkflowCall``), "cancelled"
     (the attempt was cancelled). A subclass of ``NonRetryableError`` raised by the last
     attempt the policy allows reads "exhausted": its ``error_type`` is its own name."""
 

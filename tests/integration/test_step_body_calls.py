@@ -58,3 +58,27 @@ async def test_a_recorded_ctx_call_in_a_step_body_is_refused(call: str, body_kin
         "StepFailed",
         "WorkflowCompleted",
     ]
+
+
+async def test_a_step_body_that_calls_ctx_is_not_retried() -> None:
+    """Every attempt would make the same call: the step fails at the first, even under
+    a policy that retries for ever."""
+
+    def body(ctx: Context) -> Any:
+        return str(ctx.now())
+
+    forever = RetryPolicy(max_attempts=None, initial_interval=0.01)
+
+    @workflow("body-call-retries")
+    async def body_call_retries(ctx: Context, _: Any) -> Any:
+        outcome = await ctx.try_step("work", body, ctx, retry=forever)
+        assert outcome.failure is not None, outcome
+        return [outcome.failure.error_type, outcome.failure.kind, outcome.failure.attempts]
+
+    async with WorkflowEnvironment([body_call_retries], clock="virtual") as env:
+        await env.client.start("body-call-retries", None, instance_id="r-1")
+        assert await env.client.result("r-1", timeout=30) == [
+            "InvalidWorkflowCall",
+            "non_retryable",
+            1,
+        ]
