@@ -25,6 +25,7 @@ from stepstream.engine.api.schedule_spec import (
 )
 from stepstream.engine.errors import (
     ConnectionFailed,
+    InstanceExists,
     InvalidPayload,
     PayloadTooLarge,
     ResultTimeout,
@@ -426,11 +427,13 @@ async def fork_instance(transport: Transport, source: str, to: str, new_id: str)
     return forked
 
 
-def _taken(new_id: str, found: InstanceStatus) -> InvalidPayload:
+def _taken(new_id: str, found: InstanceStatus) -> InstanceExists:
     what = found.origin or f"an instance of {found.workflow}"
-    return InvalidPayload(
+    return InstanceExists(
         f"instance {new_id} already exists ({found.status}, {what}); give the fork "
-        "another id, or leave the id out for a new one"
+        "another id, or leave the id out for a new one",
+        instance_id=new_id,
+        status=found.status,
     )
 
 

@@ -108,6 +108,11 @@ async def test_http_api_and_http_client(dev: DevServer) -> None:
             ) as answer:
                 assert answer.status == 201, await answer.text()
                 assert (await answer.json())["instance_id"] == "h-2"
+            async with http.post(
+                f"{base}/h-1/fork", json={"to": "label", "instance_id": "h-2"}
+            ) as answer:
+                body = await answer.json()
+                assert answer.status == 409 and body["error"]["type"] == "InstanceExists", body
         assert (await client.result("h-2", timeout=20))["ship"].startswith("shipped")
         assert (await client.status("h-2")).origin == "forked from h-1 at label"
         with pytest.raises(InstanceNotFailed):

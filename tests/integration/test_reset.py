@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stepstream import InvalidPayload, WorkflowFailed
+from stepstream import InstanceExists, WorkflowFailed
 from stepstream.errors import InstanceNotFailed, UnknownReplayKey
 from stepstream.producers.client import Client
 from tests.workflows import ledger_count
@@ -159,7 +159,7 @@ async def test_of_two_forks_racing_for_one_id_the_loser_is_told(client: Client) 
         return_exceptions=True,
     )
     won = [o for o in outcomes if o == new]
-    lost = [o for o in outcomes if isinstance(o, InvalidPayload)]
+    lost = [o for o in outcomes if isinstance(o, InstanceExists)]
     assert len(won) == 1 and len(lost) == 1, outcomes
     assert f"instance {new} already exists" in str(lost[0])
     origin = (await client.status(new)).origin
