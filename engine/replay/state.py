@@ -96,6 +96,8 @@ class InstanceState:
     finished_ms: int = 0  # when it completed, failed or was cancelled
     # The run number: 1, and one more at each restart (WorkflowRestarted).
     run: int = 1
+    # Paused while pending (not admitted by its queue yet): a resume makes it pending.
+    paused_pending: bool = False
     # Why an unfinished instance cannot advance where it is owned now (its version is
     # not deployed there); "" when it can. Set by the owner, not by history.
     parked: str = ""
@@ -320,9 +322,12 @@ class InstanceState:
                     else:
                         self.attributes[name] = value
             case WorkflowPaused():
+                self.paused_pending = self.status is Status.PENDING
                 self._transition_to(Status.PAUSED)
             case WorkflowResumed():
-                self._transition_to(Status.RUNNING)
+                # Back to what it was: one its queue has not admitted yet is pending still.
+                self._transition_to(Status.PENDING if self.paused_pending else Status.RUNNING)
+                self.paused_pending = False
             case WorkflowFailedRecord():
                 self._transition_to(Status.FAILED)
                 self.finished_ms = record.time_ms

@@ -129,6 +129,8 @@ def meta_json(state: InstanceState) -> bytes:
     # is written at every transition.
     if state.run != 1:
         raw["rn"] = state.run
+    if state.paused_pending:
+        raw["pp"] = 1
     priority, queue_key = state.queue_request
     if priority or queue_key is not None:
         raw["qr"] = [priority, queue_key]
@@ -192,6 +194,7 @@ def state_from_storage(
         ],
     )
     state.indexed_created_ms = state.created_ms
+    state.paused_pending = bool(raw.get("pp"))
     state.recent_commands.extend(raw["rc"])
     if "fk" in raw:
         state.forked_from, state.forked_at = raw["fk"]

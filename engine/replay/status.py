@@ -33,7 +33,10 @@ _ENDS = frozenset({Status.COMPLETED, Status.FAILED, Status.CANCELLED, Status.TER
 _ALLOWED: dict[Status, frozenset[Status]] = {
     Status.PENDING: _ENDS | {Status.RUNNING, Status.PAUSED},
     Status.RUNNING: _ENDS | {Status.PAUSED},
-    Status.PAUSED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED, Status.TERMINATED}),
+    # A resume goes back to what the instance was: running, or pending (not admitted).
+    Status.PAUSED: frozenset(
+        {Status.RUNNING, Status.PENDING, Status.CANCELLED, Status.FAILED, Status.TERMINATED}
+    ),
     Status.COMPLETED: frozenset(),
     # A restart (WorkflowRestarted) begins a new run of an instance that ended so.
     Status.FAILED: frozenset({Status.PENDING}),

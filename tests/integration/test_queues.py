@@ -163,6 +163,25 @@ async def test_a_paused_waiter_admitted_shows_it_holds_its_slot(client: Client) 
     assert await client.result("gated", timeout=30) == "gated"
 
 
+async def test_a_waiter_paused_and_resumed_is_pending_until_admitted(client: Client) -> None:
+    """A resume gives an instance back the status it had: one its queue has not
+    admitted is pending (what a list of the backlog filters on), not running."""
+    await client.start("gate", None, instance_id="holds")
+    await until_status(client, "holds", "running")
+    await client.start("gate", None, instance_id="behind")
+    await asyncio.sleep(0.3)  # its request has reached the queue
+    await client.pause("behind")
+    await client.resume("behind")
+    behind = await client.status("behind")
+    assert behind.status == "pending", behind
+    assert [(w.kind, w.state) for w in behind.waits] == [("queue", "waiting")]
+    assert "behind" in [i.instance_id for i in await client.list(status="pending")]
+    await client.send_event("holds", "go", None)
+    await until_status(client, "behind", "running")
+    await client.send_event("behind", "go", None)
+    assert await client.result("behind", timeout=30) == "behind"
+
+
 async def test_a_paused_instance_shows_received_only_for_the_waits_that_get_an_event(
     client: Client,
 ) -> None:

@@ -100,6 +100,7 @@ _VALID = {
     (Status.RUNNING, Status.FAILED),
     (Status.RUNNING, Status.CANCELLED),
     (Status.PAUSED, Status.RUNNING),
+    (Status.PAUSED, Status.PENDING),
     (Status.PAUSED, Status.FAILED),
     (Status.PAUSED, Status.CANCELLED),
     (Status.PENDING, Status.TERMINATED),
