@@ -71,6 +71,9 @@ class ScheduleInfo:
         return cls(**{k: v for k, v in raw.items() if k in names})
 
 
+_ENDED = frozenset({"completed", "failed", "cancelled", "terminated"})
+
+
 def _iso(ms: int | None) -> str | None:
     if ms is None:
         return None
@@ -85,7 +88,8 @@ def info_of(state: dict[str, Any], status: str) -> ScheduleInfo:
         workflow=spec.workflow,
         spec=spec.text,
         paused=bool(state["paused"]),
-        next_run_at=_iso(state["next"]),
+        # An instance that ended (cancelled, failed) runs no slot again.
+        next_run_at=None if status in _ENDED else _iso(state["next"]),
         last_instance_id=state["last_instance_id"],
         cron=spec.cron,
         every=spec.every,

@@ -109,7 +109,7 @@ def _described(info: ScheduleInfo) -> str:
         ("spec", info.spec),
         ("overlap", info.overlap),
         ("catch-up window", f"{info.catchup_window}s"),
-        ("paused", "yes" if info.paused else "no"),
+        ("state", _state(info)),
         ("next run", info.next_run_at or "-"),
         ("last instance", info.last_instance_id or "-"),
         ("running", ", ".join(info.running) or "-"),
@@ -126,16 +126,24 @@ def _described(info: ScheduleInfo) -> str:
     return render.key_values(pairs)
 
 
+def _state(info: ScheduleInfo) -> str:
+    """active, paused, or how its instance ended (cancelled, failed: it runs no slot;
+    `schedule create` starts it afresh)."""
+    if info.status in ("pending", "running"):
+        return "paused" if info.paused else "active"
+    return info.status
+
+
 def _table(found: Sequence[ScheduleInfo]) -> str:
     if not found:
         return "no schedules"
-    rows = [("NAME", "WORKFLOW", "SPEC", "PAUSED", "NEXT RUN", "LAST INSTANCE", "SKIPPED")]
+    rows = [("NAME", "WORKFLOW", "SPEC", "STATE", "NEXT RUN", "LAST INSTANCE", "SKIPPED")]
     rows += [
         (
             i.name,
             i.workflow,
             i.spec,
-            "yes" if i.paused else "no",
+            _state(i),
             i.next_run_at or "-",
             i.last_instance_id or "-",
             str(i.skipped),

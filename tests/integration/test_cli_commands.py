@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -301,3 +302,23 @@ def test_schedule_create_refuses_a_bad_spec_as_a_usage_error(dev: DevServer) -> 
         assert says in done.stderr and "stepstream schedule create --help" in done.stderr
     listed = dev.cli("schedule", "list", "--json")
     assert listed.returncode == 0 and json.loads(listed.stdout) == []
+
+
+def test_schedule_list_and_describe_say_a_cancelled_schedule_runs_no_more(
+    dev: DevServer,
+) -> None:
+    done = dev.cli("schedule", "create", "s-ends", "--workflow", "arith", "--every", "3600")
+    assert done.returncode == 0, done.stderr
+    listed = dev.cli("schedule", "list").stdout
+    assert listed.splitlines()[0].split()[:4] == ["NAME", "WORKFLOW", "SPEC", "STATE"]
+    assert "active" in listed.splitlines()[1], listed
+    assert dev.cli("cancel", "~schedule/s-ends").returncode == 0
+    deadline = time.monotonic() + 20
+    while "cancelled" not in (listed := dev.cli("schedule", "list").stdout):
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.1)
+    [row] = [line for line in listed.splitlines() if line.startswith("s-ends")]
+    assert row.split()[-4:-1] == ["cancelled", "-", "-"], row  # STATE, NEXT RUN, LAST
+    described = dev.cli("schedule", "describe", "s-ends").stdout
+    assert re.search(r"state:\s+cancelled", described), described
+    assert re.search(r"next run:\s+-", described), described

@@ -174,7 +174,10 @@ async def test_a_cancelled_schedule_is_created_again(client: Client) -> None:
     await client.create_schedule(name, "arith", every=1, input=1)
     await eventually(lambda: client.describe_schedule(name), lambda i: i.started >= 1)
     await client.cancel(f"~schedule/{name}", reason="by hand")
-    await eventually(lambda: client.describe_schedule(name), lambda i: i.status == "cancelled")
+    ended = await eventually(
+        lambda: client.describe_schedule(name), lambda i: i.status == "cancelled"
+    )
+    assert ended.next_run_at is None  # it runs no slot again
     with pytest.raises(InstanceFinished, match="schedule create"):
         await client.trigger_schedule(name)
     await client.create_schedule(name, "arith", every=1, input=1)
