@@ -209,14 +209,16 @@ class HttpTransport:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         tries = _Tries(self, what, deadline)
+        left = timeout  # as given the first time: the server's ResultTimeout names it
         while True:
-            left = None if deadline is None else max(0.0, deadline - loop.time())
             limit = None if left is None else left + _RESULT_MARGIN_S
             try:
                 async with asyncio.timeout(limit):
                     return await self._calls.call(op, instance_id=instance_id, timeout=left, **args)
             except (ConnectionLost, NotListening) as exc:
                 await tries.again(exc)
+                if deadline is not None:
+                    left = round(max(0.0, deadline - loop.time()), 3)
             except TimeoutError as exc:
                 if isinstance(exc, StepstreamError):
                     raise
