@@ -138,6 +138,11 @@ class StepExecutor:
     def threads(self) -> StepThreads:
         return self._threads
 
+    @property
+    def running(self) -> int:
+        """Attempts launched whose outcome has not been delivered yet."""
+        return len(self._running)
+
     def launch(
         self, launch: StepLaunch, deliver: Callable[[StepOutcome], None], partition: int = -1
     ) -> None:

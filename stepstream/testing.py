@@ -330,10 +330,18 @@ class WorkflowEnvironment:
 
     def _busy(self) -> str | None:
         """What the engine still has to do at the current time, read from its durable
-        state (so work in flight in memory is never missed), or None."""
+        state (so work in flight in memory is never missed) and from the step attempts
+        and outcomes it holds, or None."""
         engine = self.engine
         now = self._clock.now_ms()
+        # In memory too: an ephemeral step records nothing until its outcome is committed.
+        running = engine.host.executor.running
+        if running:
+            return f"{running} step attempt(s) running"
         for p in range(engine.db.partitions):
+            pending = engine.host.processor(p).outcomes_pending
+            if pending:
+                return f"partition {p} has {pending} step outcome(s) to commit"
             partition = EmbeddedPartition(engine.db, p)
             for kind in (COMMANDS, TIMERS):
                 behind = partition.end_offset(kind) - partition.committed_offset(kind)

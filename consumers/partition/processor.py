@@ -119,6 +119,7 @@ class PartitionProcessor:
             interval_s=config.sweep_interval_s,
         )
         self._outcomes: list[StepOutcome] = []
+        self._applying = 0  # step outcomes in the batch being applied and committed
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._fetch: asyncio.Task[list[LogEntry]] | None = None
@@ -206,6 +207,12 @@ class PartitionProcessor:
         """Commands on the partition not yet applied, as far as the backend knows."""
         backend = self.backend
         return max(0, backend.end_offset(COMMANDS) - backend.committed_offset(COMMANDS))
+
+    @property
+    def outcomes_pending(self) -> int:
+        """Step outcomes delivered and not committed yet (what a test environment waits
+        for: an ephemeral step's records are written only with its outcome)."""
+        return len(self._outcomes) + self._applying
 
     def deliver(self, outcome: StepOutcome) -> None:
         self._outcomes.append(outcome)
@@ -332,7 +339,11 @@ class PartitionProcessor:
                 limit = self._config.max_batch
                 fires, self._fires = self._fires[:limit], self._fires[limit:]
                 if entries or outcomes or fires:
-                    await self._process(entries, outcomes, fires)
+                    self._applying = len(outcomes)
+                    try:
+                        await self._process(entries, outcomes, fires)
+                    finally:
+                        self._applying = 0
                 if self._sweeper.due(loop.time()):
                     forgotten = await self._sweeper.sweep()
                     if forgotten and self._on_forgotten is not None:

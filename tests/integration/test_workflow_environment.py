@@ -457,3 +457,30 @@ async def test_calls_the_code_removed_while_open_are_abandoned(tmp_path: Path) -
     removed = [e.attributes["key"] for e in history if e.type == "CallRemoved"]
     assert removed == ["audit"], history
     assert "StepSucceeded" not in [e.type for e in history]  # its outcome was ignored
+
+
+def _looked_up() -> str:
+    time.sleep(0.2)  # a slow lookup: settle must not return while it runs
+    return "value"
+
+
+@workflow("ephemeral-then-wait")
+async def ephemeral_then_wait(ctx: Context, ephemeral: bool) -> Any:
+    await ctx.step("lookup", _looked_up, ephemeral=ephemeral)
+    return await ctx.wait_for_event("go")
+
+
+@pytest.mark.parametrize("ephemeral", [False, True])
+async def test_settle_waits_for_a_step_that_records_nothing_until_it_ends(
+    ephemeral: bool,
+) -> None:
+    """An ephemeral step writes nothing until its outcome: settle still waits for it,
+    so what the test reads next is what the code did after the step."""
+    async with WorkflowEnvironment([ephemeral_then_wait], clock="virtual") as env:
+        await env.client.start("ephemeral-then-wait", ephemeral, instance_id="e-1")
+        await env.settle()
+        status = await env.client.status("e-1")
+        assert [w.key for w in status.waits] == ["go"], status
+        await env.client.send_event("e-1", "go", 7)
+        await env.advance(1)
+        assert await env.client.result("e-1", timeout=5) == 7
