@@ -138,10 +138,10 @@ class StepExecutor:
     def threads(self) -> StepThreads:
         return self._threads
 
-    @property
-    def running(self) -> int:
-        """Attempts launched whose outcome has not been delivered yet."""
-        return len(self._running)
+    def running(self) -> list[AttemptId]:
+        """(instance, step key, attempt) of each attempt launched whose outcome has not
+        been delivered yet."""
+        return list(self._running)
 
     def launch(
         self, launch: StepLaunch, deliver: Callable[[StepOutcome], None], partition: int = -1
