@@ -181,10 +181,16 @@ class Registry:
             raise UnknownWorkflow(f"module {module_name!r} defines no @workflow functions")
         return [self.add(d) for d in found]
 
-    def add_modules(self, spec: str) -> None:
-        for name in (part.strip() for part in spec.split(",")):
-            if name:
-                self.add_module(name)
+    def add_modules(self, spec: str | Iterable[str]) -> None:
+        """Modules named comma-separated (``"shop.flows,shop.more"``) or as a list."""
+        names = spec.split(",") if isinstance(spec, str) else list(spec)
+        for name in names:
+            if not isinstance(name, str):
+                raise TypeError(
+                    f"modules are named by strings ('shop.flows'), got {type(name).__name__}"
+                )
+            if name.strip():
+                self.add_module(name.strip())
 
     def resolve(self, name: str, version: str | None = None) -> WorkflowDefinition:
         if name == QUEUE_WORKFLOW:

@@ -96,6 +96,18 @@ async def test_connect_embedded_runs_in_process(tmp_path: Path) -> None:
         assert (await client.status("a-1")).status == "completed"
 
 
+@pytest.mark.parametrize("modules", ["tests.workflows", ["tests.workflows"]])
+async def test_connect_embedded_loads_modules_named_as_text_or_a_list(
+    tmp_path: Path, modules: str | list[str]
+) -> None:
+    async with Client.connect(f"embedded:{tmp_path / 'data'}", modules=modules) as client:
+        instance = await client.start("arith", 1)
+        assert (await client.result(instance, timeout=10))["total"] == 2
+    with pytest.raises(TypeError, match="modules are named by strings"):
+        async with Client.connect(f"embedded:{tmp_path / 'other'}", modules=[object()]):
+            pass
+
+
 async def test_worker_with_in_process_client(tmp_path: Path) -> None:
     async with Worker([arith], connect=f"embedded:{tmp_path / 'w'}") as worker:
         client = worker.client()
