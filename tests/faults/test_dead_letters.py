@@ -293,6 +293,20 @@ async def test_oversized_payload_reaching_the_processor_is_dead_lettered(tmp_pat
         await engine.close()
 
 
+async def approval_behind_the_client(
+    engine: EmbeddedEngine, instance: str, payload: Payload
+) -> Client:
+    """A waiter started, and an approval with ``payload`` written to the commands log
+    as any producer may (no client checks it); the client of the engine."""
+    client = Client(engine.make_transport())
+    await client.start("waiter", None, instance_id=instance)
+    event = SendEvent(
+        instance_id=instance, command_id=f"ev-{instance}", name="approval", payload=payload
+    )
+    await engine.db.log.append([Append(COMMANDS, instance.encode(), SERDE.encode(event))])
+    return client
+
+
 async def test_malformed_event_payload_reaching_the_processor_is_dead_lettered(
     tmp_path: Path,
 ) -> None:
@@ -302,15 +316,8 @@ async def test_malformed_event_payload_reaching_the_processor_is_dead_lettered(
     instance = "dl-waiter"
     engine = await open_engine(data)
     try:
-        client = Client(engine.make_transport())
-        await client.start("waiter", None, instance_id=instance)
-        bad = SendEvent(
-            instance_id=instance,
-            command_id="ev-bad-json",
-            name="approval",
-            payload=Payload("application/json", b"{not json"),
-        )
-        await engine.db.log.append([Append(COMMANDS, instance.encode(), SERDE.encode(bad))])
+        bad = Payload("application/json", b"{not json")
+        client = await approval_behind_the_client(engine, instance, bad)
         await client.send_event(instance, "approval", {"by": "ada"})
         result = await client.result(instance, timeout=10)
         letters = dead_letters(engine, partition_for(instance, PARTITIONS))
@@ -329,15 +336,7 @@ async def test_an_event_sealed_by_a_codec_this_engine_lacks_is_kept(tmp_path: Pa
     sealing = AesGcmCodec([("k1", bytes(range(32)))])
     engine = await open_engine(data)
     try:
-        client = Client(engine.make_transport())
-        await client.start("waiter", None, instance_id=instance)
-        sealed = SendEvent(
-            instance_id=instance,
-            command_id="ev-sealed",
-            name="approval",
-            payload=sealing.encode({"by": "ada"}),
-        )
-        await engine.db.log.append([Append(COMMANDS, instance.encode(), SERDE.encode(sealed))])
+        client = await approval_behind_the_client(engine, instance, sealing.encode({"by": "ada"}))
         for _ in range(200):
             status = await client.status(instance)
             if status.error:

@@ -105,6 +105,19 @@ def replay(root: Path, *args: str) -> Any:
     return run_cli(root, "replay", *args, env=clean_env(root), timeout=120)
 
 
+def export(server: Any, root: Path, instance: str) -> Path:
+    exported = root / f"{instance}.json"
+    assert server.cli("history", instance, "--export", str(exported)).returncode == 0
+    return exported
+
+
+def replayed_ok(root: Path, workflows: str) -> dict[str, str]:
+    """The outcome of each history in ``root``'s data directory, which all replay."""
+    run = replay(root, "--workflows", workflows, "--data", str(root / "data"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    return lines(run.stdout)
+
+
 def test_a_running_engines_data_replays_read_only_and_a_breaking_deploy_exits_1(
     shop: Any, tmp_path: Path
 ) -> None:
@@ -177,13 +190,10 @@ def test_instances_restarted_after_they_ended_replay_their_last_run(tmp_path: Pa
         assert json.loads(server.cli("status", "k-1", "--json").stdout)["run"] == 2
         assert json.loads(server.cli("status", "c-1", "--json").stdout)["run"] == 2
         assert "run:      2 (restarted 1 time(s))" in server.cli("status", "c-1").stdout
-        exported = tmp_path / "c-1.json"
-        assert server.cli("history", "c-1", "--export", str(exported)).returncode == 0
+        exported = export(server, tmp_path, "c-1")
     finally:
         server.stop()
-    run = replay(tmp_path, "--workflows", "restarts", "--data", str(tmp_path / "data"))
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert lines(run.stdout) == {"k-1": "ok", "c-1": "ok"}
+    assert replayed_ok(tmp_path, "restarts") == {"k-1": "ok", "c-1": "ok"}
     run = replay(tmp_path, "--workflows", "restarts", "--file", str(exported), "--json")
     [c1] = json.loads(run.stdout)["instances"]
     assert (c1["outcome"], c1["workflow"]) == ("ok", "flaky"), c1  # the run's, not "gate"
@@ -211,13 +221,10 @@ def test_a_workflow_replays_with_its_queue_and_timeout(tmp_path: Path) -> None:
     try:
         run = server.cli("start", "limited", "--input", "1", "--id", "l-1", "--wait")
         assert run.returncode == 0, run.stderr
-        exported = tmp_path / "l-1.json"
-        assert server.cli("history", "l-1", "--export", str(exported)).returncode == 0
+        exported = export(server, tmp_path, "l-1")
     finally:
         server.stop()
-    run = replay(tmp_path, "--workflows", "limits", "--data", str(tmp_path / "data"))
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert lines(run.stdout) == {"l-1": "ok", "~queue/desk": "ok"}
+    assert replayed_ok(tmp_path, "limits") == {"l-1": "ok", "~queue/desk": "ok"}
     run = replay(tmp_path, "--workflows", "limits", "--file", str(exported))
     assert (run.returncode, run.stdout) == (0, "l-1 ok\n"), run.stdout + run.stderr
 
