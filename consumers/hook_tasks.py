@@ -183,13 +183,17 @@ def status_event(
     )
 
 
-def status_after(old: Status | None, record: HistoryRecord) -> Status:
+def status_after(
+    old: Status | None, record: HistoryRecord, *, paused_pending: bool = False
+) -> Status:
     """The status after ``record``, by the instance state machine itself: a scratch
-    state with only the status is folded (records that need an instance's entries
-    change no status)."""
+    state with only the status (and whether a pause caught it pending, which a resume
+    goes back to) is folded (records that need an instance's entries change no
+    status)."""
     if isinstance(record, WorkflowStarted):
         return Status.PENDING
     scratch = InstanceState(record.instance_id, status=old or Status.PENDING, seq=record.seq - 1)
+    scratch.paused_pending = paused_pending
     with contextlib.suppress(Exception):  # KeyError: a record about an entry
         scratch.apply(record)
     return scratch.status

@@ -65,6 +65,8 @@ from stepstream.engine.seams import CommitBatch, PartitionBackend, PartitionLost
 from stepstream.engine.wire.records import (
     HistoryRecord,
     StepFailedRecord,
+    WorkflowPaused,
+    WorkflowResumed,
     WorkflowStarted,
 )
 from stepstream.engine.wire.serde import RecordSerde
@@ -97,6 +99,8 @@ class HookRunner:
         self._staged_status: dict[str, Status] = {}
         # Each instance's status as last committed (for instances with a status hook).
         self._status: OrderedDict[str, Status] = OrderedDict()
+        # Instances a pause caught pending, until their resume (``_paused_pending``).
+        self._pending_pauses: set[str] = set()
         # Tasks queued, running, or done but not yet deleted from the store.
         self._known: set[bytes] = set()
         self._queues: dict[str, deque[HookTask]] = {}
@@ -226,14 +230,34 @@ class HookRunner:
             if definition.on_status_change is None:
                 return None
             old = status[instance_id] if instance_id in status else self._status_before(record)
-            new = status_after(old, record)
+            new = status_after(old, record, paused_pending=self._paused_pending(record, old))
             status[instance_id] = new
+            if new.finished:
+                self._pending_pauses.discard(instance_id)
             if new is old:
                 return None
             kind, event = STATUS, status_event(record, definition, old, new)
         crc = zlib.crc32(self._serde.encode(record))
         run = (state.created_ms, state.traceparent)
         return HookTask(keys.hook(instance_id, record.seq), kind, crc, event, run)
+
+    def _paused_pending(self, record: HistoryRecord, old: Status | None) -> bool:
+        """Whether the pause that ``record`` resumes caught the instance pending (it
+        goes back to pending); noted at the pause, or read from the committed meta."""
+        instance_id = record.instance_id
+        if isinstance(record, WorkflowPaused):
+            if old is Status.PENDING:
+                self._pending_pauses.add(instance_id)
+            else:
+                self._pending_pauses.discard(instance_id)
+            return False
+        if not isinstance(record, WorkflowResumed):
+            return False
+        if instance_id in self._pending_pauses:
+            self._pending_pauses.discard(instance_id)
+            return True
+        meta = self._backend.store.get(keys.meta(instance_id))
+        return meta is not None and state_from_storage(instance_id, meta, []).paused_pending
 
     def _status_before(self, record: HistoryRecord) -> Status | None:
         """The committed status of the record's instance (before the batch)."""

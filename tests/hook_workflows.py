@@ -19,6 +19,7 @@ from typing import Any
 
 from stepstream import (
     Context,
+    Queue,
     RetryPolicy,
     StatusChangeEvent,
     StepErrorEvent,
@@ -88,6 +89,12 @@ async def hooked(ctx: Context, _: Any) -> dict[str, Any]:
 async def hooked_waiter(ctx: Context, _: Any) -> Any:
     """A step that fails once, then a wait for "go": to pause, resume and cancel it."""
     await ctx.step("warm", fails_until, ctx, 2, retry=RetryPolicy(initial_interval=0.01))
+    return await ctx.wait_for_event("go")
+
+
+@workflow("hooked-queued", on_status_change=audit, queue=Queue("hooked-desk", concurrency=1))
+async def hooked_queued(ctx: Context, _: Any) -> Any:
+    """One at a time: a second waits, pending, for the first's slot."""
     return await ctx.wait_for_event("go")
 
 

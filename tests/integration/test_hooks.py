@@ -206,6 +206,38 @@ async def test_status_changes_through_pause_resume_cancel_and_failure(
     ]
 
 
+async def test_a_resume_before_admission_reports_pending_again(
+    backend: Any, notes_dir: Path
+) -> None:
+    """Paused while its queue has not admitted it, an instance resumed is pending, and
+    the hook says so, across a restart between the pause and the resume too."""
+    client: Client = backend.client
+    holds = await client.start("hooked-queued", None, instance_id=_id("holds"))
+    await _waiting_for_go(client, holds)
+    behind = await client.start("hooked-queued", None, instance_id=_id("behind"))
+    await asyncio.sleep(0.3)  # its request has reached the queue
+    await client.pause(behind)
+    await _until_notes(
+        notes_dir, lambda n: ("pending", "paused") in _changes(n, behind), "the pause"
+    )
+    client = await backend.restart()
+    await client.resume(behind)
+    await client.send_event(holds, "go", 1)
+    await _waiting_for_go(client, behind)
+    await client.send_event(behind, "go", 2)
+    assert await client.result(behind, timeout=20) == 2
+    notes = await _until_notes(
+        notes_dir, lambda n: ("running", "completed") in _changes(n, behind), "completion"
+    )
+    assert _changes(notes, behind) == [
+        (None, "pending"),
+        ("pending", "paused"),
+        ("paused", "pending"),
+        ("pending", "running"),
+        ("running", "completed"),
+    ], notes
+
+
 async def test_a_hook_that_raises_never_affects_the_workflow(backend: Any, notes_dir: Path) -> None:
     client: Client = backend.client
     instance = await client.start("hooked-raising", 10, instance_id=_id("raising"))
