@@ -19,12 +19,13 @@ from stepstream.engine.api.queues import (
     step_backoff_key,
 )
 from stepstream.engine.api.retry import DEFAULT_RETRY, RetryPolicy
+from stepstream.engine.errors import StepstreamError
 from stepstream.engine.replay.core import RuntimeCore
 from stepstream.engine.replay.effects import Output, Phase, StepIntent
 from stepstream.engine.replay.ids import message_command
 from stepstream.engine.replay.slots import unreleased
 from stepstream.engine.replay.state import Entry, EntryKind, EntryState
-from stepstream.engine.wire.codec import encode_safely
+from stepstream.engine.wire.codec import decode_safely, encode_safely
 from stepstream.engine.wire.records import Command, SendEvent, StartWorkflow
 
 
@@ -149,9 +150,14 @@ class AdmissionMixin(RuntimeCore):
         frees a holder; a release of what it no longer knows changes nothing."""
         for key, entry in unreleased(self.state):
             assert entry.child_id is not None and entry.result is not None
-            request = self.decode_recorded(entry.result, f"the queue request {entry.key!r}")
-            token = request.get("key", key) if isinstance(request, dict) else key
             run = self.state.run
+            try:
+                request = decode_safely(self.codec, entry.result)
+            except StepstreamError:
+                # Sealed by a codec this engine lacks: a cancel must still free the slot,
+                # under the token the request was made with (``engine.api.queues``).
+                request = {"key": key if run == 1 else f"run{run}/{key}"}
+            token = request.get("key", key) if isinstance(request, dict) else key
             self._out.commands.append(
                 (
                     self.state.instance_id,

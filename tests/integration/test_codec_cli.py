@@ -482,9 +482,9 @@ def test_queued_work_sealed_by_a_codec_waits_for_an_engine_that_has_it(
 
     dev = dev_with("--codec", CODEC, key_ids=("k1",))
     try:
-        ok(dev.cli("start", "hold", "--id", "h-1"))
-        ok(dev.cli("start", "hold", "--id", "h-2"))
-        _waits(dev, "h-1", 1)  # admitted: h-2 waits behind it
+        for instance in ("h-1", "h-2", "h-3"):
+            ok(dev.cli("start", "hold", "--id", instance))
+        _waits(dev, "h-1", 1)  # admitted: h-2 and h-3 wait behind it
     finally:
         dev.stop()
     dev = dev_with()
@@ -495,6 +495,9 @@ def test_queued_work_sealed_by_a_codec_waits_for_an_engine_that_has_it(
                 f"InvalidPayload: instance {instance}: the queue request 'queue#acquire'"
             ), status
         ok(dev.cli("send", "h-1", "release"))  # kept, read once the codec is back
+        ok(dev.cli("cancel", "h-3"))  # its slot request is withdrawn all the same
+        status = json.loads(ok(dev.cli("status", "h-3", "--json")))
+        assert status["status"] == "cancelled", status
     finally:
         dev.stop()
     dev = dev_with("--codec", CODEC, key_ids=("k1",))
