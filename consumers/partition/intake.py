@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepstream.engine.api.reserved_ids import reserved_id_problem
+from stepstream.engine.api.reserved_ids import is_engine_instance, reserved_id_problem
 from stepstream.engine.errors import StepstreamError, UndecodableRecord
 from stepstream.engine.replay.ids import child_command_run, child_done, parse_child_command
 from stepstream.engine.replay.outgoing import child_outcome
@@ -121,13 +121,21 @@ class CommandIntake:
             return None
         try:
             check_size(payload, self._max_payload_bytes, what=what)
+        except StepstreamError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        try:
             decode_safely(self._codec, payload)
         except StepstreamError as exc:
-            if isinstance(command, SendEvent) and payload.content_type != JSON:
-                # Sealed by a codec (or under a key) this engine lacks, not malformed: an
-                # instance's message or a client's event. Kept, as the instance's other
-                # values are: the instance parks when it reads it, and goes on where an
-                # engine with that codec does (docs/encryption.md).
+            if (
+                isinstance(command, SendEvent)
+                and payload.content_type != JSON
+                and not is_engine_instance(command.instance_id)
+            ):
+                # Sealed by a codec (or under a key) this engine lacks, not malformed
+                # JSON: a message or event for a workflow's instance is kept, as its other
+                # values are; it parks when it reads it, and goes on where an engine with
+                # that codec does (docs/encryption.md). A schedule or queue reads every
+                # message it gets and could never go on: refused as before.
                 return None
             return f"{type(exc).__name__}: {exc}"
         return None

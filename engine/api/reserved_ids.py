@@ -21,3 +21,8 @@ def reserved_id_problem(instance_id: str, workflow: str | None = None) -> str | 
         if instance_id.startswith(prefix) and workflow != owner:
             return f"starts with {prefix!r}, which is reserved for {what}"
     return None
+
+
+def is_engine_instance(instance_id: str) -> bool:
+    """Whether ``instance_id`` is one the engine keeps for a schedule or a queue."""
+    return instance_id.startswith(tuple(prefix for prefix, _, _ in _RESERVED))

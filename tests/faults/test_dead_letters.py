@@ -357,6 +357,45 @@ async def test_an_event_sealed_by_a_codec_this_engine_lacks_is_kept(tmp_path: Pa
         await engine.close()
 
 
+async def test_a_sealed_event_too_large_or_for_a_queue_is_still_refused(tmp_path: Path) -> None:
+    """What is kept unread is bounded, and only a workflow's instance keeps it: a
+    schedule or a queue reads every message it gets and could never go on."""
+    data = tmp_path / "data"
+    limit = EmbeddedConfig().max_payload_bytes
+    huge = SendEvent(
+        instance_id="dl-sealed-huge",
+        command_id="ev-huge",
+        name="approval",
+        payload=Payload("application/octet-stream", b"x" * (limit + 1)),
+    )
+    queue = "~queue/desk"
+    acquire = SendEvent(
+        instance_id=queue,
+        command_id="ev-queue",
+        name="queue.acquire",
+        payload=Payload("text/plain", b"hello"),
+    )
+    engine = await open_engine(data)
+    try:
+        for event in (huge, acquire):
+            target = event.instance_id.encode()
+            await engine.db.log.append([Append(COMMANDS, target, SERDE.encode(event))])
+        await run_good_instance(engine)
+        for _ in range(200):  # each partition gets to its record in its own time
+            reasons = {
+                letter.instance_id: letter.reason
+                for p in range(PARTITIONS)
+                for letter in dead_letters(engine, p)
+            }
+            if len(reasons) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert reasons["dl-sealed-huge"].startswith("PayloadTooLarge"), reasons
+        assert "content type 'text/plain'" in reasons[queue], reasons
+    finally:
+        await engine.close()
+
+
 async def test_undecodable_timer_record_does_not_stop_timers(tmp_path: Path) -> None:
     data = tmp_path / "data"
     instance = "dl-sleeper"
