@@ -82,3 +82,15 @@ def test_schedules_page_lists_and_controls_them(server: DevServer, page: Page) -
     ).click()
     expect(page.locator('#schedules tr[data-schedule="hourly"]')).to_have_count(0)
     assert call(server, "GET", "/v1/schedules") == {"schedules": []}
+
+
+def test_a_cancelled_schedule_shows_it_runs_no_more(server: DevServer, page: Page) -> None:
+    call(server, "POST", "/v1/schedules", {"name": "ends", "workflow": "leaf", "every": 3600})
+    call(server, "POST", "/v1/instances/~schedule%2Fends/cancel", {"reason": "by hand"})
+    page.goto(f"{server.url}/ui#/schedules")
+    row = page.locator('#schedules tr[data-schedule="ends"]')
+    expect(row).to_contain_text("cancelled")
+    expect(row.locator("time")).to_have_count(0)  # no next run
+    expect(row.get_by_role("button", name="Pause schedule ends")).to_have_count(0)
+    expect(row.get_by_role("button", name="Trigger schedule ends")).to_have_count(0)
+    expect(row.get_by_role("button", name="Delete schedule ends")).to_be_visible()

@@ -25,19 +25,30 @@ function control(name, action, label, refresh, status) {
     } }, label);
 }
 
+// Its instance ended (cancelled, failed): it runs no slot; creating it again restarts it.
+function ended(s) {
+  return s.status !== undefined && !["pending", "running"].includes(s.status);
+}
+
+function actions(s, refresh, status) {
+  if (ended(s)) return [control(s.name, "delete", "Delete", refresh, status)];
+  return [
+    s.paused ? control(s.name, "resume", "Resume", refresh, status) : control(s.name, "pause", "Pause", refresh, status),
+    control(s.name, "trigger", "Trigger", refresh, status),
+    control(s.name, "delete", "Delete", refresh, status)];
+}
+
 function row(s, refresh, status) {
   return h("tr", { "data-schedule": s.name },
     h("th", { scope: "row" }, s.name),
     h("td", {}, s.workflow),
     h("td", {}, s.spec),
-    h("td", {}, s.paused ? "paused" : "active"),
+    h("td", ended(s) ? { title: "runs no more; stepstream schedule create starts it again" } : {},
+      ended(s) ? s.status : s.paused ? "paused" : "active"),
     h("td", {}, s.next_run_at ? h("time", { datetime: s.next_run_at, title: s.next_run_at }, when(s.next_run_at)) : "—"),
     h("td", {}, instanceLink(s.last_instance_id)),
     h("td", { title: `${s.skipped_catchup} past the catch-up window, ${s.skipped_overlap} by overlap` }, String(s.skipped)),
-    h("td", { class: "actions" },
-      s.paused ? control(s.name, "resume", "Resume", refresh, status) : control(s.name, "pause", "Pause", refresh, status),
-      control(s.name, "trigger", "Trigger", refresh, status),
-      control(s.name, "delete", "Delete", refresh, status)));
+    h("td", { class: "actions" }, ...actions(s, refresh, status)));
 }
 
 export async function schedulesPage(main) {
