@@ -335,7 +335,9 @@ class WorkflowEnvironment:
         engine = self.engine
         now = self._clock.now_ms()
         # In memory too: an ephemeral step records nothing until its outcome is committed.
-        for instance_id, step, attempt in engine.host.executor.running()[:1]:
+        running = engine.host.executor.running()
+        if running:
+            instance_id, step, attempt = running[0]
             return f"step {step!r} of instance {instance_id} is running (attempt {attempt})"
         for p in range(engine.db.partitions):
             pending = engine.host.processor(p).outcomes_pending

@@ -140,6 +140,12 @@ class Slot:
     admitted_ms: int
 
 
+def slot_token(slot_key: str, run: int) -> str:
+    """What a request for ``slot_key`` is known by at its queue: a restarted run asks
+    afresh, so an admission meant for an earlier run is not its own."""
+    return slot_key if run == 1 else f"run{run}/{slot_key}"
+
+
 async def acquire(
     ctx: Context,
     queue: Queue,
@@ -156,9 +162,7 @@ async def acquire(
     # Asked again (under a key of its own) where a reset or fork gave its slot back.
     slot_key = ask_key(slot_key, rt.given_back(slot_key))
     target = queue.instance_id(key)
-    # A restarted run asks afresh: an admission meant for an earlier run is not its own.
-    run = rt.run
-    token = slot_key if run == 1 else f"run{run}/{slot_key}"
+    token = slot_token(slot_key, rt.run)
     answer = f"{QUEUE_ADMITTED}{token}"
     problem = name_problem(target) or event_name_problem(answer)
     if problem is not None:

@@ -16,6 +16,7 @@ from stepstream.engine.api.queues import (
     QUEUE_WORKFLOW,
     AttemptBackoff,
     ask_key,
+    slot_token,
     step_backoff_key,
 )
 from stepstream.engine.api.retry import DEFAULT_RETRY, RetryPolicy
@@ -150,23 +151,20 @@ class AdmissionMixin(RuntimeCore):
         frees a holder; a release of what it no longer knows changes nothing."""
         for key, entry in unreleased(self.state):
             assert entry.child_id is not None and entry.result is not None
-            run = self.state.run
+            own = slot_token(key, self.state.run)
             try:
                 request = decode_safely(self.codec, entry.result)
             except StepstreamError:
                 # Sealed by a codec this engine lacks: a cancel must still free the slot,
-                # under the token the request was made with (``engine.api.queues``).
-                request = {"key": key if run == 1 else f"run{run}/{key}"}
-            token = request.get("key", key) if isinstance(request, dict) else key
+                # under the token the request was made with.
+                request = None
+            token = request.get("key", key) if isinstance(request, dict) else own
             self._out.commands.append(
                 (
                     self.state.instance_id,
                     SendEvent(
                         instance_id=entry.child_id,
-                        command_id=message_command(
-                            self.state.instance_id,
-                            f"{key}#withdraw" if run == 1 else f"run{run}/{key}#withdraw",
-                        ),
+                        command_id=message_command(self.state.instance_id, f"{own}#withdraw"),
                         time_ms=self.clock.now_ms(),
                         name=QUEUE_RELEASE,
                         payload=encode_safely(
