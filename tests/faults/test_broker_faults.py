@@ -15,7 +15,9 @@ the brokers while the workload runs:
 
 Then the checker folds the history topic and asserts design.md's guarantees for every
 instance (each acknowledged command applied exactly once, no transition lost or
-repeated, attempts within their policy). The time to recover is how long a new instance,
+repeated, attempts within their policy). The tests share one cluster, made whole again
+before each (every node running and serving, every proxy healed), and each runs on
+topics of its own. The time to recover is how long a new instance,
 started as the fault begins (for a whole-cluster restart, once the cluster is back),
 takes from the fault's beginning to its completion; it is printed with the summary.
 """
@@ -38,10 +40,11 @@ from confluent_kafka.admin import AdminClient
 from stepstream.engine.wire.topics import COMMANDS, TopicNames
 from stepstream.ops.brokers.apache import ApacheCluster, start_apache
 from tests.faults.test_crash_checker import Kafka, Proc, run_checker
-from tests.kafka_broker import discard, start_test_kafka
+from tests.kafka_broker import discard
 from tests.tcp_proxy import TcpProxy
 
-pytestmark = [pytest.mark.slow, pytest.mark.kafka]
+# One pytest-xdist worker runs them all, on one cluster (``--dist loadgroup``).
+pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.xdist_group("broker-faults")]
 
 Note = Callable[[str], None]
 # A broker frozen longer than this is fenced by the controller (broker.session.timeout.ms
@@ -49,15 +52,6 @@ Note = Callable[[str], None]
 FROZEN_S = 7.0
 IN_SYNC_TIMEOUT_S = 90.0
 PROBE_TIMEOUT_S = 180.0
-
-
-@pytest.fixture
-def cluster() -> Iterator[ApacheCluster]:
-    started = start_test_kafka(3)
-    try:
-        yield started
-    finally:
-        discard(started)
 
 
 class ClusterFaults(Kafka):
@@ -236,9 +230,11 @@ async def _cut_off(backend: ClusterFaults, note: Note) -> None:
     note("w1 reaches the brokers again")
 
 
-@pytest.fixture
-def proxied_cluster() -> Iterator[tuple[ApacheCluster, list[TcpProxy]]]:
-    """Three nodes, each with a second listener (EXTERNAL) that advertises a TCP proxy."""
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[tuple[ApacheCluster, list[TcpProxy]]]:
+    """Three nodes for every test of this module (starting three JVMs costs more CPU
+    than most faults), each with a second listener (EXTERNAL) that advertises a TCP proxy:
+    only the cut-off test sends a worker through the proxies."""
     externals = _free_ports(3)
     with ExitStack() as stack:
         proxies = [stack.enter_context(TcpProxy(port)) for port in externals]
@@ -258,6 +254,28 @@ def proxied_cluster() -> Iterator[tuple[ApacheCluster, list[TcpProxy]]]:
         started = start_apache(3, overrides=external)
         stack.callback(discard, started)
         yield started, proxies
+
+
+@pytest.fixture
+def proxied_cluster(
+    shared_cluster: tuple[ApacheCluster, list[TcpProxy]],
+) -> Iterator[tuple[ApacheCluster, list[TcpProxy]]]:
+    """The shared cluster whole again, whatever the test before did to it: every node
+    thawed and running, serving metadata with all three brokers, every proxy healed."""
+    cluster, proxies = shared_cluster
+    for proxy in proxies:
+        proxy.heal()
+    for node in range(cluster.nodes):
+        cluster.thaw_node(node)
+        if not cluster.running(node):
+            cluster.start_node(node, wait=False)
+    cluster.wait_ready()
+    yield cluster, proxies
+
+
+@pytest.fixture
+def cluster(proxied_cluster: tuple[ApacheCluster, list[TcpProxy]]) -> ApacheCluster:
+    return proxied_cluster[0]
 
 
 FAULTS = {
