@@ -125,6 +125,11 @@ def register_transport(scheme: str, factory: TransportFactory) -> None:
     _TRANSPORTS[scheme] = factory
 
 
+def known_schemes() -> list[str]:
+    """The URL schemes ``Client.connect`` takes: the built-in ones and any registered."""
+    return sorted({*_TRANSPORTS, *_BUILT_IN})
+
+
 class Client:
     """Use ``await Client.connect(url)`` (or ``async with Client.connect(url) as c``)."""
 
@@ -138,7 +143,7 @@ class Client:
             importlib.import_module(_BUILT_IN[scheme])  # registers itself
         factory = _TRANSPORTS.get(scheme)
         if factory is None:
-            known = ", ".join(sorted(f"{s}:" for s in {*_TRANSPORTS, *_BUILT_IN})) or "none"
+            known = ", ".join(f"{s}:" for s in known_schemes()) or "none"
             raise StepstreamError(
                 f"cannot connect to {url!r}: unknown scheme {scheme!r} (known: {known}); "
                 "use embedded:PATH, http://HOST:PORT or kafka://HOST:PORT?prefix=P"

@@ -75,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args, extra = parser().parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for hints that repeat it
     if extra:  # said with the usage of the command they were given to, not the top level's
         args.command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     default_level = "INFO" if args.serves else "WARNING"

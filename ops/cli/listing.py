@@ -71,7 +71,7 @@ def _list(args: argparse.Namespace) -> int:
         if cursor is not None:
             text += (
                 f"\nmore instances than the {len(instances)} shown (--limit 0 lists them all); "
-                f"next page: --after {shlex.quote(cursor)}"
+                f"next page: {_next_page(args, cursor)}"
             )
         rows: Any = [i.to_json() for i in instances]
         if paged:
@@ -79,7 +79,7 @@ def _list(args: argparse.Namespace) -> int:
         elif args.json and cursor is not None:
             print(
                 f"stepstream list: {len(instances)} instances shown, more exist; "
-                f"next page: --after {shlex.quote(cursor)} (or --limit 0 for all)",
+                f"next page: {_next_page(args, cursor)} (or --limit 0 for all)",
                 file=sys.stderr,
             )
         render.output(args, rows, text)
@@ -121,6 +121,21 @@ async def _pages(
         # keys per call); its cursor says where to go on.
         if cursor is None or (limit and len(found) >= limit):
             return found, cursor
+
+
+def _next_page(args: argparse.Namespace, cursor: str) -> str:
+    """The command line that lists the next page: this one (its order, filters and
+    limit) with ``--after`` the cursor instead of any it had."""
+    words: list[str] = []
+    skip = False
+    for word in getattr(args, "argv", ["list"]):
+        if skip:
+            skip = False
+        elif word == "--after":
+            skip = True
+        elif not word.startswith("--after="):
+            words.append(word)
+    return shlex.join(["stepstream", *words, "--after", cursor])
 
 
 def _instant(text: str, flag: str) -> str:

@@ -21,7 +21,7 @@ from stepstream.ops.api.security import ApiSecurity, InsecureBind
 from stepstream.ops.cli.payload_codecs import load_codec
 from stepstream.ops.cli.table import Arg, UsageError, arg
 from stepstream.ops.telemetry import logs
-from stepstream.producers.client import DEFAULT_CONNECT, Client
+from stepstream.producers.client import DEFAULT_CONNECT, Client, known_schemes
 
 # Transports that live outside producers.http and are imported only when asked for:
 # the embedded one opens RocksDB, which a client talking HTTP never needs.
@@ -192,6 +192,12 @@ def with_client(
     ``codec`` (else the one ``client_codec`` loads)."""
     url = connect_url(args)
     scheme = url.split(":", 1)[0]
+    if scheme not in known_schemes():
+        given = "--connect" if args.connect else "$STEPSTREAM_CONNECT"
+        raise UsageError(
+            f"{given} {url!r} has no scheme stepstream knows ({scheme!r}); use "
+            "embedded:PATH, http://HOST:PORT, https://HOST:PORT or kafka://HOST:PORT?prefix=P"
+        )
     module = _TRANSPORT_MODULES.get(scheme)
     if module is not None:
         importlib.import_module(module)

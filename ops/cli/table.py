@@ -11,9 +11,10 @@ level's (no argparse internals are looked into).
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # stepstream refused or failed; the message is on stderr
@@ -79,6 +80,16 @@ class Command:
     serves: bool = False
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's own refusals (an unknown option, a bad value, a missing argument) end
+    as ours do: naming the command's ``--help``. Subcommands' parsers are of this class
+    too (``add_subparsers`` makes them of the parser's own)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser(
     prog: str,
     description: str,
@@ -89,7 +100,7 @@ def build_parser(
 ) -> argparse.ArgumentParser:
     """The parser of ``commands``; ``everywhere`` are added to every command that runs
     (``--log-level``...), ``top`` to the top level alone (``--version``)."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = _Parser(prog=prog, description=description)
     for member in top:
         _add(parser, member)
     _add_commands(parser, commands, "COMMAND", everywhere, path=())

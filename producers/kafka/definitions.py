@@ -17,7 +17,12 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from stepstream.engine.api.workflow import Registry, WorkflowDefinition, ordered_versions
+from stepstream.engine.api.workflow import (
+    RESERVED_PREFIX,
+    Registry,
+    WorkflowDefinition,
+    ordered_versions,
+)
 from stepstream.engine.errors import UndecodableRecord, UnknownWorkflow
 from stepstream.engine.wire.cluster_serde import WORKFLOW_REGISTERED, cluster_serde
 from stepstream.producers.kafka.follower import TopicFollower
@@ -134,7 +139,11 @@ class DefinitionsView:
         name, or the pinned version)."""
         versions = self._versions.get(workflow)
         if not versions:
-            known = ", ".join(sorted(self._versions)) or "none"
+            # The engine's own workflows (schedules) are not the user's to start.
+            known = (
+                ", ".join(sorted(n for n in self._versions if not n.startswith(RESERVED_PREFIX)))
+                or "none"
+            )
             raise UnknownWorkflow(
                 f"unknown workflow {workflow!r}: no worker of prefix {self._prefix!r} has "
                 f"ever registered it (known workflows: {known}). A worker must have started "

@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -66,6 +67,36 @@ def test_version_is_pyprojects(tmp_path: Path) -> None:
     done = run_cli(tmp_path, "--version")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"stepstream {expected}"
+
+
+# ---- usage errors ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "says", "command"),
+    [
+        (["status", "o-1", "--jsn"], "unrecognized arguments: --jsn", "status"),
+        (["result", "o-1", "--timeout", "abc"], "invalid float value: 'abc'", "result"),
+        (["start"], "the following arguments are required: workflow", "start"),
+        (["topics", "remove"], "invalid choice: 'remove'", "topics"),
+        (["status", "o-1", "--connect", "127.0.0.1:8233"], "'127.0.0.1:8233' has no", "status"),
+    ],
+)
+def test_a_wrong_command_line_exits_2_naming_the_commands_help(
+    tmp_path: Path, args: list[str], says: str, command: str
+) -> None:
+    done = run_cli(tmp_path, *args)
+    assert done.returncode == 2, done
+    assert says in done.stderr, done.stderr
+    assert f"(see `stepstream {command} --help`)" in done.stderr, done.stderr
+
+
+def test_an_unknown_scheme_in_the_environment_is_a_usage_error_too(tmp_path: Path) -> None:
+    env = clean_env(tmp_path, STEPSTREAM_CONNECT="localhost:8233")
+    done = run_cli(tmp_path, "list", env=env)
+    assert done.returncode == 2, done
+    assert "$STEPSTREAM_CONNECT 'localhost:8233' has no scheme" in done.stderr, done.stderr
+    assert "http://HOST:PORT" in done.stderr
 
 
 def test_an_embedded_client_command_finds_the_workflows_of_the_working_directory(
@@ -181,10 +212,24 @@ def test_list_newest_first_paged_with_a_cursor(dev: DevServer) -> None:
     assert text[0].split()[:4] == ["INSTANCE", "WORKFLOW", "VERSION", "STATUS"]
     assert [line.split()[0] for line in text[1:51]] == newest_first[:50]
     assert text[51].startswith("more instances than the 50 shown (--limit 0 lists them all)")
-    cursor = text[51].rsplit("next page: --after ", 1)[1]
-    rest = as_json(dev, "list", "--prefix", "l-", "--after", cursor)
+    hint = shlex.split(text[51].split("next page: ", 1)[1])
+    assert hint[:4] == ["stepstream", "list", "--prefix", "l-"] and hint[4] == "--after"
+    rest = as_json(dev, *hint[1:])
     assert [i["instance_id"] for i in rest["instances"]] == newest_first[50:]
     assert rest["next"] is None and rest["order"] == "newest"
+
+    # The hint is the whole command line with the next cursor: followed as printed, it
+    # keeps the order, the filters and the limit, and pages through everything once.
+    command = ["list", "--order", "oldest", "--prefix", "l-", "--limit", "20"]
+    oldest_first: list[str] = []
+    for _ in range(5):
+        page = ok(dev, *command).splitlines()
+        oldest_first += [line.split()[0] for line in page[1:] if line.startswith("l-")]
+        if not page[-1].startswith("more instances"):
+            break
+        command = shlex.split(page[-1].split("next page: ", 1)[1])[1:]
+        assert command.count("--after") == 1 and "--order" in command, command
+    assert oldest_first == ids
 
     # Page by page with --json: every instance once, in order.
     seen: list[str] = []
@@ -210,7 +255,7 @@ def test_list_newest_first_paged_with_a_cursor(dev: DevServer) -> None:
     plain = dev.cli("list", "--json")
     assert plain.returncode == 0, plain.stderr
     assert isinstance(json.loads(plain.stdout), list) and len(json.loads(plain.stdout)) == 50
-    assert "more exist; next page: --after " in plain.stderr
+    assert "more exist; next page: stepstream list --json --after " in plain.stderr
 
     bad = dev.cli("list", "--after", "l-01")
     assert bad.returncode == 2 and "is not a cursor of --order newest/oldest" in bad.stderr

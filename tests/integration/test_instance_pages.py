@@ -156,7 +156,9 @@ def test_cli_pages_and_bad_page_queries(tmp_path: Path) -> None:
         first = server.cli("list", "--prefix", "p-", "--limit", "2", "--order", "id")
         assert first.returncode == 0, first.stderr
         assert "p-0" in first.stdout and "p-1" in first.stdout and "p-2" not in first.stdout
-        assert first.stdout.rstrip().endswith("next page: --after p-1")
+        assert first.stdout.rstrip().endswith(
+            "next page: stepstream list --prefix p- --limit 2 --order id --after p-1"
+        )
         rest = server.cli("list", "--prefix", "p-", "--after", "p-1", "--order", "id", "--json")
         assert json.loads(rest.stdout)["next"] is None
         assert [i["instance_id"] for i in json.loads(rest.stdout)["instances"]] == ["p-2"]

@@ -83,6 +83,7 @@ async def test_commands_are_accepted_while_every_worker_is_down_and_run_when_one
         with pytest.raises(UnknownWorkflow) as unknown:
             await client.start("nope", {})
         assert re.search(r"'nope'.*known workflows: .*arith.*gated", str(unknown.value))
+        assert "stepstream." not in str(unknown.value)  # the engine's own are not listed
         assert "a worker must have started once with the module" in str(unknown.value).lower()
         with pytest.raises(UnknownWorkflow, match=r"version '9'.*versions: 1"):
             await client.start("gated", "x", version="9")
