@@ -158,7 +158,8 @@ def check_topics(settings: KafkaSettings, timeout: float = 15.0) -> list[Finding
     for kind in existing:
         name = names.name(kind)
         partitions = present[name].partitions.values()
-        factor = min((len(p.replicas) for p in partitions), default=0)
+        # Distinct brokers: a one-node broker may list itself once per replica asked for.
+        factor = min((len(set(p.replicas)) for p in partitions), default=0)
         findings += _check_one(settings, name, RULES[kind], factor, configs.get(name, {}), brokers)
     return findings
 
@@ -186,7 +187,7 @@ def replication(settings: KafkaSettings, timeout: float = 15.0) -> dict[str, int
     return {
         "brokers": len(metadata.brokers),
         "replication_factor": min(
-            len(p.replicas) for topic in present.values() for p in topic.partitions.values()
+            len(set(p.replicas)) for topic in present.values() for p in topic.partitions.values()
         ),
         "min_insync_replicas": min(
             int(configs.get(name, {}).get("min.insync.replicas", "1")) for name in present

@@ -476,7 +476,11 @@ def _start(
     data: str | os.PathLike[str] | None, nodes: int, version: str, timeout: float, **options: Any
 ) -> ApacheCluster:
     owns_data = data is None
-    directory = Path(tempfile.mkdtemp(prefix="stepstream-kafka-")) if data is None else Path(data)
+    # Absolute: each node runs in its own directory, and server.properties and the
+    # log4j configuration name paths under this one.
+    directory = (
+        Path(tempfile.mkdtemp(prefix="stepstream-kafka-")) if data is None else Path(data)
+    ).absolute()
     directory.mkdir(parents=True, exist_ok=True)
     cluster_id = cluster_identity(directory, nodes, version)
     cluster = ApacheCluster(

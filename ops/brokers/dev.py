@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from stepstream.ops.brokers.ports import is_free
+
 START_TIMEOUT_S = 30.0
 
 
@@ -120,6 +122,9 @@ def start_broker(
     ``data_dir`` holds its log (a temporary directory when None).
     """
     binary = _resolve_bin()
+    if port is not None and not is_free(port):
+        # Else the readiness probe would find whatever listens there and call it ready.
+        raise RuntimeError(f"port {port} is in use on 127.0.0.1: choose another --port")
     attempts = 1 if port is not None else 3
     for attempt in range(attempts):
         try:

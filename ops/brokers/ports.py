@@ -20,7 +20,10 @@ def free_base(count: int) -> int:
 
 
 def is_free(port: int) -> bool:
+    """Nothing listens on ``port`` (connections of a stopped server in TIME-WAIT do not
+    count: brokers bind with SO_REUSEADDR too, so a stop and start at once works)."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
             return True
@@ -33,8 +36,11 @@ def check_cluster_ports(port: int, nodes: int) -> None:
     nodes from ``port`` on need: clients on the first N, controllers on the next N."""
     taken = [p for p in range(port, port + 2 * nodes) if not is_free(p)]
     if taken:
+        which = (
+            f"port {taken[0]} is" if len(taken) == 1 else f"ports {', '.join(map(str, taken))} are"
+        )
         raise BrokerError(
-            f"port {', '.join(map(str, taken))} on 127.0.0.1 is in use; {nodes} node(s) "
+            f"{which} in use on 127.0.0.1; {nodes} node(s) "
             f"from --port {port} need {port}-{port + 2 * nodes - 1} (clients on the "
             f"first {nodes}, controllers on the rest): choose another --port"
         )

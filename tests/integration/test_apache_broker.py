@@ -99,10 +99,16 @@ def test_the_broker_command_stops_on_sigterm_and_keeps_its_data(tmp_path: Path) 
     log = tmp_path / "broker.err"
 
     def start() -> tuple[subprocess.Popen[str], str]:
-        command = [*CLI, "broker", "--apache", "--port", str(port), "--data", str(data)]
+        # A relative --data, as docs/brokers.md shows it.
+        command = [*CLI, "broker", "--apache", "--port", str(port), "--data", "./kafka"]
         with open(log, "a") as err:
             proc = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=err, text=True, env=repo_env()
+                command,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=repo_env(),
+                cwd=tmp_path,
             )
         return proc, _first_line(proc, log)
 
@@ -119,6 +125,9 @@ def test_the_broker_command_stops_on_sigterm_and_keeps_its_data(tmp_path: Path) 
     finally:
         stop(proc)
     assert (data / "cluster.json").exists()
+    assert (data / "node-0" / "kafka-logs" / "meta.properties").exists()  # the page's layout
+    server_log = (data / "node-0" / "server.log").read_text()
+    assert "Kafka Server started" in server_log or "started (kafka" in server_log, server_log
     proc, bootstrap = start()
     try:
         assert _consume_all(bootstrap, "kept.records", 1) == [b"survives a restart"]
@@ -274,7 +283,7 @@ def test_a_taken_controller_port_is_named_before_anything_starts(tmp_path: Path)
             timeout=60,
         )
     assert done.returncode == 1, done.stdout + done.stderr
-    assert f"port {port + 1} on 127.0.0.1 is in use" in done.stderr, done.stderr
+    assert f"port {port + 1} is in use on 127.0.0.1" in done.stderr, done.stderr
     assert "choose another --port" in done.stderr, done.stderr
     assert done.stdout == "", done.stdout
     assert not (tmp_path / "k" / "node-0").exists()

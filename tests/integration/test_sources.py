@@ -339,10 +339,12 @@ async def test_the_documented_example_runs_on_a_worker_that_finds_its_sources(
 
     make_topics(kafka_broker, *(s.topic for s in (orders_source.orders, orders_source.payments)))
     order_id = f"o-{uuid.uuid4().hex[:8]}"
-    _declaration, order, payment = (
+    _declaration, create, order, payment = (
         block.replace("kafka:9092", kafka_broker.bootstrap).replace("o-17", order_id)
         for block in doc_snippets()
     )
+    # The page creates the example's topics first (make_topics did: other tests share them).
+    assert all(f'"{s.topic}"' in create for s in (orders_source.orders, orders_source.payments))
     worker = WorkerProcess(
         settings,
         tmp_path / "w",
