@@ -125,14 +125,21 @@ async def _pages(
 
 def _next_page(args: argparse.Namespace, cursor: str) -> str:
     """The command line that lists the next page: this one (its order, filters and
-    limit) with ``--after`` the cursor instead of any it had."""
+    limit) with ``--after`` the cursor instead of any it had. A ``--token`` given is not
+    printed back: it shows as the word TOKEN."""
     words: list[str] = []
-    skip = False
+    value_of = ""
     for word in getattr(args, "argv", ["list"]):
-        if skip:
-            skip = False
-        elif word == "--after":
-            skip = True
+        if value_of:
+            if value_of == "--token":
+                words.append("TOKEN")
+            value_of = ""
+        elif word in ("--after", "--token"):
+            value_of = word
+            if word == "--token":
+                words.append(word)
+        elif word.startswith("--token="):
+            words.append("--token=TOKEN")
         elif not word.startswith("--after="):
             words.append(word)
     return shlex.join(["stepstream", *words, "--after", cursor])

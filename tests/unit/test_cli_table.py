@@ -3,6 +3,7 @@ with the usage of the command it was given to, and a table that refuses mistakes
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,16 @@ def test_the_table_refuses_a_name_twice_and_a_command_without_a_handler() -> Non
         build_parser("x", "", [Command("a", "", lambda a: 0), Command("a", "", lambda a: 0)])
     with pytest.raises(ValueError, match="neither a handler nor subcommands"):
         build_parser("x", "", [Command("a", "")])
+
+
+def test_the_next_page_hint_repeats_the_command_with_the_new_cursor_and_no_token() -> None:
+    from stepstream.ops.cli.listing import _next_page
+
+    argv = ["list", "--order", "oldest", "--after", "old/c", "--token", "s3cret", "--limit", "5"]
+    hint = _next_page(argparse.Namespace(argv=argv), "2024-05-01T10:00:00+00:00/o 1")
+    assert hint == (
+        "stepstream list --order oldest --token TOKEN --limit 5 "
+        "--after '2024-05-01T10:00:00+00:00/o 1'"
+    )
+    equals = _next_page(argparse.Namespace(argv=["list", "--token=s3cret", "--after=x"]), "y")
+    assert equals == "stepstream list --token=TOKEN --after y"
