@@ -201,6 +201,8 @@ def with_client(
     module = _TRANSPORT_MODULES.get(scheme)
     if module is not None:
         importlib.import_module(module)
+    if scheme == "embedded" and args.command_name not in _CREATE_DATA:
+        _check_data_dir(url)
     if scheme == "embedded":
         put_cwd_on_path()  # it imports $STEPSTREAM_WORKFLOWS, as `run` and `dev` would
     options: dict[str, Any] = {}
@@ -216,6 +218,23 @@ def with_client(
             return await command(client)
 
     return event_loop.run(go())
+
+
+# The client commands that may make an embedded data directory; the others need one.
+_CREATE_DATA = frozenset({"start", "schedule create"})
+
+
+def _check_data_dir(url: str) -> None:
+    """Refuse an ``embedded:PATH`` with nothing at PATH: opening it would make an empty
+    data directory (a typo becomes a second engine's data) and find nothing there."""
+    from stepstream.ops.embedded import DEFAULT_DATA_DIR
+
+    path = url.split(":", 1)[1] or DEFAULT_DATA_DIR
+    if not os.path.isdir(path):
+        raise UsageError(
+            f"there is no data directory at {path!r} (from {url!r}); check the path, or "
+            f"make one with `stepstream start WORKFLOW --connect {url}`"
+        )
 
 
 def connect_url(args: argparse.Namespace) -> str:

@@ -91,6 +91,17 @@ def test_a_wrong_command_line_exits_2_naming_the_commands_help(
     assert f"(see `stepstream {command} --help`)" in done.stderr, done.stderr
 
 
+def test_a_read_of_an_embedded_path_that_does_not_exist_makes_nothing_there(
+    tmp_path: Path,
+) -> None:
+    for command in (["status", "o-1"], ["history", "o-1"], ["list"], ["schedule", "list"]):
+        done = run_cli(tmp_path, *command, "--connect", "embedded:./typo")
+        assert done.returncode == 2, done
+        assert "there is no data directory at './typo'" in done.stderr, done.stderr
+        assert not (tmp_path / "typo").exists()
+    # A start does make it: test_an_embedded_client_command_finds_the_workflows_...
+
+
 def test_an_unknown_scheme_in_the_environment_is_a_usage_error_too(tmp_path: Path) -> None:
     env = clean_env(tmp_path, STEPSTREAM_CONNECT="localhost:8233")
     done = run_cli(tmp_path, "list", env=env)
