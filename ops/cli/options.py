@@ -192,18 +192,18 @@ def with_client(
     ``codec`` (else the one ``client_codec`` loads)."""
     url = connect_url(args)
     scheme = url.split(":", 1)[0]
+    module = _TRANSPORT_MODULES.get(scheme)
+    if module is not None:
+        importlib.import_module(module)  # registers its scheme: checked next
     if scheme not in known_schemes():
         given = "--connect" if args.connect else "$STEPSTREAM_CONNECT"
         raise UsageError(
             f"{given} {url!r} has no scheme stepstream knows ({scheme!r}); use "
             "embedded:PATH, http://HOST:PORT, https://HOST:PORT or kafka://HOST:PORT?prefix=P"
         )
-    module = _TRANSPORT_MODULES.get(scheme)
-    if module is not None:
-        importlib.import_module(module)
-    if scheme == "embedded" and args.command_name not in _CREATE_DATA:
-        _check_data_dir(url)
     if scheme == "embedded":
+        if args.command_name not in _CREATE_DATA:
+            _check_data_dir(url)
         put_cwd_on_path()  # it imports $STEPSTREAM_WORKFLOWS, as `run` and `dev` would
     options: dict[str, Any] = {}
     if scheme in ("http", "https", "kafka"):
