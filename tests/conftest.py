@@ -1,8 +1,8 @@
 """Shared fixtures: a client over each backend, with the test workflows registered.
 
-The Kafka backend runs against one real broker per session: Apache Kafka (one KRaft node
-from its Maven Central jars, over TCP; if it cannot start, every Kafka test fails with
-the reason). Each Kafka test gets its own topic
+The Kafka backend runs against one real broker per run: Apache Kafka (one KRaft node
+from its Maven Central jars, over TCP, shared by every xdist worker; if it cannot start,
+every Kafka test fails with the reason). Each Kafka test gets its own topic
 prefix and its own worker, run in this process on a thread with its own event loop (so
 step bodies see the test's environment), reached through a ``kafka://`` client.
 """
@@ -28,6 +28,7 @@ from stepstream.engine.replay.runtime import InstanceRuntime
 from stepstream.ops.embedded import EmbeddedConfig, open_embedded
 from stepstream.producers.client import Client
 from tests.kafka_broker import Broker, discard, start_test_kafka
+from tests.shared_kafka import shared_broker, stop_shared
 
 # Property tests check behaviour, not speed: on a loaded machine (the suite runs three
 # workers on two cores) one example may take longer than hypothesis's 200 ms deadline,
@@ -58,10 +59,22 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[Broker]:
-    broker = start_test_kafka()  # raises with the reason and the broker's log: never a skip
+def kafka_broker(worker_id: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    # Raises with the reason and the broker's log: never a skip.
+    if worker_id != "master":  # under xdist: one broker for the whole run (tests.shared_kafka)
+        yield shared_broker(tmp_path_factory.getbasetemp().parent)
+        return
+    broker = start_test_kafka()
     yield broker
     discard(broker)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # a worker: the broker outlives it, the controller stops it
+    factory: pytest.TempPathFactory | None = getattr(session.config, "_tmp_path_factory", None)
+    if factory is not None:
+        stop_shared(factory.getbasetemp())
 
 
 def kafka_settings(broker: Broker, prefix: str | None = None) -> KafkaSettings:
