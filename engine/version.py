@@ -6,8 +6,6 @@ run from a source checkout that was never installed, from the checkout's pyproje
 
 from __future__ import annotations
 
-import tomllib
-from importlib import metadata
 from pathlib import Path
 
 DISTRIBUTION = "stepstream"
@@ -16,6 +14,10 @@ UNKNOWN = "0+unknown"
 
 
 def version() -> str:
+    # Imported here: importlib.metadata is most of what asking costs, and a process that
+    # never asks (a CLI command other than --version) should not pay for it.
+    from importlib import metadata
+
     try:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
@@ -23,6 +25,8 @@ def version() -> str:
 
 
 def _checkout_version() -> str:
+    import tomllib
+
     # stepstream/engine is a symlink to the checkout's engine/: its parent is the checkout.
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     try:

@@ -113,10 +113,12 @@ class Transport(Protocol):
 
 TransportFactory = Callable[[str, dict[str, Any]], Awaitable[Transport]]
 _TRANSPORTS: dict[str, TransportFactory] = {}
-# Transports of this package, imported on first use (embedded registers from ops).
+# The built-in transports, each imported on first use (it registers itself). The
+# embedded one lives with the engine it opens, in ``ops``: named here, not imported.
 _BUILT_IN = {
-    "http": "stepstream.producers.http",
-    "https": "stepstream.producers.http",
+    "embedded": "stepstream.ops.embedded",
+    "http": "stepstream.producers.http.connect",
+    "https": "stepstream.producers.http.connect",
     "kafka": "stepstream.producers.kafka",
 }
 

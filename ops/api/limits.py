@@ -22,7 +22,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from stepstream.consumers.embedded.errors import StorageFailed
 from stepstream.engine.config.environ import ConfigError, env_int
 from stepstream.producers.http.wire import ServerBusy, ServerUnavailable
 
@@ -123,6 +122,10 @@ class Pending:
 def server_fault(exc: BaseException) -> ServerUnavailable | None:
     """``exc`` as the client should see it if it is the server's own failure (its disk
     is full or failing), else None."""
+    # Imported here, on a failure: the embedded package brings RocksDB, which the CLI
+    # (reading this module's defaults for --max-pending) should not load.
+    from stepstream.consumers.embedded.errors import StorageFailed
+
     if not isinstance(exc, StorageFailed):
         return None
     return ServerUnavailable(

@@ -60,6 +60,14 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 
+class _Version(argparse.Action):
+    """``--version``, read only when asked for (reading it is a good part of a start)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"stepstream {version()}")
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
     return build_parser(
         "stepstream",
@@ -69,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
         "says more; docs/cli.md has them all.",
         COMMANDS,
         everywhere=LOGGING,
-        top=(arg("--version", action="version", version=f"stepstream {version()}"),),
+        top=(arg("--version", action=_Version, nargs=0, help="print the version and exit"),),
     )
 
 

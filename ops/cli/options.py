@@ -12,12 +12,10 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from stepstream.engine.config.environ import ConfigError
 from stepstream.engine.errors import InvalidPayload
 from stepstream.engine.wire.codec import PayloadCodec, parse_json_text
 from stepstream.ops import event_loop
-from stepstream.ops.api.limits import DEFAULT_MAX_PENDING, MAX_PENDING_ENV, ApiLimits
-from stepstream.ops.api.security import ApiSecurity, InsecureBind
+from stepstream.ops.api.limits import DEFAULT_MAX_PENDING, MAX_PENDING_ENV
 from stepstream.ops.cli.payload_codecs import load_codec
 from stepstream.ops.cli.table import Arg, UsageError, arg
 from stepstream.ops.telemetry import logs
@@ -248,32 +246,6 @@ def kafka_settings(args: argparse.Namespace) -> Any:
     return KafkaSettings.load(
         args.bootstrap, args.prefix, config_file=args.kafka_config, options=args.kafka_opt
     )
-
-
-def api_security(args: argparse.Namespace) -> ApiSecurity:
-    """The API's access settings from the server flags and STEPSTREAM_* variables;
-    refused (exit 2) when they would open the API to anyone."""
-    security = ApiSecurity.from_env(
-        token=args.api_token,
-        insecure=True if args.insecure else None,
-        allowed_hosts=args.allowed_host,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-        public_urls=args.public_url,
-    )
-    try:
-        security.check_bind(args.host)
-    except InsecureBind as exc:
-        raise UsageError(str(exc)) from None
-    return security
-
-
-def api_limits(args: argparse.Namespace) -> ApiLimits:
-    """What the API holds at once (--max-pending, STEPSTREAM_MAX_PENDING)."""
-    try:
-        return ApiLimits.from_env(max_pending=args.max_pending)
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
 
 
 def json_flag(text: str | None, flag: str) -> Any:

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import ConnectionFailed, UnknownWorkflow
 from stepstream.consumers.kafka import create_topics
 from stepstream.engine.config.kafka import KafkaSettings

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import pytest
 
-import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import UnknownWorkflow
 from stepstream.consumers.kafka import create_topics
 from stepstream.engine.config.kafka import KafkaSettings

@@ -25,7 +25,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import (
     Client,
     ConnectionFailed,

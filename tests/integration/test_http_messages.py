@@ -11,7 +11,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import Client, InvalidPayload
 from tests.dev_server import start_dev
 

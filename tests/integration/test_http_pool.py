@@ -14,7 +14,6 @@ from collections.abc import Iterator
 
 import pytest
 
-import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import Client
 from tests.dev_server import DevServer, start_dev
 

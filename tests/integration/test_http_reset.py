@@ -14,7 +14,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import Client
 from stepstream.errors import InstanceNotFailed, UnknownReplayKey
 from tests.dev_server import DevServer, spawn_dev

@@ -24,7 +24,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-import stepstream.producers.http  # noqa: F401  (registers http:// and https:// with Client.connect)
 from stepstream import AccessDenied, Client, ConnectionFailed, InvalidPayload
 from tests.dev_server import DevServer, clean_env, run_cli, self_signed_certificate, start_dev
 

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import Client, InstanceExists, WorkflowTerminated, WorkflowTimeout
 from tests.browser import browser  # noqa: F401  (the fixture)
 from tests.dev_server import DevServer, start_dev

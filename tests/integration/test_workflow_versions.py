@@ -19,7 +19,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-import stepstream.producers.http  # noqa: F401  (registers http:// with Client.connect)
 from stepstream import InvalidPayload, UnknownWorkflow
 from stepstream.engine.api.workflow import Registry
 from stepstream.producers.client import Client
