@@ -11,13 +11,18 @@ outcome deserves:
 Each carries the failure as the engine has it: the traceback the step executor (or the
 workflow task) formatted when the exception was raised in this process, else the
 recorded ``error_type: error_message`` (a timeout, a lost attempt). The history keeps
-only the latter (``StepFailed``, ``WorkflowFailed``).
+only the latter (``StepFailed``, ``WorkflowFailed``). A traceback whose every frame is
+stepstream's own (the engine refusing a call: ``ctx.publish`` with no outbox set up) is
+left out: it would only repeat the message the line already carries.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepstream.consumers.log_context import TRACE_OF, instance_fields
@@ -36,15 +41,28 @@ step_log = logging.getLogger("stepstream.steps")
 run_log = logging.getLogger("stepstream.workflows")
 
 _CANCELLED = "AttemptCancelled"
+# A frame's line in a formatted traceback, and where this package's files are.
+_FRAME = re.compile(r'^  File "(.+?)", line \d+', re.MULTILINE)
+# Not resolved: the frames name files by the path they were imported from, stepstream/...
+_OURS = os.path.join(str(Path(__file__).parents[1]), "")
+
+
+def _worth_showing(traceback: str) -> str:
+    """``traceback``, or "" when it has no frame outside stepstream (nothing in it would
+    point the reader at their code)."""
+    frames = _FRAME.findall(traceback)
+    if frames and all(frame.startswith(_OURS) for frame in frames):
+        return ""
+    return traceback
 
 
 def step_failed(partition: int, record: StepFailedRecord, runtime: InstanceRuntime | None) -> None:
     traceback = runtime.tracebacks.pop((record.key, record.attempt), "") if runtime else ""
+    shown = _worth_showing(traceback)
     if record.error_type == _CANCELLED:
         level = logging.INFO
         message = "step attempt cancelled: %s"
         args: tuple[Any, ...] = (record.error_message,)
-        traceback = ""
     elif record.next_attempt_at_ms is not None:
         level = logging.WARNING
         message = "step attempt failed, will retry at %s: %s: %s"
@@ -59,7 +77,10 @@ def step_failed(partition: int, record: StepFailedRecord, runtime: InstanceRunti
         return
     fields = _fields(record.instance_id, partition, runtime)
     fields.update(step=record.key, attempt=record.attempt, error_type=record.error_type)
-    text = traceback or ("" if level == logging.INFO else _recorded(record))
+    if level == logging.INFO or (traceback and not shown):
+        text = ""  # the message says it all
+    else:
+        text = shown or _recorded(record)
     _emit(step_log, level, message, args, fields, text)
 
 

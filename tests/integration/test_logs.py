@@ -258,3 +258,39 @@ def test_a_cancel_logs_the_step_attempt_it_gave_up_and_counts_it(tmp_path: Path)
     assert line["workflow"] == "long", line
     counted = 'stepstream_steps_total{outcome="cancelled",step="long-call",workflow="long"} 1.0'
     assert counted in metrics, metrics
+
+
+PUBLISHING = textwrap.dedent(
+    """
+    from stepstream import Context, workflow
+
+    @workflow("announce")
+    async def announce(ctx: Context, order: str) -> None:
+        await ctx.publish("shop.orders", {"order": order})
+    """
+)
+
+
+def test_an_engine_refusal_is_logged_without_a_traceback_of_the_engine(tmp_path: Path) -> None:
+    """``ctx.publish`` on an engine with no outbox fails the step at once. Its traceback
+    lies wholly in stepstream's own code, so the step's ERROR line carries the message
+    alone; the workflow's line keeps the traceback that points at the user's await."""
+    (tmp_path / "announcing.py").write_text(PUBLISHING)
+    env = clean_env(tmp_path)
+    env.pop("STEPSTREAM_OUTBOX_BOOTSTRAP", None)
+    done = run_cli(
+        tmp_path,
+        "run",
+        "announcing:announce",
+        "--input",
+        '"o-1"',
+        "--log-format",
+        "json",
+        env=env,
+    )
+    assert done.returncode == 1, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    (step,) = [line for line in lines if line["msg"].startswith("step failed for good")]
+    assert "STEPSTREAM_OUTBOX_BOOTSTRAP" in step["msg"] and "exception" not in step, step
+    (failed,) = [line for line in lines if line["msg"].startswith("workflow failed")]
+    assert 'announcing.py", line 6, in announce' in failed["exception"], failed
