@@ -28,6 +28,7 @@ from stepstream.consumers.kafka import (
     StateDir,
     topic_partitions,
 )
+from stepstream.consumers.kafka.group_protocol import check_member_settings
 from stepstream.consumers.kafka.keys import group_id
 from stepstream.consumers.kafka.logins import LoginWatch
 from stepstream.consumers.kafka.outbox import KafkaOutbox
@@ -106,6 +107,7 @@ class KafkaWorker:
     async def start(self) -> None:
         settings = self.config.settings
         self.config.api.check_bind(self.config.host)
+        check_member_settings(settings)  # a refused group setting: before any side effect
         try:
             partitions = await asyncio.to_thread(topic_partitions, settings)
             # Settings that break a guarantee (history deleted by age, one replica...) are

@@ -53,6 +53,13 @@ def group_protocol(settings: KafkaSettings) -> str:
     return value
 
 
+def check_member_settings(settings: KafkaSettings) -> None:
+    """Refuse (``KafkaSettingsError``) a protocol, or a property of it, that
+    ``member_config`` would refuse: a worker checks this before it touches anything (the
+    brokers, its state directory, the definitions topic)."""
+    member_config(settings, {}, {})
+
+
 def member_config(
     settings: KafkaSettings,
     defaults: Mapping[str, object],
