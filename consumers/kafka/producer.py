@@ -145,13 +145,12 @@ class LogProducer:
         own settings unless given: the outbox's differ). ``logins`` hears of a login the
         cluster refuses while it runs (and of the producer logged in again)."""
         self._errors = _Errors(logins)
-        watched: dict[str, object] = {}
+        # librdkafka's lines go through logging (the process's format, JSON with the
+        # rest) whoever owns the producer: a worker, or an engine's outbox.
+        watched: dict[str, object] = {"logger": quiet_librdkafka()}
         if logins is not None:
-            watched = {
-                "statistics.interval.ms": LOGIN_STATS_INTERVAL_MS,
-                "stats_cb": self._errors.statistics,
-                "logger": quiet_librdkafka(),
-            }
+            watched["statistics.interval.ms"] = LOGIN_STATS_INTERVAL_MS
+            watched["stats_cb"] = self._errors.statistics
         config = settings.client_config(
             "producer",
             {**defaults, "client.id": client_id},

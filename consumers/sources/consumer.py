@@ -26,6 +26,7 @@ from stepstream.consumers.kafka import keys
 from stepstream.consumers.kafka.clients import make_client
 from stepstream.consumers.kafka.group import CONSUMER_DEFAULTS as GROUP_CONSUMER_DEFAULTS
 from stepstream.consumers.kafka.group_protocol import member_config
+from stepstream.consumers.kafka.librdkafka_log import quiet_librdkafka
 from stepstream.consumers.kafka.producer import LogProducer, OutRecord
 from stepstream.consumers.sources.lag import SourceLag
 from stepstream.consumers.sources.translate import (
@@ -149,7 +150,11 @@ class SourceConsumer:
         config = member_config(
             self._settings,
             {**CONSUMER_DEFAULTS, "client.id": "stepstream-sources"},
-            {**CONSUMER_REQUIRED, "group.id": keys.sources_group_id(self._settings.prefix)},
+            {
+                **CONSUMER_REQUIRED,
+                "group.id": keys.sources_group_id(self._settings.prefix),
+                "logger": quiet_librdkafka(),  # its lines in the process's log format
+            },
         )
         self._consumer = make_client(Consumer, config, "sources consumer")
         self._consumer.subscribe(

@@ -23,7 +23,7 @@ from stepstream import WorkflowFailed
 from stepstream.consumers.kafka import create_topics
 from stepstream.producers.client import Client
 from tests.conftest import KAFKA_TEST_PARTITIONS, kafka_settings, kafka_url
-from tests.dev_server import REPO, clean_env, run_cli, start_dev
+from tests.dev_server import REPO, clean_env, free_port, run_cli, start_dev
 from tests.kafka_broker import Broker
 from tests.otlp_collector import OtlpCollector
 from tests.processes import launch, worker_command
@@ -294,3 +294,32 @@ def test_an_engine_refusal_is_logged_without_a_traceback_of_the_engine(tmp_path:
     assert "STEPSTREAM_OUTBOX_BOOTSTRAP" in step["msg"] and "exception" not in step, step
     (failed,) = [line for line in lines if line["msg"].startswith("workflow failed")]
     assert 'announcing.py", line 6, in announce' in failed["exception"], failed
+
+
+def test_the_outboxs_kafka_client_logs_in_the_processs_format(tmp_path: Path) -> None:
+    """An engine whose outbox cannot reach its cluster: librdkafka's own lines about it
+    come through logging, JSON like every other line, not raw on stderr."""
+    (tmp_path / "announcing.py").write_text(PUBLISHING)
+    env = clean_env(
+        tmp_path,
+        STEPSTREAM_OUTBOX_BOOTSTRAP=f"127.0.0.1:{free_port()}",  # nothing listens
+        STEPSTREAM_DRAIN_TIMEOUT_S="0.5",
+    )
+    done = run_cli(
+        tmp_path,
+        "run",
+        "announcing:announce",
+        "--input",
+        '"o-1"',
+        "--timeout",
+        "2",
+        "--log-format",
+        "json",
+        env=env,
+    )
+    assert done.returncode == 3, done.stderr  # gave up waiting: the publish goes on trying
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    logged = [json.loads(line) for line in lines if line.startswith("{")]
+    assert not [line for line in lines if line.startswith("%")], done.stderr
+    librdkafka = [line for line in logged if line["logger"] == "stepstream.kafka.librdkafka"]
+    assert any("Connection refused" in line["msg"] for line in librdkafka), logged
