@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import ssl
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -63,6 +65,32 @@ async def _connect(url: str, options: dict[str, Any]) -> Transport:
     )
 
 
+class _Unreachable(logging.Filter):
+    """While the client first connects, aiokafka logs each broker it cannot reach
+    (``Unable connect to "host:port": [Errno 111] Connection refused``) at ERROR before
+    the start fails. Held back here, the reason goes into the one error the caller gets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.startswith("Unable connect to"):
+            return True
+        self.reasons.append(text.removeprefix("Unable connect to "))
+        return False
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        logger = logging.getLogger("aiokafka")
+        logger.addFilter(self)
+        try:
+            yield
+        finally:
+            logger.removeFilter(self)
+
+
 async def open_kafka_transport(
     settings: KafkaSettings,
     *,
@@ -86,9 +114,11 @@ async def open_kafka_transport(
         "max_batch_size", min(_BATCH_BYTES, producer_options["max_request_size"])
     )
     producer = AIOKafkaProducer(**producer_options, acks="all", enable_idempotence=False)
+    unreachable = _Unreachable()
     try:
         async with asyncio.timeout(_CONNECT_TIMEOUT_S):
-            await producer.start()
+            with unreachable.held():
+                await producer.start()
             # A metadata request naming a topic creates it on brokers that auto-create:
             # ask for all topics, and name ours only once they are known to exist.
             cluster = await producer.client.fetch_all_metadata()
@@ -101,9 +131,10 @@ async def open_kafka_transport(
             raise
         if not isinstance(exc, TimeoutError):  # a refusal comes at once, never as a timeout
             await _raise_if_refused(settings, producer_options)
+        why = unreachable.reasons[-1] if unreachable.reasons else str(exc) or type(exc).__name__
         raise ConnectionFailed(
-            f"cannot reach Kafka at {settings.bootstrap}: {str(exc) or type(exc).__name__}; check "
-            "the address and the security settings"
+            f"cannot reach Kafka at {settings.bootstrap}: {why}; check the address and the "
+            "security settings"
         ) from None
     members: MembersView | None = None
     definitions: DefinitionsView | None = None

@@ -235,6 +235,9 @@ def test_the_readme_kafka_quick_start_works_typed_line_after_line(tmp_path: Path
     assert "receipt for o-1" in done.stdout, done.stdout
 
 
+KAFKA_NOWHERE = "kafka://127.0.0.1:1?prefix=nowhere"
+
+
 def test_topics_create_without_a_reachable_cluster_says_so_in_one_line(tmp_path: Path) -> None:
     """Nothing listens there: the error says what to check, without librdkafka's line
     per connection attempt before it, once ``--timeout`` has passed (60 s unless set)."""
@@ -255,6 +258,23 @@ def test_topics_create_without_a_reachable_cluster_says_so_in_one_line(tmp_path:
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith("error: cannot reach Kafka at 127.0.0.1:1"), lines
     assert "check --bootstrap and the security settings" in lines[0], lines
+
+
+def test_a_kafka_client_with_no_reachable_cluster_says_why_in_one_line(tmp_path: Path) -> None:
+    """``--connect kafka://`` to an address nothing listens at: one line, with the
+    reason aiokafka had (refused), not aiokafka's own log line before it."""
+    done = subprocess.run(
+        [sys.executable, "-m", "stepstream.ops.cli", "list", "--connect", KAFKA_NOWHERE],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 4, done.stderr  # the engine is unreachable (docs/cli.md)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: cannot reach Kafka at 127.0.0.1:1: "), lines
+    assert "Connection refused" in lines[0], lines
 
 
 @pytest.mark.slow
