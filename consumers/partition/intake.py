@@ -11,7 +11,12 @@ from dataclasses import dataclass
 
 from stepstream.engine.api.reserved_ids import is_engine_instance, reserved_id_problem
 from stepstream.engine.errors import StepstreamError, UndecodableRecord
-from stepstream.engine.replay.ids import child_command_run, child_done, parse_child_command
+from stepstream.engine.replay.ids import (
+    child_command_run,
+    child_done,
+    is_child_notice,
+    parse_child_command,
+)
 from stepstream.engine.replay.outgoing import child_outcome
 from stepstream.engine.seams import Clock, LogEntry
 from stepstream.engine.wire.codec import (
@@ -21,7 +26,7 @@ from stepstream.engine.wire.codec import (
     decode_safely,
     encode_safely,
 )
-from stepstream.engine.wire.names import name_problem
+from stepstream.engine.wire.names import event_name_problem, name_problem
 from stepstream.engine.wire.records import Command, SendEvent, StartFork, StartWorkflow, TimerFired
 from stepstream.engine.wire.serde import RecordSerde
 from stepstream.engine.wire.topics import partition_for
@@ -110,7 +115,10 @@ class CommandIntake:
             if problem is not None:
                 return f"InvalidPayload: instance id {command.instance_id!r} {problem}"
         if isinstance(command, SendEvent):
-            problem = name_problem(command.name)
+            # Any producer may write commands: ``~`` names are the engine's own (a child's
+            # notice to its parent), refused from anyone else as the clients refuse them.
+            own = is_child_notice(command.name, command.command_id)
+            problem = (name_problem if own else event_name_problem)(command.name)
             if problem is not None:
                 return f"InvalidPayload: event name {problem}"
         if isinstance(command, StartWorkflow):

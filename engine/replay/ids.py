@@ -65,6 +65,18 @@ def child_event(key: str) -> str:
     return f"{CHILD_EVENT_PREFIX}{key}"
 
 
+def is_child_notice(name: str, command_id: str) -> bool:
+    """Whether an event is the engine's notice to a parent of how its child ended (the
+    only ``~`` event it sends): named ``~child/KEY`` under the command id the engine
+    gives such a notice (``child_done``, or ``childexists:`` for a refused start)."""
+    head = command_id.partition(":")[0]
+    return name.startswith(CHILD_EVENT_PREFIX) and (
+        head == "childexists"
+        or head == "childdone"
+        or (head[:9] == "childdone" and head[9:].isdigit())
+    )
+
+
 def loop_prefixes(key: str, iteration: int) -> tuple[str, str]:
     """The key prefixes of one loop iteration: its scope, and the tasks it ran in (the
     keys of values read there start with the task's name)."""

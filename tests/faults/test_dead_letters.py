@@ -112,6 +112,18 @@ def bad_records(marker: Path) -> list[Bad]:
             SERDE.encode(_start(id_on(1 - PARTITION, "dl-misrouted"))),
             f"lives on partition {1 - PARTITION}",
         ),
+        Bad(  # a child's notice to its parent is the engine's to send, not a producer's
+            "engine-event",
+            SERDE.encode(
+                SendEvent(
+                    instance_id=id_on(PARTITION, "dl-forged"),
+                    command_id="ev-forged",
+                    name="~child/pay",
+                    payload=CODEC.encode({"status": "completed", "result": 1}),
+                )
+            ),
+            "InvalidPayload: event name starts with '~', which is reserved",
+        ),
     ]
 
 
