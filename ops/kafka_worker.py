@@ -44,6 +44,7 @@ from stepstream.engine.wire.records import Command
 from stepstream.engine.wire.serde import RecordSerde, default_serde
 from stepstream.engine.wire.topics import DEFINITIONS, MEMBERS, TopicNames, partition_for
 from stepstream.ops.api.routes import DEFAULT_MAX_BODY_BYTES, make_app
+from stepstream.ops.api.serving import api_runner
 from stepstream.ops.api.ui.cluster import ClusterView
 from stepstream.ops.kafka_worker_config import ENV_EXIT_AFTER_LOGIN_REFUSED, KafkaWorkerConfig
 from stepstream.ops.telemetry import tracing
@@ -405,7 +406,9 @@ class KafkaWorker:
             limits=self.config.api_limits,
         )
         tls = security.ssl_context()
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        # No access log: on Kubernetes the probes and scrapes would fill it, and
+        # stepstream_http_requests_total counts requests by route.
+        runner = api_runner(app, access_log=False)
         await runner.setup()
         host_name, port = self.config.host, self.config.port
         try:

@@ -98,15 +98,17 @@ class ProtocolErrorLog(logging.LoggerAdapter[logging.Logger]):
         )
 
 
-def api_runner(app: web.Application) -> web.AppRunner:
+def api_runner(app: web.Application, *, access_log: bool = True) -> web.AppRunner:
     """The runner of an API clients use: a request whose client went away stops waiting
-    (a result wait), the access log says how long each request took, and malformed
-    requests are logged sparingly (``ProtocolErrorLog``)."""
+    (a result wait), the access log (unless ``access_log`` is False: a worker's probes
+    and scrapes would fill it) says how long each request took, and malformed requests
+    are logged sparingly (``ProtocolErrorLog``)."""
+    logged: dict[str, Any] = {"access_log_format": '%a "%r" %s %b %Tfs'}
     return web.AppRunner(
         app,
         handler_cancellation=True,
-        access_log_format='%a "%r" %s %b %Tfs',
         logger=cast(logging.Logger, ProtocolErrorLog()),
+        **(logged if access_log else {"access_log": None}),
     )
 
 

@@ -187,24 +187,50 @@ async def test_a_kafka_worker_logs_the_trace_of_a_run_started_without_one(
     _check_failure_lines(_lines(log), instance_id, _run_span(collector))
 
 
-def test_broken_http_from_one_peer_is_logged_once_without_traceback(tmp_path: Path) -> None:
-    source = "from tests.workflows import arith  # noqa: F401\n"
-    server = start_dev(tmp_path, "plain", source, "--log-format", "json")
-    host, port = server.url.removeprefix("http://").rsplit(":", 1)
-    try:
-        for _ in range(50):
-            with socket.create_connection((host, int(port)), timeout=5) as conn:
-                conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n")
-                assert b" 400 Bad Request" in conn.recv(4096).split(b"\r\n")[0]
-    finally:
-        server.stop()
-    text = server.log.read_text()
-    lines = _lines(server.log)
+def _send_broken_http(url: str) -> None:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    for _ in range(50):
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n")
+            assert b" 400 Bad Request" in conn.recv(4096).split(b"\r\n")[0]
+
+
+def _check_broken_http_logged_once(log: Path) -> None:
+    text = log.read_text()
+    lines = _lines(log)
     malformed = [line for line in lines if "malformed HTTP" in line["msg"]]
     assert len(malformed) == 1, text
     assert malformed[0]["level"] == "WARNING" and "exception" not in malformed[0]
     assert malformed[0]["peer"] == "127.0.0.1"
     assert "Traceback" not in text and not [x for x in lines if x["level"] == "ERROR"], text
+
+
+def test_broken_http_from_one_peer_is_logged_once_without_traceback(tmp_path: Path) -> None:
+    source = "from tests.workflows import arith  # noqa: F401\n"
+    server = start_dev(tmp_path, "plain", source, "--log-format", "json")
+    try:
+        _send_broken_http(server.url)
+    finally:
+        server.stop()
+    _check_broken_http_logged_once(server.log)
+
+
+def test_broken_http_to_a_kafka_worker_is_logged_once_too(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    (tmp_path / "plain.py").write_text("from tests.workflows import arith  # noqa: F401\n")
+    settings = kafka_settings(kafka_broker, f"t{uuid.uuid4().hex[:10]}")
+    create_topics(settings, KAFKA_TEST_PARTITIONS)
+    env = clean_env(tmp_path)
+    command = worker_command("plain", settings.bootstrap, settings.prefix, tmp_path / "state", [])
+    log = tmp_path / "worker.log"
+    proc, url = launch([*command, "--log-format", "json"], env=env, log=log)
+    try:
+        _send_broken_http(url)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    _check_broken_http_logged_once(log)
 
 
 def test_a_bad_log_format_is_refused(tmp_path: Path) -> None:
