@@ -275,10 +275,10 @@ class PartitionDB:
         return StateCorrupted(self.path, self.partition, self.corrupted.detail)
 
 
-def quarantine(path: str, reason: str) -> str | None:
+def quarantine(path: str, reason: str, partition: int | None = None) -> str | None:
     """Move a damaged partition directory aside (``<path>.corrupt-<UTC time>``), kept for
     a post-mortem; returns where it went (None if there was nothing). A marker left by
-    ``mark_damaged`` goes with it."""
+    ``mark_damaged`` goes with it. ``partition`` goes into the warning's fields."""
     marker = Path(_marker(path))
     if not os.path.exists(path):
         marker.unlink(missing_ok=True)
@@ -298,6 +298,7 @@ def quarantine(path: str, reason: str) -> str | None:
         reason,
         target,
         target,
+        extra={"partition": partition},
     )
     return target
 

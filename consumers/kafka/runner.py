@@ -55,7 +55,7 @@ def _open_sound(path: str, partition: int, partitions: int, memory: RocksMemory)
             return PartitionDB.open(path, partition, partitions, memory)
         except StateCorrupted as exc:
             reason = str(exc)
-    quarantine(path, reason)
+    quarantine(path, reason, partition)
     return PartitionDB.open(path, partition, partitions, memory)
 
 
@@ -206,7 +206,7 @@ class KafkaRunner:
                 db.close()
                 if last_try:
                     raise
-                await asyncio.to_thread(quarantine, path, str(exc))
+                await asyncio.to_thread(quarantine, path, str(exc), partition)
                 continue
             except BaseException:
                 self._group.detach(partition)

@@ -481,6 +481,8 @@ async def test_a_damaged_partition_directory_is_quarantined_and_rebuilt(
     said = "\n".join(r.getMessage() for r in caplog.records)
     assert f"partition=0 state in {partition_dir} is damaged" in said, said
     assert f"moved it to {partition_dir.parent / aside[0]}" in said, said
+    (moved,) = [r for r in caplog.records if "moved it to" in r.getMessage()]
+    assert getattr(moved, "partition", None) == 0  # a field log pipelines can select on
     print(f"{what} ({damaged}) -> {aside[0]}")
 
 
