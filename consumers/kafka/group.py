@@ -43,7 +43,7 @@ from stepstream.consumers.kafka.group_assignment import (
 from stepstream.consumers.kafka.group_offsets import GroupOffsets, Position
 from stepstream.consumers.kafka.group_protocol import member_config
 from stepstream.consumers.kafka.group_stats import STATS_INTERVAL_MS, GroupStatistics
-from stepstream.consumers.kafka.librdkafka_log import quiet_librdkafka
+from stepstream.consumers.kafka.librdkafka_log import SameLineLimit, quiet_librdkafka
 from stepstream.consumers.kafka.logins import LoginWatch
 from stepstream.consumers.kafka.source import KafkaSource
 from stepstream.engine.config.kafka import KafkaSettings
@@ -97,6 +97,7 @@ class GroupConsumer:
     ) -> None:
         """``logins`` hears of a login the cluster refuses while the worker runs."""
         self._logins = logins
+        self._repeats = SameLineLimit()  # an outage queues the same error many times
         watched: dict[str, object] = {"logger": quiet_librdkafka()} if logins else {}
         self._topics = TopicNames(settings.prefix)
         self._kind_of = {self._topics.name(kind): kind for kind in KINDS}
@@ -339,5 +340,5 @@ class GroupConsumer:
         if err.fatal():
             log.error("Kafka consumer failed for good: %s", err.str())
             self._fail(RuntimeError(f"Kafka consumer failed: {err.str()}"))
-        elif err.code() != KafkaError._TRANSPORT:
+        elif err.code() != KafkaError._TRANSPORT and self._repeats.fresh(err.str()):
             log.warning("Kafka consumer error: %s", err.str())

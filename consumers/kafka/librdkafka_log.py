@@ -69,6 +69,28 @@ class BrokerFailures(logging.Filter):
         return True
 
 
+class SameLineLimit:
+    """librdkafka queues its error callbacks until the client is next polled, so an
+    outage can hand a client's callback the same error many times in one poll (nine
+    ``1/1 brokers are down`` in a millisecond). ``fresh(text)`` is True for a text not
+    seen in the last ``every_s`` seconds; the client logs only those."""
+
+    def __init__(self, every_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+        self._every = every_s
+        self._clock = clock
+        self._last: tuple[str, float] | None = None
+        self._lock = threading.Lock()  # callbacks come on whichever thread polls
+
+    def fresh(self, text: str) -> bool:
+        now = self._clock()
+        with self._lock:
+            if self._last is not None and self._last[0] == text:
+                if now - self._last[1] < self._every:
+                    return False
+            self._last = (text, now)
+            return True
+
+
 def quiet_librdkafka() -> logging.Logger:
     """The ``logger`` for a worker's librdkafka clients: their lines go through Python's
     logging (as ``stepstream.kafka.librdkafka``, in the worker's log format) instead of

@@ -24,7 +24,7 @@ from functools import partial
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from stepstream.consumers.kafka.clients import make_client
-from stepstream.consumers.kafka.librdkafka_log import quiet_librdkafka
+from stepstream.consumers.kafka.librdkafka_log import SameLineLimit, quiet_librdkafka
 from stepstream.consumers.kafka.logins import LoginWatch
 from stepstream.engine.config.kafka import KafkaSettings
 from stepstream.engine.errors import StepstreamError
@@ -112,6 +112,7 @@ class _Errors:
     def __init__(self, logins: LoginWatch | None) -> None:
         self.fatal: str | None = None
         self.logins = logins
+        self._repeats = SameLineLimit()
 
     def __call__(self, err: KafkaError) -> None:
         logins = self.logins
@@ -122,7 +123,8 @@ class _Errors:
         if err.fatal():
             self.fatal = err.str()
             log.error("Kafka producer failed for good: %s", err.str())
-        elif err.code() != KafkaError._TRANSPORT:  # reconnects are routine; librdkafka logs them
+        elif err.code() != KafkaError._TRANSPORT and self._repeats.fresh(err.str()):
+            # (A reconnect is routine; librdkafka logs it.)
             log.warning("Kafka producer error: %s", err.str())
 
     def statistics(self, stats: str) -> None:

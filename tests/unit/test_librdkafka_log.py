@@ -7,7 +7,11 @@ import uuid
 
 import pytest
 
-from stepstream.consumers.kafka.librdkafka_log import BrokerFailures, quiet_librdkafka
+from stepstream.consumers.kafka.librdkafka_log import (
+    BrokerFailures,
+    SameLineLimit,
+    quiet_librdkafka,
+)
 
 REFUSED = (
     "[thrd:127.0.0.1:9092/bootstrap]: 127.0.0.1:9092/bootstrap: Connect to "
@@ -80,3 +84,34 @@ def test_after_a_minute_the_next_failure_says_how_many_were_not_logged() -> None
     record = failure()
     assert throttle.filter(record)
     assert record.getMessage() == f"FAIL [w-1#producer-1] {REFUSED}"
+
+
+def test_an_error_queued_many_times_in_one_poll_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """librdkafka hands a client's error callback what queued up while it was not
+    polled: nine "all brokers down" at once are one warning; another error, or the same
+    one a second later, is logged again."""
+    from confluent_kafka import KafkaError
+
+    from stepstream.consumers.kafka.producer import _Errors
+
+    now = [100.0]
+    errors = _Errors(None)
+    errors._repeats = SameLineLimit(clock=lambda: now[0])
+    down = KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down")
+    with caplog.at_level(logging.WARNING, logger="stepstream.kafka.producer"):
+        for _ in range(9):
+            errors(down)
+        errors(KafkaError(KafkaError._TIMED_OUT, "metadata request timed out"))
+        errors(down)  # after another error: news again
+        now[0] += 1.5
+        errors(down)
+        errors(down)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "Kafka producer error: 1/1 brokers are down",
+        "Kafka producer error: metadata request timed out",
+        "Kafka producer error: 1/1 brokers are down",
+        "Kafka producer error: 1/1 brokers are down",
+    ], said
