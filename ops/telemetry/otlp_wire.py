@@ -377,7 +377,9 @@ class WireExport:
         )
         self._warned_at, self._unwarned = now, 0
         log.warning(
-            "could not export %d spans to the OTLP endpoint (%s)%s; %d dropped so far",
+            "could not export %d spans to the OTLP endpoint (%s)%s; %d dropped so far. "
+            "The engine goes on without them: check that the collector at "
+            "OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_ENDPOINT) is up and reachable",
             count,
             result.error or f"HTTP {result.status_code}",
             since,
