@@ -283,18 +283,21 @@ class Router:
 
     def unowned(self, what: str, partitions: Sequence[int]) -> ConnectionFailed:
         """The error for a read of ``partitions`` that no live worker owns."""
-        details = []
+        # Partitions in the same plight are one clause: with no worker left, every
+        # partition of a 24-partition prefix has the same last owner and time.
+        plights: dict[str, list[int]] = {}
         for partition in partitions:
             vacancy = self._members.vacancy(partition)
             if vacancy is None:
-                details.append(f"partition {partition}: no worker has announced owning it")
+                plight = "no worker has announced owning it"
             else:
                 since = datetime.fromtimestamp(vacancy.since_ms / 1000, UTC)
-                details.append(
-                    f"partition {partition}: no live owner since "
-                    f"{since.isoformat(timespec='seconds')} (last owner: worker "
-                    f"{vacancy.worker_id})"
+                plight = (
+                    f"no live owner since {since.isoformat(timespec='seconds')} (last "
+                    f"owner: worker {vacancy.worker_id})"
                 )
+            plights.setdefault(plight, []).append(partition)
+        details = [f"{_partitions_named(found)}: {plight}" for plight, found in plights.items()]
         state = (
             "no worker of prefix {p!r} is running"
             if not self._members.live()
@@ -341,3 +344,18 @@ class Router:
             owner = self._members.owner(partition)
             if owner is None or (owner.worker_id, owner.url) != (worker_id, url):
                 request.cancel()
+
+
+def _partitions_named(partitions: Sequence[int]) -> str:
+    """``partition 3``, or ``partitions 0-2, 5`` (runs of consecutive ones as ranges)."""
+    ordered = sorted(set(partitions))
+    if len(ordered) == 1:
+        return f"partition {ordered[0]}"
+    runs: list[list[int]] = []
+    for partition in ordered:
+        if runs and partition == runs[-1][-1] + 1:
+            runs[-1].append(partition)
+        else:
+            runs.append([partition])
+    named = (f"{run[0]}-{run[-1]}" if len(run) > 1 else f"{run[0]}" for run in runs)
+    return f"partitions {', '.join(named)}"

@@ -356,3 +356,18 @@ def test_an_empty_prefix_variable_means_the_default_and_an_empty_flag_is_refused
     assert Settings.load("b:9092", environ={"STEPSTREAM_PREFIX": ""}).prefix == "stepstream"
     with pytest.raises(KafkaSettingsError, match="must be non-empty"):
         Settings.load("b:9092", "", environ={})
+
+
+@pytest.mark.parametrize(
+    ("partitions", "named"),
+    [
+        ([3], "partition 3"),
+        ([0, 1, 2, 3], "partitions 0-3"),
+        ([5, 0, 1, 2, 9, 10], "partitions 0-2, 5, 9-10"),
+        ([4, 4, 7], "partitions 4, 7"),
+    ],
+)
+def test_partitions_in_one_plight_are_named_as_ranges(partitions: list[int], named: str) -> None:
+    from stepstream.producers.kafka.routing import _partitions_named
+
+    assert _partitions_named(partitions) == named
