@@ -172,6 +172,13 @@ def settings_from_url(url: str, options: dict[str, Any]) -> KafkaSettings:
     if parts.scheme != "kafka":
         raise StepstreamError(f"{url!r} is not a kafka://HOST:PORT?prefix=P address")
     query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    if parts.path.strip("/"):
+        # kafka://HOST:PORT/shop reads as a prefix, but the prefix is a parameter: taken
+        # silently, the path would leave the default prefix, and the wrong topics.
+        raise StepstreamError(
+            f"cannot connect to {url!r}: a kafka:// address has no path; give the topic "
+            f"prefix as a parameter: kafka://{parts.netloc}?prefix={parts.path.strip('/')}"
+        )
     unknown = sorted(set(query) - {"prefix"})
     if unknown:
         raise StepstreamError(

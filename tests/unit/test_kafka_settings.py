@@ -371,3 +371,13 @@ def test_partitions_in_one_plight_are_named_as_ranges(partitions: list[int], nam
     from stepstream.producers.kafka.routing import _partitions_named
 
     assert _partitions_named(partitions) == named
+
+
+async def test_a_kafka_url_with_a_path_says_the_prefix_is_a_parameter() -> None:
+    """kafka://HOST:PORT/shop looks like a prefix; taken silently it would connect to the
+    default prefix's topics. It is refused, with the address as it should be."""
+    from stepstream import Client, StepstreamError
+
+    with pytest.raises(StepstreamError, match=r"kafka://127\.0\.0\.1:1\?prefix=shop"):
+        async with Client.connect("kafka://127.0.0.1:1/shop"):
+            pass
