@@ -55,6 +55,8 @@ _OPEN_PATHS = frozenset(
     {"/healthz", "/readyz", *UI_PATHS, *(STATIC_PREFIX + name for name in UI_FILES)}
 )
 _WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
+# Scraped by Prometheus, which a refusal tells how to send the token.
+METRICS_PATH = "/metrics"
 
 
 class InsecureBind(StepstreamError):
@@ -234,7 +236,7 @@ class _Guard:
         if origin is not None and not self._own_origin(origin, host):
             return _refuse(403, "AccessDenied", self._foreign_origin(origin, host))
         if self._token is not None and request.path not in _OPEN_PATHS:
-            refusal = self._check_token(request.headers.get("Authorization"))
+            refusal = self._check_token(request.headers.get("Authorization"), request.path)
             if refusal is not None:
                 return _refuse(401, "AccessDenied", refusal, {"WWW-Authenticate": "Bearer"})
         if request.method == "POST" and not _accepted_body(request):
@@ -289,10 +291,16 @@ class _Guard:
         except ValueError:
             return False
 
-    def _check_token(self, header: str | None) -> str | None:
+    def _check_token(self, header: str | None, path: str = "") -> str | None:
         assert self._token is not None
         scheme, _, given = (header or "").partition(" ")
         if header is None or scheme.lower() != "bearer" or not given.strip():
+            if path == METRICS_PATH:  # asked by a scraper, not a client
+                return (
+                    "/metrics needs the API's bearer token (Authorization: Bearer TOKEN): "
+                    "give it to Prometheus (a scrape config's authorization.credentials, "
+                    "or the chart's ServiceMonitor, which sends it)"
+                )
             return (
                 "this stepstream API needs a bearer token (Authorization: Bearer TOKEN); pass "
                 f"token= to Client.connect, or --token / {TOKEN_ENV} to the CLI"

@@ -100,6 +100,10 @@ async def test_no_token_or_a_wrong_one_is_401_with_a_clear_message(
     with pytest.raises(aiohttp.WSServerHandshakeError) as upgrade:
         await http.ws_connect("/v1/session")
     assert upgrade.value.status == 401
+    # A scrape without the token: the refusal speaks to whoever configures Prometheus.
+    async with http.get("/metrics") as r:
+        status, body = await answer(r)
+    assert status == 401 and "give it to Prometheus" in body["error"]["message"], body
 
     # probes need no token
     async with http.get("/healthz") as r:
