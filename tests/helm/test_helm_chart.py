@@ -179,6 +179,39 @@ def test_the_api_service_reaches_the_workers_and_allows_its_own_names() -> None:
     ]["value"].split(",")
 
 
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        (f"{FULLNAME}-0.{FULLNAME}-workers", 200),
+        (f"{FULLNAME}-0.{FULLNAME}-workers.{NAMESPACE}", 200),
+        (f"{FULLNAME}-0.{FULLNAME}-workers.{NAMESPACE}.svc", 200),
+        (f"{FULLNAME}-2.{FULLNAME}-workers.{NAMESPACE}.svc.cluster.local:8233", 200),
+        (f"{FULLNAME}.{NAMESPACE}", 200),
+        ("rebound.attacker.example", 403),
+    ],
+)
+async def test_a_worker_answers_to_its_headless_name_in_every_form_dns_resolves(
+    host: str, status: int
+) -> None:
+    """The names the chart allows, enforced by the worker's own guard: a pod reached as
+    <pod>.<release>-stepstream-workers[.<ns>[.svc[.<domain>]]] is served, as the
+    Service is; any other name is refused (a defence against DNS rebinding)."""
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from stepstream.ops.api.security import ApiSecurity
+
+    allowed = env_of(_worker(render_file(None)))["STEPSTREAM_ALLOWED_HOSTS"]["value"]
+    security = ApiSecurity.from_env({"STEPSTREAM_ALLOWED_HOSTS": allowed})
+    guard = security.guard(served_hosts=("0.0.0.0",))
+
+    async def ok(_: web.Request) -> web.StreamResponse:
+        return web.Response(text="ok")
+
+    answer = await guard(make_mocked_request("GET", "/healthz", headers={"Host": host}), ok)
+    assert answer.status == status, (host, allowed)
+
+
 def test_the_api_token_comes_from_a_secret() -> None:
     rendered = render_file(None)
     token = env_of(_worker(rendered))["STEPSTREAM_API_TOKEN"]["valueFrom"]["secretKeyRef"]
