@@ -351,6 +351,18 @@ def test_the_topic_job_is_a_hook_that_creates_the_topics() -> None:
     assert not render({"topics": {"create": False}}).all("Job")
 
 
+def test_without_the_topics_job_notes_give_the_command_with_the_security_it_needs() -> None:
+    plain = render({"topics": {"create": False}}).notes
+    assert "stepstream topics create --bootstrap" in plain
+    assert "STEPSTREAM_KAFKA_SECURITY_PROTOCOL" not in plain
+    values = load_values("values-sasl.yaml")
+    values["topics"] = {**values.get("topics", {}), "create": False}
+    secured = render(values).notes
+    assert "STEPSTREAM_KAFKA_SECURITY_PROTOCOL=SASL_SSL" in secured, secured
+    assert "STEPSTREAM_KAFKA_SASL_MECHANISM=SCRAM-SHA-512" in secured
+    assert "STEPSTREAM_KAFKA_SSL_CA_LOCATION=" in secured
+
+
 def test_the_service_monitor_scrapes_metrics_of_every_worker_on_the_api_port() -> None:
     rendered = render_file("values-sasl.yaml")
     monitor = rendered.one("ServiceMonitor")
