@@ -16,6 +16,7 @@ import logging
 import socket
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -348,6 +349,14 @@ class KafkaWorker:
             return refused
         if self._runner is None:
             return "not started"
+        since = self._runner.unreachable_since
+        if since is not None:
+            when = datetime.fromtimestamp(since, UTC).isoformat(timespec="seconds")
+            return (
+                f"no Kafka broker at {self.config.settings.bootstrap} is reachable (since "
+                f"{when}); the worker goes on by itself once one is: check the brokers "
+                "and the network between them and this worker"
+            )
         return "waiting for the consumer group to assign partitions, or restoring the assigned ones"
 
     async def _publish(self, command: Command) -> None:

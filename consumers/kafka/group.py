@@ -176,6 +176,12 @@ class GroupConsumer:
         """The end of the topic partition as the consumer last heard it (None: not yet)."""
         return self._stats.high_watermark(kind, partition)
 
+    @property
+    def unreachable_since(self) -> float | None:
+        """Since when (epoch seconds) no broker is up, as the consumer last heard; None
+        while one is."""
+        return self._stats.unreachable_since
+
     def _flow_control(self, source: KafkaSource, pause: bool) -> None:
         source.paused = pause
         self._flow.append(((source.kind, source.partition), pause))

@@ -13,6 +13,7 @@ issue 4059): every partition is given up without a drain and taken over again. S
 from __future__ import annotations
 
 import json
+import time
 
 from stepstream.consumers.kafka.logins import LoginWatch
 
@@ -32,6 +33,9 @@ class GroupStatistics:
         self._steady = False  # the last statistics showed the group steady
         # (topic kind, partition) -> the log end offset the last statistics showed.
         self._high_watermarks: dict[tuple[str, int], int] = {}
+        # When the statistics first showed no broker up, while none has been since (wall
+        # clock, seconds): what a not-ready worker says is keeping it (its /readyz).
+        self.unreachable_since: float | None = None
 
     def heard(self, stats: str) -> None:
         """The ``stats_cb``: librdkafka's statistics, as JSON text."""
@@ -41,6 +45,11 @@ class GroupStatistics:
             return
         if self._logins is not None:
             self._logins.statistics("group", parsed)
+        brokers = parsed.get("brokers", {})
+        if brokers and not any(b.get("state") == "UP" for b in brokers.values()):
+            self.unreachable_since = self.unreachable_since or time.time()
+        elif brokers:
+            self.unreachable_since = None
         group = parsed.get("cgrp", {})
         self._steady = group.get("state") == "up" and group.get("join_state") == "steady"
         for name, topic in parsed.get("topics", {}).items():

@@ -189,6 +189,11 @@ class KafkaRunner:
         """Joined the group, every assigned partition restored, none lost since."""
         return self._joined and not self._restoring and not self._lost
 
+    @property
+    def unreachable_since(self) -> float | None:
+        """Since when (epoch seconds) the group consumer has seen no broker up."""
+        return self._group.unreachable_since
+
     async def _take(self, partition: int, committed: dict[Position, int | None]) -> KafkaPartition:
         """Open the partition's state, bring it up to the topics and start it. A state
         directory found damaged on the way (by RocksDB at open, or by a read during the

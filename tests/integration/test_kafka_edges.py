@@ -9,6 +9,7 @@ an old JSON announcement is skipped. The README's Kafka quick start runs as type
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -17,7 +18,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -317,3 +320,47 @@ def test_a_worker_whose_brokers_are_gone_stops_within_its_bound(tmp_path: Path) 
         assert "stopping did not finish within 21 s" in err, err[-2000:]
     finally:
         cluster.stop()
+
+
+def test_the_group_statistics_tell_when_no_broker_is_reachable(kafka_broker: Broker) -> None:
+    """What a not-ready worker's /readyz says comes from librdkafka's own statistics: a
+    consumer whose brokers are all unreachable is seen so (and since when); one that
+    reaches its broker is not."""
+    from confluent_kafka import Consumer
+
+    from stepstream.consumers.kafka.group_stats import GroupStatistics
+
+    def up(stats: str) -> bool:
+        return any(b.get("state") == "UP" for b in json.loads(stats)["brokers"].values())
+
+    def heard(bootstrap: str, until: Callable[[GroupStatistics, list[str]], bool]) -> Any:
+        stats, raw = GroupStatistics({}, None), []
+
+        def hear(text: str) -> None:
+            raw.append(text)
+            stats.heard(text)
+
+        consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"g-{uuid.uuid4().hex[:8]}",
+                "statistics.interval.ms": 100,
+                "stats_cb": hear,
+                "log_level": 0,
+            }
+        )
+        try:
+            consumer.subscribe([f"t-{uuid.uuid4().hex[:8]}"])
+            deadline = time.monotonic() + 20
+            while not until(stats, raw) and time.monotonic() < deadline:
+                consumer.poll(0.1)
+        finally:
+            consumer.close()
+        return stats, raw
+
+    nowhere, _ = heard("127.0.0.1:1", lambda s, _: s.unreachable_since is not None)
+    assert nowhere.unreachable_since is not None
+    assert time.time() - 30 < nowhere.unreachable_since <= time.time()
+    reached, raw = heard(kafka_broker.bootstrap, lambda _, raw: bool(raw) and up(raw[-1]))
+    assert raw and up(raw[-1]), raw[-1:]  # heard its broker up
+    assert reached.unreachable_since is None
