@@ -210,9 +210,16 @@ def test_broken_http_from_one_peer_is_logged_once_without_traceback(tmp_path: Pa
     server = start_dev(tmp_path, "plain", source, "--log-format", "json")
     try:
         _send_broken_http(server.url)
+        with urllib.request.urlopen(f"{server.url}/healthz", timeout=10) as answer:
+            assert answer.status == 200
     finally:
         server.stop()
     _check_broken_http_logged_once(server.log)
+    # dev's access log: one line a request, its context in fields like every other line.
+    access = [x for x in _lines(server.log) if x["logger"] == "aiohttp.access"][-1]
+    assert access["msg"] == "GET /healthz 200", access
+    assert (access["method"], access["path"], access["status"]) == ("GET", "/healthz", 200)
+    assert access["peer"] == "127.0.0.1" and access["bytes"] > 0 and access["seconds"] >= 0
 
 
 def test_broken_http_to_a_kafka_worker_is_logged_once_too(
