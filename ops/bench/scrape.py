@@ -92,8 +92,9 @@ def _summary(prefix: str, scrapes: list[_Scrape]) -> dict[str, Any]:
     holds = [s.hold_ms for s in scrapes if s.hold_ms is not None]
     return {
         f"{prefix}scrapes": len(scrapes),
-        f"{prefix}duration_p50_ms": pct(durations, 50),
-        f"{prefix}duration_p99_ms": pct(durations, 99),
+        # None when no scrape fell in the group (0 would read as an instant scrape).
+        f"{prefix}duration_p50_ms": pct(durations, 50) if durations else None,
+        f"{prefix}duration_p99_ms": pct(durations, 99) if durations else None,
         f"{prefix}duration_max_ms": round(max(durations), 2) if durations else None,
         # None: the engine does not say (it has no Server-Timing on /metrics).
         f"{prefix}hold_p50_ms": pct(holds, 50) if holds else None,

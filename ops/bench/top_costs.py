@@ -1,4 +1,4 @@
-"""``python -m ops.bench.top_costs FILE``: where a ``stepstream bench --profile`` file
+"""``python -m stepstream.ops.bench.top_costs FILE``: where a ``stepstream bench --profile`` file
 spent its samples, as shares: self time (the function itself) and inclusive time (it and
 what it called), by default of the event-loop threads only (the loop is what a busy
 engine runs out of). The figures in docs/performance.md were read this way.

@@ -57,8 +57,11 @@ examples:
   stepstream bench --client kafka --workload timers --pending 200000 --scrape-interval 1
   stepstream bench --workload retention --n 100000 --json
 
-Every workload's JSON has cpu_s: the CPU seconds each process (client, engine or
-worker<i>, broker) used on it, follow-up measurements included.
+Every workload's JSON has cpu_s: the CPU seconds each process used on it, follow-up
+measurements included, by role: client+engine (in process), client, engine or
+worker<i>, and broker (broker<i> for each node of an --broker-nodes cluster). Its
+gc_pauses are each engine's garbage collections, read from /metrics (engine,
+worker<i>, or process<K> for the engine processes of one server).
 
 The bench and the servers it starts run on uvloop unless STEPSTREAM_EVENT_LOOP=asyncio
 (the standard library's loop, to compare); the JSON says which ("event_loop").

@@ -43,3 +43,18 @@ async def test_results_come_back_in_order() -> None:
         return one
 
     assert await gather_limited([job(i) for i in range(20)], 3) == list(range(20))
+
+
+def test_a_scrape_group_with_no_scrape_in_it_is_null_not_zero() -> None:
+    """``--scrape-interval`` longer than the firing: the firing group has no scrape, and
+    its figures say "none" (null) rather than an instant scrape (0)."""
+    from stepstream.ops.bench.scrape import _Scrape, _summary
+
+    empty = _summary("firing_", [])
+    assert empty["firing_scrapes"] == 0
+    assert {k: v for k, v in empty.items() if k != "firing_scrapes"} == dict.fromkeys(
+        [f"firing_{n}_ms" for n in ("duration_p50", "duration_p99", "duration_max")]
+        + [f"firing_{n}_ms" for n in ("hold_p50", "hold_p99", "hold_max")]
+    )
+    one = _summary("idle_", [_Scrape(at=0.0, duration_ms=12.0, hold_ms=2.0, nbytes=100)])
+    assert one["idle_duration_p50_ms"] == one["idle_duration_max_ms"] == 12.0
