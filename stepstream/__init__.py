@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    __version__: str
     from stepstream.engine.api.attempts import attempt_cancelled
     from stepstream.engine.api.context import (
         ChildHandle,
@@ -180,19 +181,22 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    if name == "__version__":
-        # The distribution's version (pyproject.toml's); ``stepstream --version`` says it.
-        from stepstream.engine.version import version
+if not TYPE_CHECKING:
+    # Hidden from type checkers: a module ``__getattr__`` would make every name, a
+    # misspelt one too, type as Any. They read the imports above instead.
 
-        value: Any = version()
-    elif name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-    else:
-        raise AttributeError(f"module 'stepstream' has no attribute {name!r}")
-    globals()[name] = value  # asked once: later reads find it without this function
-    return value
+    def __getattr__(name: str) -> Any:
+        if name == "__version__":
+            # The distribution's version (pyproject.toml's); ``stepstream --version``.
+            from stepstream.engine.version import version
 
+            value: Any = version()
+        elif name in _WHERE:
+            value = getattr(importlib.import_module(_WHERE[name]), name)
+        else:
+            raise AttributeError(f"module 'stepstream' has no attribute {name!r}")
+        globals()[name] = value  # asked once: later reads find it without this function
+        return value
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_WHERE, "__version__"})
+    def __dir__() -> list[str]:
+        return sorted({*globals(), *_WHERE, "__version__"})
