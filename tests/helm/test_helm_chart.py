@@ -361,6 +361,13 @@ def test_without_the_topics_job_notes_give_the_command_with_the_security_it_need
     assert "STEPSTREAM_KAFKA_SECURITY_PROTOCOL=SASL_SSL" in secured, secured
     assert "STEPSTREAM_KAFKA_SASL_MECHANISM=SCRAM-SHA-512" in secured
     assert "STEPSTREAM_KAFKA_SSL_CA_LOCATION=" in secured
+    assert "STEPSTREAM_KAFKA_SSL_CERTIFICATE_LOCATION" not in secured  # no client cert
+    # mTLS: the client's certificate and key too, as the workers get them.
+    values = load_values("values-tls.yaml")
+    values["topics"] = {**values.get("topics", {}), "create": False}
+    mutual = render(values).notes
+    for name in ("SSL_CA_LOCATION", "SSL_CERTIFICATE_LOCATION", "SSL_KEY_LOCATION"):
+        assert f"STEPSTREAM_KAFKA_{name}=" in mutual, mutual
 
 
 def test_the_service_monitor_scrapes_metrics_of_every_worker_on_the_api_port() -> None:
