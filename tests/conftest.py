@@ -73,8 +73,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if hasattr(session.config, "workerinput"):
         return  # a worker: the broker outlives it, the controller stops it
     factory: pytest.TempPathFactory | None = getattr(session.config, "_tmp_path_factory", None)
-    if factory is not None:
-        stop_shared(factory.getbasetemp())
+    # Only a run whose base temporary directory exists can have started one (asking for
+    # it would make a new one).
+    if factory is not None and factory._basetemp is not None:
+        stop_shared(factory._basetemp)
 
 
 def kafka_settings(broker: Broker, prefix: str | None = None) -> KafkaSettings:

@@ -10,7 +10,9 @@ and its data directory) to ``kafka.json``; a start that fails is written there t
 every Kafka test on every worker fails with the same reason instead of trying again.
 The broker belongs to the run, not to the worker that happened to start it (a worker
 exits as soon as it has no more tests, while others still use the broker): the
-controller kills it in ``pytest_sessionfinish`` (``stop_shared``).
+controller kills it in ``pytest_sessionfinish`` (``stop_shared``). A run that never gets
+there (cancelled, killed) would leave the JVM running in its own session, so a small
+watchdog process kills it once the controller is gone.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,9 +35,33 @@ from stepstream.ops.brokers.apache import ApacheCluster, start_apache
 
 STATE = "kafka.json"
 
-# The worker that started the broker keeps its nodes' Popen objects for its whole life:
-# collected, each would warn that its process still runs (and pytest makes that an error).
-_STARTED: list[ApacheCluster] = []
+# The worker that started the broker keeps its nodes' Popen objects (and its watchdog's)
+# for its whole life: collected, each would warn that its process still runs (and pytest
+# makes that an error).
+_STARTED: list[ApacheCluster | subprocess.Popen[bytes]] = []
+
+# Run as ``python -c WATCHDOG CONTROLLER_PID DATA PID...``: waits while the controller
+# lives and a node runs; once the controller is gone, kills the nodes, removes the data.
+WATCHDOG = """
+import os, shutil, signal, sys, time
+controller, data, *nodes = sys.argv[1:]
+def alive(pid):
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except ProcessLookupError:
+        return False
+while alive(controller):
+    if not any(alive(pid) for pid in nodes):
+        sys.exit(0)
+    time.sleep(2)
+for pid in nodes:
+    try:
+        os.killpg(int(pid), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+shutil.rmtree(data, ignore_errors=True)
+"""
 
 
 @dataclass(frozen=True)
@@ -63,12 +91,24 @@ def shared_broker(root: Path) -> SharedBroker:
     with _locked(root):
         if not state.exists():
             try:
-                cluster = start_apache(1, data=root / "kafka")
-            except BrokerError as exc:
-                state.write_text(json.dumps({"error": str(exc)}))
+                # A directory of this worker's: a start that died half-way elsewhere
+                # cannot hold its lock.
+                cluster = start_apache(1, data=root / f"kafka-{os.getpid()}")
+            except Exception as exc:  # any failure: every Kafka test says it, none retries
+                state.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
                 raise
             atexit.unregister(cluster.stop)  # outlives this worker: see the docstring
             _STARTED.append(cluster)
+            watchdog = [sys.executable, "-c", WATCHDOG, str(os.getppid()), str(cluster.data)]
+            _STARTED.append(
+                subprocess.Popen(
+                    [*watchdog, *map(str, cluster.pids)],
+                    start_new_session=True,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
             started = {"bootstrap": cluster.bootstrap, "pids": cluster.pids}
             state.write_text(json.dumps({**started, "data": str(cluster.data)}))
         found = json.loads(state.read_text())
