@@ -49,7 +49,12 @@ _OURS = os.path.join(str(Path(__file__).parents[1]), "")
 
 def _worth_showing(traceback: str) -> str:
     """``traceback``, or "" when it has no frame outside stepstream (nothing in it would
-    point the reader at their code)."""
+    point the reader at their code). Kept whole when it may hold frames this cannot see:
+    clipped at its start (``format_traceback``), or with an exception group's frames."""
+    if traceback.startswith("[") and "characters cut]" in traceback[:80]:
+        return traceback
+    if "\n  | " in traceback or "\n  +-" in traceback:
+        return traceback
     frames = _FRAME.findall(traceback)
     if frames and all(frame.startswith(_OURS) for frame in frames):
         return ""
