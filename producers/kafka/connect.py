@@ -35,6 +35,8 @@ from stepstream.producers.kafka.settings import (
 )
 from stepstream.producers.kafka.transport import DEFAULT_COMMAND_TIMEOUT_S, KafkaTransport
 
+log = logging.getLogger("stepstream.kafka.client")
+
 _CONNECT_TIMEOUT_S = 15.0
 _BATCH_BYTES = 1 << 20
 
@@ -66,20 +68,29 @@ async def _connect(url: str, options: dict[str, Any]) -> Transport:
 
 
 class _Unreachable(logging.Filter):
-    """While the client first connects, aiokafka logs each broker it cannot reach
-    (``Unable connect to "host:port": [Errno 111] Connection refused``) at ERROR before
-    the start fails. Held back here, the reason goes into the one error the caller gets."""
+    """While the client first connects, aiokafka logs each of its bootstrap servers it
+    cannot reach (``Unable connect to "host:port": [Errno 111] Connection refused``) at
+    ERROR before the start fails. Held back here, the reason goes into the one error the
+    caller gets; if the start goes on through another server, they are logged then, as
+    warnings (a wrong entry in the list is still reported). Other clients' lines pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, bootstrap: str) -> None:
         super().__init__()
+        self._servers = tuple(f'"{s.strip()}"' for s in bootstrap.split(",") if s.strip())
         self.reasons: list[str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        if not text.startswith("Unable connect to"):
+        if not text.startswith("Unable connect to") or not any(
+            server in text for server in self._servers
+        ):
             return True
         self.reasons.append(text.removeprefix("Unable connect to "))
         return False
+
+    def report(self) -> None:
+        for reason in dict.fromkeys(self.reasons):  # each server once, in order
+            log.warning("could not reach Kafka at %s; connected through another server", reason)
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
@@ -114,68 +125,71 @@ async def open_kafka_transport(
         "max_batch_size", min(_BATCH_BYTES, producer_options["max_request_size"])
     )
     producer = AIOKafkaProducer(**producer_options, acks="all", enable_idempotence=False)
-    unreachable = _Unreachable()
-    try:
-        async with asyncio.timeout(_CONNECT_TIMEOUT_S):
-            with unreachable.held():
+    unreachable = _Unreachable(settings.bootstrap)
+    # The views' consumers bootstrap too: the servers that do not answer are held
+    # back until the client is open (then warned of) or has failed (then said).
+    with unreachable.held():
+        try:
+            async with asyncio.timeout(_CONNECT_TIMEOUT_S):
                 await producer.start()
-            # A metadata request naming a topic creates it on brokers that auto-create:
-            # ask for all topics, and name ours only once they are known to exist.
-            cluster = await producer.client.fetch_all_metadata()
-    except BaseException as exc:
-        # Whatever stopped the start (a refusal, a timeout, a cancel), the connections it
-        # opened are closed here, not left to the garbage collector.
-        with contextlib.suppress(Exception):
-            await producer.stop()
-        if not isinstance(exc, (KafkaError, TimeoutError, OSError)):
+                # A metadata request naming a topic creates it on brokers that auto-create:
+                # ask for all topics, and name ours only once they are known to exist.
+                cluster = await producer.client.fetch_all_metadata()
+        except BaseException as exc:
+            # Whatever stopped the start (a refusal, a timeout, a cancel), the connections it
+            # opened are closed here, not left to the garbage collector.
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            if not isinstance(exc, (KafkaError, TimeoutError, OSError)):
+                raise
+            if not isinstance(exc, TimeoutError):  # a refusal comes at once, never as a timeout
+                await _raise_if_refused(settings, producer_options)
+            why = unreachable.reasons[-1] if unreachable.reasons else str(exc) or type(exc).__name__
+            raise ConnectionFailed(
+                f"cannot reach Kafka at {settings.bootstrap}: {why}; check the address and the "
+                "security settings"
+            ) from None
+        members: MembersView | None = None
+        definitions: DefinitionsView | None = None
+        try:
+            found = cluster.partitions_for_topic(topics.commands)
+            missing = [
+                name
+                for name in (topics.commands, topics.name(MEMBERS), topics.name(DEFINITIONS))
+                if cluster.partitions_for_topic(name) is None
+            ]
+            if missing or not found:
+                raise StepstreamError(
+                    f"topics {', '.join(missing)} do not exist on {settings.bootstrap}; create "
+                    f"them with `stepstream topics create --bootstrap {settings.bootstrap} "
+                    f"--prefix {settings.prefix} --partitions N` and start a worker"
+                )
+            definitions = await DefinitionsView.open(
+                topics.name(DEFINITIONS),
+                prefix=settings.prefix,
+                timeout=request_timeout,
+                **aiokafka_options(settings, "consumer"),
+            )
+            members = await MembersView.open(
+                topics.name(MEMBERS),
+                timeout=request_timeout,
+                **aiokafka_options(settings, "consumer"),
+            )
+            announced = members.partition_count
+            if announced and announced != len(found):
+                raise StepstreamError(
+                    f"{topics.commands} has {len(found)} partitions but the workers run with "
+                    f"{announced}; the topics were recreated: restart the workers"
+                )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            if members is not None:
+                await members.close()
+            if definitions is not None:
+                await definitions.close()
             raise
-        if not isinstance(exc, TimeoutError):  # a refusal comes at once, never as a timeout
-            await _raise_if_refused(settings, producer_options)
-        why = unreachable.reasons[-1] if unreachable.reasons else str(exc) or type(exc).__name__
-        raise ConnectionFailed(
-            f"cannot reach Kafka at {settings.bootstrap}: {why}; check the address and the "
-            "security settings"
-        ) from None
-    members: MembersView | None = None
-    definitions: DefinitionsView | None = None
-    try:
-        found = cluster.partitions_for_topic(topics.commands)
-        missing = [
-            name
-            for name in (topics.commands, topics.name(MEMBERS), topics.name(DEFINITIONS))
-            if cluster.partitions_for_topic(name) is None
-        ]
-        if missing or not found:
-            raise StepstreamError(
-                f"topics {', '.join(missing)} do not exist on {settings.bootstrap}; create "
-                f"them with `stepstream topics create --bootstrap {settings.bootstrap} "
-                f"--prefix {settings.prefix} --partitions N` and start a worker"
-            )
-        definitions = await DefinitionsView.open(
-            topics.name(DEFINITIONS),
-            prefix=settings.prefix,
-            timeout=request_timeout,
-            **aiokafka_options(settings, "consumer"),
-        )
-        members = await MembersView.open(
-            topics.name(MEMBERS),
-            timeout=request_timeout,
-            **aiokafka_options(settings, "consumer"),
-        )
-        announced = members.partition_count
-        if announced and announced != len(found):
-            raise StepstreamError(
-                f"{topics.commands} has {len(found)} partitions but the workers run with "
-                f"{announced}; the topics were recreated: restart the workers"
-            )
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await producer.stop()
-        if members is not None:
-            await members.close()
-        if definitions is not None:
-            await definitions.close()
-        raise
+    unreachable.report()
     # Waits are calls on one websocket per worker; requests (lists) are few.
     session = aiohttp.ClientSession(
         headers=headers, connector=aiohttp.TCPConnector(limit=0, ssl=worker_tls)
