@@ -20,6 +20,11 @@ from stepstream.consumers.kafka.logins import LoginWatch
 # The statistics come this often (``statistics.interval.ms``), so offsets are committed
 # at most this often.
 STATS_INTERVAL_MS = 250
+# Brokers in these states are connected (UPDATE and REAUTH are an UP broker's own).
+_CONNECTED = frozenset({"UP", "UPDATE", "REAUTH"})
+# Statistics in a row with no broker connected before a worker says Kafka is unreachable
+# (about 2 s): longer than a start's handshakes.
+UNREACHABLE_SAMPLES = 8
 
 
 class GroupStatistics:
@@ -34,8 +39,12 @@ class GroupStatistics:
         # (topic kind, partition) -> the log end offset the last statistics showed.
         self._high_watermarks: dict[tuple[str, int], int] = {}
         # When the statistics first showed no broker up, while none has been since (wall
-        # clock, seconds): what a not-ready worker says is keeping it (its /readyz).
+        # clock, seconds): what a not-ready worker says is keeping it (its /readyz). Said
+        # only once UNREACHABLE_SAMPLES in a row agree: a start (connecting, TLS and SASL
+        # handshakes) passes through states that are not yet UP.
         self.unreachable_since: float | None = None
+        self._none_up = 0  # statistics in a row with no broker connected
+        self._none_up_since = 0.0  # when the first of them came
 
     def heard(self, stats: str) -> None:
         """The ``stats_cb``: librdkafka's statistics, as JSON text."""
@@ -46,9 +55,14 @@ class GroupStatistics:
         if self._logins is not None:
             self._logins.statistics("group", parsed)
         brokers = parsed.get("brokers", {})
-        if brokers and not any(b.get("state") == "UP" for b in brokers.values()):
-            self.unreachable_since = self.unreachable_since or time.time()
+        if brokers and not any(b.get("state") in _CONNECTED for b in brokers.values()):
+            if not self._none_up:
+                self._none_up_since = time.time()
+            self._none_up += 1
+            if self._none_up >= UNREACHABLE_SAMPLES:
+                self.unreachable_since = self._none_up_since
         elif brokers:
+            self._none_up = 0
             self.unreachable_since = None
         group = parsed.get("cgrp", {})
         self._steady = group.get("state") == "up" and group.get("join_state") == "steady"
