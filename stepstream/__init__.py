@@ -130,6 +130,11 @@ _WHERE: dict[str, str] = {
     "ScheduleInfo": "stepstream.producers.schedules",
 }
 
+# Reached as attributes of the package too, as when it imported them all up front.
+_SUBPACKAGES = frozenset(
+    {"consumers", "engine", "errors", "ops", "producers", "schemas", "testing"}
+)
+
 __all__ = [
     "AccessDenied",
     "Break",
@@ -193,6 +198,8 @@ if not TYPE_CHECKING:
             value: Any = version()
         elif name in _WHERE:
             value = getattr(importlib.import_module(_WHERE[name]), name)
+        elif name in _SUBPACKAGES:  # ``stepstream.errors.X`` after ``import stepstream``
+            value = importlib.import_module(f"stepstream.{name}")
         else:
             raise AttributeError(f"module 'stepstream' has no attribute {name!r}")
         globals()[name] = value  # asked once: later reads find it without this function

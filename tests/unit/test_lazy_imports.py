@@ -45,6 +45,12 @@ def test_every_public_name_resolves_to_the_object_its_module_defines() -> None:
     assert stepstream.__version__ and "__version__" in dir(stepstream)
 
 
+def test_subpackages_are_reached_as_attributes_after_import_stepstream() -> None:
+    code = "import stepstream\nprint(stepstream.errors.StepstreamError.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "StepstreamError", done.stderr[-2000:]
+
+
 def test_an_unknown_name_is_an_attribute_error_naming_it() -> None:
     with pytest.raises(AttributeError, match="no attribute 'Clinet'"):
         stepstream.Clinet  # type: ignore[attr-defined]  # noqa: B018
