@@ -128,12 +128,14 @@ def api_runner(app: web.Application, *, access_log: bool = True) -> web.AppRunne
     (a result wait), the access log (unless ``access_log`` is False: a worker's probes
     and scrapes would fill it) says how long each request took, and malformed requests
     are logged sparingly (``ProtocolErrorLog``)."""
-    logged: dict[str, Any] = {"access_log_class": FieldAccessLogger}
+    logging_of: dict[str, Any] = (
+        {"access_log_class": FieldAccessLogger} if access_log else {"access_log": None}
+    )
     return web.AppRunner(
         app,
         handler_cancellation=True,
         logger=cast(logging.Logger, ProtocolErrorLog()),
-        **(logged if access_log else {"access_log": None}),
+        **logging_of,
     )
 
 

@@ -70,6 +70,12 @@ def _start(instance_id: str, workflow: str = "arith", value: Any = 1) -> StartWo
     )
 
 
+def _event(instance_id: str, command_id: str, name: str, value: Any) -> SendEvent:
+    return SendEvent(
+        instance_id=instance_id, command_id=command_id, name=name, payload=CODEC.encode(value)
+    )
+
+
 def bad_records(marker: Path) -> list[Bad]:
     truncated = SERDE.encode(_start("dl-truncated"))
     history = WorkflowStarted(
@@ -97,14 +103,7 @@ def bad_records(marker: Path) -> list[Bad]:
         ),
         Bad(
             "unknown-instance",
-            SERDE.encode(
-                SendEvent(
-                    instance_id=id_on(PARTITION, "dl-ghost"),
-                    command_id="ev-ghost",
-                    name="go",
-                    payload=CODEC.encode(1),
-                )
-            ),
+            SERDE.encode(_event(id_on(PARTITION, "dl-ghost"), "ev-ghost", "go", 1)),
             f"unknown instance {id_on(PARTITION, 'dl-ghost')!r}",
         ),
         Bad(
@@ -115,11 +114,11 @@ def bad_records(marker: Path) -> list[Bad]:
         Bad(  # a child's notice to its parent is the engine's to send, not a producer's
             "engine-event",
             SERDE.encode(
-                SendEvent(
-                    instance_id=id_on(PARTITION, "dl-forged"),
-                    command_id="ev-forged",
-                    name="~child/pay",
-                    payload=CODEC.encode({"status": "completed", "result": 1}),
+                _event(
+                    id_on(PARTITION, "dl-forged"),
+                    "ev-forged",
+                    "~child/pay",
+                    {"status": "completed", "result": 1},
                 )
             ),
             "InvalidPayload: event name starts with '~', which is reserved",

@@ -304,25 +304,24 @@ PUBLISHING = textwrap.dedent(
 )
 
 
+def _announce(
+    tmp_path: Path, env: dict[str, str], *flags: str
+) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
+    """``stepstream run`` of PUBLISHING's workflow, logging JSON: the run and its lines."""
+    (tmp_path / "announcing.py").write_text(PUBLISHING)
+    command = ["run", "announcing:announce", "--input", '"o-1"', *flags, "--log-format", "json"]
+    done = run_cli(tmp_path, *command, env=env)
+    return done, [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+
+
 def test_an_engine_refusal_is_logged_without_a_traceback_of_the_engine(tmp_path: Path) -> None:
     """``ctx.publish`` on an engine with no outbox fails the step at once. Its traceback
     lies wholly in stepstream's own code, so the step's ERROR line carries the message
     alone; the workflow's line keeps the traceback that points at the user's await."""
-    (tmp_path / "announcing.py").write_text(PUBLISHING)
     env = clean_env(tmp_path)
     env.pop("STEPSTREAM_OUTBOX_BOOTSTRAP", None)
-    done = run_cli(
-        tmp_path,
-        "run",
-        "announcing:announce",
-        "--input",
-        '"o-1"',
-        "--log-format",
-        "json",
-        env=env,
-    )
+    done, lines = _announce(tmp_path, env)
     assert done.returncode == 1, done.stderr
-    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     (step,) = [line for line in lines if line["msg"].startswith("step failed for good")]
     assert "STEPSTREAM_OUTBOX_BOOTSTRAP" in step["msg"] and "exception" not in step, step
     (failed,) = [line for line in lines if line["msg"].startswith("workflow failed")]
@@ -332,27 +331,13 @@ def test_an_engine_refusal_is_logged_without_a_traceback_of_the_engine(tmp_path:
 def test_the_outboxs_kafka_client_logs_in_the_processs_format(tmp_path: Path) -> None:
     """An engine whose outbox cannot reach its cluster: librdkafka's own lines about it
     come through logging, JSON like every other line, not raw on stderr."""
-    (tmp_path / "announcing.py").write_text(PUBLISHING)
     env = clean_env(
         tmp_path,
         STEPSTREAM_OUTBOX_BOOTSTRAP=f"127.0.0.1:{free_port()}",  # nothing listens
         STEPSTREAM_DRAIN_TIMEOUT_S="0.5",
     )
-    done = run_cli(
-        tmp_path,
-        "run",
-        "announcing:announce",
-        "--input",
-        '"o-1"',
-        "--timeout",
-        "2",
-        "--log-format",
-        "json",
-        env=env,
-    )
+    done, logged = _announce(tmp_path, env, "--timeout", "2")
     assert done.returncode == 3, done.stderr  # gave up waiting: the publish goes on trying
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    logged = [json.loads(line) for line in lines if line.startswith("{")]
-    assert not [line for line in lines if line.startswith("%")], done.stderr
+    assert not [line for line in done.stderr.splitlines() if line.startswith("%")], done.stderr
     librdkafka = [line for line in logged if line["logger"] == "stepstream.kafka.librdkafka"]
     assert any("Connection refused" in line["msg"] for line in librdkafka), logged
